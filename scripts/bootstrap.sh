@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Set up .venv/ in the repository root with the harness (editable) and its test extra.
+#
+#   bash scripts/bootstrap.sh        # then: .venv/bin/python -m harness run | .venv/bin/python -m pytest -q
+#
+# Idempotent: a second run reuses .venv/ and returns in seconds when pyproject.toml is unchanged.
+# torch goes in first: the CUDA build (plain `pip install torch`) when `nvidia-smi` works, else
+# torch==2.13.0 (a local CPU wheel where the machine has one; elsewhere pip's default build).
+#
+# Environment: PYTHON=/path/to/python3.x picks the interpreter (3.10+; default: python3, else the newest
+# python3.1x on PATH); BOOTSTRAP_FORCE=1 reinstalls the package even when nothing changed.
+# Output is quiet (pip -qq: its errors still show, its warnings do not); any failure exits non-zero.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+VENV=.venv
+CPU_TORCH=${CPU_TORCH:-torch==2.13.0}
+PIP_QUIET=(-qq --disable-pip-version-check --no-input --progress-bar off)
+
+say() { printf '[bootstrap] %s\n' "$*"; }
+die() { printf '[bootstrap] error: %s\n' "$*" >&2; exit 1; }
+
+py_ok() {  # $1 = interpreter; true when it runs and is >= 3.10
+  "$1" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' 2>/dev/null
+}
+
+pick_python() {
+  if [[ -n "${PYTHON:-}" ]]; then
+    py_ok "$PYTHON" || die "PYTHON=$PYTHON is not a Python 3.10+ interpreter"
+    echo "$PYTHON"; return
+  fi
+  local c
+  for c in python3 python3.13 python3.12 python3.11 python3.10; do
+    if command -v "$c" >/dev/null 2>&1 && py_ok "$c"; then echo "$c"; return; fi
+  done
+  die "no Python 3.10+ found on PATH; install one (e.g. apt-get install python3 python3-venv) or set PYTHON=/path/to/python3"
+}
+
+t0=$SECONDS
+
+# 1. the virtual environment
+if [[ -x $VENV/bin/python ]] && py_ok $VENV/bin/python; then
+  say "reusing $VENV ($($VENV/bin/python -V 2>&1))"
+else
+  [[ -e $VENV ]] && { say "removing a broken $VENV"; rm -rf "$VENV"; }
+  PY=$(pick_python)
+  say "creating $VENV with $PY ($("$PY" -V 2>&1))"
+  "$PY" -m venv "$VENV" || die "'$PY -m venv' failed; install the venv module (Debian/Ubuntu: apt-get install python3-venv)"
+fi
+VPY=$ROOT/$VENV/bin/python
+"$VPY" -m pip --version >/dev/null 2>&1 || "$VPY" -m ensurepip -q || die "pip is missing in $VENV"
+
+# 2. torch first, so the package's `torch>=2.4` is already satisfied by the right build
+if "$VPY" -c 'import torch' >/dev/null 2>&1; then
+  say "torch $("$VPY" -c 'import torch; print(torch.__version__)') already installed"
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  say "GPU found (nvidia-smi): installing the CUDA build of torch"
+  "$VPY" -m pip install "${PIP_QUIET[@]}" torch || die "pip install torch failed"
+  if [[ $("$VPY" -c 'import torch; print(torch.version.cuda or "")') == "" ]]; then
+    say "warning: the torch that was installed is a CPU build; the harness will run on the CPU" >&2
+  fi
+else
+  say "no GPU (nvidia-smi absent or failing): installing $CPU_TORCH"
+  "$VPY" -m pip install "${PIP_QUIET[@]}" "$CPU_TORCH" || die "pip install $CPU_TORCH failed"
+fi
+
+# 3. the harness itself (editable) with the test extra; skipped when nothing changed
+STAMP=$VENV/.bootstrap-stamp
+want=$(cksum < pyproject.toml)
+if [[ "${BOOTSTRAP_FORCE:-0}" != 1 && -f $STAMP && "$(cat "$STAMP")" == "$want" ]] \
+   && "$VPY" -c 'import harness, pytest, hydra, torchlens' >/dev/null 2>&1; then
+  say "harness already installed (pyproject.toml unchanged)"
+else
+  say "installing the harness: pip install -e '.[test]'"
+  "$VPY" -m pip install "${PIP_QUIET[@]}" -e '.[test]' || die "pip install -e '.[test]' failed"
+  echo "$want" > "$STAMP"
+fi
+
+"$VPY" -c 'import harness, torch; print("[bootstrap] ok: torch", torch.__version__,
+      "| CUDA available:", torch.cuda.is_available())' || die "the installed harness does not import"
+say "done in $((SECONDS - t0)) s"

@@ -1,0 +1,516 @@
+"""Workload -> cost table: one row per stage x module family (x decode step on request) + totals.
+
+A *case* is one request shape: crop mode, tile grid, batch, prompt text tokens, decode tokens.
+``workload_costs(case)`` instantiates the family cost classes of ``families.py`` with the shapes
+the reference model (``harness.models``) runs for that case and returns a DataFrame.
+
+Execution followed (as ``DeepseekOCR.generate`` runs a request): per view (Gundam tiles first,
+then the global view) SAM -> CLIP -> projector; the newline/separator layout (projector stage);
+``prefill`` over the whole prompt (embedding + image scatter, decoder layers, final norm,
+lm_head on every position when ``lm_head_all_positions``); then ``decode_tokens - 1`` decode steps
+(the first new token comes from prefill) against caches of length S, S+1, ..., S+decode_tokens-2.
+
+DataFrame columns (``COLUMNS``; units in brackets)
+-------------------------------------------------
+case            case name (``base``, ``gundam-2x3``, ...)
+stage           sam | clip | projector | prefill | decode
+family          cost-family key (``families.FAMILY_BY_NAME``) or ``TOTAL`` for a stage total row
+variant         sub-kind of a family within a stage ('window' / 'global' SAM attention, 'neck' /
+                'downsample' convolutions), '' otherwise
+step            decode step index (0 = first decode step) on per-step rows, -1 otherwise
+cache_len       KV-cache length n [tokens] before the forward: 0 for prefill, n for a decode step,
+                -1 for rows aggregated over steps and for vision stages
+count           module invocations in the row [calls] (layers x views x steps)
+tensor_flops    matmul/conv/attention FLOPs the chosen attention kernel executes [FLOP]
+vector_flops    elementwise/norm/softmax FLOPs (convention in families.py) [FLOP]
+flops_counted   FlopCounterMode convention: full S x T attention, padded SAM windows [FLOP]
+flops_useful    causal-half prefill attention, unpadded SAM windows [FLOP]
+bytes_weights   parameter bytes read (once per call; MoE: experts touched) [B]
+bytes_act_read  activation bytes read [B]
+bytes_act_write activation bytes written [B]
+bytes_kv_read   KV-cache bytes read (attention, and the growing-cache copy) [B]
+bytes_kv_write  KV-cache bytes written [B]
+bytes           sum of the five byte columns [B]
+params          parameters held by the row's modules (counted once per stage, not per call)
+params_active   parameters one token's computation uses (MoE: top-k experts; no embedding)
+intensity       tensor_flops / bytes [FLOP/B] (0 when bytes is 0)
+
+Stage totals sum the family rows; ``params`` of a stage total equals the parameters of the
+modules the stage runs (sam 95,569,152; clip 303,177,728; projector 2,625,280 with the two
+separator vectors; prefill and decode 2,934,734,080 at the vendor sizes).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..errors import HarnessError
+from . import families as F
+from .families import Cost
+
+STAGES = ("sam", "clip", "projector", "prefill", "decode")
+DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4}
+COLUMNS = ["case", "stage", "family", "variant", "step", "cache_len", "count", "tensor_flops", "vector_flops",
+           "flops_counted", "flops_useful", "bytes_weights", "bytes_act_read", "bytes_act_write", "bytes_kv_read",
+           "bytes_kv_write", "bytes", "params", "params_active", "intensity"]
+INT_COLUMNS = ["step", "cache_len", "count", "tensor_flops", "vector_flops", "flops_counted", "flops_useful",
+               "params", "params_active"]
+DEFAULT_PAGE = (1240, 1754)   # A4 portrait at 150 dpi: the default synthetic page (workload.SYNTHETIC_SIZES[0])
+
+
+def _workload():
+    from .. import workload  # lazy: the workload module is optional for pure analytic use
+    return workload
+
+
+def dtype_bytes(dtype) -> int:
+    if isinstance(dtype, int):
+        return dtype
+    key = str(dtype).replace("torch.", "")
+    if key not in DTYPE_BYTES:
+        raise HarnessError(f"unknown dtype {dtype!r} for the analytic model", f"use one of {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[key]
+
+
+# ----------------------------------------------------------------------------------------- cases
+
+@dataclass
+class Case:
+    """One request shape. ``grid`` (cols, rows): None = the grid of the default page (A4 portrait,
+    1240 x 1754 px -> 2x3 in gundam) for crop modes, no tiles otherwise; (1, 1) = no tiles."""
+
+    mode: Any = "base"
+    grid: Optional[tuple] = None
+    name: Optional[str] = None
+    batch: int = 1
+    text_tokens: int = 12            # prompt tokens besides BOS and the image tokens
+    decode_tokens: int = 128         # new tokens: 1 from prefill + (decode_tokens - 1) decode steps
+
+
+@dataclass
+class View:
+    """One encoder call: ``n`` images of ``size`` x ``size`` pixels; SAM grid g, output grid q."""
+
+    label: str
+    n: int
+    size: int
+    g: int
+    q: int
+
+
+@dataclass
+class Resolved:
+    name: str
+    mode: Any                        # workload.CropMode
+    grid: Optional[tuple]
+    batch: int
+    text_tokens: int
+    decode_tokens: int
+    views: list
+    image_tokens: int
+
+    @property
+    def prefill_tokens(self) -> int:
+        return 1 + self.image_tokens + self.text_tokens
+
+    @property
+    def decode_steps(self) -> int:
+        return max(self.decode_tokens - 1, 0)
+
+
+def parse_grid(text) -> Optional[tuple]:
+    """'2x3' -> (2, 3) (cols x rows); 'none' / '' / None -> None."""
+    if text is None or isinstance(text, tuple):
+        return text
+    if isinstance(text, list):
+        return tuple(int(v) for v in text)
+    s = str(text).strip().lower()
+    if s in ("", "none", "null"):
+        return None
+    try:
+        cols, rows = (int(v) for v in s.split("x"))
+    except ValueError:
+        raise HarnessError(f"cannot read tile grid {text!r}", "write it as COLSxROWS, e.g. 2x3") from None
+    if cols < 1 or rows < 1:
+        raise HarnessError(f"tile grid {text!r} is empty", "use positive cols and rows, e.g. 2x3")
+    return cols, rows
+
+
+def as_case(spec) -> Case:
+    """A Case from a Case, a mode name (`base`, `gundam:2x3`, `gundam-2x3`), a mapping, or a
+    ``config.WorkloadConfig`` (mode, batch, text_tokens, decode_tokens)."""
+    if isinstance(spec, Case):
+        return spec
+    if isinstance(spec, str):
+        for sep in (":", "-", "@"):
+            if sep in spec:
+                mode, grid = spec.split(sep, 1)
+                return Case(mode=mode, grid=parse_grid(grid) or (1, 1))
+        return Case(mode=spec)
+    if isinstance(spec, dict):
+        data = dict(spec)
+        if "grid" in data:
+            data["grid"] = parse_grid(data["grid"])
+        known = set(Case.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise HarnessError(f"unknown case key(s) {unknown}", f"use {sorted(known)}")
+        return Case(**data)
+    if hasattr(spec, "mode") and hasattr(spec, "decode_tokens"):   # config.WorkloadConfig
+        return Case(mode=spec.mode, decode_tokens=spec.decode_tokens, text_tokens=getattr(spec, "text_tokens", 12),
+                    batch=getattr(spec, "batch", 1), grid=parse_grid(getattr(spec, "grid", None)))
+    raise HarnessError(f"cannot read a case from {type(spec).__name__}", "give a mode name, a dict or a Case")
+
+
+def sam_grids(cfg: ModelConfig, size: int) -> tuple:
+    """(g, q): SAM patch grid and output grid (after neck, net_2, net_3) of a size-pixel view."""
+    g = size // cfg.sam.patch_size
+    q = F.conv_out(F.conv_out(g, 3, 2, 1), 3, 2, 1)
+    return g, q
+
+
+def resolve(case, cfg: ModelConfig) -> Resolved:
+    wl = _workload()
+    case = as_case(case)
+    mode = wl.get_mode(case.mode)
+    grid = case.grid
+    if mode.crop:
+        if grid is None:
+            page = getattr(wl, "SYNTHETIC_SIZES", (DEFAULT_PAGE,))[0]
+            grid = wl.tile_grid_for(page[0], page[1], mode)
+        if grid is not None and tuple(grid) == (1, 1):
+            grid = None
+    elif grid is not None and tuple(grid) != (1, 1):
+        raise HarnessError(f"mode {mode.name!r} does not crop but a {grid} tile grid was given",
+                           "give a grid only for crop modes (gundam)")
+    else:
+        grid = None
+    for key in ("batch", "text_tokens", "decode_tokens"):
+        v = getattr(case, key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if key == "batch" else 0):
+            raise HarnessError(f"case {key}={v!r} is not a valid count", f"set {key} to a non-negative integer")
+    B = case.batch
+    views = []
+    tokens = 1                                   # view separator
+    if grid is not None:
+        cols, rows = grid
+        g, q = sam_grids(cfg, mode.image_size)
+        views.append(View("tiles", B * cols * rows, mode.image_size, g, q))
+        tokens += (q * cols + 1) * (q * rows)
+    gsize = mode.base_size if mode.crop else mode.image_size
+    g, q = sam_grids(cfg, gsize)
+    views.append(View("global", B, gsize, g, q))
+    tokens += q * (q + 1)
+    expected = wl.image_token_count(mode, grid)
+    if expected != tokens:
+        raise HarnessError(f"image tokens from the model config ({tokens}) differ from the workload's "
+                           f"count ({expected}) for mode {mode.name!r}",
+                           "use a model config whose SAM downsamples 64x (patch 16, two stride-2 convs)")
+    name = case.name or (mode.name if grid is None else f"{mode.name}-{grid[0]}x{grid[1]}")
+    return Resolved(name, mode, grid, B, case.text_tokens, case.decode_tokens, views, tokens)
+
+
+# ------------------------------------------------------------------------------------ families
+
+@dataclass
+class Item:
+    """One family instance in a stage: ``count`` identical modules (layers) in call ``call``."""
+
+    stage: str
+    fam: F.Family
+    count: int = 1
+    variant: str = ""
+    call: Any = 0
+    step: int = -1
+    cache_len: int = -1
+    distinct: bool = True     # count = distinct modules (params x count) vs repeated calls
+
+    @property
+    def cost(self) -> Cost:
+        c = self.fam.cost()
+        return c.times(self.count) if self.distinct else c.calls(self.count)
+
+
+def vision_items(cfg: ModelConfig, view: View, b: int) -> list:
+    s, c = cfg.sam, cfg.clip
+    n, g, q, C = view.n, view.g, view.q, s.embed_dim
+    call = view.label
+    items = [Item("sam", F.PatchEmbed(n, view.size, C, s.patch_size, s.img_size // s.patch_size, b=b), call=call),
+             Item("sam", F.LayerNorm(n * g * g, C, b), 2 * s.depth, call=call)]
+    glob = [i for i in range(s.depth) if i in s.global_attn_indexes]
+    win = s.depth - len(glob)
+    if win:
+        items.append(Item("sam", F.SAMAttention(n, g, C, s.num_heads, s.window_size, s.window_size, b), win,
+                          "window", call))
+    if glob:
+        items.append(Item("sam", F.SAMAttention(n, g, C, s.num_heads, 0, s.img_size // s.patch_size, b), len(glob),
+                          "global", call))
+    items.append(Item("sam", F.SAMMLP(n * g * g, C, int(C * s.mlp_ratio), b), s.depth, call=call))
+    oc = s.out_chans
+    c2, c3 = s.downsample_channels
+    g2 = F.conv_out(g, 3, 2, 1)
+    items += [Item("sam", F.Conv2d(n, C, oc, g, g, 1, b=b), 1, "neck", call),
+              Item("sam", F.Conv2d(n, oc, oc, g, g, 3, 1, 1, b=b), 1, "neck", call),
+              Item("sam", F.LayerNorm2d(n, oc, g, g, b), 2, call=call),
+              Item("sam", F.Conv2d(n, oc, c2, g, g, 3, 2, 1, b=b), 1, "downsample", call),
+              Item("sam", F.Conv2d(n, c2, c3, g2, g2, 3, 2, 1, b=b), 1, "downsample", call)]
+    S = 1 + q * q
+    D = c.hidden_size
+    items += [Item("clip", F.CLIPEmbeddings(n, q, D, c.image_size // c.patch_size, c.patch_size, b), call=call),
+              Item("clip", F.LayerNorm(n * S, D, b), 1 + 2 * c.num_layers, call=call),
+              Item("clip", F.CLIPAttention(n, S, D, c.num_heads, b), c.num_layers, call=call),
+              Item("clip", F.CLIPMLP(n * S, D, c.ffn_hidden_size, b), c.num_layers, call=call),
+              Item("projector", F.Projector(n * q * q, cfg.projector.input_dim, cfg.projector.n_embed, b), call=call)]
+    return items
+
+
+def _touched(routing, layer: int, tokens: int, k: int, what: str) -> Optional[float]:
+    """Experts touched in MoE ``layer`` from measured counts [layers, experts] (None: expectation)."""
+    if routing is None:
+        return None
+    row = np.asarray(routing)[layer]
+    if int(row.sum()) != tokens * k:
+        raise HarnessError(f"{what} routing counts of layer {layer} sum to {int(row.sum())}, expected "
+                           f"{tokens} tokens x top-{k} = {tokens * k}",
+                           "pass the routing counts of this very workload (GenerationResult.routing)")
+    return float(np.count_nonzero(row))
+
+
+def llm_items(cfg: ModelConfig, stage: str, B: int, S: int, n: int, b: int, image_tokens: int = 0,
+              routing=None, step: int = -1, attn_impl: Optional[str] = None,
+              kv_cache: Optional[str] = None, call: Any = 0) -> list:
+    """Families of one LLM forward: B sequences of S new tokens against a cache of n tokens."""
+    L = cfg.llm
+    h, T = L.hidden_size, B * S
+    impl = attn_impl or cfg.attn_implementation
+    kv = kv_cache or cfg.kv_cache
+    kw = dict(step=step, cache_len=n, call=call)
+    dense = min(L.first_k_dense_replace, L.num_layers)
+    moe = L.num_layers - dense
+    items = [Item(stage, F.TokenEmbedding(B, S, L.vocab_size, h, image_tokens, b), **kw),
+             Item(stage, F.RMSNorm(T, h, b), 2 * L.num_layers + 1, **kw),
+             Item(stage, F.RoPE(B, S, L.head_dim, L.num_heads, L.num_kv_heads, b), L.num_layers, **kw),
+             Item(stage, F.LLMAttention(B, S, n, h, L.num_heads, L.num_kv_heads, L.head_dim, impl, kv, b),
+                  L.num_layers, **kw)]
+    if dense:
+        items.append(Item(stage, F.DenseMLP(T, h, L.intermediate_size, b), dense, **kw))
+    if moe:
+        items.append(Item(stage, F.MoEGate(T, h, L.n_routed_experts, L.num_experts_per_tok, L.norm_topk_prob, b),
+                          moe, **kw))
+        if routing is None:
+            items.append(Item(stage, F.MoERouted(T, h, L.moe_intermediate_size, L.n_routed_experts,
+                                                 L.num_experts_per_tok, None, b), moe, **kw))
+        else:
+            for layer in range(dense, L.num_layers):
+                t = _touched(routing, layer, T, L.num_experts_per_tok, stage)
+                items.append(Item(stage, F.MoERouted(T, h, L.moe_intermediate_size, L.n_routed_experts,
+                                                     L.num_experts_per_tok, t, b), 1, **kw))
+        items.append(Item(stage, F.MoEShared(T, h, L.moe_intermediate_size * L.n_shared_experts, b), moe, **kw))
+    rows = T if cfg.lm_head_all_positions else B
+    items.append(Item(stage, F.LMHead(rows, h, L.vocab_size, b), **kw))
+    return items
+
+
+def _decode_routing(routing, steps: int, B: int, cfg: ModelConfig):
+    """Per-step [layers, experts] arrays (or None per step) from a decode routing array."""
+    if routing is None or steps == 0:
+        return [None] * steps
+    arr = np.asarray(routing)
+    if arr.ndim == 3:
+        if arr.shape[0] != steps:
+            raise HarnessError(f"decode routing has {arr.shape[0]} steps, the case has {steps}",
+                               "pass per-step counts [steps, layers, experts] of this workload")
+        return list(arr)
+    # summed over steps: check the total; per-step touched experts are exact only for B == 1 (k each)
+    L = cfg.llm
+    k = L.num_experts_per_tok
+    for layer in range(min(L.first_k_dense_replace, L.num_layers), L.num_layers):
+        if int(arr[layer].sum()) != steps * B * k:
+            raise HarnessError(f"decode routing counts of layer {layer} sum to {int(arr[layer].sum())}, expected "
+                               f"{steps} steps x {B} tokens x top-{k}", "pass this workload's decode routing")
+    return [None] * steps
+
+
+def case_items(case, cfg: ModelConfig, dtype="bf16", routing: Optional[dict] = None,
+               attn_impl: Optional[str] = None, kv_cache: Optional[str] = None):
+    """(Resolved case, list of Items) for every stage of the request."""
+    r = resolve(case, cfg)
+    b = dtype_bytes(dtype)
+    items = []
+    for view in r.views:
+        items += vision_items(cfg, view, b)
+    feats = sum(v.n * v.q * v.q for v in r.views)
+    items.append(Item("projector", F.ImageLayout(feats, r.batch * r.image_tokens, cfg.projector.n_embed, b),
+                      call="glue"))
+    routing = routing or {}
+    S = r.prefill_tokens
+    items += llm_items(cfg, "prefill", r.batch, S, 0, b, r.image_tokens, routing.get("prefill"),
+                       attn_impl=attn_impl, kv_cache=kv_cache, call="prefill")
+    step_routing = _decode_routing(routing.get("decode"), r.decode_steps, r.batch, cfg)
+    for j in range(r.decode_steps):
+        items += llm_items(cfg, "decode", r.batch, 1, S + j, b, 0, step_routing[j], step=j,
+                           attn_impl=attn_impl, kv_cache=kv_cache, call=j)
+    return r, items
+
+
+# ------------------------------------------------------------------------------------ tables
+
+def _row(case: str, stage: str, family: str, variant: str, step: int, cache_len: int, count: int, c: Cost) -> dict:
+    d = {"case": case, "stage": stage, "family": family, "variant": variant, "step": step,
+         "cache_len": cache_len, "count": count}
+    d.update(c.as_dict())
+    d["intensity"] = c.tensor_flops / d["bytes"] if d["bytes"] else 0.0
+    return d
+
+
+def aggregate(name: str, items: Iterable[Item], per_step: bool = False) -> list:
+    """Rows (dicts) per stage x family x variant [x step]; stage totals after each stage."""
+    groups: "OrderedDict[tuple, OrderedDict]" = OrderedDict()
+    for it in items:
+        step = it.step if per_step else -1
+        cache_len = it.cache_len if (per_step or it.stage == "prefill") else -1
+        key = (it.stage, it.fam.family, it.variant, step, cache_len)
+        calls = groups.setdefault(key, OrderedDict())
+        prev = calls.get(it.call)
+        cost, cnt = it.cost, it.count
+        calls[it.call] = (cost, cnt) if prev is None else (prev[0] + cost, prev[1] + cnt)
+    rows = []
+    by_stage: "OrderedDict[str, list]" = OrderedDict((s, []) for s in STAGES)
+    for (stage, fam, variant, step, cache_len), calls in groups.items():
+        acc, n = None, 0
+        for cost, cnt in calls.values():
+            acc = cost if acc is None else acc.again(cost)
+            n += cnt
+        row = _row(name, stage, fam, variant, step, cache_len, n, acc)
+        by_stage.setdefault(stage, []).append((row, acc))
+    for stage, entries in by_stage.items():
+        if not entries:
+            rows.append(_row(name, stage, "TOTAL", "", -1, -1, 0, Cost()))
+            continue
+        rows += [r for r, _ in entries]
+        tot = Cost()
+        steps = {}
+        for r, c in entries:
+            if r["step"] >= 0:   # per-step rows: params repeat per step, count them once
+                steps.setdefault(r["step"], Cost())
+                steps[r["step"]] = steps[r["step"]] + c
+            else:
+                tot = tot + c
+        if steps:
+            st = None
+            for c in steps.values():
+                st = c if st is None else st.again(c)
+            tot = tot + st
+        rows.append(_row(name, stage, "TOTAL", "", -1, -1, sum(r["count"] for r, _ in entries), tot))
+    return rows
+
+
+def to_frame(rows: list):
+    import pandas as pd
+
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    for col in INT_COLUMNS:
+        df[col] = df[col].astype("int64")
+    return df
+
+
+def workload_costs(case, model_cfg: Optional[ModelConfig] = None, dtype="bf16", per_step: bool = False,
+                   routing: Optional[dict] = None, attn_implementation: Optional[str] = None,
+                   kv_cache: Optional[str] = None):
+    """Cost DataFrame (``COLUMNS``) of one case: family rows and a TOTAL row per stage.
+
+    ``routing``: measured MoE routing counts of this workload, {"prefill": [layers, experts],
+    "decode": [layers, experts] summed over steps or [steps, layers, experts]} as
+    ``GenerationResult.routing`` gives them; without it MoE weight bytes use the uniform-routing
+    expectation. FLOPs do not depend on routing.
+    """
+    cfg = model_cfg or ModelConfig()
+    r, items = case_items(case, cfg, dtype, routing, attn_implementation, kv_cache)
+    return to_frame(aggregate(r.name, items, per_step))
+
+
+def stage_totals(df) -> dict:
+    """{stage: {column: value}} from the TOTAL rows of a ``workload_costs`` frame."""
+    tot = df[df["family"] == "TOTAL"]
+    return {row["stage"]: {c: row[c] for c in COLUMNS[6:]} for _, row in tot.iterrows()}
+
+
+def case_summary(case, model_cfg: Optional[ModelConfig] = None, dtype="bf16", routing=None,
+                 attn_implementation=None, kv_cache=None) -> dict:
+    """The ``static_compute.json`` entry of one case."""
+    cfg = model_cfg or ModelConfig()
+    r, items = case_items(case, cfg, dtype, routing, attn_implementation, kv_cache)
+    df = to_frame(aggregate(r.name, items))
+    totals = stage_totals(df)
+    stages = {}
+    for st in STAGES:
+        t = totals[st]
+        stages[st] = {"flops_counted": int(t["flops_counted"]), "flops_useful": int(t["flops_useful"]),
+                      "tensor_flops": int(t["tensor_flops"]), "vector_flops": int(t["vector_flops"]),
+                      "bytes": int(round(t["bytes"])), "params": int(t["params"])}
+    return {"name": r.name, "mode": r.mode.name, "grid": list(r.grid) if r.grid else None,
+            "image_tokens": r.image_tokens, "prefill_tokens": r.prefill_tokens, "decode_tokens": r.decode_tokens,
+            "batch": r.batch, "text_tokens": r.text_tokens, "dtype": str(dtype),
+            "attn_implementation": attn_implementation or cfg.attn_implementation,
+            "kv_cache": kv_cache or cfg.kv_cache, "stages": stages, "frame": df}
+
+
+# ---------------------------------------------------------------------------------- anchors
+
+def component_params(cfg: Optional[ModelConfig] = None) -> dict:
+    """Parameters per component as ``build.param_counts`` groups them, from the cost classes."""
+    cfg = cfg or ModelConfig()
+    r, items = case_items(Case("base", decode_tokens=2), cfg)
+    df = to_frame(aggregate(r.name, items))
+    tot = stage_totals(df)
+    sep = 2 * cfg.projector.n_embed
+    out = {"sam": int(tot["sam"]["params"]), "clip": int(tot["clip"]["params"]),
+           "projector": int(tot["projector"]["params"]) - sep, "separators": sep, "llm": int(tot["prefill"]["params"])}
+    out["total"] = sum(out.values())
+    return out
+
+
+def activated_params_per_token(cfg: Optional[ModelConfig] = None) -> int:
+    """Parameters one token's forward uses: attention, dense MLP or top-k + shared experts and
+    gate, norms, lm_head; the embedding lookup excluded (DESIGN.md: 574.1M)."""
+    cfg = cfg or ModelConfig()
+    return int(sum(it.cost.params_active for it in llm_items(cfg, "decode", 1, 1, 0, 2)))
+
+
+def kv_bytes_per_token(cfg: Optional[ModelConfig] = None, dtype="bf16") -> int:
+    """K and V of every layer for one token: 2 * layers * kv_heads * head_dim * bytes."""
+    cfg = cfg or ModelConfig()
+    L = cfg.llm
+    return 2 * L.num_layers * L.num_kv_heads * L.head_dim * dtype_bytes(dtype)
+
+
+def decode_step_costs(cfg: Optional[ModelConfig] = None, cache_len: int = 0, batch: int = 1, dtype="bf16",
+                      attn_implementation=None, kv_cache=None) -> Cost:
+    """Total cost of one decode step (batch x 1 token) against a cache of ``cache_len`` tokens."""
+    cfg = cfg or ModelConfig()
+    return F.total([it.cost for it in llm_items(cfg, "decode", batch, 1, cache_len, dtype_bytes(dtype),
+                                                attn_impl=attn_implementation, kv_cache=kv_cache)])
+
+
+def default_sweep_cases(decode_tokens: int = 128) -> list:
+    """Every mode (gundam without tiles) and every gundam grid with 2 <= cols*rows <= 9."""
+    wl = _workload()
+    cases = []
+    for name, mode in wl.MODES.items():
+        cases.append(Case(name, (1, 1) if mode.crop else None, decode_tokens=decode_tokens,
+                          name=f"{name}-global" if mode.crop else name))
+        if mode.crop:
+            for cols in range(1, 10):
+                for rows in range(1, 10):
+                    if 2 <= cols * rows <= 9:
+                        cases.append(Case(name, (cols, rows), decode_tokens=decode_tokens))
+    return cases
+
+
+__all__ = ["Case", "COLUMNS", "STAGES", "workload_costs", "case_summary", "stage_totals", "component_params",
+           "activated_params_per_token", "kv_bytes_per_token", "decode_step_costs", "resolve", "as_case",
+           "parse_grid", "case_items", "default_sweep_cases", "dtype_bytes"]

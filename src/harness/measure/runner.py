@@ -1,0 +1,141 @@
+"""Warm-up, timed repeats and one optional profiled repeat of a case.
+
+Timed repeats carry only NVTX ranges and CUDA events (no profiler), with Python's cyclic GC
+paused during each request. With ``kernels=True`` one
+extra request runs under torch.profiler (``repeat`` = ``profiled``); its kernel counts, busy and
+idle times fill the kernel columns of the aggregate rows, so profiler overhead never enters the
+timed statistics.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import pandas as pd
+import torch
+
+from .kernels import KERNEL_COLUMNS, kernel_table, profiler_for
+from .recorder import StageRecorder
+from .summarize import STAGE_COLUMNS, aggregate, stage_rows
+
+log = logging.getLogger("harness.measure")
+
+
+@dataclass
+class MeasureConfig:
+    warmup: Optional[int] = None    # None: 2 on CUDA, 0 on the CPU
+    repeats: Optional[int] = None   # None: 5 on CUDA, 1 on the CPU
+    nvtx: bool = True
+    events: bool = True
+    kernels: bool = False
+    layer_ranges: bool = False      # per-layer NVTX ranges (``layer``, payload = index)
+    fresh_inputs: bool = True       # a new synthetic page per repeat (same layout)
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+@contextlib.contextmanager
+def layer_ranges(model: torch.nn.Module, rec: StageRecorder, enabled: bool):
+    """NVTX ``layer`` ranges around SAM blocks, CLIP layers and decoder layers (payload = index)."""
+    handles = []
+    if enabled and rec.nvtx.available:
+        for name, mod in model.named_modules():
+            parts = name.split(".")
+            if len(parts) >= 2 and parts[-2] in ("blocks", "layers") and parts[-1].isdigit():
+                idx = int(parts[-1])
+                handles.append(mod.register_forward_pre_hook(lambda m, a, i=idx: rec.nvtx.push("layer", i)))
+                handles.append(mod.register_forward_hook(lambda m, a, o: rec.nvtx.pop()))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _sync(cuda: bool):
+    if cuda:
+        torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def quiet_gc():
+    """Collect, then keep Python's cyclic GC off for the timed request (its pauses land in
+    host-bound decode steps as outliers); restored afterwards."""
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConfig, case: dict,
+                 cuda: bool, progress: Callable[[str], None] | None = None):
+    """Run one case. Returns (stages DataFrame [STAGE_COLUMNS], kernels DataFrame, routing dict).
+
+    ``make_request(i)`` builds request ``i`` on the model's device (i < 0 for warm-ups).
+    ``case`` holds the identifying columns: case, mode, grid, batch.
+    """
+    say = progress or (lambda msg: log.info(msg))
+    if mcfg.warmup is None or mcfg.repeats is None:
+        mcfg = MeasureConfig(**{**mcfg.__dict__,
+                                "warmup": (2 if cuda else 0) if mcfg.warmup is None else mcfg.warmup,
+                                "repeats": (5 if cuda else 1) if mcfg.repeats is None else mcfg.repeats})
+    wbytes = weight_bytes(model)
+    note = "" if cuda else "no CUDA device: gpu_ms/TTFT/TPOT from host clocks; kernel columns are CPU ops"
+    for w in range(mcfg.warmup):
+        say(f"{case['case']}: warm-up {w + 1}/{mcfg.warmup}")
+        model.generate(make_request(-1 - w))
+        _sync(cuda)
+    rows, routing = [], {}
+    for r in range(mcfg.repeats):
+        req = make_request(r if mcfg.fresh_inputs else 0)
+        rec = StageRecorder(cuda, nvtx=mcfg.nvtx, events=mcfg.events)
+        with layer_ranges(model, rec, mcfg.layer_ranges), quiet_gc():
+            res = model.generate(req, stage=rec)
+        ranges = rec.finish()
+        for row in stage_rows(ranges, None, req.batch):
+            row.update(case, repeat=r, weight_bytes=wbytes if row["stage"] == "request" else None,
+                       kv_cache_bytes=res.kv_cache_bytes if row["stage"] == "request" else None, note=note)
+            rows.append(row)
+        routing = res.routing
+        req_row = rows[-1]
+        say(f"{case['case']}: repeat {r + 1}/{mcfg.repeats} request {req_row['e2e_ms']:.1f} ms "
+            f"({req_row['timer']})")
+    kern = pd.DataFrame(columns=KERNEL_COLUMNS + ["case"])
+    prof_rows = []
+    if mcfg.kernels:
+        say(f"{case['case']}: profiled request (kernel capture)")
+        req = make_request(mcfg.repeats)
+        rec = StageRecorder(cuda, nvtx=mcfg.nvtx, events=mcfg.events)
+        with profiler_for(cuda) as prof, quiet_gc():
+            res = model.generate(req, stage=rec)
+            ranges = rec.finish()
+        kern = kernel_table(prof, cuda, ranges)
+        kern.insert(0, "case", case["case"])
+        for row in stage_rows(ranges, kern, req.batch):
+            row.update(case, repeat="profiled", note=note)
+            prof_rows.append(row)
+    df = pd.DataFrame(rows, columns=STAGE_COLUMNS)
+    agg = aggregate(df)
+    if prof_rows:
+        prof = pd.DataFrame(prof_rows, columns=STAGE_COLUMNS)
+        kcols = ["kernels", "busy_ms", "launches_per_step", "unattributed_kernel_ms", "attributed_fraction"]
+        keyed = prof.set_index(["stage", prof["call"].astype(str)])
+        for i, row in agg.iterrows():
+            key = (row["stage"], str(row["call"]))
+            if key in keyed.index and row["repeat"] in ("mean", "median"):
+                for c in kcols:
+                    agg.at[i, c] = keyed.loc[key, c]
+                span = row["gpu_ms"] if pd.notna(row["gpu_ms"]) else row["host_ms"]
+                if pd.notna(keyed.loc[key, "busy_ms"]):
+                    agg.at[i, "idle_ms"] = span - keyed.loc[key, "busy_ms"]
+        df = pd.concat([df, prof], ignore_index=True)
+    return pd.concat([df, agg], ignore_index=True), kern, routing

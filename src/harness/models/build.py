@@ -1,0 +1,165 @@
+"""Build the reference model on its target device and dtype, seeded; load or save safetensors.
+
+Construction happens on the ``meta`` device, then storage is allocated once on the target
+(``to_empty``) and filled in place, so a GPU build never materialises fp32 weights on the CPU.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..errors import HarnessError
+from .deepseek_ocr import DeepseekOCR
+from .llm import RMSNorm, RotaryEmbedding
+from .vision import LayerNorm2d
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+          "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+
+
+def resolve_dtype(name) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise HarnessError(f"unknown dtype {name!r}", f"use one of {', '.join(sorted(DTYPES))}")
+    return DTYPES[name]
+
+
+def build_model(cfg: ModelConfig, device="cpu", dtype=torch.float32, seed: int = 0,
+                init: bool = True) -> DeepseekOCR:
+    """The reference model in eval mode. ``init=False`` leaves storage uninitialised (for loading)."""
+    device = torch.device(device)
+    dtype = resolve_dtype(dtype)
+    with torch.device("meta"):
+        model = DeepseekOCR(cfg)
+    model = model.to(dtype=dtype)
+    if device.type == "meta":
+        return model.eval()
+    model = model.to_empty(device=device)
+    for mod in model.modules():
+        if isinstance(mod, RotaryEmbedding):
+            mod.inv_freq = mod.compute_inv_freq(device)
+    if init:
+        init_weights(model, seed, cfg.init_std)
+    return model.eval()
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return isinstance(module, (nn.LayerNorm, RMSNorm, LayerNorm2d))
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, seed: int, std: float) -> None:
+    """Seeded init on the parameters' own device: norms 1/0, biases 0, everything else N(0, std).
+
+    The same seed gives the same weights on the same device type (CPU and CUDA RNGs differ).
+    """
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for mod_name, mod in model.named_modules():
+        for name, p in mod.named_parameters(recurse=False):
+            if _is_norm(mod):
+                p.fill_(1.0 if name == "weight" else 0.0)
+            elif name == "bias":
+                p.zero_()
+            else:
+                p.normal_(0.0, std, generator=gen)
+
+
+def expected_shapes(model: nn.Module) -> dict:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def safetensors_files(path: str | os.PathLike) -> list:
+    """The ``*.safetensors`` files of a model directory (sorted), or a clear error."""
+    p = Path(path)
+    if not p.exists():
+        raise HarnessError(f"model directory {p} does not exist", "pass model.path=DIR of a DeepSeek-OCR snapshot")
+    if p.is_file():
+        return [p]
+    files = sorted(p.glob("*.safetensors"))
+    if not files:
+        raise HarnessError(f"no *.safetensors files in {p}",
+                           "download the checkpoint into that directory or use model.weights=random")
+    return files
+
+
+@torch.no_grad()
+def load_weights(model: nn.Module, path) -> dict:
+    """Copy tensors from safetensors files into ``model`` (cast to its dtype, on its device).
+
+    Refuses with one message listing missing, unexpected and mismatched tensors; nothing is
+    half-loaded when the check fails. Returns {"files": [...], "tensors": n, "bytes": n}.
+    """
+    from safetensors import safe_open
+
+    files = safetensors_files(path)
+    state = model.state_dict()
+    where: dict = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for k in fh.keys():
+                    where[k] = (f, tuple(fh.get_slice(k).get_shape()))
+        except Exception as exc:  # corrupt header, truncated file
+            raise HarnessError(f"cannot read {f}: {exc}", "re-download the checkpoint file") from None
+    missing = sorted(set(state) - set(where))
+    unexpected = sorted(set(where) - set(state))
+    mismatched = sorted(k for k in set(state) & set(where) if tuple(state[k].shape) != where[k][1])
+    if missing or unexpected or mismatched:
+        parts = []
+        for label, keys in (("missing", missing), ("unexpected", unexpected), ("mismatched", mismatched)):
+            if keys:
+                shown = ", ".join(
+                    (f"{k} {where[k][1]} vs model {tuple(state[k].shape)}" if label == "mismatched" else k)
+                    for k in keys[:3])
+                parts.append(f"{len(keys)} {label} ({shown}{', ...' if len(keys) > 3 else ''})")
+        raise HarnessError(f"checkpoint in {path} does not match the model: " + "; ".join(parts),
+                           "point model.path at an unmodified DeepSeek-OCR snapshot (2,710 tensors)")
+    nbytes = 0
+    by_file: dict = {}
+    for k, (f, _) in where.items():
+        by_file.setdefault(f, []).append(k)
+    for f, keys in by_file.items():
+        with safe_open(str(f), framework="pt") as fh:
+            for k in keys:
+                t = fh.get_tensor(k)
+                nbytes += t.numel() * t.element_size()
+                state[k].copy_(t)
+    return {"files": [str(f) for f in files], "tensors": len(where), "bytes": nbytes}
+
+
+def save_weights(model: nn.Module, path, dtype=None) -> Path:
+    """Write the whole state_dict as one ``model.safetensors`` in directory ``path``."""
+    from safetensors.torch import save_file
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    sd = {k: (v.to(dtype) if dtype else v).contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out / "model.safetensors"
+
+
+def param_counts(model: nn.Module) -> dict:
+    """Parameters per component as DESIGN.md groups them (LLM includes embed, norm, lm_head)."""
+    groups = {"sam": 0, "clip": 0, "projector": 0, "separators": 0, "llm": 0}
+    for k, p in model.state_dict().items():
+        n = p.numel()
+        if k.startswith("model.sam_model."):
+            groups["sam"] += n
+        elif k.startswith("model.vision_model."):
+            groups["clip"] += n
+        elif k.startswith("model.projector."):
+            groups["projector"] += n
+        elif k in ("model.image_newline", "model.view_seperator"):
+            groups["separators"] += n
+        else:
+            groups["llm"] += n
+    groups["total"] = sum(groups.values())
+    return groups

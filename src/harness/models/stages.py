@@ -1,0 +1,33 @@
+"""The five stages of a request and the module prefixes each one runs.
+
+Stages are disjoint in time and their GPU times add up to the request. ``prefill`` and
+``decode`` run the same LLM modules; the phase (sequence length > 1 or == 1) tells them apart.
+Module prefixes are the same for the reference model and the vendor model (same state_dict).
+"""
+from __future__ import annotations
+
+STAGES = ("sam", "clip", "projector", "prefill", "decode")
+VISION_STAGES = ("sam", "clip", "projector")
+
+STAGE_PREFIXES = {
+    "sam": ("model.sam_model",),
+    "clip": ("model.vision_model",),
+    "projector": ("model.projector", "model.image_newline", "model.view_seperator"),
+    "llm": ("model.embed_tokens", "model.layers", "model.norm", "lm_head"),
+}
+
+
+def module_stage(name: str) -> str | None:
+    """Stage of a module or parameter name: sam, clip, projector, llm (prefill and decode) or None."""
+    for stage, prefixes in STAGE_PREFIXES.items():
+        if any(name == p or name.startswith(p + ".") for p in prefixes):
+            return stage
+    return None
+
+
+def llm_stages(name: str) -> tuple:
+    """The stages a module takes part in: ('prefill', 'decode') for LLM modules."""
+    st = module_stage(name)
+    if st == "llm":
+        return ("prefill", "decode")
+    return (st,) if st else ()

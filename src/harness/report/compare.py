@@ -1,0 +1,163 @@
+"""``python -m harness compare RUN_A RUN_B [--out DIR]``: side-by-side deltas of two runs.
+
+For every case x stage present in either run (matched by case name): median stage time
+(``gpu_ms``, or ``host_ms`` on a host-timer run), and per case TTFT, TPOT p50, decode tokens/s
+and end-to-end ms; with the roofline efficiency (datasheet ceilings) where both runs have a
+``roofline.csv``. ``delta`` = B - A, ``ratio`` = B / A (below 1 = B is faster for times; above 1
+= B is faster for tok/s). Efficiency uses the datasheet ceilings, the calibrated ones where a run
+has no datasheet peak.
+
+Output: printed as Markdown, and written to a **new** directory, never into either run (run
+directories are never overwritten): ``<parent of RUN_B>/compare-<YYYYmmdd-HHMMSS>-<A>-vs-<B>/``
+with ``compare.md`` and ``compare.csv`` (long form: case, stage, metric, a, b, delta, ratio,
+unit). ``--out DIR`` writes there instead.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import HarnessError
+from ..roofline.join import STAGES, _f, load_run, measured_stages
+
+REQUEST_METRICS = [("ttft_ms", "TTFT", "ms"), ("tpot_p50_ms", "TPOT p50", "ms"), ("decode_tok_s", "decode tok/s", "tok/s"),
+                   ("e2e_ms", "end-to-end", "ms")]
+COLUMNS = ["case", "stage", "metric", "a", "b", "delta", "ratio", "unit"]
+
+
+def _check(path: Path) -> Path:
+    path = Path(path)
+    if not path.is_dir():
+        raise HarnessError(f"run directory {str(path)!r} does not exist", "give two run directories under runs/")
+    if not (path / "stages.csv").is_file():
+        raise HarnessError(f"{path} has no stages.csv", "compare run directories written by `python -m harness run`")
+    return path
+
+
+def _entry(case, stage, metric, a, b, unit) -> dict:
+    a, b = _f(a), _f(b)
+    return {"case": case, "stage": stage, "metric": metric, "a": a, "b": b,
+            "delta": (b - a) if a is not None and b is not None else None,
+            "ratio": (b / a) if a and b is not None else None, "unit": unit}
+
+
+def _eff(path: Path) -> dict:
+    f = path / "roofline.csv"
+    if not f.is_file():
+        return {}
+    t = pd.read_csv(f)
+    t = t[t["level"] == "stage"]
+    return {(r.case, r.stage): (r.efficiency if _f(r.efficiency) is not None else r.efficiency_cal)
+            for r in t.itertuples()}
+
+
+def compare_runs(run_a, run_b) -> tuple:
+    """(long DataFrame [COLUMNS], notes) comparing two run directories."""
+    pa, pb = _check(run_a), _check(run_b)
+    A, B = load_run(pa), load_run(pb)
+    ma, mb = measured_stages(A.stages), measured_stages(B.stages)
+    notes = []
+    ta, tb = set(ma["timer"]), set(mb["timer"])
+    if ta != tb:
+        notes.append(f"timers differ (A: {', '.join(sorted(ta))}; B: {', '.join(sorted(tb))}): host and CUDA-event "
+                     "times are not comparable")
+    da, db = (A.manifest.get("device") or {}).get("name"), (B.manifest.get("device") or {}).get("name")
+    if da != db:
+        notes.append(f"devices differ (A: {da or 'cpu'}; B: {db or 'cpu'})")
+    cases = list(dict.fromkeys(list(mb["case"]) + list(ma["case"])))
+    only_a = sorted(set(ma["case"]) - set(mb["case"]))
+    only_b = sorted(set(mb["case"]) - set(ma["case"]))
+    if only_a:
+        notes.append(f"cases only in A: {', '.join(only_a)}")
+    if only_b:
+        notes.append(f"cases only in B: {', '.join(only_b)}")
+    ea, eb = _eff(pa), _eff(pb)
+    rows = []
+    for case in cases:
+        xa = ma[ma["case"] == case].set_index("stage")
+        xb = mb[mb["case"] == case].set_index("stage")
+        for stage in list(STAGES) + ["request"]:
+            if stage not in xa.index and stage not in xb.index:
+                continue
+            a = xa.loc[stage, "time_ms"] if stage in xa.index else None
+            b = xb.loc[stage, "time_ms"] if stage in xb.index else None
+            rows.append(_entry(case, stage, "time", a, b, "ms"))
+            if (case, stage) in ea or (case, stage) in eb:
+                rows.append(_entry(case, stage, "efficiency", ea.get((case, stage)), eb.get((case, stage)), "fraction"))
+        for col, label, unit in REQUEST_METRICS:
+            a = xa.loc["request", col] if "request" in xa.index and col in xa else None
+            b = xb.loc["request", col] if "request" in xb.index and col in xb else None
+            if _f(a) is not None or _f(b) is not None:
+                rows.append(_entry(case, "request", label, a, b, unit))
+    return pd.DataFrame(rows, columns=COLUMNS), notes
+
+
+def _fmt(v, unit="") -> str:
+    x = _f(v)
+    if x is None:
+        return "–"
+    if unit == "fraction":
+        return f"{100 * x:.1f}%"
+    return f"{x:,.3f}" if abs(x) < 100 else f"{x:,.1f}"
+
+
+def render(df: pd.DataFrame, run_a: Path, run_b: Path, notes: list) -> str:
+    L = [f"# Compare", "", f"- A: `{run_a}`", f"- B: `{run_b}`", "",
+         "delta = B - A; ratio = B / A (times: below 1 = B faster; tok/s: above 1 = B faster). "
+         "Times are medians of the timed repeats.", ""]
+    st = df[df["metric"] == "time"]
+    eff = df[df["metric"] == "efficiency"].set_index(["case", "stage"])
+    if len(st):
+        L += ["## Stage time", "", "| case | stage | A ms | B ms | delta ms | B/A | eff A | eff B |",
+              "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for r in st.itertuples():
+            e = eff.loc[(r.case, r.stage)] if (r.case, r.stage) in eff.index else None
+            L.append(f"| {r.case} | {r.stage} | {_fmt(r.a)} | {_fmt(r.b)} | {_fmt(r.delta)} | "
+                     f"{_fmt(r.ratio)} | "
+                     f"{_fmt(e['a'], 'fraction') if e is not None else '–'} | "
+                     f"{_fmt(e['b'], 'fraction') if e is not None else '–'} |")
+        L.append("")
+    rq = df[~df["metric"].isin(["time", "efficiency"])]
+    if len(rq):
+        L += ["## Request", "", "| case | metric | A | B | delta | B/A |", "|---|---|---:|---:|---:|---:|"]
+        for r in rq.itertuples():
+            L.append(f"| {r.case} | {r.metric} ({r.unit}) | {_fmt(r.a)} | {_fmt(r.b)} | {_fmt(r.delta)} | "
+                     f"{_fmt(r.ratio)} |")
+        L.append("")
+    if notes:
+        L += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(L)
+
+
+def default_out(run_a: Path, run_b: Path) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(run_b).resolve().parent / f"compare-{stamp}-{Path(run_a).resolve().name}-vs-{Path(run_b).resolve().name}"
+    out, i = base, 1
+    while out.exists():
+        out, i = base.with_name(f"{base.name}-{i}"), i + 1
+    return out
+
+
+def compare_main(argv) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness compare",
+                                description="Side-by-side per-case, per-stage deltas of two run directories.")
+    p.add_argument("run_a", help="baseline run directory (A)")
+    p.add_argument("run_b", help="run directory compared against A (B)")
+    p.add_argument("--out", default=None, help="output directory (default: <parent of RUN_B>/compare-<time>-A-vs-B/)")
+    args = p.parse_args(list(argv))
+    a, b = Path(args.run_a), Path(args.run_b)
+    df, notes = compare_runs(a, b)
+    text = render(df, a, b, notes)
+    out = Path(args.out) if args.out else default_out(a, b)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "compare.csv", index=False)
+    (out / "compare.md").write_text(text)
+    print(text)
+    print(f"[harness] wrote {out}")
+    return 0
+
+
+__all__ = ["compare_main", "compare_runs", "render", "default_out"]

@@ -1,0 +1,386 @@
+"""Per-run report: report.md, analytic.csv, roofline.csv and roofline.png in the run directory.
+
+``write_report(run)`` reads what the run measured (stages.csv, kernels.csv, routing.csv,
+manifest.json), resolves the device ceilings (datasheet via ``harness.roofline.specs``, calibrated
+via the cached ``python -m harness calibrate`` record, ``hardware.*`` overrides), computes the
+analytic costs of every measured case (``harness.analytic``), joins them
+(``harness.roofline.join``) and writes, through the ``RunDir`` helper:
+
+* ``analytic.csv``: ``harness.analytic.compose.COLUMNS`` + ``routing`` (measured / uniform) for
+  every case x stage x family, TOTAL rows per stage;
+* ``roofline.csv``: ``harness.roofline.join.ROOFLINE_COLUMNS``, ``level = stage`` rows (five
+  stages + request per case) and ``level = op_family`` rows;
+* ``roofline.png``: log-log roofline, both ceilings, one point per case x stage;
+* ``report.md``: headline table per case, per-stage roofline table, op families, top kernels
+  per stage, ceilings, environment, caveats.
+
+``python -m harness run`` calls it after every case (the report grows with the run) and once at
+the end; it can be re-run on any finished run directory (``write_report(path)``). The manifest
+gets a ``roofline`` entry (ceilings used, calibration or 'not calibrated').
+"""
+from __future__ import annotations
+
+import logging
+import traceback
+from pathlib import Path
+from typing import Optional, Union
+
+import pandas as pd
+
+from ..roofline.calibrate import load_calibration
+from ..roofline.join import (OP_GROUPS, STAGES, RunInputs, _f, category_busy, roofline_table)
+from ..roofline.plot import plot_roofline
+from ..roofline.specs import Peaks, device_name_of, resolve_peaks
+from .rundir import RunDir
+
+log = logging.getLogger("harness.report")
+TOP_KERNELS = 5
+CV_LIMIT = 0.02
+
+
+def _attach(path) -> RunDir:
+    """A RunDir over an existing directory (no manifest rewrite)."""
+    import json
+
+    rd = RunDir.__new__(RunDir)
+    rd.path = Path(path)
+    mp = rd.path / "manifest.json"
+    rd.manifest = json.loads(mp.read_text()) if mp.is_file() else {"warnings": [], "cases": []}
+    rd.manifest.setdefault("warnings", [])
+    return rd
+
+
+def _inputs(rd: RunDir) -> RunInputs:
+    from ..roofline.join import _read_csv
+
+    return RunInputs(rd.path, rd.manifest, _read_csv(rd.path / "stages.csv"), _read_csv(rd.path / "kernels.csv"),
+                     _read_csv(rd.path / "routing.csv"))
+
+
+def ceilings(manifest: dict, hardware: Optional[dict] = None) -> Peaks:
+    """Datasheet + calibrated ceilings for the run's device and dtype."""
+    config = manifest.get("config") or {}
+    hw = dict(config.get("hardware") or {})
+    hw.update(hardware or {})
+    name = device_name_of(manifest.get("device"))
+    dtype = str(manifest.get("dtype") or "bf16").replace("torch.", "")
+    cal = load_calibration(name, hw)
+    peaks = resolve_peaks(name, dtype, hw, cal)
+    if cal is None:
+        peaks.notes.append("not calibrated: run `python -m harness calibrate` on this device for measured ceilings")
+    return peaks
+
+
+def write_report(run: Union[RunDir, str, Path], hardware: Optional[dict] = None, strict: bool = False,
+                 plot: bool = True) -> dict:
+    """Write analytic.csv, roofline.csv, roofline.png and report.md into the run directory.
+
+    ``run``: the live ``RunDir`` of ``harness.run`` or the path of a run directory. Returns
+    {name: Path}. Unless ``strict``, a failure is recorded as a manifest warning and {} returned
+    (the measurement is never lost to a reporting error).
+    """
+    rd = run if isinstance(run, RunDir) else _attach(run)
+    try:
+        return _write(rd, hardware, plot)
+    except Exception as exc:  # noqa: BLE001 - reporting must not kill a measured run
+        if strict:
+            raise
+        log.warning("report not written: %s\n%s", exc, traceback.format_exc())
+        try:
+            rd.warn(f"report not written ({exc.__class__.__name__}: {exc})")
+        except Exception:  # noqa: BLE001
+            pass
+        return {}
+
+
+def _write(rd: RunDir, hardware: Optional[dict], plot: bool) -> dict:
+    run = _inputs(rd)
+    peaks = ceilings(rd.manifest, hardware)
+    paths = {}
+    if not len(run.stages):
+        paths["report"] = rd.write_text("report.md", render(run, peaks, pd.DataFrame(), pd.DataFrame(),
+                                                            pd.DataFrame(), []))
+        return paths
+    table, analytic, measured, notes = roofline_table(run, peaks)
+    if len(analytic):
+        paths["analytic"] = rd.write_csv("analytic.csv", analytic)
+    paths["roofline"] = rd.write_csv("roofline.csv", table)
+    if plot:
+        cfg = rd.manifest.get("config") or {}
+        exp = cfg.get("experiment_name") or (cfg.get("run") or {}).get("name")
+        title = f"{exp}: {rd.path.name}" if exp and exp not in rd.path.name else rd.path.name
+        try:
+            paths["plot"] = plot_roofline(table, peaks, rd.path / "roofline.png", title)
+        except Exception as exc:  # noqa: BLE001 - a plotting failure must not lose the tables
+            notes.append(f"roofline.png not written ({exc.__class__.__name__}: {exc})")
+    paths["report"] = rd.write_text("report.md", render(run, peaks, table, analytic, measured, notes))
+    rd.manifest["roofline"] = {**peaks.as_dict(), "files": sorted(p.name for p in map(Path, paths.values()))}
+    rd.save()
+    return paths
+
+
+# ---------------------------------------------------------------------------------- format
+
+def _n(v, fmt="{:,.2f}", none="–") -> str:
+    x = _f(v)
+    return none if x is None else fmt.format(x)
+
+
+def _s(v, scale: float = 1.0) -> str:
+    """Number with ~4 significant digits, thousands separators for large values."""
+    x = _f(v)
+    if x is None:
+        return "–"
+    x /= scale
+    if x == 0:
+        return "0"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    if abs(x) >= 1:
+        return f"{x:,.2f}"
+    return f"{x:.3g}"
+
+
+def _pct(v) -> str:
+    x = _f(v)
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def _table(header: list, rows: list, align: Optional[list] = None) -> list:
+    align = align or ["---"] + ["---:"] * (len(header) - 1)
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]
+    return out
+
+
+def _eff(r) -> str:
+    return f"{_pct(r.get('efficiency'))} / {_pct(r.get('efficiency_cal'))}"
+
+
+# ---------------------------------------------------------------------------------- render
+
+def render(run: RunInputs, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFrame, measured: pd.DataFrame,
+           notes: list) -> str:
+    man = run.manifest
+    cfg = man.get("config") or {}
+    L = [f"# Run report: {run.path.name}", ""]
+    status = man.get("status", "?")
+    L.append(f"Status **{status}**; experiment `{cfg.get('experiment_name', (cfg.get('run') or {}).get('name', '-'))}`; "
+             f"{len(man.get('cases') or [])} case(s); started {man.get('started', '?')}, finished "
+             f"{man.get('finished') or '-'}.")
+    L.append(f"Device {peaks.device_name} ({peaks.spec_name or 'unknown device'}), dtype {peaks.dtype}; model "
+             f"`{(man.get('model') or {}).get('adapter', (cfg.get('model') or {}).get('name', '?'))}` with "
+             f"{(man.get('model') or {}).get('weights', (cfg.get('model') or {}).get('weights', '?'))} weights.")
+    L += ["", "Efficiency = roofline floor / measured time, floor = max(tensor FLOPs / peak, bytes / bandwidth), "
+          "shown as *datasheet / calibrated* ceilings (dense peaks). FLOPs: analytic tensor FLOPs the attention "
+          "kernel executes; MFU uses useful FLOPs (causal, unpadded); MBU (decode) uses weight bytes of the experts "
+          "touched + KV read. Times are medians of the timed repeats.", ""]
+    st = table[table["level"] == "stage"] if len(table) else table
+    L += _headline(run, st, measured)
+    L += _stage_table(st)
+    L += _op_table(table)
+    L += _top_kernels(run)
+    L += _ceilings(peaks)
+    L += _environment(man)
+    L += _caveats(run, peaks, measured, notes)
+    L += ["## Files", ""]
+    files = sorted(p.name for p in run.path.iterdir() if p.is_file() and not p.name.endswith(".tmp")) \
+        if run.path.is_dir() else []
+    L += [f"- `{f}`" for f in files] + [""]
+    return "\n".join(L)
+
+
+def _case_info(man: dict) -> dict:
+    return {c.get("name"): c for c in man.get("cases") or []}
+
+
+def _headline(run: RunInputs, st: pd.DataFrame, measured: pd.DataFrame) -> list:
+    L = ["## Headline", ""]
+    if not len(measured):
+        return L + ["_No stage measurements yet._", ""]
+    info = _case_info(run.manifest)
+    timer = "host" if (measured["timer"] == "host").any() else "GPU"
+    rows = []
+    for case in dict.fromkeys(measured["case"]):
+        m = measured[measured["case"] == case].set_index("stage")
+        ci = info.get(case, {})
+        req = m.loc["request"] if "request" in m.index else {}
+        s = st[st["case"] == case] if len(st) else st
+        rq = s[s["stage"] == "request"]
+        stages = s[s["stage"].isin(STAGES)]
+        dom = ""
+        if len(stages):
+            d = stages.loc[pd.to_numeric(stages["measured_ms"], errors="coerce").idxmax()]
+            total = pd.to_numeric(stages["measured_ms"], errors="coerce").sum()
+            dom = f"{d['stage']} {_pct(d['measured_ms'] / total if total else None)}: {d['bound']}"
+        grid = ci.get("grid") or "-"
+        rows.append([case, ci.get("mode", m["mode"].iloc[0] if "mode" in m else "?"), grid, ci.get("batch", "?"),
+                     ci.get("image_tokens", "?"), ci.get("prefill_tokens", "?"), ci.get("decode_tokens", "?"),
+                     _n(req.get("ttft_ms") if len(req) else None), _n(req.get("tpot_p50_ms") if len(req) else None),
+                     _n(req.get("decode_tok_s") if len(req) else None, "{:,.1f}"),
+                     _n(req.get("e2e_ms") if len(req) else None)]
+                    + [_n(m.loc[x, "time_ms"]) if x in m.index else "–" for x in STAGES]
+                    + [_eff(rq.iloc[0]) if len(rq) else "–", dom])
+    L += _table(["case", "mode", "grid", "batch", "image tok", "prefill tok", "decode tok", "TTFT ms", "TPOT p50 ms",
+                 "tok/s", "e2e ms"] + [f"{x} ms" for x in STAGES] + ["request eff (sheet / cal)",
+                                                                      "dominant stage: bound"], rows,
+                ["---"] * 3 + ["---:"] * 14 + ["---"])
+    L += ["", f"Stage times: {timer} clock ({'CUDA events' if timer == 'GPU' else 'host wall clock, no CUDA'}); "
+          "tok/s = decode tokens per second over the decode stage (batch included).", ""]
+    return L
+
+
+def _stage_table(st: pd.DataFrame) -> list:
+    L = ["## Roofline per stage", ""]
+    if not len(st):
+        return L + ["_No analytic join (no measured stages or no analytic costs)._", ""]
+    rows = []
+    for r in st.to_dict("records"):
+        util = ""
+        if _f(r.get("mfu")) is not None or _f(r.get("mfu_cal")) is not None:
+            util = f"MFU {_pct(r.get('mfu'))} / {_pct(r.get('mfu_cal'))}"
+        elif _f(r.get("mbu")) is not None or _f(r.get("mbu_cal")) is not None:
+            util = f"MBU {_pct(r.get('mbu'))} / {_pct(r.get('mbu_cal'))}"
+        rows.append([r["case"], r["stage"], _s(r["measured_ms"]), _s(r["tensor_flops"], 1e9), _s(r["bytes"], 1e6),
+                     _s(r["intensity"]), _s(r["achieved_tflops"]), _s(r["achieved_gbs"]), _s(r["floor_ms"]),
+                     _s(r["floor_ms_cal"]), _eff(r), util or "–", _pct(r.get("idle_fraction")), r["bound"]])
+    L += _table(["case", "stage", "ms", "tensor GFLOP", "MB", "FLOP/B", "TFLOP/s", "GB/s", "floor ms (sheet)",
+                 "floor ms (cal)", "eff (sheet / cal)", "MFU / MBU (sheet / cal)", "idle", "bound"], rows,
+                ["---", "---"] + ["---:"] * 11 + ["---"])
+    return L + ["", "idle = share of the stage's GPU span with no kernel running (profiled request); bound "
+                "`launch/host` when idle > 50%, else by intensity vs ridge.", ""]
+
+
+def _op_table(table: pd.DataFrame) -> list:
+    L = ["## Op families per stage", ""]
+    op = table[table["level"] == "op_family"] if len(table) else table
+    if not len(op):
+        return L + ["_No kernel capture in this run (`measure.kernels=true` adds it)._", ""]
+    mapping = [[g, ", ".join(c), ", ".join(f) or ("– (fused into GEMM/attention in the analytic model)" if g == "elementwise"
+                                                 else "– (no analytic counterpart)")]
+               for g, (c, f) in OP_GROUPS.items()]
+    L += _table(["op family", "kernel categories", "analytic families"], mapping, ["---", "---", "---"])
+    L.append("")
+    rows = []
+    for r in op.to_dict("records"):
+        rows.append([r["case"], r["stage"], r["op_family"], _n(r["kernels"], "{:,.0f}"), _s(r["kernel_busy_ms"]),
+                     _s(r["tensor_flops"], 1e9), _s(r["bytes"], 1e6), _s(r["floor_ms"]), _eff(r), r["bound"]])
+    L += _table(["case", "stage", "op family", "kernels", "busy ms", "tensor GFLOP", "MB", "floor ms (sheet)",
+                 "eff (sheet / cal)", "bound"], rows, ["---"] * 3 + ["---:"] * 6 + ["---"])
+    return L + ["", "busy ms = union of the group's kernel intervals in the profiled request.", ""]
+
+
+def _top_kernels(run: RunInputs) -> list:
+    L = ["## Top kernels per stage", ""]
+    k = run.kernels
+    if k is None or not len(k):
+        return L + ["_No kernel capture in this run._", ""]
+    cb = category_busy(k)
+    k = k[k["stage"].notna()]
+    for case in dict.fromkeys(k["case"]):
+        L += [f"### {case}", ""]
+        rows = []
+        for stage in STAGES:
+            ks = k[(k["case"] == case) & (k["stage"] == stage)]
+            if not len(ks):
+                continue
+            tot = cb[(cb["case"] == case) & (cb["stage"] == stage) & (cb["category"] == "*")]
+            busy = float(tot["busy_ms"].iloc[0]) if len(tot) else float(ks["dur_ms"].sum())
+            g = ks.groupby("name").agg(category=("category", "first"), calls=("dur_ms", "size"),
+                                       total=("dur_ms", "sum")).sort_values("total", ascending=False)
+            for name, r in g.head(TOP_KERNELS).iterrows():
+                short = name if len(name) <= 80 else name[:77] + "..."
+                rows.append([stage, f"`{short}`", r["category"], int(r["calls"]), f"{r['total']:,.3f}",
+                             f"{1e3 * r['total'] / r['calls']:,.1f}", _pct(r["total"] / busy if busy else None)])
+        L += _table(["stage", "kernel", "category", "calls", "total ms", "mean µs", "of stage busy"], rows,
+                    ["---", "---", "---"] + ["---:"] * 4)
+        L.append("")
+    return L
+
+
+def _ceilings(p: Peaks) -> list:
+    L = ["## Device ceilings", ""]
+    rows = [["device (reported)", p.device_name],
+            ["datasheet entry", p.spec_name or "unknown (no datasheet peak)"],
+            [f"peak {p.dtype} (dense)", _n(p.peak_tflops, "{:,.1f} TFLOP/s")],
+            ["memory bandwidth", _n(p.mem_bw_gbs, "{:,.0f} GB/s")],
+            ["ridge (datasheet)", _n(p.ridge, "{:,.1f} FLOP/B")],
+            ["calibrated GEMM", _n(p.cal_tflops, "{:,.4g} TFLOP/s") + (f" ({p.cal_dtype})" if p.cal_dtype else "")],
+            ["calibrated copy", _n(p.cal_gbs, "{:,.4g} GB/s")],
+            ["ridge (calibrated)", _n(p.cal_ridge, "{:,.1f} FLOP/B")],
+            ["calibration", p.cal_source or "not calibrated"],
+            ["source", p.source]]
+    L += _table(["", ""], rows, ["---", "---"])
+    if p.notes:
+        L += [""] + [f"- {n}" for n in p.notes]
+    return L + [""]
+
+
+def _environment(man: dict) -> list:
+    L = ["## Environment", ""]
+    dev = man.get("device") or {}
+    ver = man.get("versions") or {}
+    git = man.get("git") or {}
+    model = man.get("model") or {}
+    rows = [["device", ", ".join(f"{k}={v}" for k, v in dev.items() if k != "nvidia_smi") or "-"]]
+    smi = dev.get("nvidia_smi")
+    if smi:
+        rows.append(["nvidia-smi", ", ".join(f"{k}={v}" for k, v in smi.items()) if isinstance(smi, dict) else str(smi)])
+    rows += [["dtype", man.get("dtype", "-")],
+             ["model", ", ".join(f"{k}={v}" for k, v in model.items() if not isinstance(v, (dict, list))) or "-"],
+             ["attention kernels used", "; ".join(f"{k}: {', '.join(v)}" for k, v in (man.get("attention") or {}).items())
+              or "-"],
+             ["versions", ", ".join(f"{k} {v}" for k, v in ver.items() if v)],
+             ["git", f"{git.get('revision') or 'no revision'}" + (" (dirty)" if git.get("dirty") else "")
+              + (f" ({git.get('reason')[:80]})" if git.get("reason") else "")],
+             ["command", " ".join(map(str, man.get("argv") or []))]]
+    L += _table(["", ""], rows, ["---", "---"])
+    return L + [""]
+
+
+def _caveats(run: RunInputs, p: Peaks, measured: pd.DataFrame, notes: list) -> list:
+    man = run.manifest
+    cfg = man.get("config") or {}
+    model = man.get("model") or {}
+    out = []
+    weights = model.get("weights", (cfg.get("model") or {}).get("weights"))
+    if weights in (None, "random"):
+        out.append("Random weights: decoding runs a fixed token budget (EOS ignored) and MoE routing follows random "
+                   "gates, so the expert spread (and MoE weight bytes) is not the trained model's.")
+    if len(measured) and (measured["timer"] == "host").any():
+        out.append("Host timers: no CUDA device, stage times are host wall clock and 'kernels' are CPU ops; the "
+                   "CPU has no datasheet peak, so only calibrated ceilings apply.")
+    if not p.known:
+        out.append(f"Unknown device {p.device_name!r}: no datasheet peak is assumed.")
+    if not p.cal_source:
+        out.append("Not calibrated: no measured ceilings (`python -m harness calibrate` caches them per device).")
+    if not len(run.kernels):
+        out.append("No kernel capture: no op-family rows, no idle time, so launch/host-bound stages cannot be told "
+                   "apart from slow kernels.")
+    if man.get("status") == "running":
+        out.append(f"Partial: the run is still going (or was interrupted) after {len(man.get('cases') or [])} case(s).")
+    if len(run.stages) and "unattributed_kernel_ms" in run.stages:
+        un = run.stages[(run.stages["stage"] == "request") & (run.stages["repeat"].astype(str) == "profiled")]
+        for r in un.to_dict("records"):
+            if (_f(r.get("unattributed_kernel_ms")) or 0) > 0:
+                out.append(f"{r['case']}: {_f(r['unattributed_kernel_ms']):.3f} ms of kernel time outside any stage "
+                           f"(attributed {_pct(r.get('attributed_fraction'))}).")
+    if len(measured):
+        noisy = measured[(pd.to_numeric(measured["cv"], errors="coerce") > CV_LIMIT)
+                         & (pd.to_numeric(measured["time_ms"], errors="coerce") >= 1.0)
+                         & (measured["stage"] != "request")]
+        if len(noisy):
+            out.append("Repeat CV above 2%: " + ", ".join(f"{r.case}/{r.stage} {100 * r.cv:.1f}%"
+                                                           for r in noisy.itertuples()) + ".")
+        few = measured[measured["repeats"] < 3]
+        if len(few):
+            out.append(f"Fewer than 3 timed repeats for {', '.join(dict.fromkeys(few['case']))}: medians are weak.")
+    out.append("Op families: GEMM, convolution and attention kernels are one `matmul` group because the analytic "
+               "attention families include their projection GEMMs; elementwise kernels have no analytic work "
+               "(fused in the analytic model), so their time is overhead.")
+    out += notes
+    out += [f"Run warning: {w}" for w in man.get("warnings") or [] if not str(w).startswith("report not written")]
+    return ["## Caveats", ""] + [f"- {c}" for c in out] + [""]
+
+
+__all__ = ["write_report", "render", "ceilings"]

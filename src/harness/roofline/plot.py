@@ -1,0 +1,86 @@
+"""roofline.png: log-log roofline, both ceilings, one point per case x stage (matplotlib Agg).
+
+x = arithmetic intensity (tensor FLOP per DRAM byte, analytic), y = achieved TFLOP/s (analytic
+tensor FLOPs / measured time). Ceilings: dense datasheet (solid) and calibrated (dashed),
+each min(peak, bandwidth x intensity). Colour = stage, marker = case. Stages without tensor
+FLOPs (nothing to place on a log axis) are left out and listed in the caption.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .join import STAGES
+from .specs import Peaks
+
+STAGE_COLORS = {"sam": "tab:blue", "clip": "tab:orange", "projector": "tab:green", "prefill": "tab:red",
+                "decode": "tab:purple"}
+MARKERS = "osD^v<>pPX*hH8d"
+
+
+def plot_roofline(table: pd.DataFrame, peaks: Peaks, path, title: str = "") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    st = table[(table["level"] == "stage") & (table["stage"].isin(STAGES))] if len(table) else table
+    pts = st[(pd.to_numeric(st.get("intensity"), errors="coerce") > 0)
+             & (pd.to_numeric(st.get("achieved_tflops"), errors="coerce") > 0)] if len(st) else st
+    skipped = sorted({f"{r.case}/{r.stage}" for r in st.itertuples()} - {f"{r.case}/{r.stage}" for r in pts.itertuples()}) \
+        if len(st) else []
+    fig, ax = plt.subplots(figsize=(8.5, 5.5), dpi=110)
+    xs = pd.to_numeric(pts["intensity"], errors="coerce").to_numpy(float) if len(pts) else np.array([])
+    ridges = [r for r in (peaks.ridge, peaks.cal_ridge) if r]
+    lo = min([*xs, *ridges, 1.0]) / 4 if len(xs) or ridges else 0.1
+    hi = max([*xs, *ridges, 10.0]) * 4
+    x = np.logspace(np.log10(lo), np.log10(hi), 256)
+    drew = False
+    if peaks.peak_tflops and peaks.mem_bw_gbs:
+        ax.plot(x, np.minimum(peaks.peak_tflops, peaks.mem_bw_gbs * x / 1e3), "k-", lw=1.6,
+                label=f"datasheet: {peaks.peak_tflops:g} TFLOP/s {peaks.dtype}, {peaks.mem_bw_gbs:g} GB/s")
+        drew = True
+    if peaks.cal_tflops and peaks.cal_gbs:
+        ax.plot(x, np.minimum(peaks.cal_tflops, peaks.cal_gbs * x / 1e3), "k--", lw=1.2,
+                label=f"calibrated: {peaks.cal_tflops:,.4g} TFLOP/s {peaks.cal_dtype or ''}, {peaks.cal_gbs:,.4g} GB/s")
+        drew = True
+    cases = list(dict.fromkeys(pts["case"])) if len(pts) else []
+    for i, case in enumerate(cases):
+        for r in pts[pts["case"] == case].itertuples():
+            ax.scatter(r.intensity, r.achieved_tflops, s=46, color=STAGE_COLORS.get(r.stage, "gray"),
+                       marker=MARKERS[i % len(MARKERS)], edgecolors="black", linewidths=0.5, zorder=3)
+    from matplotlib.patches import Patch
+
+    handles, labels = ax.get_legend_handles_labels()
+    for stage, color in STAGE_COLORS.items():
+        if len(pts) and (pts["stage"] == stage).any():
+            handles.append(Patch(facecolor=color, edgecolor="black", linewidth=0.5))
+            labels.append(stage)
+    for i, case in enumerate(cases):
+        handles.append(ax.scatter([], [], color="white", edgecolors="black", marker=MARKERS[i % len(MARKERS)]))
+        labels.append(case)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity [tensor FLOP / DRAM byte] (analytic)")
+    ax.set_ylabel("achieved [TFLOP/s] (analytic tensor FLOPs / measured time)")
+    head = title or "roofline"
+    if not drew:
+        head += " (no ceilings: unknown device, not calibrated)"
+    ax.set_title(f"{head}\n{peaks.device_name}", fontsize=10)
+    ax.grid(True, which="both", lw=0.3, alpha=0.5)
+    ax.legend(handles, labels, fontsize=7, loc="lower right", ncol=2)
+    if skipped:
+        fig.text(0.01, 0.01, "not plotted (no tensor FLOPs or time): " + ", ".join(skipped)[:180], fontsize=6)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+__all__ = ["plot_roofline"]

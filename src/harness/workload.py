@@ -1,0 +1,570 @@
+"""Pages -> model requests, with the vendor's preprocessing and image-token layout.
+
+Sizes are pixels, counts are tokens. The rules reproduced here (crop modes, tile-grid choice,
+padding, normalisation, placeholder layout) follow DeepSeek-OCR's ``infer()`` so a request built
+here has exactly the token count and tensors the vendor path would feed the model.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import warnings
+from collections.abc import Mapping
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw, ImageFont, ImageOps
+
+from harness.errors import HarnessError
+
+PATCH_SIZE = 16                 # pixels per SAM patch side
+DOWNSAMPLE = 4                  # SAM neck + net_2/net_3 shrink the patch grid 4x per side
+IMAGE_TOKEN_ID = 128815
+BOS_ID = 0
+EOS_ID = 1
+IMAGE_PLACEHOLDER = "<image>"
+PAD_COLOR = (127, 127, 127)     # int(0.5 * 255): the normalisation mean as a pixel value
+NORM_MEAN = 0.5
+NORM_STD = 0.5
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+DEFAULT_PROMPT = "<image>\n<|grounding|>Convert the document to markdown. "
+
+
+# --------------------------------------------------------------------------------------------
+# crop modes
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CropMode:
+    """A resolution mode: global-view size ``base_size``, tile size ``image_size`` (pixels)."""
+
+    name: str
+    base_size: int
+    image_size: int
+    crop: bool
+
+
+MODES: dict[str, CropMode] = {
+    "tiny": CropMode("tiny", 512, 512, False),
+    "small": CropMode("small", 640, 640, False),
+    "base": CropMode("base", 1024, 1024, False),
+    "large": CropMode("large", 1280, 1280, False),
+    "gundam": CropMode("gundam", 1024, 640, True),
+}
+
+_MODE_KEYS = ("base_size", "image_size", "crop")
+
+
+def _check_size(value, key: str, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0 \
+            or value % PATCH_SIZE:
+        raise HarnessError(f"mode {name!r}: {key}={value!r} is not a positive multiple of "
+                           f"{PATCH_SIZE} pixels", f"set {key} to e.g. 64, 640 or 1024")
+    return int(value)
+
+
+def get_mode(name_or_mode) -> CropMode:
+    """Resolve a mode name, a ``CropMode`` or a mapping {name, base_size, image_size, crop}."""
+    if isinstance(name_or_mode, CropMode):
+        return name_or_mode
+    if isinstance(name_or_mode, str):
+        key = name_or_mode.strip().lower()
+        if key not in MODES:
+            raise HarnessError(f"unknown crop mode {name_or_mode!r}",
+                               f"use one of {', '.join(MODES)}")
+        return MODES[key]
+    if isinstance(name_or_mode, Mapping):
+        data = dict(name_or_mode)
+        name = str(data.get("name") or "custom")
+        if not any(k in data for k in _MODE_KEYS) and name in MODES:
+            return MODES[name]
+        missing = [k for k in _MODE_KEYS if k not in data]
+        if missing:
+            raise HarnessError(f"custom mode {name!r} lacks {', '.join(missing)}",
+                               "give name, base_size, image_size and crop")
+        unknown = sorted(set(data) - {"name", *_MODE_KEYS})
+        if unknown:
+            raise HarnessError(f"custom mode {name!r} has unknown key(s) {unknown}",
+                               "use only name, base_size, image_size and crop")
+        return CropMode(name, _check_size(data["base_size"], "base_size", name),
+                        _check_size(data["image_size"], "image_size", name), bool(data["crop"]))
+    raise HarnessError(f"cannot read a crop mode from {type(name_or_mode).__name__}",
+                       f"use a mode name ({', '.join(MODES)}) or a mapping "
+                       "{name, base_size, image_size, crop}")
+
+
+def queries_per_side(size: int) -> int:
+    """Vision tokens per side for a ``size``-pixel square view: ceil((size // 16) / 4)."""
+    return math.ceil((size // PATCH_SIZE) / DOWNSAMPLE)
+
+
+# --------------------------------------------------------------------------------------------
+# tile grid (vendor rule)
+# --------------------------------------------------------------------------------------------
+
+def _grid_candidates(min_num: int, max_num: int) -> list[tuple[int, int]]:
+    # The vendor collects the grids in a set and sorts it by tile count; Python's sort is stable,
+    # so grids with the same count keep the set's iteration order. Building the set with the
+    # same insertions in the same order reproduces that order (int tuples hash deterministically).
+    found = set()
+    for n in range(min_num, max_num + 1):
+        for cols in range(1, n + 1):
+            for rows in range(1, n + 1):
+                if min_num <= cols * rows <= max_num:
+                    found.add((cols, rows))
+    return sorted(found, key=lambda g: g[0] * g[1])
+
+
+def select_grid(width: int, height: int, image_size: int = 640, min_num: int = 2,
+                max_num: int = 9) -> tuple[int, int]:
+    """Tile grid (cols, rows) whose aspect ratio is closest to width/height (pixels).
+
+    Candidates: every cols x rows with min_num <= cols*rows <= max_num, visited by tile count.
+    A strictly smaller ratio difference wins; on an exact tie the later candidate wins only when
+    the page area exceeds half the candidate's tiled area (0.5 * image_size^2 * cols * rows).
+    """
+    if width <= 0 or height <= 0:
+        raise HarnessError(f"page size {width}x{height} pixels is empty",
+                           "use an image with positive width and height")
+    aspect = width / height
+    area = width * height
+    best_diff = float("inf")
+    best = (1, 1)
+    for cols, rows in _grid_candidates(min_num, max_num):
+        diff = abs(aspect - cols / rows)
+        if diff < best_diff:
+            best_diff, best = diff, (cols, rows)
+        elif diff == best_diff and area > 0.5 * image_size * image_size * cols * rows:
+            best = (cols, rows)
+    return best
+
+
+def tile_grid_for(width: int, height: int, mode) -> tuple[int, int] | None:
+    """Tile grid (cols, rows) for a page of width x height pixels, or None (no tiles).
+
+    None when the mode does not crop, or when the page fits in one tile (both sides <=
+    ``image_size``); otherwise ``select_grid``.
+    """
+    mode = get_mode(mode)
+    if not mode.crop:
+        return None
+    if width <= mode.image_size and height <= mode.image_size:
+        return None
+    return select_grid(width, height, mode.image_size)
+
+
+def image_token_count(mode, grid: tuple[int, int] | None = None) -> int:
+    """Image placeholder tokens per page, row newlines and the view separator included.
+
+    Global view: q rows of (q + 1) tokens plus 1 separator, q = queries_per_side(base_size) in
+    crop mode, queries_per_side(image_size) otherwise. A c x r tile grid adds q_t*r rows of
+    (q_t*c + 1) tokens, q_t = queries_per_side(image_size) (gundam: 273 + (10c+1)(10r)).
+    """
+    mode = get_mode(mode)
+    if not mode.crop:
+        if grid is not None and tuple(grid) != (1, 1):
+            raise HarnessError(f"mode {mode.name!r} does not crop but a {grid} tile grid was given",
+                               "pass grid=None for non-crop modes")
+        q = queries_per_side(mode.image_size)
+        return q * (q + 1) + 1
+    q = queries_per_side(mode.base_size)
+    count = q * (q + 1) + 1
+    if grid is not None:
+        cols, rows = grid
+        if cols > 1 or rows > 1:
+            qt = queries_per_side(mode.image_size)
+            count += (qt * cols + 1) * (qt * rows)
+    return count
+
+
+# --------------------------------------------------------------------------------------------
+# preprocessing
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class PreparedImage:
+    """One page as model inputs: normalised float32 views, tile grid and token count."""
+
+    global_view: torch.Tensor               # [3, S, S]; S = base_size (crop) or image_size
+    tiles: torch.Tensor | None              # [cols*rows, 3, T, T], row-major; T = image_size
+    grid: tuple[int, int] | None            # (cols, rows)
+    image_tokens: int
+
+
+def to_tensor(img: Image.Image) -> torch.Tensor:
+    """RGB image -> [3, H, W] float32, (x / 255 - 0.5) / 0.5 (values in [-1, 1])."""
+    if img.mode != "RGB":
+        img = img.convert("RGB")
+    arr = np.asarray(img, dtype=np.uint8).astype(np.float32) / np.float32(255.0)
+    arr = (arr - np.float32(NORM_MEAN)) / np.float32(NORM_STD)
+    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+
+
+def _tiles(image: Image.Image, grid: tuple[int, int], tile: int) -> list[Image.Image]:
+    """Resize to (tile*cols, tile*rows) pixels with PIL's default filter, crop row-major."""
+    cols, rows = grid
+    resized = image.resize((tile * cols, tile * rows))
+    out = []
+    for index in range(cols * rows):
+        x, y = index % cols, index // cols
+        out.append(resized.crop((x * tile, y * tile, (x + 1) * tile, (y + 1) * tile)))
+    return out
+
+
+def preprocess(image: Image.Image, mode) -> PreparedImage:
+    """Page -> global view (+ tiles in crop mode), as the vendor prepares it.
+
+    Crop mode: global view = page padded (aspect kept, grey fill) to base_size; tiles from the
+    page resized to the grid and cut row-major. No crop: image_size <= 640 first resizes the page
+    to a square; the view is then padded to image_size (larger sizes keep the aspect ratio).
+    """
+    mode = get_mode(mode)
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    width, height = image.size
+    if mode.crop:
+        grid = tile_grid_for(width, height, mode)
+        view = ImageOps.pad(image, (mode.base_size, mode.base_size), color=PAD_COLOR)
+        tiles = None
+        if grid is not None and (grid[0] > 1 or grid[1] > 1):
+            tiles = torch.stack([to_tensor(t) for t in _tiles(image, grid, mode.image_size)])
+        else:
+            grid = None
+    else:
+        grid, tiles = None, None
+        if mode.image_size <= 640:
+            image = image.resize((mode.image_size, mode.image_size))
+        view = ImageOps.pad(image, (mode.image_size, mode.image_size), color=PAD_COLOR)
+    return PreparedImage(to_tensor(view), tiles, grid, image_token_count(mode, grid))
+
+
+# --------------------------------------------------------------------------------------------
+# pages: synthetic and from disk
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Page:
+    """One input page; ``source`` is the file path or ``synthetic:<seed>``."""
+
+    name: str
+    image: Image.Image
+    source: str
+
+
+# (width, height) pixels, cycled by index: A4 portrait @150 dpi, US letter, A4 landscape,
+# a till receipt, a small note.
+SYNTHETIC_SIZES = ((1240, 1754), (1275, 1650), (1754, 1240), (600, 1600), (600, 400))
+
+_SYLLABLES = ("ka", "lo", "mi", "re", "tan", "vo", "shi", "pe", "dor", "nu", "gal", "te", "rix",
+              "ba", "on", "se", "qua", "lim", "zo", "der", "fa", "mor", "ti", "ul")
+
+
+def _font(px: int):
+    try:
+        return ImageFont.load_default(size=px)
+    except TypeError:  # Pillow < 10.1: fixed-size bitmap font only
+        return ImageFont.load_default()
+
+
+def _word(rng: np.random.Generator) -> str:
+    n = int(rng.integers(1, 4))
+    return "".join(_SYLLABLES[int(i)] for i in rng.integers(0, len(_SYLLABLES), size=n))
+
+
+def synthetic_page(index: int, seed: int = 0, size: tuple[int, int] | None = None) -> Image.Image:
+    """A deterministic RGB document page: title, text lines and a ruled table.
+
+    Same (index, seed, size) -> identical pixels. Size (pixels) cycles with ``index`` through
+    ``SYNTHETIC_SIZES`` unless given; index 0 is an A4 portrait page (1240 x 1754).
+    """
+    width, height = size if size is not None else SYNTHETIC_SIZES[index % len(SYNTHETIC_SIZES)]
+    if width <= 0 or height <= 0:
+        raise HarnessError(f"synthetic page size {width}x{height} pixels is empty",
+                           "give a positive width and height")
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(index)]))
+    page = Image.new("RGB", (width, height), (255, 255, 255))
+    draw = ImageDraw.Draw(page)
+    margin = max(8, width // 16)
+    body_px = max(10, width // 70)
+    body, title_font = _font(body_px), _font(body_px * 2)
+    line_h = int(body_px * 1.5)
+    right = width - margin
+
+    y = margin
+    title = " ".join(_word(rng).capitalize() for _ in range(int(rng.integers(2, 5))))
+    draw.text((margin, y), title, fill=(0, 0, 0), font=title_font)
+    y += body_px * 3
+
+    # paragraphs of pseudo-random words, filling about half the page
+    text_end = margin + int((height - 2 * margin) * 0.5)
+    while y + line_h <= text_end:
+        if rng.random() < 0.15:          # paragraph break
+            y += line_h // 2
+        x = margin + (body_px * 2 if rng.random() < 0.1 else 0)
+        words = []
+        while True:
+            candidate = " ".join(words + [_word(rng)])
+            if x + draw.textlength(candidate, font=body) > right:
+                break
+            words = candidate.split(" ")
+        if words:
+            draw.text((x, y), " ".join(words), fill=(20, 20, 20), font=body)
+        y += line_h
+
+    # ruled table with cell text
+    y += line_h
+    n_cols = int(rng.integers(3, 6))
+    n_rows = int(rng.integers(3, 9))
+    row_h = line_h + body_px // 2
+    n_rows = max(0, min(n_rows, (height - margin - y) // row_h))
+    if n_rows >= 2:
+        col_w = (right - margin) / n_cols
+        for r in range(n_rows + 1):
+            draw.line([(margin, y + r * row_h), (right, y + r * row_h)], fill=(0, 0, 0), width=1)
+        for c in range(n_cols + 1):
+            xc = int(round(margin + c * col_w))
+            draw.line([(xc, y), (xc, y + n_rows * row_h)], fill=(0, 0, 0), width=1)
+        for r in range(n_rows):
+            for c in range(n_cols):
+                cell = _word(rng) if r == 0 else (
+                    f"{float(rng.integers(0, 100000)) / 100:.2f}" if c else _word(rng))
+                while cell and draw.textlength(cell, font=body) > col_w - 6:
+                    cell = cell[:-1]
+                draw.text((int(margin + c * col_w) + 3, y + r * row_h + body_px // 4), cell,
+                          fill=(0, 0, 0), font=body)
+        y += n_rows * row_h + line_h
+
+    # footer lines where room is left
+    while y + line_h <= height - margin:
+        draw.text((margin, y), " ".join(_word(rng) for _ in range(int(rng.integers(2, 7)))),
+                  fill=(60, 60, 60), font=body)
+        y += line_h
+    return page
+
+
+@contextlib.contextmanager
+def _no_pil_bomb_check():
+    """Turn PIL's own pixel limit off: ``load_pages`` applies ``max_pixels`` from the header."""
+    saved = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved
+
+
+def _open_page(path: Path, max_pixels: int) -> Image.Image:
+    """Open, check (header size first, then verify and decode) and convert one image to RGB."""
+    try:
+        nbytes = path.stat().st_size
+    except OSError as exc:
+        raise HarnessError(f"cannot read {path}: {exc.strerror or exc}",
+                           "check the path and its permissions") from None
+    if nbytes == 0:
+        raise HarnessError(f"image file {path} is empty (0 bytes)",
+                           "replace it with a valid image or remove it from the directory")
+    with _no_pil_bomb_check():
+        try:
+            with Image.open(path) as probe:
+                width, height = probe.size
+                if width * height > max_pixels:
+                    raise HarnessError(
+                        f"image {path} is {width}x{height} = {width * height:,} pixels, over "
+                        f"max_pixels={max_pixels:,}",
+                        "downscale the image or raise workload.max_pixels")
+                probe.verify()
+            with Image.open(path) as im:
+                im.load()
+                im = ImageOps.exif_transpose(im)
+                return im.convert("RGB")
+        except HarnessError:
+            raise
+        except Exception as exc:  # PIL raises many types for bad files
+            kind = "not an image" if isinstance(exc, Image.UnidentifiedImageError) else \
+                "corrupt or truncated"
+            raise HarnessError(f"image file {path} is {kind} ({type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0] if str(exc) else ''})".rstrip(),
+                               "replace it with a valid image or remove it") from None
+
+
+def load_pages(images: str | os.PathLike | None, pages: int = 1, seed: int = 0,
+               max_pixels: int = 60_000_000) -> list[Page]:
+    """Pages to run: ``pages`` synthetic pages (images=None), one image file, or a directory.
+
+    A directory gives its image files (jpg/jpeg/png/bmp/tif/tiff/webp) sorted by name; other
+    files are ignored. Images over ``max_pixels`` pixels are refused from their header, before
+    decoding. Every page is RGB.
+    """
+    if images is None or (isinstance(images, str) and not images.strip()):
+        if isinstance(pages, bool) or not isinstance(pages, int) or pages < 1:
+            raise HarnessError(f"workload.pages={pages!r} synthetic pages is not a positive count",
+                               "set workload.pages to 1 or more")
+        return [Page(f"synthetic-{i:03d}", synthetic_page(i, seed), f"synthetic:{seed}")
+                for i in range(pages)]
+    if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
+        raise HarnessError(f"workload.max_pixels={max_pixels!r} is not a positive pixel count",
+                           "set workload.max_pixels to e.g. 60000000")
+    path = Path(images).expanduser()
+    if not path.exists():
+        raise HarnessError(f"image path {path} does not exist",
+                           "point workload.images at an image file or a directory of images")
+    if path.is_dir():
+        files = sorted((p for p in path.iterdir()
+                        if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES),
+                       key=lambda p: p.name)
+        if not files:
+            raise HarnessError(f"directory {path} has no image files",
+                               f"add {'/'.join(s[1:] for s in IMAGE_SUFFIXES)} files or "
+                               "point workload.images elsewhere")
+    else:
+        files = [path]
+    return [Page(p.name, _open_page(p, max_pixels), str(p)) for p in files]
+
+
+# --------------------------------------------------------------------------------------------
+# requests
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Request:
+    """One batched model input. Sequence lengths are tokens; tensors are batch-major."""
+
+    input_ids: torch.LongTensor             # [B, S]
+    images_seq_mask: torch.BoolTensor       # [B, S], True at image-token positions
+    global_views: torch.Tensor              # [B, 3, Sg, Sg] float32
+    tiles: torch.Tensor | None              # [B*cols*rows, 3, T, T] float32, batch-major
+    grid: tuple[int, int] | None            # (cols, rows)
+    mode: CropMode
+    image_tokens: int                       # per page
+    text_tokens: int                        # non-image prompt tokens, BOS included
+    decode_tokens: int
+    pages: list[str]
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt length S in tokens (image + text, BOS included)."""
+        return int(self.input_ids.shape[1])
+
+    @property
+    def batch(self) -> int:
+        """Pages decoded together (B)."""
+        return int(self.input_ids.shape[0])
+
+    def to(self, device, dtype=None) -> "Request":
+        """A copy with tensors on ``device``; pixel tensors cast to ``dtype`` (ids and mask keep theirs)."""
+        def px(t):
+            return None if t is None else t.to(device=device, dtype=dtype or t.dtype)
+        return dataclasses.replace(self, input_ids=self.input_ids.to(device),
+                                   images_seq_mask=self.images_seq_mask.to(device),
+                                   global_views=px(self.global_views), tiles=px(self.tiles))
+
+
+def _filler_ids(count: int, seed: int) -> list[int]:
+    rng = np.random.default_rng(seed & 0xFFFFFFFF)
+    return [int(v) for v in rng.integers(1000, 100000, size=count)]
+
+
+def build_request(pages: list[Page], mode, decode_tokens: int = 128,
+                  prompt: str = DEFAULT_PROMPT, tokenizer=None, text_tokens: int = 12,
+                  seed: int = 0) -> Request:
+    """Batch pages (same tile grid) into one request with the vendor's token layout.
+
+    Layout: [BOS] + text before <image> + image tokens + text after. The prompt is stripped as
+    the vendor's plain template does. With a tokenizer the text is encoded without special
+    tokens; without one, ``text_tokens`` fixed filler ids (seeded) stand in after the image.
+    """
+    mode = get_mode(mode)
+    if not pages:
+        raise HarnessError("no pages to build a request from",
+                           "give workload.images or workload.pages >= 1")
+    if isinstance(decode_tokens, bool) or not isinstance(decode_tokens, int) or decode_tokens < 0:
+        raise HarnessError(f"decode_tokens={decode_tokens!r} is not a token count >= 0",
+                           "set workload.decode_tokens to e.g. 128")
+    if prompt.count(IMAGE_PLACEHOLDER) != 1:
+        raise HarnessError(f"prompt must contain exactly one {IMAGE_PLACEHOLDER} "
+                           f"(found {prompt.count(IMAGE_PLACEHOLDER)})",
+                           f"write the prompt like {DEFAULT_PROMPT!r}")
+    pages = [p if isinstance(p, Page) else Page(f"page-{i:03d}", p, "memory")
+             for i, p in enumerate(pages)]
+
+    prepared = [preprocess(p.image, mode) for p in pages]
+    layouts = {(pi.grid, pi.image_tokens) for pi in prepared}
+    if len(layouts) > 1:
+        found = ", ".join(f"{p.name}: {'x'.join(map(str, pi.grid)) if pi.grid else 'no tiles'}"
+                          for p, pi in zip(pages, prepared))
+        raise HarnessError(f"pages in one batch have different tile grids ({found})",
+                           "batch pages with the same tile grid (same size/aspect) or use batch=1")
+    first = prepared[0]
+
+    before_text, after_text = prompt.strip().split(IMAGE_PLACEHOLDER)
+    if tokenizer is not None:
+        before = [int(t) for t in tokenizer.encode(before_text, add_special_tokens=False)]
+        after = [int(t) for t in tokenizer.encode(after_text, add_special_tokens=False)]
+    else:
+        if isinstance(text_tokens, bool) or not isinstance(text_tokens, int) or text_tokens < 0:
+            raise HarnessError(f"text_tokens={text_tokens!r} is not a token count >= 0",
+                               "set workload.text_tokens to e.g. 12")
+        before, after = [], _filler_ids(text_tokens, seed)
+
+    ids = [BOS_ID] + before + [IMAGE_TOKEN_ID] * first.image_tokens + after
+    mask = [False] * (1 + len(before)) + [True] * first.image_tokens + [False] * len(after)
+    batch = len(pages)
+    input_ids = torch.tensor([ids] * batch, dtype=torch.long)
+    seq_mask = torch.tensor([mask] * batch, dtype=torch.bool)
+    views = torch.stack([pi.global_view for pi in prepared])
+    tiles = torch.cat([pi.tiles for pi in prepared]) if first.tiles is not None else None
+    return Request(input_ids=input_ids, images_seq_mask=seq_mask, global_views=views, tiles=tiles,
+                   grid=first.grid, mode=mode, image_tokens=first.image_tokens,
+                   text_tokens=1 + len(before) + len(after), decode_tokens=decode_tokens,
+                   pages=[p.name for p in pages])
+
+
+def load_tokenizer(path: str | os.PathLike | None, text_tokens: int = 12):
+    """(tokenizer or None, reason). Loads only local files; never raises for a missing one."""
+    fallback = f"prompt uses {text_tokens} fixed text tokens"
+    if path is None:
+        return None, f"no tokenizer path given: {fallback}"
+    root = Path(path).expanduser()
+    if not any((root / f).is_file() for f in ("tokenizer.json", "tokenizer.model")):
+        return None, f"no tokenizer files in {root}: {fallback}"
+    try:
+        from transformers import AutoTokenizer
+    except Exception as exc:  # not installed, or a broken install
+        return None, f"transformers unavailable ({type(exc).__name__}): {fallback}"
+    try:
+        tok = AutoTokenizer.from_pretrained(str(root), trust_remote_code=True,
+                                            local_files_only=True)
+    except Exception as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else ""
+        return None, f"tokenizer in {root} failed to load ({type(exc).__name__}: {msg}): {fallback}"
+    return tok, f"tokenizer from {root}"
+
+
+def describe(request: Request) -> dict:
+    """Plain dict of a request's shape: sizes in pixels, counts in tokens."""
+    return {
+        "mode": request.mode.name,
+        "base_size": request.mode.base_size,
+        "image_size": request.mode.image_size,
+        "grid": f"{request.grid[0]}x{request.grid[1]}" if request.grid else None,
+        "image_tokens": request.image_tokens,
+        "text_tokens": request.text_tokens,
+        "prefill_tokens": request.prefill_tokens,
+        "decode_tokens": request.decode_tokens,
+        "batch": request.batch,
+        "pages": list(request.pages),
+    }
+
+
+__all__ = [
+    "PATCH_SIZE", "DOWNSAMPLE", "IMAGE_TOKEN_ID", "BOS_ID", "EOS_ID", "PAD_COLOR", "MODES",
+    "CropMode", "get_mode", "queries_per_side", "select_grid", "tile_grid_for",
+    "image_token_count", "PreparedImage", "to_tensor", "preprocess", "Page", "SYNTHETIC_SIZES",
+    "synthetic_page", "load_pages", "Request", "build_request", "load_tokenizer", "describe",
+]

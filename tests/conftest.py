@@ -1,0 +1,72 @@
+"""Shared test set-up: markers, the tiny model config and the tiny crop mode.
+
+Markers (declared in pyproject.toml, handled here):
+- ``gpu``: needs a CUDA device; skipped when ``torch.cuda.is_available()`` is false.
+- ``vendor``: needs ``HARNESS_VENDOR_DIR`` pointing at a vendor model directory; skipped otherwise.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_MODEL_YAML = ROOT / "conf" / "model" / "tiny.yaml"
+
+#: a custom crop mode small enough for the tiny model: 128 px global view, 64 px tiles, cropping on
+TINY_MODE = {"name": "t", "base_size": 128, "image_size": 64, "crop": True}
+
+
+def pytest_configure(config):
+    # pyproject.toml declares them too; repeating keeps `--strict-markers` happy when pytest is
+    # run from elsewhere with another rootdir
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    config.addinivalue_line("markers", "vendor: needs HARNESS_VENDOR_DIR pointing at a vendor model directory")
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    need_gpu = [it for it in items if it.get_closest_marker("gpu")]
+    if need_gpu and not _cuda_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+        for it in need_gpu:
+            it.add_marker(skip)
+    if not os.environ.get("HARNESS_VENDOR_DIR"):
+        skip = pytest.mark.skip(reason="HARNESS_VENDOR_DIR is not set (point it at a DeepSeek-OCR snapshot)")
+        for it in items:
+            if it.get_closest_marker("vendor"):
+                it.add_marker(skip)
+
+
+def load_tiny_cfg():
+    """conf/model/tiny.yaml as a ``harness.config.ModelConfig``."""
+    from omegaconf import OmegaConf
+
+    from harness.config import ModelConfig, from_dict
+
+    return from_dict(ModelConfig, OmegaConf.to_container(OmegaConf.load(TINY_MODEL_YAML), resolve=True))
+
+
+@pytest.fixture
+def tiny_cfg():
+    """A fresh tiny ModelConfig per test (tests may change attn_implementation etc.)."""
+    return load_tiny_cfg()
+
+
+@pytest.fixture
+def tiny_mode() -> dict:
+    """The tiny custom crop mode {name: t, base_size: 128, image_size: 64, crop: true}."""
+    return dict(TINY_MODE)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return ROOT

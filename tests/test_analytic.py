@@ -1,0 +1,234 @@
+"""Analytic cost model: anchors, exactness against FlopCounterMode, outputs, generated docs.
+
+Full-size exactness runs on the meta device (base and gundam 2x3, a few decode steps); the tiny
+config runs on the CPU with real tensors and real (data-dependent) MoE routing. The full table
+(five modes, gundam 1x2 / 2x3 / 3x3, 128 decode tokens) is ``python -m harness.analytic.check``.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.analytic import analyze, check, compose, docs, families as F
+from harness.analytic import (activated_params_per_token, component_params, kv_bytes_per_token,
+                              stage_totals, workload_costs)
+from harness.config import ModelConfig
+from harness.errors import HarnessError
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_CROP = {"name": "t128", "base_size": 128, "image_size": 64, "crop": True}
+TINY_NOCROP = {"name": "t64", "base_size": 64, "image_size": 64, "crop": False}
+
+
+@pytest.fixture(scope="module")
+def meta_model():
+    from harness.models.build import build_model
+
+    return build_model(ModelConfig(), device="meta")
+
+
+@pytest.fixture(scope="module")
+def tiny_cfg():
+    return check.load_model_config(str(ROOT / "conf" / "model" / "tiny.yaml"))
+
+
+# ------------------------------------------------------------------------------------ anchors
+
+def test_component_params_match_design_and_model(meta_model):
+    from harness.models.build import param_counts
+
+    expected = {"llm": 2_934_734_080, "sam": 95_569_152, "clip": 303_177_728, "projector": 2_622_720,
+                "separators": 2_560, "total": 3_336_106_240}
+    assert component_params() == expected
+    assert param_counts(meta_model) == expected
+
+
+def test_activated_params_and_kv_bytes_per_token():
+    assert activated_params_per_token() == 574_127_360
+    assert kv_bytes_per_token() == 61_440
+    # one decode step with a static cache writes exactly one token's K and V
+    step = compose.decode_step_costs(cache_len=100, kv_cache="static")
+    assert step.bytes_kv_write == 61_440
+    assert step.bytes_kv_read == 101 * 61_440
+
+
+def test_stage_params_are_the_modules_each_stage_runs():
+    tot = stage_totals(workload_costs(compose.Case("gundam", (2, 3), decode_tokens=4)))
+    assert {s: int(t["params"]) for s, t in tot.items()} == {
+        "sam": 95_569_152, "clip": 303_177_728, "projector": 2_625_280,
+        "prefill": 2_934_734_080, "decode": 2_934_734_080}
+
+
+# ------------------------------------------------------------------------------ token layout
+
+@pytest.mark.parametrize("spec,image_tokens", [
+    ("tiny", 73), ("small", 111), ("base", 273), ("large", 421), ("gundam", 903),
+    ("gundam:1x2", 493), ("gundam:2x3", 903), ("gundam:3x3", 1203), ("gundam:1x1", 273)])
+def test_case_token_counts(spec, image_tokens):
+    r = compose.resolve(spec, ModelConfig())
+    assert r.image_tokens == image_tokens
+    assert r.prefill_tokens == 1 + image_tokens + 12
+    assert r.decode_steps == 127
+    views = {v.label: (v.n, v.size, v.q) for v in r.views}
+    if r.grid:
+        assert views["tiles"] == (r.grid[0] * r.grid[1], 640, 10) and views["global"] == (1, 1024, 16)
+    else:
+        assert list(views) == ["global"]
+
+
+def test_bad_cases_are_refused():
+    with pytest.raises(HarnessError, match="does not crop"):
+        compose.resolve(compose.Case("base", (2, 3)), ModelConfig())
+    with pytest.raises(HarnessError, match="COLSxROWS"):
+        compose.parse_grid("2by3")
+    with pytest.raises(HarnessError, match="routing counts"):
+        workload_costs("base", routing={"prefill": np.ones((12, 64), dtype=np.int64)})
+
+
+# -------------------------------------------------------------------------------- conventions
+
+def test_useful_and_tensor_conventions():
+    L = ModelConfig().llm
+    df = workload_costs("base")
+    pre = df[(df.stage == "prefill") & (df.family == "llm_attention")].iloc[0]
+    S = 286
+    masked_pairs = S * S - S * (S + 1) // 2
+    assert pre.flops_counted - pre.flops_useful == 4 * L.num_heads * L.head_dim * masked_pairs * L.num_layers
+    assert pre.tensor_flops == pre.flops_useful                       # sdpa: fused, causal tiles skipped
+    eager = workload_costs("base", attn_implementation="eager")
+    pe = eager[(eager.stage == "prefill") & (eager.family == "llm_attention")].iloc[0]
+    assert pe.tensor_flops == pe.flops_counted and pe.flops_counted == pre.flops_counted
+    dec = df[(df.stage == "decode") & (df.family == "TOTAL")].iloc[0]
+    assert dec.flops_useful == dec.flops_counted == dec.tensor_flops   # decode: nothing masked
+    clip = df[(df.stage == "clip") & (df.family == "TOTAL")].iloc[0]
+    assert clip.flops_useful == clip.flops_counted
+    sam = df[df.stage == "sam"].set_index(["family", "variant"])
+    assert sam.loc[("sam_attention", "window"), "flops_useful"] < sam.loc[("sam_attention", "window"), "flops_counted"]
+    assert sam.loc[("sam_attention", "global"), "flops_useful"] == sam.loc[("sam_attention", "global"), "flops_counted"]
+    # 64 = 4 full windows of 14 + one of 8 per side: real tokens / padded tokens
+    win = F.SAMAttention(1, 64, 768, 12, 14, 14)
+    assert win.geometry() == (25, 14, 196)
+
+
+def test_moe_weight_bytes_follow_routing_but_flops_do_not():
+    assert F.expected_touched(64, 6, 1) == pytest.approx(6.0)
+    assert F.expected_touched(64, 6, 286) == pytest.approx(64.0)
+    case = compose.Case("tiny", text_tokens=0, decode_tokens=1)
+    a = workload_costs(case)                                   # uniform-routing expectation
+    S = compose.resolve(case, ModelConfig()).prefill_tokens
+    counts = np.zeros((12, 64), dtype=np.int64)
+    counts[1:, :6] = S                                         # measured: every token to experts 0-5
+    b = workload_costs(case, routing={"prefill": counts})
+    ra = a[(a.stage == "prefill") & (a.family == "moe_routed")].iloc[0]
+    rb = b[(b.stage == "prefill") & (b.family == "moe_routed")].iloc[0]
+    assert ra.flops_counted == rb.flops_counted
+    assert rb.bytes_weights == 11 * 6 * 3 * 1280 * 896 * 2
+    assert ra.bytes_weights > rb.bytes_weights
+
+
+def test_per_step_rows_sum_to_the_aggregate():
+    agg = workload_costs(compose.Case("small", decode_tokens=6))
+    per = workload_costs(compose.Case("small", decode_tokens=6), per_step=True)
+    dec = per[(per.stage == "decode") & (per.family != "TOTAL")]
+    assert sorted(dec.step.unique()) == list(range(5))
+    assert sorted(dec.cache_len.unique()) == [124, 125, 126, 127, 128]
+    ta, tp = stage_totals(agg)["decode"], stage_totals(per)["decode"]
+    for col in ("flops_counted", "flops_useful", "tensor_flops", "vector_flops", "params"):
+        assert ta[col] == tp[col]
+    assert ta["bytes"] == pytest.approx(tp["bytes"])
+
+
+# ---------------------------------------------------------------------- exactness (counted)
+
+def test_counted_equals_analytic_full_size_on_meta(meta_model):
+    cases = [compose.Case("base", decode_tokens=3), compose.Case("gundam", (2, 3), decode_tokens=3)]
+    df = check.check_cases(cases, ModelConfig(), "meta", model=meta_model)
+    assert (df["diff"] == 0).all(), check.format_table(df)
+    assert (df[df.stage != "(outside stages)"]["counted"] > 0).all()
+    g = df[(df.case == "gundam-2x3")].set_index("stage")
+    assert g.loc["sam", "calls"] == 2 and g.loc["decode", "calls"] == 2
+    assert g.loc["sam", "counted"] == 2_930_633_932_800
+
+
+def test_counted_equals_analytic_tiny_on_cpu_with_real_routing(tiny_cfg):
+    cases = [compose.Case(TINY_CROP, (2, 3), decode_tokens=4), compose.Case(TINY_NOCROP, decode_tokens=3),
+             compose.Case(TINY_CROP, (1, 1), decode_tokens=2, batch=2)]
+    df = check.check_cases(cases[1:], tiny_cfg, "cpu")
+    assert (df["diff"] == 0).all(), check.format_table(df)
+    counted, by_view, outside, routing = check.count_case(cases[0], tiny_cfg, "cpu")
+    assert outside == 0
+    analytic = stage_totals(workload_costs(cases[0], tiny_cfg))
+    assert counted == {st: analytic[st]["flops_counted"] for st in compose.STAGES}
+    assert by_view[("sam", 0)] > 0 and by_view[("sam", 1)] > 0      # tiles, then the global view
+    pre = routing["prefill"]
+    S = compose.resolve(cases[0], tiny_cfg).prefill_tokens
+    k = tiny_cfg.llm.num_experts_per_tok
+    assert (pre[1:].sum(axis=1) == S * k).all() and (pre[0] == 0).all()
+    # measured counts feed the weight bytes; FLOPs are unchanged
+    measured = workload_costs(cases[0], tiny_cfg, routing=routing)
+    uniform = workload_costs(cases[0], tiny_cfg)
+    m, u = stage_totals(measured), stage_totals(uniform)
+    assert m["prefill"]["flops_counted"] == u["prefill"]["flops_counted"] == counted["prefill"]
+    row = measured[(measured.stage == "prefill") & (measured.family == "moe_routed")].iloc[0]
+    per_expert = 3 * tiny_cfg.llm.hidden_size * tiny_cfg.llm.moe_intermediate_size * 2
+    assert row.bytes_weights == np.count_nonzero(pre[1:]) * per_expert
+
+
+def test_forced_uniform_routing_restores_the_vendor_loop():
+    from harness.models.llm import MoE
+
+    original = MoE.moe_infer
+    with check.forced_uniform_routing():
+        assert MoE.moe_infer is not original
+    assert MoE.moe_infer is original
+
+
+# -------------------------------------------------------------------------------- outputs
+
+def test_analyze_writes_the_report_fast(tmp_path):
+    t0 = time.perf_counter()
+    paths = analyze(["tiny", "small", "base", "large", "gundam"], tmp_path)
+    assert time.perf_counter() - t0 < 30
+    doc = json.loads(paths["json"].read_text())
+    assert [c["name"] for c in doc["cases"]] == ["tiny", "small", "base", "large", "gundam-2x3"]
+    for c in doc["cases"]:
+        assert set(c) >= {"name", "mode", "grid", "image_tokens", "prefill_tokens", "decode_tokens", "stages"}
+        assert list(c["stages"]) == ["sam", "clip", "projector", "prefill", "decode"]
+        for st in c["stages"].values():
+            assert set(st) == {"flops_counted", "flops_useful", "tensor_flops", "vector_flops", "bytes", "params"}
+            assert all(isinstance(v, int) for v in st.values())
+    g = doc["cases"][4]
+    assert g["grid"] == [2, 3] and g["image_tokens"] == 903 and g["prefill_tokens"] == 916
+    assert doc["cases"][0]["grid"] is None
+    assert doc["anchors"]["activated_params_per_token"] == 574_127_360
+    md = paths["md"].read_text()
+    assert "## Sweep: modes and gundam grids" in md and "gundam-3x3" in md
+    import pandas as pd
+
+    sweep = pd.read_csv(paths["sweep_csv"])
+    assert len(sweep) == 5 + 22                       # five modes + every gundam grid of 2..9 tiles
+    full = pd.read_csv(paths["csv"])
+    assert list(full.columns) == compose.COLUMNS
+
+
+def test_module_entry_with_check(tmp_path, capsys):
+    from harness.analytic.__main__ import main
+
+    rc = main(["--modes", "tiny", "--decode-tokens", "2", "--out", str(tmp_path), "--check", "--no-sweep"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "| tiny | prefill | 1 |" in out and "0 with a non-zero difference" in out
+    assert (tmp_path / "static_compute.json").exists()
+
+
+def test_generated_docs_are_committed_and_current():
+    rendered = docs.render_all()
+    for rel, text in rendered.items():
+        path = ROOT / "docs" / rel
+        assert path.exists(), f"{path} missing: run python -m harness.analytic.docs"
+        assert path.read_text() == text, f"{path} is stale: run python -m harness.analytic.docs"
+    assert {p.stem for p in (ROOT / "docs" / "formulations").glob("*.md")} - {"README"} == set(F.FAMILY_BY_NAME)

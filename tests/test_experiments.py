@@ -1,0 +1,69 @@
+"""Every experiment in conf/experiment composes through Hydra and yields cases that
+harness.run.prepare_cases accepts (pages load, layouts validate; no model is built)."""
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from harness.config import ModelConfig, from_dict
+from harness.run import prepare_cases
+from harness.workload import get_mode, image_token_count, select_grid, tile_grid_for
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+
+
+def _compose(overrides, hydra_cfg=False):
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        return compose("config", overrides=overrides, return_hydra_config=hydra_cfg)
+
+
+def _cases(name):
+    plain = OmegaConf.to_container(_compose([f"+experiment={name}"]), resolve=True)
+    assert plain["experiment_name"] == name and plain["run"]["name"] == name
+    cases, _ = prepare_cases(plain)
+    return plain, cases
+
+
+def test_expected_experiments_exist():
+    assert {"crop_mode", "gundam_grids", "batch", "decode_len", "attention"} <= set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_composes_and_prepares(name):
+    plain, cases = _cases(name)
+    assert len(cases) == len(plain["cases"]) >= 1
+    assert len({c.name for c in cases}) == len(cases)
+    for c in cases:
+        assert c.request.image_tokens == image_token_count(c.request.mode, c.request.grid)
+
+
+def test_gundam_grids_select_the_named_grids():
+    plain, cases = _cases("gundam_grids")
+    want = [(1, 2), (2, 2), (2, 3), (3, 3), (1, 9)]
+    gundam = get_mode("gundam")
+    for case, ov, grid in zip(cases, plain["cases"], want):
+        w, h = ov["page_size"]
+        assert select_grid(w, h, gundam.image_size) == grid
+        assert tile_grid_for(w, h, gundam) == grid
+        assert case.request.grid == grid and case.name == f"gundam-{grid[0]}x{grid[1]}"
+    assert [c.request.image_tokens for c in cases] == [273 + (10 * c + 1) * (10 * r) for c, r in want]
+
+
+def test_batch_and_decode_len_values():
+    _, cases = _cases("batch")
+    assert [c.request.batch for c in cases] == [1, 2, 4, 8]
+    assert [c.name for c in cases] == ["base", "base-b2", "base-b4", "base-b8"]
+    _, cases = _cases("decode_len")
+    assert [c.request.decode_tokens for c in cases] == [32, 128, 512]
+    assert all(c.request.mode.name == "base" for c in cases)
+
+
+def test_attention_is_a_hydra_sweep():
+    cfg = _compose(["+experiment=attention"], hydra_cfg=True)
+    values = str(cfg.hydra.sweeper.params["model.attn_implementation"]).split(",")
+    assert values == ["eager", "sdpa", "sdpa_flash"]
+    for v in values:   # every swept value composes into a valid model config
+        c = _compose(["+experiment=attention", f"model.attn_implementation={v}"])
+        assert from_dict(ModelConfig, OmegaConf.to_container(c.model, resolve=True)).attn_implementation == v

@@ -1,0 +1,126 @@
+"""Stage summaries, kernel categories and attribution (CPU; a GPU variant runs on CUDA only)."""
+import pandas as pd
+import pytest
+import torch
+
+from harness.measure.kernels import categorize
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def tiny_model_cfg():
+    import yaml
+    from harness.config import ModelConfig, from_dict
+
+    return from_dict(ModelConfig, yaml.safe_load((ROOT / "conf/model/tiny.yaml").read_text()))
+
+
+@pytest.fixture
+def tiny_mode():
+    return {"name": "t", "base_size": 128, "image_size": 64, "crop": True}
+from harness.measure.summarize import aggregate, busy_ms, stage_rows
+
+
+@pytest.mark.parametrize("name,cat", [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm"),
+    ("nvjet_tst_128x64_64x8_1x2_h_bz_coopA_TNT", "gemm"),
+    ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>", "attention"),
+    ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "attention"),
+    ("void at::native::vectorized_layer_norm_kernel<c10::BFloat16, float>", "norm"),
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>", "softmax/reduce"),
+    ("void at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)", "copy/cast"),
+    ("void at::native::index_elementwise_kernel<128, 4>", "moe routing/indexing"),
+    ("void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>", "moe routing/indexing"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::silu_kernel>", "activation/elementwise"),
+    ("Memset (Device)", "memset"),
+    ("cudnn::detail::implicit_convolve_sgemm", "conv"),
+    ("some_unknown_kernel", "other"),
+])
+def test_categorize(name, cat):
+    assert categorize(name) == cat
+
+
+def test_busy_is_union_of_intervals():
+    k = pd.DataFrame({"start_ms": [0.0, 0.5, 3.0], "dur_ms": [1.0, 1.0, 0.25]})
+    assert busy_ms(k) == pytest.approx(1.75)
+    assert busy_ms(k.iloc[:0]) == 0.0
+
+
+def _ranges():
+    rows = [("request", None, None, 0, 100), ("sam", 0, None, 0, 10), ("clip", 0, None, 10, 20),
+            ("projector", 0, None, 30, 1), ("prefill", None, None, 31, 19), ("decode", None, None, 50, 50)]
+    rows += [("decode_step", None, i, 50 + 10 * i, 10) for i in range(5)]
+    return pd.DataFrame([{"range": n, "stage": n, "call": c, "step": s, "host_start_ms": t, "host_ms": d,
+                          "gpu_start_ms": t, "gpu_ms": d, "peak_mem_bytes": None,
+                          "wall_start_ns": t * 10**6, "wall_end_ns": (t + d) * 10**6} for n, c, s, t, d in rows])
+
+
+def test_stage_rows_reconcile_and_request_metrics():
+    k = pd.DataFrame({"stage": ["sam", "sam", "decode", None], "call": [0, 0, None, None],
+                      "start_ms": [0.0, 5.0, 60.0, 99.0], "dur_ms": [4.0, 4.0, 5.0, 1.0]})
+    rows = {(r["stage"], r["call"]): r for r in stage_rows(_ranges(), k, batch=2)}
+    req = rows[("request", "all")]
+    assert req["e2e_ms"] == 100 and req["stage_sum_ms"] == 100
+    assert req["ttft_ms"] == 50                      # prefill ends at 50 ms
+    assert req["tpot_p50_ms"] == 10
+    assert req["decode_tok_s"] == pytest.approx(2 * 5 / 0.050)
+    assert req["attributed_fraction"] == pytest.approx(13 / 14)
+    sam = rows[("sam", "all")]
+    assert sam["kernels"] == 2 and sam["busy_ms"] == 8 and sam["idle_ms"] == 2
+    assert rows[("decode", "all")]["launches_per_step"] == pytest.approx(1 / 5)
+
+
+def test_aggregate_statistics():
+    df = pd.DataFrame([{"case": "c", "stage": "sam", "call": "all", "repeat": r, "gpu_ms": v}
+                       for r, v in enumerate([10.0, 12.0, 14.0])])
+    for col in ("host_ms", "kernels"):
+        df[col] = None
+    agg = aggregate(df).set_index("repeat")
+    assert agg.loc["mean", "gpu_ms"] == 12.0 and agg.loc["median", "gpu_ms"] == 12.0
+    assert agg.loc["std", "gpu_ms"] == pytest.approx(2.0)
+    assert agg.loc["cv", "gpu_ms"] == pytest.approx(2.0 / 12.0)
+
+
+def _tiny_case(device, tiny_model_cfg, tiny_mode):
+    from harness import workload as wl
+    from harness.measure.runner import MeasureConfig, measure_case
+    from harness.models.build import build_model
+
+    dtype = torch.float32
+    model = build_model(tiny_model_cfg, device, dtype, seed=0)
+    pages = [wl.Page("p", wl.synthetic_page(0, size=(300, 200)), "synthetic:0")]
+
+    def make(i):
+        return wl.build_request(pages, tiny_mode, decode_tokens=5).to(device, dtype)
+
+    mcfg = MeasureConfig(warmup=0, repeats=2, kernels=True)
+    return measure_case(model, make, mcfg, {"case": "t", "mode": "t", "grid": None, "batch": 1},
+                        device.type == "cuda", progress=lambda m: None)
+
+
+def _check_case(stages, kernels, routing, timed_col):
+    profiled = stages[stages["repeat"] == "profiled"].set_index("stage")
+    assert set(["sam", "clip", "projector", "prefill", "decode", "request"]) <= set(profiled.index)
+    assert profiled.loc["request", "attributed_fraction"] >= 0.99
+    assert len(kernels) and set(kernels["stage"].dropna()) >= {"sam", "clip", "projector", "prefill", "decode"}
+    timed = stages[stages["repeat"].isin([0, 1])]
+    req = timed[timed["stage"] == "request"]
+    assert len(req) == 2 and (req[timed_col] > 0).all()
+    assert set(stages["repeat"].astype(str)) >= {"0", "1", "profiled", "mean", "std", "median", "cv"}
+    assert routing["decode"].sum() > 0
+
+
+def test_measure_case_cpu(tiny_model_cfg, tiny_mode):
+    stages, kernels, routing = _tiny_case(torch.device("cpu"), tiny_model_cfg, tiny_mode)
+    _check_case(stages, kernels, routing, "host_ms")
+    assert stages["gpu_ms"].isna().all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_measure_case_gpu(tiny_model_cfg, tiny_mode):
+    stages, kernels, routing = _tiny_case(torch.device("cuda"), tiny_model_cfg, tiny_mode)
+    _check_case(stages, kernels, routing, "gpu_ms")
+    req = stages[(stages["repeat"] == 0) & (stages["stage"] == "request")].iloc[0]
+    assert abs(req["stage_sum_ms"] - req["gpu_ms"]) / req["gpu_ms"] < 0.01

@@ -1,0 +1,147 @@
+"""Report writing on checked-in run-directory fixtures (tests/data/runs, see make_fixtures.py),
+compare on two fixture runs, and the run verb's report hook on the tiny model (CPU)."""
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.errors import HarnessError
+from harness.report.compare import compare_main, compare_runs
+from harness.report.report import write_report
+from harness.roofline.join import ROOFLINE_COLUMNS, STAGES
+
+DATA = Path(__file__).resolve().parent / "data" / "runs"
+H100_CAL = {"device_name": "NVIDIA H100 80GB HBM3", "gemm_tflops": 790.0, "copy_gbs": 3000.0, "gemm_dtype": "bf16"}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    d = tmp_path / "cache"
+    d.mkdir()
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(d))
+    return d
+
+
+def _copy(name, tmp_path) -> Path:
+    dst = tmp_path / name
+    shutil.copytree(DATA / name, dst)
+    return dst
+
+
+def test_report_on_gpu_fixture_exact(tmp_path, cache):
+    (cache / "calibration-nvidia-h100-80gb-hbm3.json").write_text(json.dumps(H100_CAL))
+    run = _copy("gpu_tiny_a", tmp_path)
+    paths = write_report(run, strict=True)
+    for f in ("analytic.csv", "roofline.csv", "roofline.png", "report.md"):
+        assert (run / f).is_file() and (run / f).stat().st_size > 0
+    assert set(paths) == {"analytic", "roofline", "plot", "report"}
+    rl = pd.read_csv(run / "roofline.csv")
+    assert list(rl.columns) == ROOFLINE_COLUMNS
+    st = rl[rl["level"] == "stage"]
+    assert sorted(st["stage"].unique()) == sorted(STAGES + ("request",)) and len(st) == 2 * 6
+    # exact: decode of 'nc' against the H100 SXM datasheet (989.4 TFLOP/s, 3350 GB/s) and calibration
+    an = pd.read_csv(run / "analytic.csv")
+    tot = an[(an["case"] == "nc") & (an["stage"] == "decode") & (an["family"] == "TOTAL")].iloc[0]
+    stages = pd.read_csv(run / "stages.csv", dtype={"repeat": str, "call": str})
+    med = stages[(stages["case"] == "nc") & (stages["stage"] == "decode") & (stages["repeat"] == "median")
+                 & (stages["call"] == "all")]["gpu_ms"].iloc[0]
+    r = st[(st["case"] == "nc") & (st["stage"] == "decode")].iloc[0]
+    floor = max(tot["tensor_flops"] / 989.4e12, tot["bytes"] / 3350e9) * 1e3
+    floor_cal = max(tot["tensor_flops"] / 790e12, tot["bytes"] / 3000e9) * 1e3
+    assert r["measured_ms"] == pytest.approx(med)
+    assert r["floor_ms"] == pytest.approx(floor) and r["efficiency"] == pytest.approx(floor / med)
+    assert r["floor_ms_cal"] == pytest.approx(floor_cal) and r["efficiency_cal"] == pytest.approx(floor_cal / med)
+    assert r["achieved_gbs"] == pytest.approx(tot["bytes"] / med / 1e6)
+    assert r["mbu"] > 0 and r["mbu_bytes"] <= tot["bytes"] and np.isnan(r["mfu"])
+    assert r["routing"] == "measured"
+    pre = st[(st["case"] == "nc") & (st["stage"] == "prefill")].iloc[0]
+    assert pre["mfu"] == pytest.approx(pre["flops_useful"] / (pre["measured_ms"] * 1e-3) / 989.4e12)
+    req = st[(st["case"] == "nc") & (st["stage"] == "request")].iloc[0]
+    stage_rows = st[(st["case"] == "nc") & (st["stage"].isin(STAGES))]
+    assert req["floor_ms"] == pytest.approx(stage_rows["floor_ms"].sum())
+    op = rl[rl["level"] == "op_family"]
+    assert {"matmul", "elementwise"} <= set(op["op_family"])
+    mm = op[(op["case"] == "nc") & (op["stage"] == "prefill") & (op["op_family"] == "matmul")].iloc[0]
+    fam = an[(an["case"] == "nc") & (an["stage"] == "prefill") & (an["family"] != "TOTAL")
+             & an["family"].isin(mm["analytic_families"].split("+"))]
+    assert mm["tensor_flops"] == pytest.approx(fam["tensor_flops"].sum())
+    md = (run / "report.md").read_text()
+    for s in ("## Headline", "## Roofline per stage", "## Op families per stage", "## Top kernels per stage",
+              "## Device ceilings", "## Environment", "## Caveats", "NVIDIA H100 SXM5 80GB", "| nc |", "| t-2x3 |",
+              "Random weights"):
+        assert s in md, s
+    man = json.loads((run / "manifest.json").read_text())
+    assert man["roofline"]["peak_tflops"] == 989.4 and man["roofline"]["calibrated_tflops"] == 790.0
+
+
+def test_report_on_cpu_fixture_unknown_and_not_calibrated(tmp_path, cache):
+    run = _copy("cpu_tiny", tmp_path)
+    write_report(run, strict=True)
+    rl = pd.read_csv(run / "roofline.csv")
+    assert rl["peak_tflops"].isna().all() and rl["efficiency"].isna().all() and rl["efficiency_cal"].isna().all()
+    st = rl[rl["level"] == "stage"]
+    assert (st["timer"] == "host").all() and st["measured_ms"].notna().all()
+    md = (run / "report.md").read_text()
+    assert "not calibrated" in md.lower() and "Host timers" in md and "unknown" in md.lower()
+
+
+def test_report_empty_and_broken_runs(tmp_path, cache):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "manifest.json").write_text(json.dumps({"status": "running", "config": {}, "cases": [], "warnings": []}))
+    write_report(empty, strict=True)
+    assert "No stage measurements" in (empty / "report.md").read_text()
+    broken = _copy("gpu_tiny_a", tmp_path)
+    (broken / "stages.csv").write_text("case,stage\nx,sam\n")
+    assert write_report(broken) == {}
+    assert any("report not written" in w for w in json.loads((broken / "manifest.json").read_text())["warnings"])
+    with pytest.raises(Exception):
+        write_report(broken, strict=True)
+
+
+def test_compare_two_fixture_runs(tmp_path, capsys):
+    a, b = _copy("gpu_tiny_a", tmp_path), _copy("gpu_tiny_b", tmp_path)
+    out = tmp_path / "cmp"
+    assert compare_main([str(a), str(b), "--out", str(out)]) == 0
+    df = pd.read_csv(out / "compare.csv")
+    t = df[df["metric"] == "time"]
+    assert len(t) == 2 * 6
+    assert t["ratio"].to_numpy() == pytest.approx(np.full(len(t), 50 / 62.5))     # B is 20% faster everywhere
+    assert t["delta"].to_numpy() == pytest.approx((t["b"] - t["a"]).to_numpy())
+    tok = df[df["metric"] == "decode tok/s"]
+    assert tok["ratio"].to_numpy() == pytest.approx(np.full(len(tok), 62.5 / 50))
+    printed = capsys.readouterr().out
+    assert "## Stage time" in printed and (out / "compare.md").read_text() in printed
+    # default output: a new compare-* directory beside RUN_B; the runs themselves are untouched
+    before = sorted(p.name for p in b.iterdir())
+    assert compare_main([str(a), str(b)]) == 0
+    assert len(list(tmp_path.glob("compare-*-gpu_tiny_a-vs-gpu_tiny_b"))) == 1
+    assert sorted(p.name for p in b.iterdir()) == before
+    _, notes = compare_runs(DATA / "cpu_tiny", DATA / "gpu_tiny_a")
+    assert any("timers differ" in n for n in notes)
+    with pytest.raises(HarnessError):
+        compare_runs(tmp_path / "nope", b)
+
+
+def test_run_verb_writes_report(tmp_path, cache):
+    """The run verb (tiny model, CPU) calls the report writer after each case and at the end."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from harness.run import run
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base=None):
+        cfg = compose("config", overrides=[
+            "model=tiny", "workload.decode_tokens=3", "measure.repeats=1", "measure.kernels=true",
+            "cases=[{mode: {name: t, base_size: 128, image_size: 64, crop: true}}]"])
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    rd = run(plain, tmp_path / "run", progress=lambda *_: None)
+    for f in ("stages.csv", "kernels.csv", "analytic.csv", "roofline.csv", "roofline.png", "report.md"):
+        assert (rd.path / f).is_file(), f
+    man = json.loads((rd.path / "manifest.json").read_text())
+    assert man["status"] == "complete" and man["roofline"]["calibration"] == "not calibrated"
+    assert "| t-2x3 |" in (rd.path / "report.md").read_text()
