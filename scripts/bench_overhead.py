@@ -65,7 +65,7 @@ def main() -> None:
         ms = timed(lambda: (model.generate(req, stage=StageRecorder(cuda))))
         t0 = time.perf_counter()
         prof.__exit__(None, None, None)
-        prof.profiler.kineto_results.events()
+        prof.kineto_results.events()
         post_ms.append((time.perf_counter() - t0) * 1e3)
         return ms
 

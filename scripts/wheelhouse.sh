@@ -105,7 +105,9 @@ before=$(ls "$OUTDIR_ABS" 2>/dev/null | sort || true)
 run "${PIP[@]}" wheel "${QUIET[@]}" --no-deps -w "$OUTDIR_ABS" "$ANTLR"
 if [[ -z $PACKAGES ]]; then
   VERSION=$("$PYTHON" -c 'import re,sys; print(re.search(r"(?m)^version\s*=\s*\"([^\"]+)\"", open(sys.argv[1]).read()).group(1))' "$ROOT/pyproject.toml")
+  had_build=0; [[ -e $ROOT/build ]] && had_build=1
   run "${PIP[@]}" wheel "${QUIET[@]}" --no-deps -w "$OUTDIR_ABS" "$ROOT"
+  [[ $DRY == 1 || $had_build == 1 ]] || rm -rf "$ROOT/build"   # setuptools' in-tree build dir
   REQS=("$TORCH_SPEC" "dsocr-harness[$EXTRAS]==$VERSION" setuptools wheel)
 else
   read -r -a REQS <<< "$PACKAGES"

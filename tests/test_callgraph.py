@@ -6,7 +6,6 @@ fp32) is shared by the tests of this module (a few seconds).
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 import pandas as pd

@@ -35,6 +35,8 @@ from harness.measure.summarize import aggregate, busy_ms, stage_rows
     ("void at::native::vectorized_elementwise_kernel<4, at::native::silu_kernel>", "activation/elementwise"),
     ("Memset (Device)", "memset"),
     ("cudnn::detail::implicit_convolve_sgemm", "conv"),
+    ("void at::elementwise_kernel<128, 4, at::gpu_kernel_impl_nocast<at::CUDAFunctor_add<float>>>",
+     "activation/elementwise"),
     ("some_unknown_kernel", "other"),
 ])
 def test_categorize(name, cat):

@@ -145,3 +145,22 @@ def test_run_verb_writes_report(tmp_path, cache):
     man = json.loads((rd.path / "manifest.json").read_text())
     assert man["status"] == "complete" and man["roofline"]["calibration"] == "not calibrated"
     assert "| t-2x3 |" in (rd.path / "report.md").read_text()
+
+
+def test_report_on_real_h100_crop_mode(tmp_path, cache):
+    """A real H100 run (reference model, bf16, 128 decode tokens; kernels.csv left out for size)."""
+    run = _copy("h100_crop_mode", tmp_path)
+    write_report(run, strict=True)
+    rl = pd.read_csv(run / "roofline.csv")
+    st = rl[rl["level"] == "stage"].set_index(["case", "stage"])
+    assert len(st) == 5 * 6 and (rl["level"] == "stage").all()          # no kernels.csv: no op-family rows
+    assert (st["peak_tflops"] == 989.4).all() and (st["mem_bw_gbs"] == 3350.0).all()
+    eff = st["efficiency"]
+    assert ((eff > 0) & (eff <= 1)).all()
+    base_dec = st.loc[("base", "decode")]
+    # MBU bytes per decode step ~1.15 GB (DESIGN.md anchor: weights of the experts touched + KV)
+    assert 1.1e9 < base_dec["mbu_bytes"] / 127 < 1.25e9
+    assert base_dec["bound"] == "launch/host" and base_dec["idle_fraction"] > 0.5
+    assert base_dec["mbu"] == pytest.approx(base_dec["mbu_bytes"] / (base_dec["measured_ms"] * 1e-3) / 3350e9)
+    md = (run / "report.md").read_text()
+    assert "| gundam-2x3 | gundam | 2x3 |" in md and "No kernel capture" in md

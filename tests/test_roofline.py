@@ -225,3 +225,15 @@ def test_analytic_specs_and_routing_from_fixture():
     assert arr["prefill"].shape == (3, 8) and arr["prefill"][0].sum() == 0
     assert arr["prefill"][1].sum() == 29 * 2            # prefill tokens x top-2
     assert arr["decode"][1].sum() == 5 * 2              # 5 decode steps x top-2
+
+
+def test_union_ms_equals_summarize_busy():
+    from harness.measure.summarize import busy_ms
+    from harness.roofline.join import union_ms
+
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 300):
+        for _ in range(50):
+            k = pd.DataFrame({"start_ms": rng.random(n) * 10, "dur_ms": rng.random(n) * rng.choice([0.01, 1.0, 5.0])})
+            assert union_ms(k) == pytest.approx(busy_ms(k), abs=1e-9)
+    assert union_ms(pd.DataFrame({"start_ms": [0.0, 0.5, 3.0], "dur_ms": [1.0, 1.0, 0.25]})) == pytest.approx(1.75)

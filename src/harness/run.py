@@ -177,7 +177,7 @@ def run(cfg, run_path: Path, progress=print) -> RunDir:
         nv = NvtxRanges(mcfg.nvtx)
         if not nv.available:
             rd.warn(nv.reason)
-        stages, kernels, routing_rows = [], [], []
+        stages, routing_rows = [], []
         for i, case in enumerate(cases):
             progress(f"[harness] case {i + 1}/{len(cases)} {case.name}: {wl.describe(case.request)}")
             ident = {"case": case.name, "mode": case.request.mode.name,
@@ -189,21 +189,20 @@ def run(cfg, run_path: Path, progress=print) -> RunDir:
 
             st, kt, routing = measure_case(model, make, mcfg, ident, device.type == "cuda", progress=progress)
             stages.append(st)
-            if len(kt):
-                kernels.append(kt)
             for phase, arr in routing.items():
                 for layer, counts in enumerate(arr):
                     if counts.sum():
                         routing_rows.append({"case": case.name, "phase": phase, "layer": layer,
                                              **{f"e{j}": int(c) for j, c in enumerate(counts)}})
             rd.write_csv("stages.csv", pd.concat(stages, ignore_index=True))
-            if kernels:
-                rd.write_csv("kernels.csv", pd.concat(kernels, ignore_index=True))
+            if len(kt):
+                rd.append_csv("kernels.csv", kt)
             if routing_rows:
                 rd.write_csv("routing.csv", pd.DataFrame(routing_rows))
             rd.manifest["cases"].append({"name": case.name, **wl.describe(case.request)})
             rd.update(attention={k: list(v) for k, v in attn_probe.SEEN.items()})
-            _write_report(rd, final=False)  # [report] roofline join + report.md so far (harness.report.report)
+            if i + 1 < len(cases):  # [report] report.md so far (no plot); the final write follows the last case
+                _write_report(rd, final=False)
         rd.complete()
         _write_report(rd, final=True)  # [report] final report.md, roofline.csv/png, analytic.csv
         progress(f"[harness] wrote {rd.path}")
@@ -221,7 +220,7 @@ def _write_report(rd: RunDir, final: bool) -> None:
     calibrated'. Never raises: a reporting failure becomes a manifest warning."""
     from .report.report import write_report
 
-    paths = write_report(rd)
+    paths = write_report(rd, plot=final)
     if final and paths.get("report"):
         log.info("report: %s", paths["report"])
 # ---- end [report] block ----

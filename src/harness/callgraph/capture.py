@@ -28,7 +28,7 @@ import contextlib
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -145,7 +145,8 @@ def trace_step(phase: str, wrapper: nn.Module, args: list, class_of: Callable[[s
     import torchlens as tl
 
     opts = tl.options.CaptureOptions(layers_to_save=None, detach_saved_activations=True,
-                                      compute_input_output_distances=False, random_seed=0)
+                                      compute_input_output_distances=False, random_seed=0,
+                                      unwrap_when_done=True)
     t0 = time.perf_counter()
     fc = flop_counter() if count_flops else contextlib.nullcontext()
     sink = (routing_sink(routing_model, *routing_shape) if routing_shape and routing_model is not None

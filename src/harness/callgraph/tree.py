@@ -11,7 +11,7 @@ params_own      parameters registered on the module itself [parameters]
 params_total    parameters of the module and everything below it [parameters]
 
 ``write_tree(rows, out_dir)`` writes ``module_tree.json`` (columns + one list per row, compact;
-``vendor_cls`` null where it equals ``cls``; ``read_tree`` restores it)
+``depth`` and ``vendor_cls`` derived, see ``write_tree``; ``read_tree`` restores them)
 and ``module_tree.txt`` (an indented tree, two spaces per level).
 """
 from __future__ import annotations
@@ -106,20 +106,27 @@ def tree_text(rows: list) -> str:
     return "\n".join(lines) + "\n"
 
 
+JSON_COLUMNS = ["name", "cls", "stage", "leaf", "params_own", "params_total"]
+
+
 def write_tree(rows: list, out_dir: Path, meta: Optional[dict] = None) -> dict:
-    """``module_tree.json`` (compact: columns + rows) and ``module_tree.txt``; returns their paths."""
+    """``module_tree.json`` and ``module_tree.txt``; returns their paths.
+
+    The JSON is compact (the full model has 3,367 modules): ``columns`` + one list per row;
+    ``depth`` (dots + 1) and ``vendor_cls`` (``vendor_classes[cls]``, else ``cls``) are derived,
+    and ``read_tree`` restores them.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    vendor = {r["cls"]: r["vendor_cls"] for r in rows if r["vendor_cls"] != r["cls"]}
     doc = {"meta": {**(meta or {}), "modules": len(rows),
                     "stage": "sam | clip | projector | prefill/decode (LLM modules) | all (containers)",
                     "leaf": "module without child modules",
-                    "vendor_cls": "the vendor's class name; null where it equals cls", "params": "parameters (own: registered on the "
-                    "module itself; total: the module and its descendants)"},
-           "columns": COLUMNS}
-    def cells(r):
-        return [None if c == "vendor_cls" and r[c] == r["cls"] else r[c] for c in COLUMNS]
-
-    body = ",\n".join(json.dumps(cells(r), separators=(",", ":")) for r in rows)
+                    "params": "parameters (own: registered on the module itself; total: the module and its "
+                              "descendants)",
+                    "derived": "depth = dots in name + 1 (root 0); vendor class = vendor_classes[cls] or cls"},
+           "vendor_classes": dict(sorted(vendor.items())), "columns": JSON_COLUMNS}
+    body = ",\n".join(json.dumps([r[c] for c in JSON_COLUMNS], separators=(",", ":")) for r in rows)
     head = json.dumps(doc, indent=1)[:-2]  # drop the closing "\n}"
     text = head + ',\n "rows": [\n' + body + "\n ]\n}\n"
     paths = {"json": out_dir / "module_tree.json", "txt": out_dir / "module_tree.txt"}
@@ -129,10 +136,13 @@ def write_tree(rows: list, out_dir: Path, meta: Optional[dict] = None) -> dict:
 
 
 def read_tree(path: Path) -> list:
-    """Rows (dicts) back from ``module_tree.json``."""
+    """Rows (dicts with every ``COLUMNS`` field) back from ``module_tree.json``."""
     doc = json.loads(Path(path).read_text())
-    rows = [dict(zip(doc["columns"], r)) for r in doc["rows"]]
-    for r in rows:
-        if r.get("vendor_cls") is None:
-            r["vendor_cls"] = r["cls"]
-    return rows
+    vendor = doc.get("vendor_classes", {})
+    out = []
+    for cells in doc["rows"]:
+        r = dict(zip(doc["columns"], cells))
+        r["depth"] = 0 if not r["name"] else r["name"].count(".") + 1
+        r["vendor_cls"] = vendor.get(r["cls"], r["cls"])
+        out.append({c: r[c] for c in COLUMNS})
+    return out

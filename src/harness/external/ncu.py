@@ -18,9 +18,7 @@ METRICS = {
     "gpu__time_duration.sum": ("duration_ns", 1),
     "dram__bytes_read.sum": ("dram_read_bytes", 1),
     "dram__bytes_write.sum": ("dram_write_bytes", 1),
-    # tensor-core bf16 path: one op = one multiply-accumulate element operation -> 2 FLOPs? No:
-    # the path counters count FLOP-like "ops" already (a 16x8x16 HMMA = 4096 ops = 2*16*8*16 / 2?).
-    # The unit is calibrated against a GEMM of known size in the profile run (see `tensor_scale`).
+    # tensor-core bf16 path, already in FLOPs: a 2048^3 bf16 GEMM reads 2 * 2048^3 on an H100
     "sm__ops_path_tensor_src_bf16_dst_fp32.sum": ("tensor_ops_bf16", 1),
     "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum": ("ffma", 2),
     "smsp__sass_thread_inst_executed_op_fadd_pred_on.sum": ("fadd", 1),
@@ -30,6 +28,10 @@ METRICS = {
     "smsp__sass_thread_inst_executed_op_hmul_pred_on.sum": ("hmul", 1),
 }
 NVTX_DOMAIN = "harness"
+# metric sets: `all` (time, DRAM, tensor path, SASS fp32/fp16 counters: several replay passes per
+# kernel) and `memory` (time and DRAM bytes only: one pass, for long stages such as decode)
+METRIC_SETS = {"all": list(METRICS),
+               "memory": ["gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum"]}
 
 
 def nvtx_filter(stage: str) -> str:
@@ -38,7 +40,7 @@ def nvtx_filter(stage: str) -> str:
 
 
 def ncu_command(stage: str, child: list[str], report: Path, launch_count: int | None = 2000,
-                metrics: dict = METRICS, ncu: str = "ncu") -> list[str]:
+                metrics=METRICS, ncu: str = "ncu") -> list[str]:
     """The full ncu command line profiling ``child`` (argv list) inside one stage's range."""
     cmd = [ncu, "--nvtx", "--nvtx-include", nvtx_filter(stage), "--clock-control", "none",
            "--metrics", ",".join(metrics), "--target-processes", "all", "-f", "-o", str(report)]
@@ -69,16 +71,13 @@ def parse_raw_csv(text: str) -> pd.DataFrame:
 
 
 def flops_columns(df: pd.DataFrame, tensor_flops_per_op: float = 1.0) -> pd.DataFrame:
-    """Add ``tensor_flops`` (bf16 path ops x ``tensor_flops_per_op``), ``vector_flops`` (SASS
+    """Add ``tensor_flops`` (bf16 path counter, FLOPs), ``vector_flops`` (SASS
     fp32+fp16: FMA = 2) and ``dram_bytes`` (read + write) columns."""
     df = df.copy()
     df["tensor_flops"] = df["tensor_ops_bf16"] * tensor_flops_per_op
-    vec = 0
-    for metric, (col, mult) in METRICS.items():
-        if metric.startswith("smsp__sass") and col in df:
-            vec = vec + df[col].fillna(0) * mult
-    df["vector_flops"] = vec
-    df["dram_bytes"] = df["dram_read_bytes"].fillna(0) + df["dram_write_bytes"].fillna(0)
+    sass = [(col, mult) for metric, (col, mult) in METRICS.items() if metric.startswith("smsp__sass")]
+    df["vector_flops"] = sum(df[col] * mult for col, mult in sass)   # NaN when not collected
+    df["dram_bytes"] = df["dram_read_bytes"] + df["dram_write_bytes"]
     return df
 
 

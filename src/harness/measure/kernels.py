@@ -9,6 +9,7 @@ Durations are ns in the raw capture and ms in the table.
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 
 import pandas as pd
@@ -20,7 +21,7 @@ KERNEL_COLUMNS = ["device", "name", "category", "range", "stage", "call", "step"
 
 CATEGORIES = [  # first match wins; patterns are case-insensitive regexes over the kernel name
     ("memset", r"memset"),
-    ("copy/cast", r"memcpy|copy_|direct_copy|to_copy|cast|convert|unrolled_elementwise_kernel.*copy"),
+    ("copy/cast", r"memcpy|copy_|direct_copy|to_copy|(?<!no)cast|convert|unrolled_elementwise_kernel.*copy"),
     ("attention", r"flash|fmha|attention|sdpa|efficient_attention|mem_eff|softmax_warp_forward.*causal"),
     ("conv", r"conv|implicit_gemm|winograd|im2col|cudnn|nchw|nhwc"),
     ("gemm", r"linear|gemm|gemv|sm90_xmma|cutlass|cublas|matmul|\bmm\b|addmm|bmm|nvjet|xmma|splitk|dot_product"),
@@ -32,6 +33,7 @@ CATEGORIES = [  # first match wins; patterns are case-insensitive regexes over t
 _COMPILED = [(c, re.compile(p, re.IGNORECASE)) for c, p in CATEGORIES]
 
 
+@functools.lru_cache(maxsize=None)
 def categorize(name: str) -> str:
     """Kernel category (one of CATEGORIES' names, or 'other')."""
     for cat, pat in _COMPILED:
@@ -40,16 +42,56 @@ def categorize(name: str) -> str:
     return "other"
 
 
-def profiler_for(cuda: bool):
-    """torch.profiler capturing GPU activity only (CUDA) or CPU ops (no CUDA).
+class KernelCapture:
+    """CUPTI capture of GPU activity only (CUDA) or CPU ops (no CUDA), without torch's event
+    post-processing.
 
-    Without CPU activity no per-operator host callbacks run, which keeps capture overhead low;
-    stage attribution uses the StageRecorder's wall-clock ranges instead of record_function.
+    torch.profiler builds a Python object per event when it stops (seconds for the ~150k
+    kernels of a 128-token request); this wrapper starts kineto through the autograd profiler's
+    own set-up and stops it with ``_disable_profiler()``, keeping the raw results. Without CPU
+    activity no per-operator host callbacks run. Falls back to torch.profiler.profile if the
+    private entry points change.
     """
-    from torch.profiler import ProfilerActivity, profile
 
-    acts = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
-    return profile(activities=acts, record_shapes=False, with_stack=False, acc_events=True)
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.kineto_results = None
+        self._legacy = None
+        self._fallback = None
+
+    def __enter__(self):
+        from torch.autograd import profiler as ap
+
+        try:
+            self._legacy = ap.profile(use_device="cuda" if self.cuda else None, use_cpu=not self.cuda,
+                                      use_kineto=True, record_shapes=False, with_stack=False)
+            self._legacy._prepare_trace()
+            self._legacy._start_trace()
+        except Exception:  # private API moved: use the public profiler (slower to stop)
+            from torch.profiler import ProfilerActivity, profile
+
+            self._legacy = None
+            acts = [ProfilerActivity.CUDA] if self.cuda else [ProfilerActivity.CPU]
+            self._fallback = profile(activities=acts, record_shapes=False, with_stack=False)
+            self._fallback.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            torch.cuda.synchronize()
+        if self._legacy is not None:
+            from torch.autograd.profiler import _disable_profiler
+
+            self.kineto_results = _disable_profiler()
+        else:
+            self._fallback.__exit__(*exc)
+            self.kineto_results = self._fallback.profiler.kineto_results
+        return False
+
+
+def profiler_for(cuda: bool) -> KernelCapture:
+    """The kernel-capture context used by the runner (see KernelCapture)."""
+    return KernelCapture(cuda)
 
 
 GPU_RUNTIME = re.compile(r"^(cuda|cu)[A-Z]")   # cudaLaunchKernel, cuLaunchKernelEx, cudaMemcpyAsync, ...
@@ -112,30 +154,33 @@ def kernel_table(prof, cuda: bool, ranges: pd.DataFrame) -> pd.DataFrame:
     made (joined by correlation id). ``range`` is the innermost harness range (e.g.
     decode_step), ``stage`` the enclosing top-level stage, empty when unattributed.
     """
-    events = prof.profiler.kineto_results.events()
+    events = prof.kineto_results.events()
     spans = _Spans(ranges)
     t0 = spans.starts[0] if spans.starts else 0
-    launch = {}
-    kinds = [(_kind(e, cuda), e) for e in events]
-    if cuda:
-        for k, e in kinds:
-            if k == "runtime":
-                launch[e.correlation_id()] = e.start_ns()
-    rows = []
-    for k, e in kinds:
-        if k not in ("kernel", "memcpy", "memset", "cpu_op"):
-            continue
+    launch, acts = {}, []
+    for e in events:  # one pass: launch times by correlation id, activities to attribute
+        k = _kind(e, cuda)
+        if k == "runtime":
+            launch[e.correlation_id()] = e.start_ns()
+        elif k in ("kernel", "memcpy", "memset", "cpu_op"):
+            acts.append((k, e))
+    cols = {c: [] for c in KERNEL_COLUMNS}
+    device = "cuda" if cuda else "cpu"
+    for k, e in acts:
         if cuda:
             t_host = launch.get(e.correlation_id()) or launch.get(e.linked_correlation_id())
         else:
             t_host = e.start_ns()
         rng, stage, call, step = spans.lookup(t_host) if t_host is not None else (None, None, None, None)
         name = e.name()
-        cat = {"memcpy": "copy/cast", "memset": "memset"}.get(k) or categorize(name)
-        rows.append({"device": "cuda" if cuda else "cpu", "name": name, "category": cat, "range": rng,
-                     "stage": stage, "call": call, "step": step, "start_ms": (e.start_ns() - t0) / 1e6,
-                     "dur_ms": e.duration_ns() / 1e6,
-                     "stream": e.device_resource_id() if cuda else None})
+        start = e.start_ns()
+        for c, v in (("device", device), ("name", name),
+                     ("category", {"memcpy": "copy/cast", "memset": "memset"}.get(k) or categorize(name)),
+                     ("range", rng), ("stage", stage), ("call", call), ("step", step),
+                     ("start_ms", (start - t0) / 1e6), ("dur_ms", e.duration_ns() / 1e6),
+                     ("stream", e.device_resource_id() if cuda else None)):
+            cols[c].append(v)
+    rows = cols
     df = pd.DataFrame(rows, columns=KERNEL_COLUMNS)
     if not cuda and len(df):
         df = _cpu_top_level_ops(df)

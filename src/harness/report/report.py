@@ -28,7 +28,7 @@ from typing import Optional, Union
 import pandas as pd
 
 from ..roofline.calibrate import load_calibration
-from ..roofline.join import (OP_GROUPS, STAGES, RunInputs, _f, category_busy, roofline_table)
+from ..roofline.join import OP_GROUPS, STAGES, RunInputs, _f, roofline_table, union_ms
 from ..roofline.plot import plot_roofline
 from ..roofline.specs import Peaks, device_name_of, resolve_peaks
 from .rundir import RunDir
@@ -275,19 +275,20 @@ def _top_kernels(run: RunInputs) -> list:
     k = run.kernels
     if k is None or not len(k):
         return L + ["_No kernel capture in this run._", ""]
-    cb = category_busy(k)
     k = k[k["stage"].notna()]
-    for case in dict.fromkeys(k["case"]):
+    by_case: dict = {}
+    for (case, stage), ks in k.groupby(["case", "stage"], sort=False):
+        by_case.setdefault(case, {})[stage] = ks
+    for case, stages in by_case.items():
         L += [f"### {case}", ""]
         rows = []
         for stage in STAGES:
-            ks = k[(k["case"] == case) & (k["stage"] == stage)]
-            if not len(ks):
+            ks = stages.get(stage)
+            if ks is None or not len(ks):
                 continue
-            tot = cb[(cb["case"] == case) & (cb["stage"] == stage) & (cb["category"] == "*")]
-            busy = float(tot["busy_ms"].iloc[0]) if len(tot) else float(ks["dur_ms"].sum())
-            g = ks.groupby("name").agg(category=("category", "first"), calls=("dur_ms", "size"),
-                                       total=("dur_ms", "sum")).sort_values("total", ascending=False)
+            busy = union_ms(ks)
+            g = ks.groupby("name", sort=False).agg(category=("category", "first"), calls=("dur_ms", "size"),
+                                                   total=("dur_ms", "sum")).sort_values("total", ascending=False)
             for name, r in g.head(TOP_KERNELS).iterrows():
                 short = name if len(name) <= 80 else name[:77] + "..."
                 rows.append([stage, f"`{short}`", r["category"], int(r["calls"]), f"{r['total']:,.3f}",

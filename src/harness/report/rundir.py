@@ -108,6 +108,12 @@ class RunDir:
         tmp.replace(out)
         return out
 
+    def append_csv(self, name: str, df: pd.DataFrame) -> Path:
+        """Append rows (header only when the file is new): for large per-case tables."""
+        out = self.path / name
+        df.to_csv(out, mode="a", header=not out.exists(), index=False)
+        return out
+
     def write_text(self, name: str, text: str) -> Path:
         _atomic_write(self.path / name, text)
         return self.path / name

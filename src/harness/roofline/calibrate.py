@@ -115,7 +115,7 @@ def measure(device, gemm_size: Optional[int] = None, gemm_dtype: Optional[str] =
     warmup = int(d["warmup"] if warmup is None else warmup)
     iters = int(d["iters"] if iters is None else iters)
     timer = _median_cuda if cuda else _median_host
-    if cuda:
+    if cuda and device.index is not None:
         torch.cuda.set_device(device)
     gen = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(n, n, device=device, dtype=_dtype(gdt), generator=gen)

@@ -256,21 +256,36 @@ def measured_stages(stages: pd.DataFrame) -> pd.DataFrame:
     return res
 
 
+def union_ms(kern: pd.DataFrame) -> float:
+    """Length of the union of [start, start + dur) intervals, ms (vectorised; equals
+    ``harness.measure.summarize.busy_ms``)."""
+    if kern is None or not len(kern):
+        return 0.0
+    s = kern["start_ms"].to_numpy(dtype=float)
+    e = s + kern["dur_ms"].to_numpy(dtype=float)
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > reach[:-1]
+    idx = np.flatnonzero(new)
+    return float((np.maximum.reduceat(e, idx) - s[idx]).sum())   # segment = chain of overlapping intervals
+
+
 def category_busy(kernels: pd.DataFrame) -> pd.DataFrame:
     """Kernel busy ms (interval union), kernel count and summed duration per case x stage x
     category, plus a ``*`` category row per case x stage (all kernels)."""
-    from ..measure.summarize import busy_ms
-
     cols = ["case", "stage", "category", "kernels", "busy_ms", "sum_ms"]
     if kernels is None or not len(kernels) or "stage" not in kernels:
         return pd.DataFrame(columns=cols)
     k = kernels[kernels["stage"].notna()]
     rows = []
     for (case, stage), g in k.groupby(["case", "stage"], sort=False):
-        rows.append({"case": case, "stage": stage, "category": "*", "kernels": len(g), "busy_ms": busy_ms(g),
+        rows.append({"case": case, "stage": stage, "category": "*", "kernels": len(g), "busy_ms": union_ms(g),
                      "sum_ms": float(g["dur_ms"].sum())})
         for cat, gc in g.groupby("category", sort=False):
-            rows.append({"case": case, "stage": stage, "category": cat, "kernels": len(gc), "busy_ms": busy_ms(gc),
+            rows.append({"case": case, "stage": stage, "category": cat, "kernels": len(gc), "busy_ms": union_ms(gc),
                          "sum_ms": float(gc["dur_ms"].sum())})
     return pd.DataFrame(rows, columns=cols)
 
@@ -471,36 +486,36 @@ def join_op_families(kernels: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks
     """Op-family rows (``level = op_family``): per case x stage x ``OP_GROUPS`` entry, kernel
     busy ms of the group's categories (profiled request) against the analytic work of the
     group's families."""
-    cb = category_busy(kernels)
-    if not len(cb) or analytic is None or not len(analytic):
+    if kernels is None or not len(kernels) or "stage" not in kernels or analytic is None or not len(analytic):
         return pd.DataFrame(columns=ROOFLINE_COLUMNS)
     fam = analytic[analytic["family"] != "TOTAL"]
-    from ..measure.summarize import busy_ms as _busy
-
     kk = kernels[kernels["stage"].notna()]
     rows = []
-    for (case, stage), g in cb[cb["category"] != "*"].groupby(["case", "stage"], sort=False):
+    for (case, stage), ks in kk.groupby(["case", "stage"], sort=False):
         af = fam[(fam["case"] == case) & (fam["stage"] == stage)]
         if stage not in STAGES or not len(af):
             continue
-        ks = kk[(kk["case"] == case) & (kk["stage"] == stage)]
         routing = str(af["routing"].iloc[0]) if "routing" in af else ""
         for group, (cats, fams) in OP_GROUPS.items():
             sub = ks[ks["category"].isin(cats)]
             fsub = af[af["family"].isin(fams)]
             if not len(sub) and not len(fsub):
                 continue
-            busy = _busy(sub) if len(sub) else 0.0
+            busy = union_ms(sub) if len(sub) else 0.0
             tot = {c: float(fsub[c].sum()) for c in SUM_COLS}
             timer = (timers or {}).get(case, "")
             note = ""
             if not fams:
                 note = "no analytic work: fused into neighbouring kernels in the analytic model (pure overhead)"
+            elif not len(fsub):
+                note = f"no analytic work of this group in {stage} (pure overhead)"
             elif not len(sub):
                 note = "analytic work but no kernels of these categories were captured"
             r = _row(case, stage, "op_family", group, "+".join(cats), "+".join(f for f in fams if f in set(fsub["family"])),
                      timer, busy if busy > 0 else None, busy, None, None, len(sub), tot, peaks, routing, note)
-            if not fams:
+            if not len(fsub):
+                for c in ("floor_ms", "floor_ms_cal", "efficiency", "efficiency_cal", "intensity"):
+                    r[c] = None
                 r["bound"], r["bound_basis"] = "overhead", "no analytic counterpart"
             rows.append(r)
     return pd.DataFrame(rows, columns=ROOFLINE_COLUMNS)
@@ -519,6 +534,6 @@ def roofline_table(run: RunInputs, peaks: Peaks) -> tuple:
 
 
 __all__ = ["ROOFLINE_COLUMNS", "OP_GROUPS", "CATEGORY_GROUP", "FAMILY_GROUP", "roofline_point", "floor_ms",
-           "classify", "mfu", "mbu", "RunInputs", "load_run", "measured_stages", "category_busy",
+           "classify", "mfu", "mbu", "union_ms", "RunInputs", "load_run", "measured_stages", "category_busy",
            "analytic_case_specs", "analytic_for_run", "join_stages", "join_op_families", "roofline_table",
            "routing_arrays", "model_config"]

@@ -1,0 +1,71 @@
+"""``python -m harness profile tool=ncu|nsys stage=<stage>``: an external profiler over one
+stage's NVTX range of a harness request, joined with the analytic model.
+
+The child is ``python -m harness run`` with the same model/workload overrides, one request
+(no warm-up, no torch.profiler: ncu/nsys are the only CUPTI users). Outputs go to ``ncu/`` or
+``nsys/`` inside the profile run directory.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from ..errors import HarnessError
+from ..models.stages import STAGES
+
+TOOLS = ("ncu", "nsys")
+
+
+def child_command(cfg: dict, root: Path, overrides: list[str]) -> list[str]:
+    """``python -m harness run`` with the user's overrides, one untimed request, profiler off."""
+    keep = [o for o in overrides if not o.split("=", 1)[0].lstrip("+~") in ("tool", "stage", "run.root")]
+    prof = cfg.get("profile") or {}
+    extra = ["measure.kernels=false", "measure.warmup=0", "measure.repeats=1", "measure.nvtx=true",
+             f"run.root={root}"]
+    if not any(o.startswith("workload.decode_tokens=") for o in keep):
+        extra.append(f"workload.decode_tokens={prof.get('decode_tokens', 4)}")
+    return [sys.executable, "-m", "harness", "run", *keep, *extra]
+
+
+def find_tool(name: str) -> str | None:
+    path = shutil.which(name)
+    if path:
+        return path
+    for pattern in (f"/opt/nvidia/nsight-compute/*/{name}", f"/opt/nvidia/nsight-systems/*/bin/{name}",
+                    f"/usr/local/cuda/bin/{name}", f"/opt/nvidia/nsight-compute/*/host/target-linux-x64/{name}"):
+        hits = sorted(Path("/").glob(pattern.lstrip("/")))
+        if hits:
+            return str(hits[-1])
+    return None
+
+
+def profile_from_config(cfg: dict, out_dir: Path) -> dict:
+    """Run the profile verb; returns paths of what it wrote."""
+    from hydra.core.hydra_config import HydraConfig
+
+    tool = str(cfg.get("tool") or "ncu")
+    stage = str(cfg.get("stage") or "decode")
+    if tool not in TOOLS:
+        raise HarnessError(f"unknown profiler tool={tool!r}", "use tool=ncu or tool=nsys")
+    if stage not in STAGES:
+        raise HarnessError(f"unknown stage={stage!r}", f"use one of {', '.join(STAGES)}")
+    overrides = list(HydraConfig.get().overrides.task)
+    out_dir = Path(out_dir)
+    child = child_command(cfg, out_dir / "child", overrides)
+    if tool == "ncu":
+        from .ncu_session import run_ncu
+        return run_ncu(cfg, stage, child, out_dir)
+    from .nsys import run_nsys
+    return run_nsys(stage, child, out_dir)
+
+
+def run_logged(cmd: list[str], log: Path, timeout: float | None = None) -> int:
+    """Run ``cmd`` with stdout+stderr to ``log`` (and echoed tail on failure); returns the exit code."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as fh:
+        fh.write("$ " + " ".join(cmd) + "\n")
+        fh.flush()
+        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout)
+    return proc.returncode

@@ -1,0 +1,268 @@
+"""The ncu session: run, export, parse, and join measured FLOPs / DRAM bytes with the analytic
+model for the same case and stage.
+
+Measured FLOPs: ``sm__ops_path_tensor_src_bf16_dst_fp32`` counts tensor-core FLOPs directly
+(checked on an H100: a 2048^3 bf16 GEMM reads 2 * 2048^3); vector FLOPs from the fp32/fp16
+add, mul (1 FLOP) and fma (2 FLOPs) SASS thread-instruction counters. DRAM bytes = read + write.
+ncu replays each kernel, so its durations are per-kernel times with caches flushed between passes,
+not the request's timeline.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import HarnessError
+from . import find_tool, run_logged
+from ..measure.kernels import categorize
+from .ncu import METRIC_SETS, export_command, flops_columns, ncu_command, parse_raw_csv, shell
+
+COMPARE_COLUMNS = ["case", "stage", "kernels", "measured_tensor_flops", "analytic_tensor_flops", "tensor_ratio",
+                   "measured_vector_flops", "analytic_vector_flops", "vector_ratio", "measured_dram_bytes",
+                   "analytic_bytes", "bytes_ratio", "kernel_time_ms", "decode_steps", "note"]
+
+
+def _ratio(a, b):
+    return float(a) / float(b) if (a is not None and b) else None
+
+
+def compare_stage(kern: pd.DataFrame, totals: dict, stage: str, case: str, steps: int) -> dict:
+    """One row: measured sums over the stage's kernels against the analytic stage totals."""
+    t = totals.get(stage, {})
+    m_t, m_v, m_b = (kern[c].sum(min_count=1) for c in ("tensor_flops", "vector_flops", "dram_bytes"))
+    m_t, m_v, m_b = (None if pd.isna(v) else float(v) for v in (m_t, m_v, m_b))  # metric not collected
+    return {"case": case, "stage": stage, "kernels": len(kern),
+            "measured_tensor_flops": m_t, "analytic_tensor_flops": t.get("tensor_flops"),
+            "tensor_ratio": _ratio(m_t, t.get("tensor_flops")),
+            "measured_vector_flops": m_v, "analytic_vector_flops": t.get("vector_flops"),
+            "vector_ratio": _ratio(m_v, t.get("vector_flops")),
+            "measured_dram_bytes": m_b, "analytic_bytes": t.get("bytes"), "bytes_ratio": _ratio(m_b, t.get("bytes")),
+            "kernel_time_ms": float(kern["duration_ns"].sum()) / 1e6, "decode_steps": steps if stage == "decode" else None,
+            "note": ""}
+
+
+def analytic_totals(child_run: Path) -> tuple:
+    """Analytic stage totals of the child run's case (measured routing applied to MoE bytes)."""
+    from ..analytic.compose import stage_totals, workload_costs
+    from ..config import ModelConfig, from_dict
+    from ..roofline.join import load_run, routing_arrays
+
+    man = json.loads((child_run / "manifest.json").read_text())
+    case = man["cases"][0]
+    grid = case.get("grid")
+    spec = {"mode": case["mode"], "grid": tuple(int(v) for v in grid.split("x")) if grid else (1, 1),
+            "batch": case["batch"], "text_tokens": case["text_tokens"] - 1, "decode_tokens": case["decode_tokens"],
+            "name": case["name"]}
+    from .. import workload as wl
+    if spec["mode"] not in wl.MODES:
+        spec["mode"] = wl.get_mode((man["config"].get("workload") or {}).get("mode"))
+    cfg = from_dict(ModelConfig, man["config"].get("model") or {})
+    run = load_run(child_run)
+    routing = routing_arrays(run.routing, case["name"], cfg.llm.num_layers) if len(run.routing) else None
+    dtype = man.get("dtype", "bfloat16")
+    dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, dtype)
+    df = workload_costs(spec, cfg, dtype, routing=routing, attn_implementation=cfg.attn_implementation,
+                        kv_cache=cfg.kv_cache)
+    return stage_totals(df), case
+
+
+def run_ncu(cfg: dict, stage: str, child: list[str], out_dir: Path) -> dict:
+    prof = cfg.get("profile") or {}
+    ncu = find_tool("ncu")
+    out = out_dir / "ncu"
+    out.mkdir(parents=True, exist_ok=True)
+    report = out / "report"
+    mset = str(prof.get("metrics", "all"))
+    if mset not in METRIC_SETS:
+        raise HarnessError(f"unknown profile.metrics={mset!r}", f"use one of {', '.join(METRIC_SETS)}")
+    cmd = ncu_command(stage, child, report, launch_count=prof.get("launch_count", 4000),
+                      metrics=METRIC_SETS[mset], ncu=ncu or "ncu")
+    (out / "command.txt").write_text(shell(cmd) + "\n")
+    if ncu is None:
+        raise HarnessError("Nsight Compute (ncu) was not found on PATH or under /opt/nvidia",
+                           f"install Nsight Compute and run: {shell(cmd)}")
+    print(f"[harness] ncu over stage {stage}: {shell(cmd)}", flush=True)
+    rc = run_logged(cmd, out / "ncu.log")
+    rep = report.with_suffix(".ncu-rep")
+    if rc != 0 or not rep.exists():
+        tail = (out / "ncu.log").read_text()[-600:].replace("\n", " | ")
+        raise HarnessError(f"ncu exited with {rc} and wrote no report ({tail})", f"see {out / 'ncu.log'}")
+    raw = run_logged_capture(export_command(rep, ncu))
+    (out / "kernels_raw.csv").write_text(raw)
+    kern = flops_columns(parse_raw_csv(raw))
+    kern.insert(0, "stage", stage)
+    kern["category"] = [categorize(k) for k in kern["kernel"].fillna("")]
+    kern.to_csv(out / "kernels.csv", index=False)
+    child_runs = sorted((out_dir / "child").glob("*/manifest.json"))
+    if not child_runs:
+        raise HarnessError("the profiled child run wrote no manifest", f"see {out / 'ncu.log'}")
+    totals, case = analytic_totals(child_runs[-1].parent)
+    steps = max(case["decode_tokens"] - 1, 0)
+    row = compare_stage(kern, totals, stage, case["name"], steps)
+    if prof.get("launch_count", 4000) and len(kern) >= prof.get("launch_count", 4000):
+        row["note"] = "launch count reached: the stage was cut short; raise profile.launch_count"
+    cmp_df = pd.DataFrame([row], columns=COMPARE_COLUMNS)
+    cmp_df.to_csv(out / "stage_compare.csv", index=False)
+    child_manifest = json.loads((child_runs[-1].parent / "manifest.json").read_text())
+    paths = write_outputs(out, cmp_df, kern, stage, child_manifest)
+    print((out / "report.md").read_text())
+    return {"report": rep, **paths}
+
+
+def write_outputs(out: Path, cmp_df: pd.DataFrame, kern: pd.DataFrame, stage: str, manifest: dict) -> dict:
+    """report.md (comparison, gap explanations, categories, top kernels) and roofline_ncu.png."""
+    from ..report.report import ceilings
+
+    peaks = ceilings(manifest)
+    png = plot_points(kern, cmp_df.iloc[0], peaks, out / "roofline_ncu.png", stage)
+    (out / "report.md").write_text(render(cmp_df, kern, stage, peaks, png))
+    return {"report_md": out / "report.md", "plot": png, "kernels": out / "kernels.csv",
+            "compare": out / "stage_compare.csv"}
+
+
+def run_logged_capture(cmd: list[str]) -> str:
+    import subprocess
+
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise HarnessError(f"ncu --import failed: {proc.stderr.strip()[:300]}", "check the ncu version")
+    return proc.stdout
+
+
+def _fmt(v, scale=1.0, unit=""):
+    if v is None or (isinstance(v, float) and v != v):
+        return "–"
+    return f"{v / scale:,.3f}{unit}"
+
+
+TOLERANCE = {"tensor": 0.05, "bytes": 0.15, "vector": 0.15}
+WHY = {
+    "tensor": "tensor-core work the analytic count does not have: GEMM/attention tiles padded to the "
+              "kernel's tile shape (partial M/N/K tiles still issue full MMAs), convolutions lowered to "
+              "implicit GEMM over padded channels, and attention kernels that compute masked blocks",
+    "bytes": "traffic the analytic execution model leaves out: intermediate tensors that a fused kernel would "
+             "keep on chip (dense rel-pos bias, score/probability tensors, permute/contiguous copies, "
+             "KV-cache concatenation copies), and re-reads when a working set exceeds L2 (ncu flushes "
+             "caches between replays, so every kernel starts cold)",
+    "vector": "the analytic vector count is an estimate of one FLOP per elementwise operation and element; "
+              "kernels expand transcendental functions (erf in exact GELU, exp in softmax, rsqrt) into "
+              "polynomial FMA sequences and do fp32 accumulation and index arithmetic on the FP pipes",
+}
+
+
+def gap_notes(r) -> list:
+    """One line per quantity whose measured/analytic ratio is outside its tolerance, with the reason."""
+    notes = []
+    for q, col in (("tensor", "tensor_ratio"), ("bytes", "bytes_ratio"), ("vector", "vector_ratio")):
+        v = r[col]
+        if v is None or v != v:
+            continue
+        inside = abs(v - 1) <= TOLERANCE[q]
+        notes.append(f"- {q}: measured/analytic = {v:.3f} ({'within' if inside else 'outside'} "
+                     f"+-{TOLERANCE[q]:.0%}){'' if inside else ': ' + WHY[q]}.")
+    return notes
+
+
+def plot_points(kern: pd.DataFrame, r, peaks, path: Path, stage: str):
+    """Empirical roofline: one point per kernel (ncu FLOPs / ncu DRAM bytes, FLOPs / kernel time)
+    and one for the stage, under the datasheet (solid) and calibrated (dashed) ceilings."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    k = kern.copy()
+    k["flops"] = k["tensor_flops"].fillna(0) + k["vector_flops"].fillna(0)
+    k = k[(k["flops"] > 0) & (k["dram_bytes"] > 0) & (k["duration_ns"] > 0)]
+    if not len(k):
+        return None
+    x = (k["flops"] / k["dram_bytes"]).to_numpy(float)
+    y = (k["flops"] / k["duration_ns"] / 1e3).to_numpy(float)     # TFLOP/s
+    fig, ax = plt.subplots(figsize=(8, 5.2), dpi=110)
+    xs = np.logspace(np.log10(max(x.min() / 4, 1e-3)), np.log10(x.max() * 4), 200)
+    for tf, bw, style, label in ((peaks.peak_tflops, peaks.mem_bw_gbs, "-", "datasheet"),
+                                 (peaks.cal_tflops, peaks.cal_gbs, "--", "calibrated")):
+        if tf and bw:
+            ax.plot(xs, np.minimum(tf, bw * xs / 1e3), style, color="black", lw=1, label=f"{label} ceiling")
+    for cat in sorted(k["category"].unique()):
+        m = (k["category"] == cat).to_numpy()
+        ax.scatter(x[m], y[m], s=10, alpha=0.6, label=cat)
+    tot_f = k["flops"].sum()
+    ax.scatter([tot_f / k["dram_bytes"].sum()], [tot_f / k["duration_ns"].sum() / 1e3], marker="*", s=220,
+               color="red", edgecolor="black", label=f"stage {stage}", zorder=5)
+    ax.set(xscale="log", yscale="log", xlabel="FLOP per DRAM byte (ncu)", ylabel="TFLOP/s (ncu FLOPs / kernel time)",
+           title=f"ncu empirical roofline: {r['case']} / {stage} ({peaks.device_name})")
+    ax.grid(True, which="both", alpha=0.2)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def render(cmp_df: pd.DataFrame, kern: pd.DataFrame, stage: str, peaks=None, png=None) -> str:
+    r = cmp_df.iloc[0]
+    lines = [f"# Nsight Compute: stage `{stage}` ({r['case']})", "",
+             "| quantity | measured (ncu) | analytic | measured / analytic |", "|---|---:|---:|---:|",
+             f"| tensor-core FLOPs (G) | {_fmt(r['measured_tensor_flops'], 1e9)} | {_fmt(r['analytic_tensor_flops'], 1e9)} | {_fmt(r['tensor_ratio'])} |",
+             f"| vector FLOPs (G, fp32/fp16 SASS) | {_fmt(r['measured_vector_flops'], 1e9)} | {_fmt(r['analytic_vector_flops'], 1e9)} | {_fmt(r['vector_ratio'])} |",
+             f"| DRAM bytes (MB) | {_fmt(r['measured_dram_bytes'], 1e6)} | {_fmt(r['analytic_bytes'], 1e6)} | {_fmt(r['bytes_ratio'])} |",
+             "", f"{int(r['kernels'])} kernels; sum of ncu kernel durations {r['kernel_time_ms']:.3f} ms "
+                 "(replayed one by one, caches flushed: not the request timeline)."
+             + (f" Decode: {int(r['decode_steps'])} step(s)." if r["decode_steps"] == r["decode_steps"]
+                and r["decode_steps"] is not None else ""),
+             "", "Analytic: `harness.analytic` for the same case with the run's measured MoE routing; measured: "
+                 "`sm__ops_path_tensor_src_bf16_dst_fp32` (FLOPs), SASS fp32/fp16 add/mul (1) and fma (2), "
+                 "`dram__bytes_read + dram__bytes_write`.", "", "## Gaps", ""]
+    lines += gap_notes(r) or ["- no quantity collected with an analytic counterpart"]
+    if r["note"]:
+        lines += ["", f"Note: {r['note']}"]
+    if "category" in kern:
+        cat = kern.groupby("category", as_index=False)[["dram_bytes", "tensor_flops", "vector_flops",
+                                                          "duration_ns"]].sum(min_count=1)
+        cat["kernels"] = kern.groupby("category").size().to_numpy()
+        cat = cat.sort_values("dram_bytes", ascending=False)
+        lines += ["", "## By kernel category", "", "| category | kernels | MB | tensor GFLOP | vector GFLOP | µs |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for t in cat.itertuples():
+            lines.append(f"| {t.category} | {t.kernels} | {_fmt(t.dram_bytes, 1e6)} | {_fmt(t.tensor_flops, 1e9)} | "
+                         f"{_fmt(t.vector_flops, 1e9)} | {_fmt(t.duration_ns, 1e3)} |")
+    top = kern.groupby("kernel", as_index=False)[["dram_bytes", "tensor_flops", "vector_flops",
+                                                   "duration_ns"]].sum(min_count=1)
+    top = top.sort_values("dram_bytes", ascending=False).head(12)
+    lines += ["", "## Kernels moving the most DRAM bytes", "", "| kernel | MB | tensor GFLOP | vector GFLOP | µs |",
+              "|---|---:|---:|---:|---:|"]
+    for t in top.itertuples():
+        lines.append(f"| `{t.kernel[:90]}` | {_fmt(t.dram_bytes, 1e6)} | {_fmt(t.tensor_flops, 1e9)} | "
+                     f"{_fmt(t.vector_flops, 1e9)} | {_fmt(t.duration_ns, 1e3)} |")
+    if png:
+        lines += ["", f"![empirical roofline]({Path(png).name})"]
+    else:
+        lines += ["", "No roofline points: no FLOP counters were collected (profile.metrics=memory) or no kernel "
+                      "had both FLOPs and DRAM bytes."]
+    if peaks is not None:
+        lines += ["", f"Ceilings: datasheet {peaks.peak_tflops} TFLOP/s, {peaks.mem_bw_gbs} GB/s; calibrated "
+                      f"{peaks.cal_tflops} TFLOP/s, {peaks.cal_gbs} GB/s ({peaks.device_name})."]
+    return "\n".join(lines) + "\n"
+
+
+def rerender(ncu_dir: Path, child_manifest: Path) -> dict:
+    """Rebuild report.md and roofline_ncu.png from a saved ncu folder (kernels.csv,
+    stage_compare.csv) and the child run's manifest: ``python -m harness.external.ncu_session DIR MANIFEST``."""
+    ncu_dir = Path(ncu_dir)
+    kern = pd.read_csv(ncu_dir / "kernels.csv")
+    if "category" not in kern:
+        kern["category"] = [categorize(k) for k in kern["kernel"].fillna("")]
+        kern.to_csv(ncu_dir / "kernels.csv", index=False)
+    cmp_df = pd.read_csv(ncu_dir / "stage_compare.csv").astype(object).where(lambda d: d.notna(), None)
+    cmp_df["note"] = cmp_df["note"].fillna("")
+    return write_outputs(ncu_dir, cmp_df, kern, str(cmp_df.iloc[0]["stage"]), json.loads(Path(child_manifest).read_text()))
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(rerender(Path(sys.argv[1]), Path(sys.argv[2])))

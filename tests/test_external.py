@@ -1,0 +1,74 @@
+"""ncu / nsys command builders and parsers (no profiler needed)."""
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.external import child_command
+from harness.external.ncu import METRICS, flops_columns, ncu_command, nvtx_filter, parse_raw_csv
+from harness.external.ncu_session import compare_stage
+from harness.external.nsys import nsys_command, parse_stats_csv
+
+
+def test_nvtx_filter_is_push_pop_stack_in_harness_domain():
+    assert nvtx_filter("decode") == "harness@request/decode/"
+    cmd = ncu_command("sam", ["python", "-m", "harness", "run"], Path("r"), launch_count=10)
+    i = cmd.index("--nvtx-include")
+    assert cmd[i + 1] == "harness@request/sam/"
+    assert cmd[cmd.index("--clock-control") + 1] == "none"
+    assert cmd[cmd.index("--launch-count") + 1] == "10"
+    assert set(cmd[cmd.index("--metrics") + 1].split(",")) == set(METRICS)
+    assert cmd[-4:] == ["python", "-m", "harness", "run"]
+
+
+def test_nsys_command_captures_stage_range():
+    cmd = nsys_command("decode", ["python", "x.py"], Path("rep"))
+    assert "--capture-range=nvtx" in cmd and "--nvtx-capture=decode@harness" in cmd
+    assert cmd[cmd.index("-t") + 1] == "cuda,nvtx"
+
+
+def test_child_command_drops_profile_keys_and_disables_torch_profiler():
+    cmd = child_command({"profile": {"decode_tokens": 4}}, Path("/tmp/c"),
+                        ["tool=ncu", "stage=sam", "model=tiny", "run.root=/x"])
+    assert "tool=ncu" not in cmd and "stage=sam" not in cmd and "run.root=/x" not in cmd
+    assert "model=tiny" in cmd and "measure.kernels=false" in cmd and "workload.decode_tokens=4" in cmd
+    assert "run.root=/tmp/c" in cmd
+
+
+RAW = '''"ID","Process ID","Kernel Name","Stream","Block Size","Grid Size","dram__bytes_read.sum","dram__bytes_write.sum","gpu__time_duration.sum","sm__ops_path_tensor_src_bf16_dst_fp32.sum","smsp__sass_thread_inst_executed_op_ffma_pred_on.sum","smsp__sass_thread_inst_executed_op_fadd_pred_on.sum","smsp__sass_thread_inst_executed_op_fmul_pred_on.sum","smsp__sass_thread_inst_executed_op_hfma_pred_on.sum","smsp__sass_thread_inst_executed_op_hadd_pred_on.sum","smsp__sass_thread_inst_executed_op_hmul_pred_on.sum"
+"","","","","","","byte","byte","ns","","inst","inst","inst","inst","inst","inst"
+"0","7","nvjet_gemm","7","(384, 1, 1)","(2, 64, 1)","16,799,232","309,248","25,728","17,179,869,184","0","0","0","0","0","0"
+"1","7","silu_kernel","7","(128, 1, 1)","(64, 1, 1)","1,000","2,000","1,500","0","10","20","30","1","2","3"
+'''
+
+
+def test_parse_raw_csv_and_flops():
+    df = flops_columns(parse_raw_csv("==PROF== noise\n" + RAW))
+    assert list(df["kernel"]) == ["nvjet_gemm", "silu_kernel"]
+    assert df.loc[0, "tensor_flops"] == 2 * 2048 ** 3
+    assert df.loc[0, "dram_bytes"] == 16_799_232 + 309_248
+    # fp32: ffma 2 + fadd 1 + fmul 1; fp16: hfma 2 + hadd 1 + hmul 1
+    assert df.loc[1, "vector_flops"] == 10 * 2 + 20 + 30 + 1 * 2 + 2 + 3
+    assert df.loc[1, "duration_ns"] == 1500
+
+
+def test_compare_stage_ratios():
+    df = flops_columns(parse_raw_csv(RAW))
+    row = compare_stage(df, {"sam": {"tensor_flops": 2 * 2048 ** 3, "vector_flops": 100, "bytes": 8_555_740}},
+                        "sam", "base", 0)
+    assert row["tensor_ratio"] == pytest.approx(1.0)
+    assert row["bytes_ratio"] == pytest.approx(2.0)
+    assert row["kernels"] == 2
+
+
+STATS = '''NOTICE: Existing SQLite export found
+Range,Style,Total Proj Time (ns),Total Range Time (ns),Range Instances,Proj Avg (ns)
+:decode,PushPop,"2500000",2600000,1,2500000
+'''
+
+
+def test_parse_nsys_stats():
+    df = parse_stats_csv(STATS)
+    assert list(df.columns)[:2] == ["Range", "Style"]
+    assert df.loc[0, "Range Instances"] == 1
+    assert isinstance(df, pd.DataFrame)
