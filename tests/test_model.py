@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
 
 from harness import workload as wl
 from harness.config import ModelConfig

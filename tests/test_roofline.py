@@ -1,6 +1,5 @@
 """Roofline math (exact efficiencies from known inputs), device specs and name matching,
 calibration cache, and the measured x analytic join (CPU only, no model build)."""
-import json
 from pathlib import Path
 
 import numpy as np

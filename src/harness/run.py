@@ -7,6 +7,7 @@ update manifest.json. Cases are written as they finish; an interruption keeps wh
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -15,10 +16,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from .config import ModelConfig, WorkloadConfig, from_dict, to_dict
+from .config import ModelConfig, WorkloadConfig, from_dict
 from .errors import HarnessError
 from .measure.runner import MeasureConfig, measure_case
 from .models import attn_probe
+from .report.progress import RunProgress
 from .report.rundir import RunDir, device_info
 from . import workload as wl
 
@@ -155,10 +157,12 @@ def build(cfg_model: dict, device, dtype, seed: int):
     return model, info
 
 
-def run(cfg, run_path: Path, progress=print) -> RunDir:
+def run(cfg, run_path: Path, progress=None) -> RunDir:
     """Execute the ``run`` verb for a resolved config (a plain dict) into ``run_path``."""
     rd = RunDir(run_path, cfg)
-    try:
+    bar = progress is None
+    progress = progress or RunProgress()
+    with rd.guard(), contextlib.ExitStack() as stack:
         device = resolve_device(cfg.get("device", "auto"))
         dtype = resolve_dtype(cfg.get("dtype", "auto"), device)
         rd.update(device=device_info(device), dtype=str(dtype).replace("torch.", ""))
@@ -173,6 +177,12 @@ def run(cfg, run_path: Path, progress=print) -> RunDir:
         progress(f"[harness] model {info.get('adapter')} built in {info['build_s']:.1f} s")
         rd.update(model=info)
         mcfg = from_dict(MeasureConfig, cfg.get("measure") or {})
+        if bar:
+            cuda = device.type == "cuda"
+            per_case = ((2 if cuda else 0) if mcfg.warmup is None else mcfg.warmup) + \
+                ((5 if cuda else 1) if mcfg.repeats is None else mcfg.repeats) + int(mcfg.kernels)
+            progress.start(per_case * len(cases))
+            stack.callback(progress.stop)
         from .measure.nvtx_ranges import NvtxRanges
         nv = NvtxRanges(mcfg.nvtx)
         if not nv.available:
@@ -207,10 +217,6 @@ def run(cfg, run_path: Path, progress=print) -> RunDir:
         _write_report(rd, final=True)  # [report] final report.md, roofline.csv/png, analytic.csv
         progress(f"[harness] wrote {rd.path}")
         return rd
-    except BaseException as exc:
-        msg = str(exc) if isinstance(exc, HarnessError) else f"{exc.__class__.__name__}: {exc}"
-        rd.fail(msg)
-        raise
 
 
 # ---- [report] block (owner: harness.report / harness.roofline; keep run.py edits to this and the two calls) ----

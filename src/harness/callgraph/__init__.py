@@ -212,7 +212,7 @@ def graph_from_config(cfg: dict, out_dir: Path, progress=print) -> dict:
 
     t0 = time.perf_counter()
     rd = RunDir(Path(out_dir), cfg)
-    try:
+    with rd.guard():
         device = resolve_device(cfg.get("device", "auto"))
         dtype = resolve_dtype(cfg.get("dtype", "auto"), device)
         dtype_name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
@@ -253,7 +253,3 @@ def graph_from_config(cfg: dict, out_dir: Path, progress=print) -> dict:
         rd.complete()
         progress(f"[graph] wrote {rd.path} in {res['timings']['wall_s']:.1f} s")
         return res
-    except BaseException as exc:
-        msg = str(exc) if isinstance(exc, HarnessError) else f"{exc.__class__.__name__}: {exc}"
-        rd.fail(msg)
-        raise

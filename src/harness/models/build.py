@@ -5,10 +5,8 @@ Construction happens on the ``meta`` device, then storage is allocated once on t
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from typing import Iterable
 
 import torch
 from torch import nn

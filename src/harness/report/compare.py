@@ -105,7 +105,7 @@ def _fmt(v, unit="") -> str:
 
 
 def render(df: pd.DataFrame, run_a: Path, run_b: Path, notes: list) -> str:
-    L = [f"# Compare", "", f"- A: `{run_a}`", f"- B: `{run_b}`", "",
+    L = ["# Compare", "", f"- A: `{run_a}`", f"- B: `{run_b}`", "",
          "delta = B - A; ratio = B / A (times: below 1 = B faster; tok/s: above 1 = B faster). "
          "Times are medians of the timed repeats.", ""]
     st = df[df["metric"] == "time"]

@@ -7,6 +7,7 @@ directory looks complete.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -120,6 +121,17 @@ class RunDir:
 
     def complete(self) -> None:
         self.update(status="complete", finished=_now())
+
+    @contextlib.contextmanager
+    def guard(self):
+        """Run a verb's body: any exception marks the run failed (``fail``) and propagates."""
+        try:
+            yield self
+        except BaseException as exc:
+            from ..errors import HarnessError
+
+            self.fail(str(exc) if isinstance(exc, HarnessError) else f"{exc.__class__.__name__}: {exc}")
+            raise
 
     def fail(self, error: str) -> Path:
         """Mark failed, drop a FAILED file and rename the directory to ``<name>-failed``."""
