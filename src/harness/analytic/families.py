@@ -351,6 +351,17 @@ class SAMAttention(Family):
             params=params, params_active=params)
 
 
+def two_layer_mlp(T: int, C: int, F: int, act_flops: int, b: int) -> Cost:
+    """Linear(C -> F, bias) -> activation (``act_flops`` per element) -> Linear(F -> C, bias), plus
+    the two bias adds and the residual: the SAM and CLIP MLPs."""
+    fl = 2 * linear(T, C, F)
+    params = 2 * C * F + F + C
+    return Cost(tensor_flops=fl, flops_counted=fl, flops_useful=fl,
+                vector_flops=T * F + act_flops * T * F + 2 * T * C,
+                bytes_weights=params * b, bytes_act_read=(2 * T * C + T * F) * b,
+                bytes_act_write=(T * F + T * C) * b, params=params, params_active=params)
+
+
 @dataclass
 class SAMMLP(Family):
     """SAM MLP block: lin1 (C -> F, bias), exact GELU, lin2 (F -> C, bias), residual add.
@@ -374,13 +385,7 @@ class SAMMLP(Family):
     b: int = 2
 
     def cost(self) -> Cost:
-        T, C, F = self.tokens, self.dim, self.hidden
-        fl = 2 * linear(T, C, F)
-        params = 2 * C * F + F + C
-        return Cost(tensor_flops=fl, flops_counted=fl, flops_useful=fl,
-                    vector_flops=T * F + GELU_ERF * T * F + 2 * T * C,
-                    bytes_weights=params * self.b, bytes_act_read=(2 * T * C + T * F) * self.b,
-                    bytes_act_write=(T * F + T * C) * self.b, params=params, params_active=params)
+        return two_layer_mlp(self.tokens, self.dim, self.hidden, GELU_ERF, self.b)
 
 
 @dataclass
@@ -478,13 +483,7 @@ class CLIPMLP(Family):
     b: int = 2
 
     def cost(self) -> Cost:
-        T, D, F = self.tokens, self.dim, self.hidden
-        fl = 2 * linear(T, D, F)
-        params = 2 * D * F + F + D
-        return Cost(tensor_flops=fl, flops_counted=fl, flops_useful=fl,
-                    vector_flops=T * F + QUICK_GELU * T * F + 2 * T * D,
-                    bytes_weights=params * self.b, bytes_act_read=(2 * T * D + T * F) * self.b,
-                    bytes_act_write=(T * F + T * D) * self.b, params=params, params_active=params)
+        return two_layer_mlp(self.tokens, self.dim, self.hidden, QUICK_GELU, self.b)
 
 
 @dataclass
