@@ -76,7 +76,8 @@ def case_name(w: WorkloadConfig, mode: wl.CropMode, grid) -> str:
 
 
 def _pages_for(w: WorkloadConfig, repeat: int) -> list:
-    """Pages for repeat ``repeat`` (< 0 warm-up): fresh synthetic pages of the same size per repeat."""
+    """Pages for request ``repeat`` (< 0: warm-ups): synthetic pages of the same size, with new text
+    per request (seed offset by the request index) so no repeat reuses the previous one's input."""
     if w.images:
         pages = wl.load_pages(w.images, seed=w.seed, max_pixels=w.max_pixels)
     else:
@@ -195,7 +196,7 @@ def run(cfg, run_path: Path, progress=None) -> RunDir:
                      "batch": case.request.batch}
 
             def make(r, case=case):
-                return _request(case, max(r, 0) if r >= 0 else r).to(device, dtype)
+                return _request(case, r).to(device, dtype)
 
             st, kt, routing = measure_case(model, make, mcfg, ident, device.type == "cuda", progress=progress)
             stages.append(st)
