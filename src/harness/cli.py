@@ -13,7 +13,9 @@ from pathlib import Path
 
 from .errors import HarnessError
 
-CONF_DIR = Path(os.environ.get("HARNESS_CONF", Path(__file__).resolve().parents[2] / "conf"))
+# The Hydra tree ships inside the package (src/harness/conf; `conf/` at the repo root links to it),
+# so wheels and editable installs find it alike; HARNESS_CONF points elsewhere.
+CONF_DIR = Path(os.environ.get("HARNESS_CONF", Path(__file__).resolve().parent / "conf"))
 HYDRA_VERBS = ("run", "analyze", "graph", "calibrate", "profile")
 USAGE = """usage: python -m harness VERB [overrides...]
 
