@@ -8,6 +8,7 @@ update manifest.json. Cases are written as they finish; an interruption keeps wh
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import torch
 
 from .config import ModelConfig, WorkloadConfig, from_dict
 from .errors import HarnessError
+from .measure.nvtx_ranges import NvtxRanges
 from .measure.runner import MeasureConfig, measure_case
 from .models import attn_probe
 from .report.progress import RunProgress
@@ -177,14 +179,12 @@ def run(cfg, run_path: Path, progress=None) -> RunDir:
         model, info = build(cfg.get("model") or {}, device, dtype, cfg.get("seed", 0))
         progress(f"[harness] model {info.get('adapter')} built in {info['build_s']:.1f} s")
         rd.update(model=info)
-        mcfg = from_dict(MeasureConfig, cfg.get("measure") or {})
+        mcfg = from_dict(MeasureConfig, cfg.get("measure") or {}).resolved(device.type == "cuda")
+        rd.update(measure={**dataclasses.asdict(mcfg), "gc": "Python cyclic GC paused inside each timed request",
+                           "kernels_from": "one extra profiled request per case" if mcfg.kernels else None})
         if bar:
-            cuda = device.type == "cuda"
-            per_case = ((2 if cuda else 0) if mcfg.warmup is None else mcfg.warmup) + \
-                ((5 if cuda else 1) if mcfg.repeats is None else mcfg.repeats) + int(mcfg.kernels)
-            progress.start(per_case * len(cases))
+            progress.start((mcfg.warmup + mcfg.repeats + int(mcfg.kernels)) * len(cases))
             stack.callback(progress.stop)
-        from .measure.nvtx_ranges import NvtxRanges
         nv = NvtxRanges(mcfg.nvtx)
         if not nv.available:
             rd.warn(nv.reason)

@@ -9,6 +9,7 @@ timed statistics.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 from dataclasses import dataclass
@@ -33,6 +34,12 @@ class MeasureConfig:
     kernels: bool = False
     layer_ranges: bool = False      # per-layer NVTX ranges (``layer``, payload = index)
     fresh_inputs: bool = True       # a new synthetic page per repeat (same layout)
+
+    def resolved(self, cuda: bool) -> "MeasureConfig":
+        """A copy with the device defaults filled in (warm-up 2 / repeats 5 on CUDA, 0 / 1 on the CPU)."""
+        return dataclasses.replace(
+            self, warmup=(2 if cuda else 0) if self.warmup is None else self.warmup,
+            repeats=(5 if cuda else 1) if self.repeats is None else self.repeats)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -84,10 +91,7 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
     ``case`` holds the identifying columns: case, mode, grid, batch.
     """
     say = progress or (lambda msg: log.info(msg))
-    if mcfg.warmup is None or mcfg.repeats is None:
-        mcfg = MeasureConfig(**{**mcfg.__dict__,
-                                "warmup": (2 if cuda else 0) if mcfg.warmup is None else mcfg.warmup,
-                                "repeats": (5 if cuda else 1) if mcfg.repeats is None else mcfg.repeats})
+    mcfg = mcfg.resolved(cuda)
     wbytes = weight_bytes(model)
     note = "" if cuda else "no CUDA device: gpu_ms/TTFT/TPOT from host clocks; kernel columns are CPU ops"
     for w in range(mcfg.warmup):
