@@ -15,7 +15,7 @@ import torch
 
 from harness import workload as wl
 from harness.config import ModelConfig
-from harness.measure.kernels import profiler_for
+from harness.measure.kernels import KernelCapture
 from harness.measure.recorder import StageRecorder
 from harness.measure.runner import quiet_gc
 from harness.models.build import build_model
@@ -60,7 +60,7 @@ def main() -> None:
         return timed(go)
 
     def capture():
-        prof = profiler_for(cuda)
+        prof = KernelCapture(cuda)
         prof.__enter__()
         ms = timed(lambda: (model.generate(req, stage=StageRecorder(cuda))))
         t0 = time.perf_counter()

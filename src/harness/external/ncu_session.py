@@ -44,28 +44,19 @@ def compare_stage(kern: pd.DataFrame, totals: dict, stage: str, case: str, steps
 
 
 def analytic_totals(child_run: Path) -> tuple:
-    """Analytic stage totals of the child run's case (measured routing applied to MoE bytes)."""
-    from ..analytic.compose import stage_totals, workload_costs
-    from ..config import ModelConfig, from_dict
-    from ..roofline.join import load_run, routing_arrays
+    """Analytic stage totals of the child run's case (measured routing applied to MoE bytes),
+    through the same manifest -> analytic case mapping the roofline join uses."""
+    from ..analytic.compose import stage_totals
+    from ..roofline.join import analytic_case_specs, analytic_costs, load_run, model_config, routing_arrays
 
     man = json.loads((child_run / "manifest.json").read_text())
-    case = man["cases"][0]
-    grid = case.get("grid")
-    spec = {"mode": case["mode"], "grid": tuple(int(v) for v in grid.split("x")) if grid else (1, 1),
-            "batch": case["batch"], "text_tokens": case["text_tokens"] - 1, "decode_tokens": case["decode_tokens"],
-            "name": case["name"]}
-    from .. import workload as wl
-    if spec["mode"] not in wl.MODES:
-        spec["mode"] = wl.get_mode((man["config"].get("workload") or {}).get("mode"))
-    cfg = from_dict(ModelConfig, man["config"].get("model") or {})
+    spec = analytic_case_specs(man)[0]
+    cfg, _ = model_config(man)
     run = load_run(child_run)
-    routing = routing_arrays(run.routing, case["name"], cfg.llm.num_layers) if len(run.routing) else None
-    dtype = man.get("dtype", "bfloat16")
-    dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, dtype)
-    df = workload_costs(spec, cfg, dtype, routing=routing, attn_implementation=cfg.attn_implementation,
-                        kv_cache=cfg.kv_cache)
-    return stage_totals(df), case
+    routing = routing_arrays(run.routing, spec["name"], cfg.llm.num_layers)
+    dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(man.get("dtype"), man.get("dtype", "bf16"))
+    df = analytic_costs(spec, cfg, dtype, routing, cfg.attn_implementation, cfg.kv_cache)
+    return stage_totals(df), man["cases"][0]
 
 
 def run_ncu(cfg: dict, stage: str, child: list[str], out_dir: Path) -> dict:

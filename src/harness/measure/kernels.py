@@ -89,11 +89,6 @@ class KernelCapture:
         return False
 
 
-def profiler_for(cuda: bool) -> KernelCapture:
-    """The kernel-capture context used by the runner (see KernelCapture)."""
-    return KernelCapture(cuda)
-
-
 GPU_RUNTIME = re.compile(r"^(cuda|cu)[A-Z]")   # cudaLaunchKernel, cuLaunchKernelEx, cudaMemcpyAsync, ...
 
 
@@ -164,24 +159,16 @@ def kernel_table(prof, cuda: bool, ranges: pd.DataFrame) -> pd.DataFrame:
             launch[e.correlation_id()] = e.start_ns()
         elif k in ("kernel", "memcpy", "memset", "cpu_op"):
             acts.append((k, e))
-    cols = {c: [] for c in KERNEL_COLUMNS}
     device = "cuda" if cuda else "cpu"
+    rows = []
     for k, e in acts:
-        if cuda:
-            t_host = launch.get(e.correlation_id()) or launch.get(e.linked_correlation_id())
-        else:
-            t_host = e.start_ns()
+        t_host = (launch.get(e.correlation_id()) or launch.get(e.linked_correlation_id())) if cuda else e.start_ns()
         rng, stage, call, step = spans.lookup(t_host) if t_host is not None else (None, None, None, None)
         name = e.name()
-        start = e.start_ns()
-        for c, v in (("device", device), ("name", name),
-                     ("category", {"memcpy": "copy/cast", "memset": "memset"}.get(k) or categorize(name)),
-                     ("range", rng), ("stage", stage), ("call", call), ("step", step),
-                     ("start_ms", (start - t0) / 1e6), ("dur_ms", e.duration_ns() / 1e6),
-                     ("stream", e.device_resource_id() if cuda else None)):
-            cols[c].append(v)
-    rows = cols
-    df = pd.DataFrame(rows, columns=KERNEL_COLUMNS)
+        rows.append((device, name, {"memcpy": "copy/cast", "memset": "memset"}.get(k) or categorize(name),
+                     rng, stage, call, step, (e.start_ns() - t0) / 1e6, e.duration_ns() / 1e6,
+                     e.device_resource_id() if cuda else None))
+    df = pd.DataFrame.from_records(rows, columns=KERNEL_COLUMNS)
     if not cuda and len(df):
         df = _cpu_top_level_ops(df)
     return df

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import pandas as pd
 import torch
 
-from .kernels import KERNEL_COLUMNS, kernel_table, profiler_for
+from .kernels import KERNEL_COLUMNS, KernelCapture, kernel_table
 from .recorder import StageRecorder
 from .summarize import STAGE_COLUMNS, aggregate, stage_rows
 
@@ -119,7 +119,7 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
         say(f"{case['case']}: profiled request (kernel capture)")
         req = make_request(mcfg.repeats)
         rec = StageRecorder(cuda, nvtx=mcfg.nvtx, events=mcfg.events)
-        with profiler_for(cuda) as prof, quiet_gc():
+        with KernelCapture(cuda) as prof, quiet_gc():
             res = model.generate(req, stage=rec)
             ranges = rec.finish()
         kern = kernel_table(prof, cuda, ranges)

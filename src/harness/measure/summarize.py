@@ -20,23 +20,20 @@ STAGE_COLUMNS = [
 NUMERIC = [c for c in STAGE_COLUMNS if c.endswith(("_ms", "_bytes", "_s", "kernels", "_step", "_fraction"))]
 
 
-def busy_ms(kern: pd.DataFrame) -> float:
-    """Length of the union of [start, start+dur) intervals, ms."""
+def busy_ms(kern: pd.DataFrame | None) -> float:
+    """Length of the union of [start, start + dur) intervals, ms (vectorised)."""
     if kern is None or not len(kern):
         return 0.0
-    iv = kern[["start_ms", "dur_ms"]].sort_values("start_ms").to_numpy()
-    total, cur_s, cur_e = 0.0, None, None
-    for s, d in iv:
-        e = s + d
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return float(total)
+    s = kern["start_ms"].to_numpy(dtype=float)
+    e = s + kern["dur_ms"].to_numpy(dtype=float)
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > reach[:-1]
+    idx = np.flatnonzero(new)
+    return float((np.maximum.reduceat(e, idx) - s[idx]).sum())   # segment = chain of overlapping intervals
 
 
 def _time_col(ranges: pd.DataFrame) -> str:

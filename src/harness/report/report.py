@@ -28,7 +28,8 @@ from typing import Optional, Union
 import pandas as pd
 
 from ..roofline.calibrate import load_calibration
-from ..roofline.join import OP_GROUPS, STAGES, RunInputs, _f, roofline_table, union_ms
+from ..measure.summarize import busy_ms
+from ..roofline.join import OP_GROUPS, STAGES, RunInputs, _f, roofline_table
 from ..roofline.plot import plot_roofline
 from ..roofline.specs import Peaks, device_name_of, resolve_peaks
 from .rundir import RunDir
@@ -286,7 +287,7 @@ def _top_kernels(run: RunInputs) -> list:
             ks = stages.get(stage)
             if ks is None or not len(ks):
                 continue
-            busy = union_ms(ks)
+            busy = busy_ms(ks)
             g = ks.groupby("name", sort=False).agg(category=("category", "first"), calls=("dur_ms", "size"),
                                                    total=("dur_ms", "sum")).sort_values("total", ascending=False)
             for name, r in g.head(TOP_KERNELS).iterrows():

@@ -58,6 +58,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from ..measure.summarize import busy_ms
 from .specs import Peaks
 
 STAGES = ("sam", "clip", "projector", "prefill", "decode")
@@ -256,23 +257,6 @@ def measured_stages(stages: pd.DataFrame) -> pd.DataFrame:
     return res
 
 
-def union_ms(kern: pd.DataFrame) -> float:
-    """Length of the union of [start, start + dur) intervals, ms (vectorised; equals
-    ``harness.measure.summarize.busy_ms``)."""
-    if kern is None or not len(kern):
-        return 0.0
-    s = kern["start_ms"].to_numpy(dtype=float)
-    e = s + kern["dur_ms"].to_numpy(dtype=float)
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], e[order]
-    reach = np.maximum.accumulate(e)
-    new = np.empty(len(s), dtype=bool)
-    new[0] = True
-    new[1:] = s[1:] > reach[:-1]
-    idx = np.flatnonzero(new)
-    return float((np.maximum.reduceat(e, idx) - s[idx]).sum())   # segment = chain of overlapping intervals
-
-
 def category_busy(kernels: pd.DataFrame) -> pd.DataFrame:
     """Kernel busy ms (interval union), kernel count and summed duration per case x stage x
     category, plus a ``*`` category row per case x stage (all kernels)."""
@@ -282,10 +266,10 @@ def category_busy(kernels: pd.DataFrame) -> pd.DataFrame:
     k = kernels[kernels["stage"].notna()]
     rows = []
     for (case, stage), g in k.groupby(["case", "stage"], sort=False):
-        rows.append({"case": case, "stage": stage, "category": "*", "kernels": len(g), "busy_ms": union_ms(g),
+        rows.append({"case": case, "stage": stage, "category": "*", "kernels": len(g), "busy_ms": busy_ms(g),
                      "sum_ms": float(g["dur_ms"].sum())})
         for cat, gc in g.groupby("category", sort=False):
-            rows.append({"case": case, "stage": stage, "category": cat, "kernels": len(gc), "busy_ms": union_ms(gc),
+            rows.append({"case": case, "stage": stage, "category": cat, "kernels": len(gc), "busy_ms": busy_ms(gc),
                          "sum_ms": float(gc["dur_ms"].sum())})
     return pd.DataFrame(rows, columns=cols)
 
@@ -501,7 +485,7 @@ def join_op_families(kernels: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks
             fsub = af[af["family"].isin(fams)]
             if not len(sub) and not len(fsub):
                 continue
-            busy = union_ms(sub) if len(sub) else 0.0
+            busy = busy_ms(sub) if len(sub) else 0.0
             tot = {c: float(fsub[c].sum()) for c in SUM_COLS}
             timer = (timers or {}).get(case, "")
             note = ""
@@ -534,6 +518,6 @@ def roofline_table(run: RunInputs, peaks: Peaks) -> tuple:
 
 
 __all__ = ["ROOFLINE_COLUMNS", "OP_GROUPS", "CATEGORY_GROUP", "FAMILY_GROUP", "roofline_point", "floor_ms",
-           "classify", "mfu", "mbu", "union_ms", "RunInputs", "load_run", "measured_stages", "category_busy",
+           "classify", "mfu", "mbu", "busy_ms", "RunInputs", "load_run", "measured_stages", "category_busy",
            "analytic_case_specs", "analytic_for_run", "join_stages", "join_op_families", "roofline_table",
            "routing_arrays", "model_config"]
