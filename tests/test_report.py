@@ -144,7 +144,11 @@ def test_run_verb_writes_report(tmp_path, cache):
         assert (rd.path / f).is_file(), f
     man = json.loads((rd.path / "manifest.json").read_text())
     assert man["status"] == "complete" and man["roofline"]["calibration"] == "not calibrated"
-    assert "| t-2x3 |" in (rd.path / "report.md").read_text()
+    assert set(man["host_steadiness"]) == {"before", "after"}
+    assert man["host_steadiness"]["after"]["python"]["n"] == 100
+    assert man["cases"][0]["warmup_ms"] == [] and man["cases"][0]["warmup_steady"] is None  # CPU: no warm-up
+    md = (rd.path / "report.md").read_text()
+    assert "| t-2x3 |" in md and "Host steadiness (fixed host work" in md and "after the cases, Python loop CV" in md
 
 
 def test_report_on_real_h100_crop_mode(tmp_path, cache):

@@ -19,6 +19,7 @@ import torch
 
 from .config import ModelConfig, WorkloadConfig, from_dict
 from .errors import HarnessError
+from .measure import host
 from .measure.nvtx_ranges import NvtxRanges
 from .measure.runner import MeasureConfig, measure_case
 from .models import attn_probe
@@ -185,6 +186,7 @@ def run(cfg, run_path: Path, progress=None) -> RunDir:
         if bar:
             progress.start((mcfg.warmup + mcfg.repeats + int(mcfg.kernels)) * len(cases))
             stack.callback(progress.stop)
+        rd.update(host_steadiness={"before": host.probe(device.type == "cuda")})
         nv = NvtxRanges(mcfg.nvtx)
         if not nv.available:
             rd.warn(nv.reason)
@@ -198,7 +200,12 @@ def run(cfg, run_path: Path, progress=None) -> RunDir:
             def make(r, case=case):
                 return _request(case, r).to(device, dtype)
 
-            st, kt, routing = measure_case(model, make, mcfg, ident, device.type == "cuda", progress=progress)
+            warm = {}
+            st, kt, routing = measure_case(model, make, mcfg, ident, device.type == "cuda", progress=progress,
+                                           info=warm)
+            if warm.get("steady") is False:
+                rd.warn(f"{case.name}: warm-up request times were not within {mcfg.steady_pct}% of each other after "
+                        f"{len(warm['warmup_ms'])} warm-ups (host or GPU still settling)")
             stages.append(st)
             for phase, arr in routing.items():
                 for layer, counts in enumerate(arr):
@@ -210,10 +217,13 @@ def run(cfg, run_path: Path, progress=None) -> RunDir:
                 rd.append_csv("kernels.csv", kt)
             if routing_rows:
                 rd.write_csv("routing.csv", pd.DataFrame(routing_rows))
-            rd.manifest["cases"].append({"name": case.name, **wl.describe(case.request)})
+            rd.manifest["cases"].append({"name": case.name, **wl.describe(case.request),
+                                         "warmup_ms": [round(t, 3) for t in warm.get("warmup_ms", [])],
+                                         "warmup_steady": warm.get("steady")})
             rd.update(attention={k: list(v) for k, v in attn_probe.SEEN.items()})
             if i + 1 < len(cases):  # [report] report.md so far (no plot); the final write follows the last case
                 _write_report(rd, final=False)
+        rd.update(host_steadiness={**rd.manifest["host_steadiness"], "after": host.probe(device.type == "cuda")})
         rd.complete()
         _write_report(rd, final=True)  # [report] final report.md, roofline.csv/png, analytic.csv
         progress(f"[harness] wrote {rd.path}")

@@ -28,6 +28,7 @@ from typing import Optional, Union
 import pandas as pd
 
 from ..roofline.calibrate import load_calibration
+from ..measure import host
 from ..measure.summarize import busy_ms
 from ..roofline.join import OP_GROUPS, STAGES, RunInputs, _f, roofline_table
 from ..roofline.plot import plot_roofline
@@ -374,6 +375,11 @@ def _caveats(run: RunInputs, p: Peaks, measured: pd.DataFrame, notes: list) -> l
         if len(noisy):
             out.append("Repeat CV above 2%: " + ", ".join(f"{r.case}/{r.stage} {100 * r.cv:.1f}%"
                                                            for r in noisy.itertuples()) + ".")
+        steady = man.get("host_steadiness") or {}
+        if steady:
+            out.append("Host steadiness (fixed host work, launch-bound stages cannot vary less): "
+                       + "; ".join(f"{k} the cases, {host.describe(steady[k])}" for k in ("before", "after")
+                                   if k in steady) + ".")
         few = measured[measured["repeats"] < 3]
         if len(few):
             out.append(f"Fewer than 3 timed repeats for {', '.join(dict.fromkeys(few['case']))}: medians are weak.")
