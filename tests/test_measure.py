@@ -126,3 +126,80 @@ def test_measure_case_gpu(tiny_model_cfg, tiny_mode):
     _check_case(stages, kernels, routing, "gpu_ms")
     req = stages[(stages["repeat"] == 0) & (stages["stage"] == "request")].iloc[0]
     assert abs(req["stage_sum_ms"] - req["gpu_ms"]) / req["gpu_ms"] < 0.01
+
+
+def test_is_steady():
+    from harness.measure.runner import is_steady
+
+    assert not is_steady([100.0, 100.0], 2)            # fewer than three
+    assert is_steady([300.0, 101.0, 100.0, 99.0], 2)   # only the last three count
+    assert not is_steady([100.0, 103.0, 100.0], 2)     # 3% from the median
+    assert is_steady([100.0, 102.0, 100.0], 2)
+
+
+class _ScriptedModel:
+    """generate() advances a fake clock by the next scripted duration (s)."""
+
+    def __init__(self, durations):
+        self.durations = list(durations)
+        self.now = 0.0
+        self.calls = 0
+
+    def generate(self, req):
+        self.now += self.durations[self.calls]
+        self.calls += 1
+
+    def clock(self):
+        return self.now
+
+
+@pytest.mark.parametrize("steady,max_warmup,durations,expect_n,expect_steady", [
+    (0.0, 8, [5, 4, 3], 2, None),                       # off: exactly `warmup`
+    (2.0, 8, [5, 4, 3, 3, 3, 9], 5, True),              # stops once 3, 3, 3
+    (2.0, 4, [5, 4, 3, 2, 1, 1, 1], 4, False),          # capped, never steady
+])
+def test_warm_up_until_steady(steady, max_warmup, durations, expect_n, expect_steady):
+    from harness.measure.runner import MeasureConfig, warm_up
+
+    m = _ScriptedModel(durations)
+    cfg = MeasureConfig(warmup=2, steady_pct=steady, max_warmup=max_warmup).resolved(False)
+    out = warm_up(m, lambda i: i, cfg, False, lambda msg: None, "c", clock=m.clock)
+    assert m.calls == expect_n and out["warmup_ms"] == [d * 1e3 for d in durations[:expect_n]]
+    assert out["steady"] is expect_steady
+
+
+def test_measure_defaults_per_device():
+    from harness.measure.runner import MeasureConfig
+
+    gpu, cpu = MeasureConfig().resolved(True), MeasureConfig().resolved(False)
+    assert (gpu.warmup, gpu.repeats, gpu.steady_pct) == (2, 5, 0.0)
+    assert (cpu.warmup, cpu.repeats, cpu.steady_pct) == (0, 1, 0.0)
+    assert MeasureConfig(warmup=4, repeats=9).resolved(True).warmup == 4
+
+
+def test_recorder_finish_is_kept():
+    from harness.measure.recorder import StageRecorder
+
+    rec = StageRecorder(cuda=False)
+    with rec("request"):
+        with rec("sam", call=0):
+            pass
+    first = rec.finish()
+    assert list(first["range"]) == ["request", "sam"] and rec.finish() is first
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_recorder_reuses_events_across_requests():
+    from harness.measure import recorder as rmod
+
+    x = torch.ones(1024, 1024, device="cuda")
+    for _ in range(2):
+        rec = rmod.StageRecorder(cuda=True)
+        with rec("request"):
+            for i in range(3):
+                with rec("decode_step", step=i):
+                    x @ x
+        df = rec.finish()
+        assert (df["gpu_ms"] > 0).all() and len(df) == 4
+        assert len(rmod._EVENTS) >= 8          # 4 ranges x 2 events went back to the pool

@@ -24,6 +24,11 @@ RANGE_COLUMNS = ["range", "stage", "call", "step", "host_start_ms", "host_ms", "
                  "peak_mem_bytes", "wall_start_ns", "wall_end_ns"]
 
 
+# Timing events are reused across requests: creating one costs more host time than recording it,
+# and decode opens a range (two events) per token. ``finish`` returns them after reading them.
+_EVENTS: list = []
+
+
 @dataclass
 class _Range:
     name: str
@@ -62,10 +67,10 @@ class StageRecorder:
         self.annotate = annotate
         self.nvtx = NvtxRanges(nvtx)
         self.ranges: list[_Range] = []
-        self._stack: list[_Range] = []
+        self._table: Optional[pd.DataFrame] = None
 
     def _event(self):
-        ev = torch.cuda.Event(enable_timing=True)
+        ev = _EVENTS.pop() if _EVENTS else torch.cuda.Event(enable_timing=True)
         ev.record()
         return ev
 
@@ -96,7 +101,10 @@ class StageRecorder:
             self.ranges.append(r)
 
     def finish(self) -> pd.DataFrame:
-        """Synchronise once, then one row per range (ms relative to the first range's start)."""
+        """Synchronise once, then one row per range (ms relative to the first range's start).
+        The table is kept: later calls return it (the events have gone back to the pool)."""
+        if self._table is not None:
+            return self._table
         if self.cuda:
             torch.cuda.synchronize()
         if not self.ranges:
@@ -117,5 +125,9 @@ class StageRecorder:
                 "gpu_start_ms": gpu_start, "gpu_ms": gpu_ms, "peak_mem_bytes": r.peak,
                 "wall_start_ns": r.wall_start, "wall_end_ns": r.wall_end,
             })
+        for r in self.ranges:
+            _EVENTS.extend(e for e in (r.ev_start, r.ev_end) if e is not None)
+            r.ev_start = r.ev_end = None
         df = pd.DataFrame(rows, columns=RANGE_COLUMNS)
-        return df.sort_values("host_start_ms", kind="stable").reset_index(drop=True)
+        self._table = df.sort_values("host_start_ms", kind="stable").reset_index(drop=True)
+        return self._table

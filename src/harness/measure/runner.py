@@ -1,5 +1,9 @@
 """Warm-up, timed repeats and one optional profiled repeat of a case.
 
+Warm-up: ``warmup`` untimed requests; with ``steady_pct`` > 0 more, up to ``max_warmup``, until
+the last three took times within ``steady_pct`` % of their median, so the timed repeats do not
+start while the host or GPU is still speeding up. The warm-up times go to the manifest.
+
 Timed repeats carry only NVTX ranges and CUDA events (no profiler), with Python's cyclic GC
 paused during each request. With ``kernels=True`` one
 extra request runs under torch.profiler (``repeat`` = ``profiled``); its kernel counts, busy and
@@ -12,6 +16,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -27,13 +32,16 @@ log = logging.getLogger("harness.measure")
 
 @dataclass
 class MeasureConfig:
-    warmup: Optional[int] = None    # None: 2 on CUDA, 0 on the CPU
+    warmup: Optional[int] = None    # None: 2 on CUDA, 0 on the CPU (the minimum; see steady_pct)
+    steady_pct: float = 0.0         # > 0: warm up past ``warmup`` until the last 3 are within it (%)
+    max_warmup: int = 8             # cap on warm-ups when steady_pct > 0
     repeats: Optional[int] = None   # None: 5 on CUDA, 1 on the CPU
     nvtx: bool = True
     events: bool = True
     kernels: bool = False
     layer_ranges: bool = False      # per-layer NVTX ranges (``layer``, payload = index)
     fresh_inputs: bool = True       # a new synthetic page per repeat (same layout)
+    settle_ms: float = 0.0          # GPU kept busy this long (matmuls) right before each timed request
 
     def resolved(self, cuda: bool) -> "MeasureConfig":
         """A copy with the device defaults filled in (warm-up 2 / repeats 5 on CUDA, 0 / 1 on the CPU)."""
@@ -64,6 +72,20 @@ def layer_ranges(model: torch.nn.Module, rec: StageRecorder, enabled: bool):
             h.remove()
 
 
+def settle_gpu(ms: float) -> None:
+    """Keep the GPU busy for about ``ms`` (bf16 4096^3 matmuls, synchronised every 8), so a timed
+    request starts on a GPU that has just been working rather than one that sat idle between
+    repeats (its clocks drop while idle). No-op for ms <= 0 or without CUDA."""
+    if ms <= 0 or not torch.cuda.is_available():
+        return
+    a = torch.ones(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    t0 = time.perf_counter()
+    while (time.perf_counter() - t0) * 1e3 < ms:
+        for _ in range(8):
+            a @ a
+        torch.cuda.synchronize()
+
+
 def _sync(cuda: bool):
     if cuda:
         torch.cuda.synchronize()
@@ -83,26 +105,60 @@ def quiet_gc():
             gc.enable()
 
 
+def is_steady(ms: list[float], pct: float, last: int = 3) -> bool:
+    """True when the last ``last`` times all lie within ``pct`` % of their median."""
+    if len(ms) < last:
+        return False
+    tail = sorted(ms[-last:])
+    mid = tail[len(tail) // 2]
+    return all(abs(t - mid) <= pct / 100 * mid for t in tail)
+
+
+def warm_up(model, make_request: Callable[[int], object], mcfg: MeasureConfig, cuda: bool,
+            say: Callable[[str], None], label: str, clock: Callable[[], float] = time.perf_counter) -> dict:
+    """Run ``mcfg.warmup`` warm-up requests; with ``steady_pct`` > 0 keep going (up to
+    ``max_warmup``) until ``is_steady`` holds for their wall times (ms, synchronised).
+    Returns {"warmup_ms": [...], "steady": bool or None (not asked)}."""
+    times: list[float] = []
+    want = mcfg.steady_pct > 0
+    while len(times) < mcfg.warmup or (want and not is_steady(times, mcfg.steady_pct)
+                                       and len(times) < max(mcfg.max_warmup, mcfg.warmup)):
+        n = len(times)
+        req = make_request(-1 - n)
+        _sync(cuda)
+        t0 = clock()
+        model.generate(req)
+        _sync(cuda)
+        times.append((clock() - t0) * 1e3)
+        say(f"{label}: warm-up {n + 1} {times[-1]:.1f} ms")
+    return {"warmup_ms": times, "steady": is_steady(times, mcfg.steady_pct) if want else None}
+
+
 def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConfig, case: dict,
-                 cuda: bool, progress: Callable[[str], None] | None = None):
+                 cuda: bool, progress: Callable[[str], None] | None = None, info: dict | None = None):
     """Run one case. Returns (stages DataFrame [STAGE_COLUMNS], kernels DataFrame, routing dict).
 
     ``make_request(i)`` builds request ``i`` on the model's device (i < 0 for warm-ups).
-    ``case`` holds the identifying columns: case, mode, grid, batch.
+    ``case`` holds the identifying columns: case, mode, grid, batch. ``info``, if given, receives
+    the warm-up record of ``warm_up``.
     """
     say = progress or (lambda msg: log.info(msg))
     mcfg = mcfg.resolved(cuda)
     wbytes = weight_bytes(model)
     note = "" if cuda else "no CUDA device: gpu_ms/TTFT/TPOT from host clocks; kernel columns are CPU ops"
-    for w in range(mcfg.warmup):
-        say(f"{case['case']}: warm-up {w + 1}/{mcfg.warmup}")
-        model.generate(make_request(-1 - w))
-        _sync(cuda)
+    warm = warm_up(model, make_request, mcfg, cuda, say, case["case"])
+    if info is not None:
+        info.update(warm)
+    if warm["steady"] is False:
+        say(f"{case['case']}: still settling, the last 3 of {len(warm['warmup_ms'])} untimed requests differ "
+            f"by more than {mcfg.steady_pct}%")
     rows, routing = [], {}
     for r in range(mcfg.repeats):
         req = make_request(r if mcfg.fresh_inputs else 0)
         rec = StageRecorder(cuda, nvtx=mcfg.nvtx, events=mcfg.events)
         with layer_ranges(model, rec, mcfg.layer_ranges), quiet_gc():
+            if cuda:
+                settle_gpu(mcfg.settle_ms)
             res = model.generate(req, stage=rec)
         ranges = rec.finish()
         for row in stage_rows(ranges, None, req.batch):
