@@ -1,16 +1,31 @@
-"""Overhead of measurement: the same request bare, with NVTX + CUDA events, and with kernel
-capture, interleaved round by round (order alternates). Prints median wall ms of each, the
-median of the per-round paired ratios to the bare run, and the profiler's post-processing time
-(kept out of the capture ratio: it happens after the request, when the profiler stops).
+"""Overhead of measurement: the same request bare, with NVTX + CUDA events (StageRecorder), and
+with kernel capture. Each instrumented variant is compared with the bare run in its own loop of
+interleaved rounds (order alternates A-B, B-A), so the profiler's stop never sits between a bare
+run and an events run.
 
-    python scripts/bench_overhead.py --rounds 8 --mode base --decode-tokens 128
+Two estimators, each the median over rounds with a bootstrap 95% interval:
+- request: instrumented wall ms / bare wall ms of the same round (synchronised host clock);
+- step: median decode-step host ms instrumented / bare in the same round. Every decode step
+  synchronises with the GPU 11 times (MoE routing), so host step time tracks GPU step time; the
+  median over 127 steps ignores the host stalls that swing whole requests on a noisy host.
+- alternating steps: within one request every decode step is timed by the host clock and only
+  the even steps also open a StageRecorder range; the difference of the medians (even - odd) is
+  the cost of one range in place, free of drift between requests. The implied request ratio is
+  1 + ranges x cost / bare request ms (derived, labelled so).
+The bare run carries only ``StepClock`` (a host clock read around each decode step); its cost is
+printed by ``scripts/device/range_cost.py``. The profiler's post-processing after a captured
+request is printed separately (it happens after the request, when the profiler stops).
+
+    python scripts/bench_overhead.py --rounds 30 --capture-rounds 8 --mode base --decode-tokens 128
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
+import numpy as np
 import torch
 
 from harness import workload as wl
@@ -21,13 +36,61 @@ from harness.measure.runner import quiet_gc
 from harness.models.build import build_model
 
 
+class StepClock:
+    """The lightest stage function: host ms of each decode_step, nothing else."""
+
+    def __init__(self):
+        self.steps: list[float] = []
+
+    @contextlib.contextmanager
+    def __call__(self, name, **_):
+        if name != "decode_step":
+            yield
+            return
+        t0 = time.perf_counter_ns()
+        yield
+        self.steps.append((time.perf_counter_ns() - t0) / 1e6)
+
+
+class Alternating:
+    """Host ms of every decode step; steps of one parity inside ``rec``'s range, the others bare.
+    ``rec`` None: an A/A control (no range on either parity)."""
+
+    def __init__(self, rec: StageRecorder | None, parity: int = 0):
+        self.rec = rec
+        self.parity = parity
+        self.on: list[float] = []
+        self.off: list[float] = []
+
+    @contextlib.contextmanager
+    def __call__(self, name, step=None, **_):
+        if name != "decode_step":
+            yield
+            return
+        hit = step % 2 == self.parity
+        t0 = time.perf_counter_ns()
+        if hit and self.rec is not None:
+            with self.rec(name, step=step):
+                yield
+        else:
+            yield
+        (self.on if hit else self.off).append((time.perf_counter_ns() - t0) / 1e6)
+
+
+def median_ci(x: np.ndarray) -> tuple[float, float, float]:
+    boot = np.median(np.random.default_rng(0).choice(x, (2000, len(x))), axis=1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return float(np.median(x)), float(lo), float(hi)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=30, help="bare vs NVTX+events rounds")
+    ap.add_argument("--capture-rounds", type=int, default=10, help="bare vs kernel-capture rounds (0: skip)")
+    ap.add_argument("--alt-rounds", type=int, default=10, help="requests with alternating instrumented steps")
     ap.add_argument("--mode", default="base")
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--attn", default="sdpa")
-    ap.add_argument("--no-capture", action="store_true", help="skip the kernel-capture variant")
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
@@ -41,54 +104,77 @@ def main() -> None:
         if cuda:
             torch.cuda.synchronize()
 
-    def timed(fn):
+    def timed(stage):
+        """(request wall ms, stage) for one request with ``stage`` as the stage function."""
         sync()
         with quiet_gc():
             t0 = time.perf_counter()
-            fn()
+            model.generate(req, stage=stage)
             sync()
             return (time.perf_counter() - t0) * 1e3
 
+    def recorder_steps(rec: StageRecorder) -> list[float]:
+        df = rec.finish()
+        return df.loc[df["range"] == "decode_step", "host_ms"].tolist()
+
     def bare():
-        return timed(lambda: model.generate(req))
+        clock = StepClock()
+        return timed(clock), clock.steps
 
     def events():
-        def go():
-            rec = StageRecorder(cuda)
-            model.generate(req, stage=rec)
-            rec.finish()
-        return timed(go)
+        rec = StageRecorder(cuda)
+        return timed(rec), recorder_steps(rec)
 
     def capture():
         prof = KernelCapture(cuda)
         prof.__enter__()
-        ms = timed(lambda: (model.generate(req, stage=StageRecorder(cuda))))
+        rec = StageRecorder(cuda)
+        ms = timed(rec)
         t0 = time.perf_counter()
         prof.__exit__(None, None, None)
         prof.kineto_results.events()
         post_ms.append((time.perf_counter() - t0) * 1e3)
-        return ms
+        return ms, recorder_steps(rec)
 
-    variants = {"bare": bare, "nvtx+events": events}
-    if not args.no_capture:
-        variants["kernel capture"] = capture
-    for fn in variants.values():  # warm-up each path once
+    for fn in (bare, events, capture):  # warm-up each path once
         fn()
     post_ms.clear()
-    times = {k: [] for k in variants}
-    for r in range(args.rounds):
-        order = list(variants.items())
-        if r % 2:
-            order.reverse()
-        for name, fn in order:
-            times[name].append(fn())
     dev_name = torch.cuda.get_device_name() if cuda else "cpu"
-    print(f"device: {dev_name}; torch {torch.__version__}; mode {args.mode}; decode tokens {args.decode_tokens}; "
-          f"rounds {args.rounds}")
-    for name, ts in times.items():
-        ratios = [t / b for t, b in zip(ts, times["bare"])]
-        print(f"{name:15s} median {statistics.median(ts):9.1f} ms  paired ratio median {statistics.median(ratios):6.3f}"
-              f"  (min {min(ratios):.3f}, max {max(ratios):.3f})")
+    print(f"device: {dev_name}; torch {torch.__version__}; mode {args.mode}; decode tokens {args.decode_tokens}")
+    bare_ms = []
+    for name, fn, rounds in (("nvtx+events", events, args.rounds), ("kernel capture", capture, args.capture_rounds)):
+        if rounds <= 0:
+            continue
+        req_r, step_r, inst_ms = [], [], []
+        for r in range(rounds):
+            (b, bs), (t, ts) = (bare(), fn()) if r % 2 == 0 else tuple(reversed((fn(), bare())))
+            bare_ms.append(b)
+            inst_ms.append(t)
+            req_r.append(t / b)
+            step_r.append(statistics.median(ts) / statistics.median(bs))
+        for est, ratios in (("request", np.array(req_r)), ("step", np.array(step_r))):
+            med, lo, hi = median_ci(ratios)
+            print(f"{name:15s} {est:8s} ratio median {med:6.3f}  95% CI [{lo:.3f}, {hi:.3f}]  "
+                  f"(rounds {rounds}, min {ratios.min():.3f}, max {ratios.max():.3f})")
+        print(f"{name:15s} request median {statistics.median(inst_ms):9.1f} ms")
+    if bare_ms:
+        print(f"{'bare':15s} request median {statistics.median(bare_ms):9.1f} ms")
+    if args.alt_rounds > 0:
+        bare_med = statistics.median(bare_ms or [bare()[0] for _ in range(3)])
+        n_ranges = 7 + max(args.decode_tokens - 1, 0)   # request, sam, clip, projector x2, prefill, decode + steps
+        for label, instrumented in (("A/A control", False), ("StageRecorder", True)):
+            cost = []
+            for r in range(args.alt_rounds):   # alternate which parity carries the range
+                alt = Alternating(StageRecorder(cuda) if instrumented else None, parity=r % 2)
+                timed(alt)
+                if alt.rec is not None:
+                    alt.rec.finish()
+                cost.append(statistics.median(alt.on) - statistics.median(alt.off))
+            med, lo, hi = median_ci(np.array(cost))
+            print(f"alternating steps, {label:13s}: {med * 1e3:7.1f} us per range in place, 95% CI "
+                  f"[{lo * 1e3:.1f}, {hi * 1e3:.1f}] (requests {args.alt_rounds}); derived request ratio for "
+                  f"{n_ranges} ranges: {1 + n_ranges * med / bare_med:.4f} "
+                  f"[{1 + n_ranges * lo / bare_med:.4f}, {1 + n_ranges * hi / bare_med:.4f}]")
     if post_ms:
         print(f"profiler stop + event processing after each captured request: median {statistics.median(post_ms):.0f} ms")
 
