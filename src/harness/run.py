@@ -204,8 +204,10 @@ def run(cfg, run_path: Path, progress=None) -> RunDir:
             st, kt, routing = measure_case(model, make, mcfg, ident, device.type == "cuda", progress=progress,
                                            info=warm)
             if warm.get("steady") is False:
-                rd.warn(f"{case.name}: warm-up request times were not within {mcfg.steady_pct}% of each other after "
-                        f"{len(warm['warmup_ms'])} warm-ups (host or GPU still settling)")
+                msg = (f"{case.name}: the last 3 of {len(warm['warmup_ms'])} untimed requests still differ by more "
+                       f"than {mcfg.steady_pct}% (host or GPU still settling)")
+                rd.warn(msg)
+                progress(f"[harness] {msg}")
             stages.append(st)
             for phase, arr in routing.items():
                 for layer, counts in enumerate(arr):

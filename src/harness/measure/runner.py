@@ -75,8 +75,8 @@ def layer_ranges(model: torch.nn.Module, rec: StageRecorder, enabled: bool):
 def settle_gpu(ms: float) -> None:
     """Keep the GPU busy for about ``ms`` (bf16 4096^3 matmuls, synchronised every 8), so a timed
     request starts on a GPU that has just been working rather than one that sat idle between
-    repeats (its clocks drop while idle). No-op for ms <= 0 or without CUDA."""
-    if ms <= 0 or not torch.cuda.is_available():
+    repeats (its clocks drop while idle). CUDA only; no-op for ms <= 0."""
+    if ms <= 0:
         return
     a = torch.ones(4096, 4096, device="cuda", dtype=torch.bfloat16)
     t0 = time.perf_counter()
@@ -114,6 +114,18 @@ def is_steady(ms: list[float], pct: float, last: int = 3) -> bool:
     return all(abs(t - mid) <= pct / 100 * mid for t in tail)
 
 
+def request_ms(model, req, cuda: bool, stage=None, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Wall ms of one request, synchronised before and after (``stage``: the model's stage function)."""
+    _sync(cuda)
+    t0 = clock()
+    if stage is None:
+        model.generate(req)
+    else:
+        model.generate(req, stage=stage)
+    _sync(cuda)
+    return (clock() - t0) * 1e3
+
+
 def warm_up(model, make_request: Callable[[int], object], mcfg: MeasureConfig, cuda: bool,
             say: Callable[[str], None], label: str, clock: Callable[[], float] = time.perf_counter) -> dict:
     """Run ``mcfg.warmup`` warm-up requests; with ``steady_pct`` > 0 keep going (up to
@@ -121,16 +133,15 @@ def warm_up(model, make_request: Callable[[int], object], mcfg: MeasureConfig, c
     Returns {"warmup_ms": [...], "steady": bool or None (not asked)}."""
     times: list[float] = []
     want = mcfg.steady_pct > 0
-    while len(times) < mcfg.warmup or (want and not is_steady(times, mcfg.steady_pct)
-                                       and len(times) < max(mcfg.max_warmup, mcfg.warmup)):
-        n = len(times)
-        req = make_request(-1 - n)
-        _sync(cuda)
-        t0 = clock()
-        model.generate(req)
-        _sync(cuda)
-        times.append((clock() - t0) * 1e3)
-        say(f"{label}: warm-up {n + 1} {times[-1]:.1f} ms")
+
+    def more() -> bool:
+        if len(times) < mcfg.warmup:
+            return True
+        return want and len(times) < mcfg.max_warmup and not is_steady(times, mcfg.steady_pct)
+
+    while more():
+        times.append(request_ms(model, make_request(-1 - len(times)), cuda, clock=clock))
+        say(f"{label}: warm-up {len(times)} {times[-1]:.1f} ms")
     return {"warmup_ms": times, "steady": is_steady(times, mcfg.steady_pct) if want else None}
 
 
@@ -149,9 +160,6 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
     warm = warm_up(model, make_request, mcfg, cuda, say, case["case"])
     if info is not None:
         info.update(warm)
-    if warm["steady"] is False:
-        say(f"{case['case']}: still settling, the last 3 of {len(warm['warmup_ms'])} untimed requests differ "
-            f"by more than {mcfg.steady_pct}%")
     rows, routing = [], {}
     for r in range(mcfg.repeats):
         req = make_request(r if mcfg.fresh_inputs else 0)
