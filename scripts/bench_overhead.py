@@ -12,8 +12,8 @@ Two estimators, each the median over rounds with a bootstrap 95% interval:
   the even steps also open a StageRecorder range; the difference of the medians (even - odd) is
   the cost of one range in place, free of drift between requests. The implied request ratio is
   1 + ranges x cost / bare request ms (derived, labelled so).
-The bare run carries only ``StepClock`` (a host clock read around each decode step); its cost is
-printed by ``scripts/device/range_cost.py``. The profiler's post-processing after a captured
+The bare run carries only ``Alternating(None)`` (a host clock read around each decode step); its
+cost is printed by ``scripts/device/range_cost.py``. The profiler's post-processing after a captured
 request is printed separately (it happens after the request, when the profiler stops).
 
     python scripts/bench_overhead.py --rounds 30 --capture-rounds 8 --mode base --decode-tokens 128
@@ -32,29 +32,13 @@ from harness import workload as wl
 from harness.config import ModelConfig
 from harness.measure.kernels import KernelCapture
 from harness.measure.recorder import StageRecorder
-from harness.measure.runner import quiet_gc
+from harness.measure.runner import quiet_gc, request_ms
 from harness.models.build import build_model
-
-
-class StepClock:
-    """The lightest stage function: host ms of each decode_step, nothing else."""
-
-    def __init__(self):
-        self.steps: list[float] = []
-
-    @contextlib.contextmanager
-    def __call__(self, name, **_):
-        if name != "decode_step":
-            yield
-            return
-        t0 = time.perf_counter_ns()
-        yield
-        self.steps.append((time.perf_counter_ns() - t0) / 1e6)
 
 
 class Alternating:
     """Host ms of every decode step; steps of one parity inside ``rec``'s range, the others bare.
-    ``rec`` None: an A/A control (no range on either parity)."""
+    ``rec`` None: no range on either parity, i.e. the bare run's step clock and the A/A control."""
 
     def __init__(self, rec: StageRecorder | None, parity: int = 0):
         self.rec = rec
@@ -100,26 +84,18 @@ def main() -> None:
     req = wl.build_request([page], args.mode, decode_tokens=args.decode_tokens).to(dev, dtype)
     post_ms: list[float] = []
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
     def timed(stage):
-        """(request wall ms, stage) for one request with ``stage`` as the stage function."""
-        sync()
+        """Wall ms of one request with ``stage`` as the stage function, GC paused."""
         with quiet_gc():
-            t0 = time.perf_counter()
-            model.generate(req, stage=stage)
-            sync()
-            return (time.perf_counter() - t0) * 1e3
+            return request_ms(model, req, cuda, stage)
 
     def recorder_steps(rec: StageRecorder) -> list[float]:
         df = rec.finish()
         return df.loc[df["range"] == "decode_step", "host_ms"].tolist()
 
     def bare():
-        clock = StepClock()
-        return timed(clock), clock.steps
+        clock = Alternating(None)
+        return timed(clock), clock.on + clock.off
 
     def events():
         rec = StageRecorder(cuda)

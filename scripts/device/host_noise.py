@@ -3,33 +3,23 @@ pure Python, a launch-bound GPU loop (1,000 tiny kernels, with and without 11 ho
 same loop as one CUDA-graph replay. Also prints the environment (affinity, load, kernel)."""
 from __future__ import annotations
 
+import gc
 import os
-import statistics
 import sys
-import time
 
 import torch
 
-
-def report(name, xs):
-    m = statistics.median(xs)
-    cv = statistics.pstdev(xs) / statistics.mean(xs) * 100
-    xs_sorted = sorted(xs)
-    p90 = xs_sorted[int(0.9 * (len(xs) - 1))]
-    print(f"{name:38s} n={len(xs):4d} median {m:8.3f} ms  CV {cv:5.2f}%  min {min(xs):8.3f}  p90 {p90:8.3f}  max {max(xs):8.3f}")
+from harness.measure.host import stats, time_ms
 
 
-def timeit(fn, n, sync=True):
-    out = []
-    for _ in range(n):
-        if sync:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if sync:
-            torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
+def line(name, xs):
+    """One line: n, median, CV, min, p90, max (ms) of ``xs`` (``harness.measure.host.stats``) and
+    how many exceed 1.2 x the median."""
+    st = stats(xs)
+    p90 = sorted(xs)[int(0.9 * (len(xs) - 1))]
+    slow = sum(t > 1.2 * st["median_ms"] for t in xs)
+    return (f"{name:38s} n={st['n']:4d} median {st['median_ms']:8.3f} ms  CV {st['cv_pct']:5.2f}%  "
+            f"min {st['min_ms']:8.3f}  p90 {p90:8.3f}  max {st['max_ms']:8.3f}  >1.2x: {slow}")
 
 
 def steal():
@@ -47,9 +37,8 @@ def main():
         print("governor", open("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read().strip())
     except OSError as e:
         print("governor: n/a", e.__class__.__name__)
-    import gc
     gc.disable()
-    report("python loop (200k adds)", timeit(lambda: sum(range(200_000)), n, sync=False))
+    print(line("python loop (200k adds)", time_ms(lambda: sum(range(200_000)), n, cuda=False)))
     x = torch.zeros(16, device="cuda")
 
     def launches():
@@ -64,8 +53,8 @@ def main():
 
     for _ in range(5):
         launches()
-    report("1000 launches, 1 sync", timeit(launches, n))
-    report("1000 launches, 11 syncs", timeit(launches_sync, n))
+    print(line("1000 launches, 1 sync", time_ms(launches, n, cuda=True)))
+    print(line("1000 launches, 11 syncs", time_ms(launches_sync, n, cuda=True)))
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -74,10 +63,11 @@ def main():
     torch.cuda.current_stream().wait_stream(s)
     with torch.cuda.graph(g):
         launches()
-    report("graph replay of 1000 launches", timeit(g.replay, n))
+    print(line("graph replay of 1000 launches", time_ms(g.replay, n, cuda=True)))
     # one long run to see bursts: 2000 x 1000-launch blocks back to back, per-block wall
-    ts = timeit(launches, 600)
-    bad = [i for i, t in enumerate(ts) if t > 1.2 * statistics.median(ts)]
+    ts = time_ms(launches, 600, cuda=True)
+    med = stats(ts)["median_ms"]
+    bad = [i for i, t in enumerate(ts) if t > 1.2 * med]
     print(f"blocks >1.2x median: {len(bad)} of {len(ts)} at {bad[:40]}")
     st1 = steal()
     print(f"steal jiffies {st1[0] - st0[0]} of {st1[1] - st0[1]}; sched {os.sched_getscheduler(0)}")

@@ -30,14 +30,14 @@ print(f"StageRecorder cost per range: {per:.2f} us; base request with 128 tokens
 
 import sys  # noqa: E402
 sys.path.insert(0, "scripts")
-from bench_overhead import StepClock  # noqa: E402
+from bench_overhead import Alternating  # noqa: E402
 
-clock = StepClock()
+clock = Alternating(None)
 t0 = time.perf_counter()
 for i in range(N):
     with clock("decode_step", step=i):
         pass
 t1 = time.perf_counter()
 per_clock = ((t1 - t0) - (bare1 - bare0)) / N * 1e6
-print(f"StepClock (the bare run's step timer) cost per range: {per_clock:.2f} us -> "
+print(f"Alternating(None) (the bare run's step timer) cost per range: {per_clock:.2f} us -> "
       f"{per_clock * ranges / 1e3:.3f} ms per request")

@@ -3,26 +3,27 @@ sync is: .item() (pageable D2H), torch.cuda.synchronize(), or an event sync; und
 default scheduling flags, then with CU_CTX_SCHED_SPIN / BLOCKING_SYNC set through the driver API."""
 import ctypes
 import gc
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent))
+from host_noise import line  # noqa: E402
+from harness.measure.host import time_ms  # noqa: E402
 
-def run(sync, n=150):
+
+def run(label, sync, n=150):
     x = torch.zeros(16, device="cuda")
-    out = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+
+    def block():
         for i in range(1000):
             x.add_(1)
             if i % 91 == 0:
                 sync(x)
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) * 1e3)
-    m = statistics.median(out)
-    return f"median {m:6.3f}  CV {100 * statistics.pstdev(out) / statistics.fmean(out):5.1f}%  p90 {sorted(out)[134]:6.3f}  max {max(out):6.2f}  >1.2x: {sum(t > 1.2 * m for t in out)}"
+
+    torch.cuda.synchronize()
+    return line(label, time_ms(block, n, cuda=True))
 
 
 def item(x):
@@ -51,4 +52,4 @@ for label, f in (("default", None), ("spin", 1), ("yield", 2), ("blocking", 4), 
         label += f" (set rc {rc}, flags {flags.value})"
     print(f"== {label}")
     for name, fn in (("item", item), ("device sync", dsync), ("event sync", evsync)):
-        print(f"  {name:12s}", run(fn))
+        print(run(f"  {name}", fn))

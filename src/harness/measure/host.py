@@ -22,10 +22,23 @@ PYTHON_ITEMS = 50_000
 LAUNCHES = 200
 
 
-def _stats(ms: list[float]) -> dict:
+def stats(ms: list[float]) -> dict:
+    """median / CV (population std over mean, %) / min / max / n of a list of ms."""
     mean = statistics.fmean(ms)
     return {"median_ms": statistics.median(ms), "cv_pct": 100 * statistics.pstdev(ms) / mean if mean else None,
             "min_ms": min(ms), "max_ms": max(ms), "n": len(ms)}
+
+
+def time_ms(fn, n: int, cuda: bool) -> list[float]:
+    """Wall ms of ``fn()`` ``n`` times; with ``cuda`` each call ends with a synchronisation."""
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
 
 
 def probe(cuda: bool, n: int = 100) -> dict:
@@ -33,25 +46,18 @@ def probe(cuda: bool, n: int = 100) -> dict:
     was = gc.isenabled()
     gc.disable()
     try:
-        py = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            sum(range(PYTHON_ITEMS))
-            py.append((time.perf_counter() - t0) * 1e3)
-        out = {"python": _stats(py), "launch": None, "launch_reason": "no CUDA device"}
+        out = {"python": stats(time_ms(lambda: sum(range(PYTHON_ITEMS)), n, cuda=False)), "launch": None,
+               "launch_reason": "no CUDA device"}
         if cuda:
             x = torch.zeros(1, device="cuda")
-            for _ in range(LAUNCHES):  # warm the launch path
-                x.add_(1)
-            torch.cuda.synchronize()
-            ln = []
-            for _ in range(n):
-                t0 = time.perf_counter()
+
+            def launches():
                 for _ in range(LAUNCHES):
                     x.add_(1)
-                torch.cuda.synchronize()
-                ln.append((time.perf_counter() - t0) * 1e3)
-            out.update(launch=_stats(ln), launch_reason=None)
+
+            launches()  # warm the launch path
+            torch.cuda.synchronize()
+            out.update(launch=stats(time_ms(launches, n, cuda=True)), launch_reason=None)
         return out
     finally:
         if was:
