@@ -137,7 +137,8 @@ def test_run_verb_writes_report(tmp_path, cache):
     with initialize_config_dir(config_dir=str(conf), version_base=None):
         cfg = compose("config", overrides=[
             "model=tiny", "workload.decode_tokens=3", "measure.repeats=1", "measure.kernels=true",
-            "cases=[{mode: {name: t, base_size: 128, image_size: 64, crop: true}}]"])
+            "cases=[{mode: {name: t, base_size: 128, image_size: 64, crop: true}}, "
+            "{mode: {name: u, base_size: 128, image_size: 64, crop: false}}]"])
     plain = OmegaConf.to_container(cfg, resolve=True)
     rd = run(plain, tmp_path / "run", progress=lambda *_: None)
     for f in ("stages.csv", "kernels.csv", "analytic.csv", "roofline.csv", "roofline.png", "report.md"):
@@ -149,6 +150,10 @@ def test_run_verb_writes_report(tmp_path, cache):
     assert man["cases"][0]["warmup_ms"] == [] and man["cases"][0]["warmup_steady"] is None  # CPU: no warm-up
     md = (rd.path / "report.md").read_text()
     assert "| t-2x3 |" in md and "Host steadiness (fixed host work" in md and "after the cases, Python loop CV" in md
+    # the report written from the run's kept tables equals one written afresh from the files
+    assert set(pd.read_csv(rd.path / "kernels.csv")["case"]) == {"t-2x3", "u"}
+    write_report(rd.path, strict=True)
+    assert (rd.path / "report.md").read_text() == md
 
 
 def test_report_on_real_h100_crop_mode(tmp_path, cache):

@@ -30,7 +30,7 @@ import pandas as pd
 from ..roofline.calibrate import load_calibration
 from ..measure import host
 from ..measure.summarize import busy_ms
-from ..roofline.join import OP_GROUPS, STAGES, RunInputs, _f, roofline_table
+from ..roofline.join import OP_GROUPS, STAGES, RunInputs, _f, load_run, roofline_table
 from ..roofline.plot import plot_roofline
 from ..roofline.specs import Peaks, device_name_of, resolve_peaks
 from .rundir import RunDir
@@ -40,23 +40,8 @@ TOP_KERNELS = 5
 CV_LIMIT = 0.02
 
 
-def _attach(path) -> RunDir:
-    """A RunDir over an existing directory (no manifest rewrite)."""
-    import json
-
-    rd = RunDir.__new__(RunDir)
-    rd.path = Path(path)
-    mp = rd.path / "manifest.json"
-    rd.manifest = json.loads(mp.read_text()) if mp.is_file() else {"warnings": [], "cases": []}
-    rd.manifest.setdefault("warnings", [])
-    return rd
-
-
 def _inputs(rd: RunDir) -> RunInputs:
-    from ..roofline.join import _read_csv
-
-    return RunInputs(rd.path, rd.manifest, _read_csv(rd.path / "stages.csv"), _read_csv(rd.path / "kernels.csv"),
-                     _read_csv(rd.path / "routing.csv"))
+    return load_run(rd.path, manifest=rd.manifest, read=rd.table)
 
 
 def ceilings(manifest: dict, hardware: Optional[dict] = None) -> Peaks:
@@ -81,7 +66,7 @@ def write_report(run: Union[RunDir, str, Path], hardware: Optional[dict] = None,
     {name: Path}. Unless ``strict``, a failure is recorded as a manifest warning and {} returned
     (the measurement is never lost to a reporting error).
     """
-    rd = run if isinstance(run, RunDir) else _attach(run)
+    rd = run if isinstance(run, RunDir) else RunDir.attach(run)
     try:
         return _write(rd, hardware, plot)
     except Exception as exc:  # noqa: BLE001 - reporting must not kill a measured run

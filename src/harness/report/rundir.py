@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import io
 import json
 import os
 import platform
@@ -76,8 +77,36 @@ def device_info(device) -> dict:
     return info
 
 
+CSV_DTYPES = {"repeat": str, "call": str, "grid": str}   # mixed numbers and labels: read as text
+
+
+def read_table(src) -> pd.DataFrame:
+    """A run CSV (path or buffer) as every reader sees it: ``repeat``/``call``/``grid`` as text; an
+    empty frame for a missing or empty file."""
+    if isinstance(src, Path) and (not src.is_file() or src.stat().st_size == 0):
+        return pd.DataFrame()
+    return pd.read_csv(src, dtype=CSV_DTYPES)
+
+
+def _stack(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """``a`` then ``b`` with the dtypes one parse of both would give: a column that is all empty
+    in one part takes the other part's text dtype (numeric columns promote as usual)."""
+    a, b = a.copy(deep=False), b.copy(deep=False)
+    for c in a.columns.intersection(b.columns):
+        x, y = a[c], b[c]
+        if x.dtype == y.dtype:
+            continue
+        if x.isna().all() and not pd.api.types.is_numeric_dtype(y):
+            a[c] = x.astype(y.dtype)
+        elif y.isna().all() and not pd.api.types.is_numeric_dtype(x):
+            b[c] = y.astype(x.dtype)
+    return pd.concat([a, b], ignore_index=True)
+
+
 class RunDir:
-    """A run directory under ``runs/``; every write is atomic (tmp file + rename)."""
+    """A run directory under ``runs/``; every write is atomic (tmp file + rename), except
+    ``append_csv``. ``table(name)`` reads a CSV once and keeps it, adding later appends to the kept
+    copy, so a report rewritten after every case does not re-read the growing ``kernels.csv``."""
 
     def __init__(self, path: Path, config: dict, argv: list | None = None):
         self.path = Path(path)
@@ -88,7 +117,25 @@ class RunDir:
             "config": config, "versions": package_versions(), "git": git_revision(),
             "device": None, "model": None, "attention": None, "cases": [], "warnings": [], "error": None,
         }
+        self._tables: dict = {}
         self.save()
+
+    @classmethod
+    def attach(cls, path) -> "RunDir":
+        """A RunDir over an existing directory (its manifest is read, not rewritten)."""
+        rd = cls.__new__(cls)
+        rd.path = Path(path)
+        mp = rd.path / "manifest.json"
+        rd.manifest = json.loads(mp.read_text()) if mp.is_file() else {"warnings": [], "cases": []}
+        rd.manifest.setdefault("warnings", [])
+        rd._tables = {}
+        return rd
+
+    def table(self, name: str) -> pd.DataFrame:
+        """The CSV ``name`` as ``read_table`` gives it, read from disk once."""
+        if name not in self._tables:
+            self._tables[name] = read_table(self.path / name)
+        return self._tables[name]
 
     def save(self) -> None:
         _atomic_write(self.path / "manifest.json", json.dumps(self.manifest, indent=2, default=str))
@@ -107,12 +154,21 @@ class RunDir:
         tmp = out.with_suffix(out.suffix + ".tmp")
         df.to_csv(tmp, index=False)
         tmp.replace(out)
+        self._tables.pop(name, None)
         return out
 
     def append_csv(self, name: str, df: pd.DataFrame) -> Path:
-        """Append rows (header only when the file is new): for large per-case tables."""
+        """Append rows (header only when the file is new): for large per-case tables. A kept
+        ``table(name)`` gets the new rows parsed from the same text."""
         out = self.path / name
-        df.to_csv(out, mode="a", header=not out.exists(), index=False)
+        text = df.to_csv(index=False)
+        new = not out.exists()
+        with open(out, "a") as f:
+            f.write(text if new else text.split("\n", 1)[1])
+        kept = self._tables.get(name)
+        if kept is not None:
+            rows = read_table(io.StringIO(text))
+            self._tables[name] = rows if kept.empty else _stack(kept, rows)
         return out
 
     def write_text(self, name: str, text: str) -> Path:

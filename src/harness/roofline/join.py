@@ -59,6 +59,7 @@ import numpy as np
 import pandas as pd
 
 from ..measure.summarize import busy_ms
+from ..report.rundir import read_table
 from .specs import Peaks
 
 STAGES = ("sam", "clip", "projector", "prefill", "decode")
@@ -191,18 +192,15 @@ class RunInputs:
     notes: list = field(default_factory=list)
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
-    if not path.is_file() or path.stat().st_size == 0:
-        return pd.DataFrame()
-    return pd.read_csv(path, dtype={"repeat": str, "call": str, "grid": str})
-
-
-def load_run(path) -> RunInputs:
+def load_run(path, manifest: Optional[dict] = None, read=None) -> RunInputs:
+    """The measured files of run directory ``path``. ``manifest`` replaces manifest.json;
+    ``read(name)`` replaces reading ``path / name`` (a live ``RunDir.table``)."""
     path = Path(path)
-    mpath = path / "manifest.json"
-    manifest = json.loads(mpath.read_text()) if mpath.is_file() else {}
-    return RunInputs(path, manifest, _read_csv(path / "stages.csv"), _read_csv(path / "kernels.csv"),
-                     _read_csv(path / "routing.csv"))
+    if manifest is None:
+        mpath = path / "manifest.json"
+        manifest = json.loads(mpath.read_text()) if mpath.is_file() else {}
+    read = read or (lambda name: read_table(path / name))
+    return RunInputs(path, manifest, read("stages.csv"), read("kernels.csv"), read("routing.csv"))
 
 
 # --------------------------------------------------------------------------- measured side
