@@ -20,7 +20,6 @@ import datetime as _dt
 import json
 import os
 import statistics
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -91,14 +90,12 @@ def _median_cuda(fn, warmup: int, iters: int) -> float:
 
 
 def _median_host(fn, warmup: int, iters: int) -> float:
+    """Median host wall ms of ``fn`` over ``iters`` calls (CPU devices)."""
+    from ..measure.host import time_ms
+
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return statistics.median(time_ms(fn, iters, cuda=False))
 
 
 def measure(device, gemm_size: Optional[int] = None, gemm_dtype: Optional[str] = None,
