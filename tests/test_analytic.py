@@ -178,13 +178,15 @@ def test_counted_equals_analytic_tiny_on_cpu_with_real_routing(tiny_cfg):
     assert row.bytes_weights == np.count_nonzero(pre[1:]) * per_expert
 
 
-def test_forced_uniform_routing_restores_the_vendor_loop():
+def test_uniform_routing_restores_the_vendor_loop(tiny_cfg):
+    from harness.models.build import build_model
     from harness.models.llm import MoE
 
-    original = MoE.moe_infer
-    with check.forced_uniform_routing():
-        assert MoE.moe_infer is not original
-    assert MoE.moe_infer is original
+    model = build_model(tiny_cfg, device="meta")
+    moes = [m for m in model.modules() if isinstance(m, MoE)]
+    with check.uniform_routing(model):
+        assert moes and all(m.uniform_counts for m in moes)
+    assert not any(m.uniform_counts for m in moes)
 
 
 # -------------------------------------------------------------------------------- outputs

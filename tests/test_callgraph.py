@@ -27,11 +27,12 @@ def tiny_cfg_dict():
 def graph_run(tmp_path_factory, tiny_cfg_dict):
     """The ``graph`` verb on the tiny model: (result, out_dir)."""
     from harness.callgraph import graph_from_config
+    from harness.config import HarnessConfig, from_dict
 
     out = tmp_path_factory.mktemp("graph")
     cfg = {"model": tiny_cfg_dict, "workload": {"mode": dict(TINY_MODE), "decode_tokens": 4, "pages": 1},
            "device": "cpu", "dtype": "fp32", "seed": 0}
-    res = graph_from_config(cfg, out, progress=lambda *a: None)
+    res = graph_from_config(from_dict(HarnessConfig, cfg), out, progress=lambda *a: None)
     return res, out
 
 

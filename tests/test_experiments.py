@@ -1,13 +1,13 @@
 """Every experiment in conf/experiment composes through Hydra and yields cases that
-harness.run.prepare_cases accepts (pages load, layouts validate; no model is built)."""
+harness.setup.prepare_cases accepts (pages load, layouts validate; no model is built)."""
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from harness.config import ModelConfig, from_dict
-from harness.run import prepare_cases
+from harness.config import ModelConfig, from_dict, to_config
+from harness.setup import prepare_cases
 from harness.workload import get_mode, image_token_count, select_grid, tile_grid_for
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -20,9 +20,10 @@ def _compose(overrides, hydra_cfg=False):
 
 
 def _cases(name):
-    plain = OmegaConf.to_container(_compose([f"+experiment={name}"]), resolve=True)
+    composed = _compose([f"+experiment={name}"])
+    plain = OmegaConf.to_container(composed, resolve=True)
     assert plain["experiment_name"] == name and plain["run"]["name"] == name
-    cases, _ = prepare_cases(plain)
+    cases, _ = prepare_cases(to_config(composed))
     return plain, cases
 
 

@@ -4,6 +4,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from harness.config import HarnessConfig, from_dict
 from harness.external import child_command
 from harness.external.ncu import METRICS, flops_columns, ncu_command, nvtx_filter, parse_raw_csv
 from harness.external.ncu_session import compare_stage
@@ -28,7 +29,7 @@ def test_nsys_command_captures_stage_range():
 
 
 def test_child_command_drops_profile_keys_and_disables_torch_profiler():
-    cmd = child_command({"profile": {"decode_tokens": 4}}, Path("/tmp/c"),
+    cmd = child_command(from_dict(HarnessConfig, {"profile": {"decode_tokens": 4}}), Path("/tmp/c"),
                         ["tool=ncu", "stage=sam", "model=tiny", "run.root=/x"])
     assert "tool=ncu" not in cmd and "stage=sam" not in cmd and "run.root=/x" not in cmd
     assert "model=tiny" in cmd and "measure.kernels=false" in cmd and "workload.decode_tokens=4" in cmd

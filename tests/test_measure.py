@@ -1,4 +1,7 @@
 """Stage summaries, kernel categories and attribution (CPU; a GPU variant runs on CUDA only)."""
+import contextlib
+import types
+
 import pandas as pd
 import pytest
 import torch
@@ -138,16 +141,27 @@ def test_is_steady():
 
 
 class _ScriptedModel:
-    """generate() advances a fake clock by the next scripted duration (s)."""
+    """A model adapter whose every request advances a fake clock by the next scripted duration (s)."""
+
+    cfg, info = None, {}
 
     def __init__(self, durations):
         self.durations = list(durations)
         self.now = 0.0
         self.calls = 0
 
-    def generate(self, req):
+    def routing_counter(self):
+        from harness.models.routing import RoutingCounter
+        return RoutingCounter(1, 1)
+
+    @contextlib.contextmanager
+    def running(self, req, max_new_tokens, counter):
+        yield types.SimpleNamespace(nbytes=lambda: 0)
+
+    def first_token(self, req, cache, stage, select):
         self.now += self.durations[self.calls]
         self.calls += 1
+        return torch.zeros(1, 1, dtype=torch.long)
 
     def clock(self):
         return self.now
@@ -163,7 +177,8 @@ def test_warm_up_until_steady(steady, max_warmup, durations, expect_n, expect_st
 
     m = _ScriptedModel(durations)
     cfg = MeasureConfig(warmup=2, steady_pct=steady, max_warmup=max_warmup).resolved(False)
-    out = warm_up(m, lambda i: i, cfg, False, lambda msg: None, "c", clock=m.clock)
+    out = warm_up(m, lambda i: types.SimpleNamespace(decode_tokens=1), cfg, False, lambda msg: None, "c",
+                  clock=m.clock)
     assert m.calls == expect_n and out["warmup_ms"] == [d * 1e3 for d in durations[:expect_n]]
     assert out["steady"] is expect_steady
 

@@ -129,8 +129,8 @@ def test_compare_two_fixture_runs(tmp_path, capsys):
 def test_run_verb_writes_report(tmp_path, cache):
     """The run verb (tiny model, CPU) calls the report writer after each case and at the end."""
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
+    from harness.config import to_config
     from harness.run import run
 
     conf = Path(__file__).resolve().parents[1] / "conf"
@@ -139,8 +139,7 @@ def test_run_verb_writes_report(tmp_path, cache):
             "model=tiny", "workload.decode_tokens=3", "measure.repeats=1", "measure.kernels=true",
             "cases=[{mode: {name: t, base_size: 128, image_size: 64, crop: true}}, "
             "{mode: {name: u, base_size: 128, image_size: 64, crop: false}}]"])
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    rd = run(plain, tmp_path / "run", progress=lambda *_: None)
+    rd = run(to_config(cfg), tmp_path / "run", progress=lambda *_: None)
     for f in ("stages.csv", "kernels.csv", "analytic.csv", "roofline.csv", "roofline.png", "report.md"):
         assert (rd.path / f).is_file(), f
     man = json.loads((rd.path / "manifest.json").read_text())
@@ -150,7 +149,7 @@ def test_run_verb_writes_report(tmp_path, cache):
     assert man["cases"][0]["warmup_ms"] == [] and man["cases"][0]["warmup_steady"] is None  # CPU: no warm-up
     md = (rd.path / "report.md").read_text()
     assert "| t-2x3 |" in md and "Host steadiness (fixed host work" in md and "after the cases, Python loop CV" in md
-    # the report written from the run's kept tables equals one written afresh from the files
+    # the report written from the run's in-memory tables equals one written afresh from the files
     assert set(pd.read_csv(rd.path / "kernels.csv")["case"]) == {"t-2x3", "u"}
     write_report(rd.path, strict=True)
     assert (rd.path / "report.md").read_text() == md

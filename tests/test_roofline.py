@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from harness.config import HarnessConfig, from_dict
 from harness.roofline import calibrate as cal
-from harness.roofline.join import (FAMILY_GROUP, OP_GROUPS, CATEGORY_GROUP, analytic_case_specs, classify,
-                                   floor_ms, join_stages, load_run, mbu, measured_stages, mfu, roofline_point,
-                                   routing_arrays)
+from harness.roofline.join import (FAMILY_GROUP, OP_GROUPS, CATEGORY_GROUP, classify, floor_ms, join_stages,
+                                   load_run, mbu, measured_stages, mfu, roofline_point, routing_arrays, run_cases)
 from harness.roofline.specs import SPECS, match_device, norm_dtype, resolve_peaks, slug
 
 DATA = Path(__file__).resolve().parent / "data" / "runs"
@@ -178,7 +178,7 @@ def test_calibration_measure_and_cache(tmp_path, monkeypatch):
 
     monkeypatch.setenv(cal.CACHE_ENV, str(tmp_path / "cache"))
     hw = {"gemm_size": 64, "copy_mib": 1, "warmup": 1, "iters": 3}
-    rec = cal.calibrate_from_config({"device": "cpu", "hardware": hw}, tmp_path / "out")
+    rec = cal.calibrate_from_config(from_dict(HarnessConfig, {"device": "cpu", "hardware": hw}), tmp_path / "out")
     assert rec["gemm_tflops"] > 0 and rec["copy_gbs"] > 0 and rec["gemm_dtype"] == "fp32"
     assert rec["copy_bytes_moved"] == 2 * (1 << 20) and rec["gemm_flops"] == 2 * 64 ** 3
     assert (tmp_path / "out" / "calibration.json").is_file()
@@ -214,12 +214,12 @@ def test_analytic_specs_and_routing_from_fixture():
     run = load_run(DATA / "cpu_tiny")
     cfg, note = model_config(run.manifest)
     assert note is None and cfg.llm.hidden_size == 64
-    specs = {s["name"]: s for s in analytic_case_specs(run.manifest)}
+    specs = {s.name: s for s in run_cases(run.manifest)}
     for entry in run.manifest["cases"]:
         r = resolve(specs[entry["name"]], cfg)
         assert r.image_tokens == entry["image_tokens"]
         assert r.prefill_tokens == entry["prefill_tokens"]
-    assert specs["t-2x3"]["grid"] == (2, 3) and specs["nc"]["grid"] == (1, 1)
+    assert specs["t-2x3"].grid == (2, 3) and specs["nc"].grid is None      # None: no tiles
     arr = routing_arrays(run.routing, "t-2x3", cfg.llm.num_layers)
     assert arr["prefill"].shape == (3, 8) and arr["prefill"][0].sum() == 0
     assert arr["prefill"][1].sum() == 29 * 2            # prefill tokens x top-2

@@ -7,7 +7,7 @@ import pytest
 
 from harness.errors import HarnessError
 from harness.report.progress import RunProgress
-from harness.report.rundir import RunDir
+from harness.rundir import RunDir
 
 
 def test_guard_marks_failure_and_renames(tmp_path):
@@ -41,25 +41,16 @@ def test_progress_prints_lines_without_a_terminal():
     assert out.getvalue() == "base: repeat 1/3 request 10.0 ms (host)\n"
 
 
-def test_kept_table_follows_appends_without_rereading(tmp_path, monkeypatch):
-    from harness.report import rundir
+def test_load_run_reads_what_the_run_wrote(tmp_path):
+    from harness.rundir import load_run
 
     rd = RunDir(tmp_path / "r3", {}, argv=["t"])
     a = pd.DataFrame({"case": ["a", "a"], "call": [0, 1], "step": [None, None], "stage": [None, None],
                       "dur_ms": [1.0, 2.0]})
     b = pd.DataFrame({"case": ["b"], "call": ["all"], "step": [3], "stage": ["sam"], "dur_ms": [4.0]})
-    assert rd.table("k.csv").empty                      # no file yet
-    rd.append_csv("k.csv", a)
-    first = rd.table("k.csv")
-    reads = []
-    real = rundir.read_table
-    monkeypatch.setattr(rundir, "read_table", lambda src: reads.append(src) or real(src))
-    assert rd.table("k.csv") is first                   # kept, not read again
-    rd.append_csv("k.csv", b)
-    kept = rd.table("k.csv")
-    assert len(reads) == 1 and isinstance(reads[0], io.StringIO)   # only the appended text was parsed
-    monkeypatch.undo()
-    pd.testing.assert_frame_equal(kept, rundir.read_table(rd.path / "k.csv"))
-    assert kept["call"].tolist() == ["0", "1", "all"] and kept["case"].tolist() == ["a", "a", "b"]
-    rd.write_csv("k.csv", b)                            # a rewrite drops the kept copy
-    assert rd.table("k.csv")["case"].tolist() == ["b"]
+    rd.append_csv("kernels.csv", a)
+    rd.append_csv("kernels.csv", b)
+    data = load_run(rd.path)
+    assert data.kernels["call"].tolist() == ["0", "1", "all"] and data.kernels["case"].tolist() == ["a", "a", "b"]
+    assert data.stages.empty and data.routing.empty and data.analytic is None
+    assert data.manifest["status"] == "running"

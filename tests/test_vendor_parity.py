@@ -319,11 +319,13 @@ def test_wrong_transformers_names_the_vendor_extra(tmp_path, monkeypatch, versio
 def test_checkpoint_header_check(tmp_path):
     from safetensors.torch import save_file
 
+    from harness.models.checkpoint import check_tensors, read_headers
+
     f = tmp_path / "model.safetensors"
     save_file({"a": torch.zeros(2, 3), "b": torch.zeros(4), "z": torch.zeros(1)}, str(f))
-    assert V.check_checkpoint([f], {"a": (2, 3), "b": (4,)}, optional={"z"}) == 3
+    assert check_tensors(read_headers([f]), {"a": (2, 3), "b": (4,)}, tmp_path, optional={"z"}) == 3
     with pytest.raises(HarnessError) as exc:
-        V.check_checkpoint([f], {"a": (3, 2), "c": (1,)}, optional=set())
+        check_tensors(read_headers([f]), {"a": (3, 2), "c": (1,)}, tmp_path, optional=set())
     msg = str(exc.value)
     assert "1 missing (c)" in msg and "unexpected" in msg and "1 mismatched (a (2, 3) vs model (3, 2))" in msg
 

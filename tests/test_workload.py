@@ -300,7 +300,7 @@ def test_build_request_layout_base():
     assert torch.all(ids[mask] == wl.IMAGE_TOKEN_ID)
     text = ids[0, 274:]
     assert torch.all((text >= 1000) & (text < 100000))
-    assert req.text_tokens == 13 and req.decode_tokens == 16 and req.pages == ["p0"]
+    assert req.text_tokens == 12 and req.decode_tokens == 16 and req.pages == ["p0"]   # BOS excluded
     assert req.global_views.shape == (1, 3, 1024, 1024) and req.tiles is None
     again = wl.build_request([_page(0)], "base", text_tokens=12, seed=5)
     other = wl.build_request([_page(0)], "base", text_tokens=12, seed=6)
@@ -318,8 +318,8 @@ def test_build_request_batch_of_two_gundam():
     single = wl.preprocess(pages[1].image, "gundam")
     assert torch.equal(req.tiles[6:], single.tiles)   # batch-major: page 1's tiles last
     d = wl.describe(req)
-    assert d == {"mode": "gundam", "base_size": 1024, "image_size": 640, "grid": "2x3",
-                 "image_tokens": 903, "text_tokens": 5, "prefill_tokens": 908,
+    assert d == {"name": "gundam-2x3-b2", "mode": "gundam", "base_size": 1024, "image_size": 640, "crop": True,
+                 "grid": "2x3", "image_tokens": 903, "bos_tokens": 1, "text_tokens": 4, "prefill_tokens": 908,
                  "decode_tokens": 128, "batch": 2, "pages": ["p0", "p5"]}
 
 
@@ -348,7 +348,7 @@ def test_build_request_with_tokenizer():
     ids = req.input_ids[0].tolist()
     before, after = [ord(c) for c in "Hi "], [ord(c) for c in "\nGo."]   # prompt stripped
     assert ids == [0] + before + [wl.IMAGE_TOKEN_ID] * 73 + after
-    assert req.text_tokens == 1 + len(before) + len(after)
+    assert req.text_tokens == len(before) + len(after) and req.prefill_tokens == 1 + len(before) + 73 + len(after)
     assert req.images_seq_mask[0].tolist() == [False] * 4 + [True] * 73 + [False] * 4
 
 

@@ -3,7 +3,8 @@ host steadiness and warm-up times of one run directory."""
 import sys
 
 from harness.measure import host
-from harness.roofline.join import load_run, measured_stages
+from harness.roofline.join import measured_stages
+from harness.rundir import load_run
 
 run = load_run(sys.argv[1])
 st = run.stages

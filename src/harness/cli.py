@@ -1,8 +1,11 @@
 """``python -m harness VERB [hydra overrides]``: run, analyze, graph, calibrate, profile, compare.
 
-Hydra verbs compose ``conf/config.yaml`` with the overrides (``-m`` for multirun works) and get
-a fresh run directory with its ``.hydra/`` snapshot. Problems a user can fix print one line,
-``error: <problem>; fix: <fix>``, and exit with status 2.
+Hydra verbs compose ``conf/config.yaml`` (schema: ``harness.config.HarnessConfig``) with the
+overrides (``-m`` for multirun works) and get a fresh run directory with its ``.hydra/`` snapshot.
+Before Hydra starts, the overrides are composed once and validated (``check_overrides``): an
+unknown key, a wrong type or an out-of-range value ends here, before any run directory or model
+exists. Each verb then gets the typed config (``to_config``: the one conversion). Problems a user
+can fix print one line, ``error: <problem>; fix: <fix>``, and exit with status 2.
 """
 from __future__ import annotations
 
@@ -17,6 +20,9 @@ from .errors import HarnessError
 # so wheels and editable installs find it alike; HARNESS_CONF points elsewhere.
 CONF_DIR = Path(os.environ.get("HARNESS_CONF", Path(__file__).resolve().parent / "conf"))
 HYDRA_VERBS = ("run", "analyze", "graph", "calibrate", "profile")
+#: Hydra command-line flags that take a value (the value is not an override)
+HYDRA_VALUE_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun",
+                     "--cfg", "-c", "--package", "-p", "--info", "-i")
 USAGE = """usage: python -m harness VERB [overrides...]
 
 verbs:
@@ -39,30 +45,97 @@ def _fail(exc: HarnessError) -> None:
     sys.exit(2)
 
 
+def _overrides(args: list[str]) -> list[str]:
+    """The key=value overrides among Hydra's command-line arguments (flags and their values dropped)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a.startswith("-"):
+            skip = a in HYDRA_VALUE_FLAGS
+            continue
+        out.append(a)
+    return out
+
+
+def _expand(overrides: list[str]) -> list[list[str]]:
+    """Override lists to validate: the overrides as given, then, for each sweep (``-m k=a,b``),
+    one list per swept value (other sweeps at their first value)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as exc:  # noqa: BLE001 - Hydra's parser raises its own exception types
+        from .config import config_error
+        raise config_error(exc) from None
+    base, sweeps = [], []
+    for text, ov in zip(overrides, parsed):
+        if ov.is_sweep_override():
+            values = [str(v) for v in ov.sweep_string_iterator()]
+            key = text.split("=", 1)[0]
+            sweeps.append((len(base), key, values))
+            base.append(f"{key}={values[0]}" if values else text)
+        else:
+            base.append(text)
+    lists = [base]
+    for i, key, values in sweeps:
+        for v in values[1:]:
+            alt = list(base)
+            alt[i] = f"{key}={v}"
+            lists.append(alt)
+    return lists
+
+
+def check_overrides(args: list[str]):
+    """Compose the config with ``args``' overrides and validate it (every swept value too);
+    returns the typed config of the first composition. Raises HarnessError."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from .config import config_error, to_config
+
+    first = None
+    for overrides in _expand(_overrides(args)):
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+                cfg = compose("config", overrides=overrides)
+        except HarnessError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - Hydra/OmegaConf composition errors
+            raise config_error(exc) from None
+        hc = to_config(cfg)
+        first = first or hc
+    GlobalHydra.instance().clear()
+    return first
+
+
 def _task(verb: str):
     def task(cfg) -> None:
         from hydra.core.hydra_config import HydraConfig
-        from omegaconf import OmegaConf
+
+        from .config import to_config
 
         logging.getLogger("harness").setLevel(logging.INFO)
         out = Path(HydraConfig.get().runtime.output_dir)
-        plain = OmegaConf.to_container(cfg, resolve=True)
         try:
+            hc = to_config(cfg)
             if verb == "run":
                 from .run import run
-                run(plain, out)
+                run(hc, out)
             elif verb == "analyze":
                 from .analytic import analyze_from_config
-                analyze_from_config(plain, out)
+                analyze_from_config(hc, out)
             elif verb == "graph":
                 from .callgraph import graph_from_config
-                graph_from_config(plain, out)
+                graph_from_config(hc, out)
             elif verb == "calibrate":
                 from .roofline.calibrate import calibrate_from_config
-                calibrate_from_config(plain, out)
+                calibrate_from_config(hc, out)
             elif verb == "profile":
                 from .external import profile_from_config
-                profile_from_config(plain, out)
+                profile_from_config(hc, out)
         except HarnessError as exc:
             _fail(exc)
         except ImportError as exc:
@@ -89,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import hydra
 
+    try:
+        check_overrides(rest)
+    except HarnessError as exc:
+        _fail(exc)
     sys.argv = [f"harness-{verb}"] + rest
     hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")(_task(verb))()
     return 0

@@ -1,35 +1,65 @@
-"""Structured configs for the harness, registered with Hydra's ConfigStore.
+"""The one typed config tree of the harness: ``HarnessConfig``, the schema of ``conf/``.
 
-The YAML files under ``conf/`` fill these dataclasses; defaults here equal the vendor's
-DeepSeek-OCR checkpoint (``shared/reference/deepseek-ocr/config.json``), so a model built from
-an empty config has exactly the checkpoint's tensor names and shapes.
+``register()`` stores ``HarnessConfig`` in Hydra's ConfigStore as ``harness_schema``;
+``conf/config.yaml`` lists it first in its defaults, so every YAML file and every command-line
+override is merged onto these dataclasses: an unknown key or a value of the wrong type is refused
+by OmegaConf while the config is composed. ``validate`` adds the checks a type cannot express
+(allowed choices, ranges). The CLI converts the composed config once (``to_config``) and hands the
+typed object to every verb; no code below the CLI reads a raw dict.
+
+Defaults equal the vendor's DeepSeek-OCR checkpoint (``shared/reference/deepseek-ocr/config.json``),
+so a model built from an empty config has exactly the checkpoint's tensor names and shapes. The
+YAML files under ``conf/`` hold only what differs from these defaults. Field metadata carries
+``choices`` and ``min``; ``validate`` reads them (one place per rule).
+
+(No ``from __future__ import annotations`` here: OmegaConf reads the field types at run time.)
 """
-from __future__ import annotations
-
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+import dataclasses
+import re
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, List, Optional
 
+from .errors import HarnessError
+from .stages import STAGES
+
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "sdpa_flash", "flash_attention_2")
+DEVICES_HELP = "device=auto, device=cpu, device=cuda or device=cuda:N"
+
+
+def _f(default, *, choices=None, min=None, default_factory=None):
+    """A dataclass field whose metadata ``validate`` checks: ``choices`` (allowed values), ``min``."""
+    meta = {}
+    if choices is not None:
+        meta["choices"] = tuple(choices)
+    if min is not None:
+        meta["min"] = min
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# ------------------------------------------------------------------------------------ model
 
 @dataclass
 class LLMConfig:
     """DeepSeek-V2-style decoder (``use_mla: false``: plain MHA)."""
 
-    vocab_size: int = 129280
-    hidden_size: int = 1280
-    num_layers: int = 12
-    num_heads: int = 10
-    num_kv_heads: int = 10
-    intermediate_size: int = 6848          # dense SwiGLU of layers < first_k_dense_replace
-    moe_intermediate_size: int = 896       # per routed expert
-    n_routed_experts: int = 64
-    n_shared_experts: int = 2              # shared expert width = 2 x 896 = 1792
-    num_experts_per_tok: int = 6
-    first_k_dense_replace: int = 1
+    vocab_size: int = _f(129280, min=1)
+    hidden_size: int = _f(1280, min=1)
+    num_layers: int = _f(12, min=1)
+    num_heads: int = _f(10, min=1)
+    num_kv_heads: int = _f(10, min=1)
+    intermediate_size: int = _f(6848, min=1)        # dense SwiGLU of layers < first_k_dense_replace
+    moe_intermediate_size: int = _f(896, min=1)     # per routed expert
+    n_routed_experts: int = _f(64, min=1)
+    n_shared_experts: int = _f(2, min=0)            # shared expert width = 2 x 896 = 1792
+    num_experts_per_tok: int = _f(6, min=1)
+    first_k_dense_replace: int = _f(1, min=0)
     routed_scaling_factor: float = 1.0
     norm_topk_prob: bool = False
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
-    max_position_embeddings: int = 8192
+    max_position_embeddings: int = _f(8192, min=1)
 
     @property
     def head_dim(self) -> int:
@@ -40,14 +70,14 @@ class LLMConfig:
 class SAMConfig:
     """SAM ViT-B image encoder with neck and the two stride-2 convs (net_2, net_3)."""
 
-    img_size: int = 1024                   # pretraining size: pos_embed is [1, 64, 64, 768]
-    patch_size: int = 16
-    embed_dim: int = 768
-    depth: int = 12
-    num_heads: int = 12
+    img_size: int = _f(1024, min=1)                 # pretraining size: pos_embed is [1, 64, 64, 768]
+    patch_size: int = _f(16, min=1)
+    embed_dim: int = _f(768, min=1)
+    depth: int = _f(12, min=1)
+    num_heads: int = _f(12, min=1)
     mlp_ratio: float = 4.0
-    out_chans: int = 256
-    window_size: int = 14
+    out_chans: int = _f(256, min=1)
+    window_size: int = _f(14, min=1)
     global_attn_indexes: List[int] = field(default_factory=lambda: [2, 5, 8, 11])
     downsample_channels: List[int] = field(default_factory=lambda: [512, 1024])
     ln_eps: float = 1e-6
@@ -57,32 +87,32 @@ class SAMConfig:
 class CLIPConfig:
     """CLIP-L over SAM features (its own patch conv exists in the checkpoint but is unused)."""
 
-    hidden_size: int = 1024
-    num_layers: int = 24
-    num_heads: int = 16
-    ffn_hidden_size: int = 4096
-    image_size: int = 224
-    patch_size: int = 14
+    hidden_size: int = _f(1024, min=1)
+    num_layers: int = _f(24, min=1)
+    num_heads: int = _f(16, min=1)
+    ffn_hidden_size: int = _f(4096, min=1)
+    image_size: int = _f(224, min=1)
+    patch_size: int = _f(14, min=1)
     ln_eps: float = 1e-5
     pre_ln_eps: float = 1e-5
 
 
 @dataclass
 class ProjectorConfig:
-    input_dim: int = 2048                  # CLIP hidden + SAM net_3 channels
-    n_embed: int = 1280                    # LLM hidden
+    input_dim: int = _f(2048, min=1)                # CLIP hidden + SAM net_3 channels
+    n_embed: int = _f(1280, min=1)                  # LLM hidden
 
 
 @dataclass
 class ModelConfig:
     """Which model, how it is built and how it executes."""
 
-    name: str = "reference"                # reference | vendor
+    name: str = _f("reference", choices=("reference", "vendor"))
     path: Optional[str] = None             # model directory (safetensors, tokenizer, vendor code)
-    weights: str = "random"                # random | path  (path: load safetensors from `path`)
-    attn_implementation: str = "sdpa"      # eager | sdpa | sdpa_flash | flash_attention_2
-    moe_impl: str = "vendor_loop"          # vendor_loop (per-expert Python loop, host sync)
-    kv_cache: str = "growing"              # growing (torch.cat per step, like HF DynamicCache)
+    weights: str = _f("random", choices=("random", "path"))   # path: load safetensors from `path`
+    attn_implementation: str = _f("sdpa", choices=ATTN_IMPLEMENTATIONS)
+    moe_impl: str = _f("vendor_loop", choices=("vendor_loop",))   # per-expert Python loop, host sync
+    kv_cache: str = _f("growing", choices=("growing",))           # torch.cat per step (HF DynamicCache)
     lm_head_all_positions: bool = True     # vendor applies lm_head to every prefill position
     image_token_id: int = 128815
     bos_token_id: int = 0
@@ -94,56 +124,290 @@ class ModelConfig:
     projector: ProjectorConfig = field(default_factory=ProjectorConfig)
 
 
+# --------------------------------------------------------------------------------- workload
+
 @dataclass
 class WorkloadConfig:
     """What one request contains. Token counts are exact; sizes are pixels."""
 
-    mode: str = "base"                     # tiny | small | base | large | gundam
+    mode: Any = "base"                     # tiny | small | base | large | gundam | {name, base_size, image_size, crop}
     images: Optional[str] = None           # image file or directory; None -> synthetic pages
-    pages: int = 1                         # synthetic pages to generate when images is None
+    pages: int = _f(1, min=1)              # synthetic pages to generate when images is None
     page_size: Optional[List[int]] = None  # [width, height] of synthetic pages (pixels)
-    batch: int = 1                         # requests decoded together (same layout)
-    decode_tokens: int = 128               # fixed greedy decode budget (EOS ignored)
+    batch: int = _f(1, min=1)              # requests decoded together (same layout)
+    decode_tokens: int = _f(128, min=0)    # fixed greedy decode budget (EOS ignored)
     prompt: str = "<image>\n<|grounding|>Convert the document to markdown. "
-    text_tokens: int = 12                  # prompt text tokens when there is no tokenizer
+    text_tokens: int = _f(12, min=0)       # prompt text tokens (BOS excluded) when there is no tokenizer
     seed: int = 0
-    max_pixels: int = 60_000_000           # larger pages are refused with a clear error
+    max_pixels: int = _f(60_000_000, min=1)  # larger pages are refused with a clear error
 
 
-def from_dict(cls, data: Any):
-    """Build dataclass ``cls`` from a mapping (or OmegaConf node), recursing into nested dataclasses.
+def _case_fields():
+    out = [("name", Optional[str], field(default=None))]
+    for f in fields(WorkloadConfig):
+        out.append((f.name, Optional[f.type] if f.type is not Any else Any, field(default=None, metadata=f.metadata)))
+    return out
 
-    Unknown keys raise ``ValueError`` naming the key, so a typo in a YAML file is not ignored.
-    """
-    if data is None:
-        return cls()
-    if is_dataclass(data):
+
+#: one entry of ``cases``: a name and the workload fields that differ from ``workload`` (None: inherited)
+CaseConfig = dataclasses.make_dataclass("CaseConfig", _case_fields())
+CaseConfig.__doc__ = "One case of an experiment: ``name`` and workload overrides (None = as in ``workload``)."
+
+
+# ---------------------------------------------------------------------------------- measure
+
+@dataclass
+class MeasureConfig:
+    """How each case is timed (see ``harness.measure.runner``)."""
+
+    warmup: Optional[int] = _f(None, min=0)     # None: 2 on CUDA, 0 on the CPU (the minimum; see steady_pct)
+    steady_pct: float = _f(0.0, min=0)          # > 0: warm up past ``warmup`` until the last 3 are within it (%)
+    max_warmup: int = _f(8, min=0)              # cap on warm-ups when steady_pct > 0
+    repeats: Optional[int] = _f(None, min=1)    # None: 5 on CUDA, 1 on the CPU
+    nvtx: bool = True
+    events: bool = True
+    kernels: bool = False
+    layer_ranges: bool = False      # per-layer NVTX ranges (``layer``, payload = index)
+    fresh_inputs: bool = True       # a new synthetic page per repeat (same layout)
+    settle_ms: float = _f(0.0, min=0)   # GPU kept busy this long (matmuls) right before each timed request
+
+    def resolved(self, cuda: bool) -> "MeasureConfig":
+        """A copy with the device defaults filled in (warm-up 2 / repeats 5 on CUDA, 0 / 1 on the CPU)."""
+        return dataclasses.replace(
+            self, warmup=(2 if cuda else 0) if self.warmup is None else self.warmup,
+            repeats=(5 if cuda else 1) if self.repeats is None else self.repeats)
+
+
+@dataclass
+class HardwareConfig:
+    """Device ceilings for the roofline (``harness.roofline.specs``) and ``calibrate`` settings."""
+
+    name: str = "auto"                     # auto | a spec key (h100-sxm, h200, ...) | a device name
+    peak_tflops: Optional[float] = _f(None, min=0)   # dense TFLOP/s override for the run's dtype
+    mem_bw_gbs: Optional[float] = _f(None, min=0)    # memory bandwidth override, GB/s (1e9 B/s)
+    calibration: str = "auto"              # auto: cached record of this device | none | PATH.json
+    cache_dir: Optional[str] = None        # calibration cache; None -> $HARNESS_CACHE_DIR or ~/.cache/dsocr-harness
+    gemm_size: Optional[int] = _f(None, min=1)
+    gemm_dtype: Optional[str] = _f(None, choices=("bf16", "fp16", "fp32"))
+    copy_mib: Optional[int] = _f(None, min=1)
+    warmup: Optional[int] = _f(None, min=0)
+    iters: Optional[int] = _f(None, min=1)
+
+
+@dataclass
+class ProfileConfig:
+    """The ``profile`` verb (ncu / nsys over one stage's NVTX range)."""
+
+    decode_tokens: int = _f(4, min=1)      # the profiled request's budget unless workload.decode_tokens is given
+    launch_count: int = _f(4000, min=1)    # ncu --launch-count bound (kernels profiled in the stage)
+    metrics: str = _f("all", choices=("all", "memory"))   # all: time, DRAM, tensor and SASS FLOPs; memory: time, DRAM
+
+
+@dataclass
+class RunConfig:
+    name: str = "${experiment_name}"                     # run directory suffix
+    root: str = "runs"                                   # where run directories are created
+
+
+@dataclass
+class HarnessConfig:
+    """The whole configuration of one verb invocation."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    device: str = "auto"                   # auto | cpu | cuda | cuda:N
+    dtype: str = _f("auto", choices=("auto", "bf16", "fp16", "fp32"))   # auto: bf16 on CUDA, fp32 on the CPU
+    seed: int = 0
+    cases: Optional[List[CaseConfig]] = None   # workload overrides, one case each (experiments set this)
+    tool: str = _f("ncu", choices=("ncu", "nsys"))                  # profile verb: which profiler
+    stage: str = _f("decode", choices=STAGES)   # profile verb: the stage whose NVTX range is profiled
+    experiment_name: str = "default"       # experiments set their own name; it names the run directory
+
+
+SCHEMA_NAME = "harness_schema"
+
+
+def register() -> None:
+    """Store ``HarnessConfig`` in Hydra's ConfigStore as ``harness_schema`` (conf/config.yaml's first default)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=HarnessConfig)
+
+
+# ------------------------------------------------------------------------------- conversion
+
+def config_error(exc: Exception) -> HarnessError:
+    """A one-line HarnessError for an OmegaConf/Hydra composition error (unknown key, wrong type)."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    cause = exc
+    while getattr(cause, "__cause__", None) is not None and not isinstance(cause, (ConfigKeyError,
+                                                                                    ConfigAttributeError,
+                                                                                    ValidationError)):
+        cause = cause.__cause__
+    key = getattr(cause, "full_key", None) or ""
+    text = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+        bad = key or text
+        parent, _, leaf = bad.rpartition(".")
+        known = _known_keys(parent)
+        fix = (f"use one of {parent or 'the top-level'} keys: {', '.join(known)}" if known
+               else "check the key's spelling against conf/ and harness.config")
+        return HarnessError(f"unknown config key {bad!r} ({text})", fix)
+    if isinstance(cause, ValidationError):
+        if getattr(cause, "object_type", None) is CaseConfig:
+            key = f"cases[].{key}"
+        want = re.search(r"converted to (\w+)", text)
+        example = _default_of(key)
+        fix = (f"give {key} {'an' if want and want.group(1)[0] in 'AEIOU' else 'a'} "
+               f"{want.group(1).lower() if want else 'value of its declared type'}"
+               + (f", e.g. {key}={example}" if example is not None else ""))
+        return HarnessError(f"bad value for {key or 'a config key'}: {text}", fix)
+    whole = str(cause)
+    if "Could not find '" in whole:
+        what = whole.split("Could not find '", 1)[1].split("'", 1)[0]
+        options = []
+        if "Available options" in whole:
+            for ln in whole.split("Available options", 1)[1].splitlines()[1:]:
+                if not ln.startswith(("\t", " ")) or not ln.strip():
+                    break
+                options.append(ln.strip())
+        return HarnessError(f"no config option {what!r}",
+                            f"use one of {', '.join(options)}" if options else "check conf/ for the options")
+    return HarnessError(f"the configuration could not be composed: {text}",
+                        "check the override syntax (key=value, +key=value for new keys, group=option)")
+
+
+def _default_of(dotted: str):
+    """The schema default of a dotted key (None when unknown or unset)."""
+    obj = HarnessConfig()
+    for part in [p for p in dotted.split(".") if p and not p.startswith("cases[")]:
+        if not hasattr(obj, part):
+            return None
+        obj = getattr(obj, part)
+    return obj if not is_dataclass(obj) else None
+
+
+def _known_keys(dotted: str) -> list:
+    cls = HarnessConfig
+    for part in [p for p in dotted.split(".") if p]:
+        if part.isdigit():
+            continue
+        hit = next((f for f in fields(cls) if f.name == part), None)
+        if hit is None:
+            return []
+        tp = hit.type
+        if is_dataclass(tp):
+            cls = tp
+        elif getattr(tp, "__args__", None) and any(is_dataclass(a) for a in tp.__args__):
+            cls = next(a for a in tp.__args__ if is_dataclass(a))
+            while getattr(cls, "__args__", None):
+                cls = next(a for a in cls.__args__ if is_dataclass(a))
+        else:
+            return []
+    return [f.name for f in fields(cls)]
+
+
+def _structured(cls, data):
+    from omegaconf import OmegaConf
+
+    base = OmegaConf.structured(cls)
+    return OmegaConf.merge(base, data) if data is not None else base
+
+
+def from_dict(cls, data: Any = None, strict: bool = True):
+    """Build dataclass ``cls`` from a mapping, OmegaConf node or instance, with the schema's type
+    checks. ``strict=False`` drops keys the schema does not know (reading an older run's
+    manifest) instead of refusing them. Errors are one-line HarnessErrors."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(data, cls):
         return data
+    if data is not None and OmegaConf.is_config(data):
+        data = OmegaConf.to_container(data, resolve=True)
+    if not strict and data is not None:
+        data = _prune(cls, data)
     try:
-        from omegaconf import OmegaConf
+        return OmegaConf.to_object(_structured(cls, data))
+    except OmegaConfBaseException as exc:
+        raise config_error(exc) from None
 
-        if OmegaConf.is_config(data):
-            data = OmegaConf.to_container(data, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a hard dependency
-        pass
+
+def _prune(cls, data):
+    if not isinstance(data, dict):
+        return data
     known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} key(s) {unknown}; known: {sorted(known)}")
-    kwargs = {}
-    for name, value in data.items():
-        sub = _NESTED.get((cls.__name__, name))
-        kwargs[name] = from_dict(sub, value) if sub is not None else value
-    return cls(**kwargs)
+    out = {}
+    for k, v in data.items():
+        if k not in known:
+            continue
+        tp = known[k].type
+        if is_dataclass(tp):
+            v = _prune(tp, v)
+        elif k == "cases" and isinstance(v, list):
+            v = [_prune(CaseConfig, c) for c in v]
+        out[k] = v
+    return out
 
 
-_NESTED = {
-    ("ModelConfig", "llm"): LLMConfig,
-    ("ModelConfig", "sam"): SAMConfig,
-    ("ModelConfig", "clip"): CLIPConfig,
-    ("ModelConfig", "projector"): ProjectorConfig,
-}
+def to_config(cfg) -> HarnessConfig:
+    """The composed config (DictConfig) -> a validated ``HarnessConfig``. The one conversion."""
+    hc = from_dict(HarnessConfig, cfg)
+    validate(hc)
+    return hc
 
 
 def to_dict(obj) -> dict:
-    return asdict(obj)
+    """A config dataclass as a plain dict (the manifest's ``config``)."""
+    return dataclasses.asdict(obj)
+
+
+# ------------------------------------------------------------------------------- validation
+
+def _check_field(path: str, f, value) -> None:
+    choices, lo = f.metadata.get("choices"), f.metadata.get("min")
+    if value is None:
+        return
+    if choices is not None and value not in choices:
+        raise HarnessError(f"{path}={value!r} is not one of {', '.join(map(str, choices))}",
+                           f"set {path} to one of {', '.join(map(str, choices))}")
+    if lo is not None and value < lo:
+        raise HarnessError(f"{path}={value!r} is below its minimum {lo}", f"set {path} to {lo} or more")
+
+
+def _walk(obj, prefix: str) -> None:
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        path = f"{prefix}{f.name}"
+        if is_dataclass(value):
+            _walk(value, path + ".")
+        else:
+            _check_field(path, f, value)
+
+
+def validate(cfg: HarnessConfig) -> HarnessConfig:
+    """Refuse values the types allow but the harness does not (choices, ranges, the device
+    string), with one-line HarnessErrors. Returns ``cfg``."""
+    _walk(cfg, "")
+    for i, case in enumerate(cfg.cases or []):
+        _walk(case, f"cases[{i}].")
+    dev = str(cfg.device)
+    if dev not in ("auto", "cpu", "cuda") and not (dev.startswith("cuda:") and dev[5:].isdigit()):
+        raise HarnessError(f"device={dev!r} is not a device the harness runs on", f"use {DEVICES_HELP}")
+    ps = cfg.workload.page_size
+    if ps is not None and (len(ps) != 2 or min(ps) < 1):
+        raise HarnessError(f"workload.page_size={list(ps)} is not [width, height] in pixels",
+                           "write it as [1240, 1754]")
+    return cfg
+
+
+register()   # at import, so any Hydra composition of conf/ (the CLI, tests, user code) finds the schema
+
+__all__ = ["LLMConfig", "SAMConfig", "CLIPConfig", "ProjectorConfig", "ModelConfig", "WorkloadConfig", "CaseConfig",
+           "MeasureConfig", "HardwareConfig", "ProfileConfig", "RunConfig", "HarnessConfig", "ATTN_IMPLEMENTATIONS",
+           "register", "from_dict", "to_config", "to_dict", "validate", "config_error", "SCHEMA_NAME"]

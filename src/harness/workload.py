@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
-from harness.errors import HarnessError
+from .errors import HarnessError
 
 PATCH_SIZE = 16                 # pixels per SAM patch side
 DOWNSAMPLE = 4                  # SAM neck + net_2/net_3 shrink the patch grid 4x per side
@@ -431,24 +431,185 @@ def load_pages(images: str | os.PathLike | None, pages: int = 1, seed: int = 0,
 # requests
 # --------------------------------------------------------------------------------------------
 
+BOS_TOKENS = 1                  # every prompt starts with one BOS token (id BOS_ID): stated here only
+
+
+def parse_grid(text) -> tuple[int, int] | None:
+    """'2x3' / [2, 3] / (2, 3) -> (2, 3) (cols x rows); None / '' / 'none' -> None."""
+    if text is None:
+        return None
+    if isinstance(text, (tuple, list)):
+        if len(text) != 2:
+            raise HarnessError(f"tile grid {text!r} is not (cols, rows)", "write it as COLSxROWS, e.g. 2x3")
+        cols, rows = (int(v) for v in text)
+    else:
+        s = str(text).strip().lower()
+        if s in ("", "none", "null", "nan"):
+            return None
+        try:
+            cols, rows = (int(v) for v in s.split("x"))
+        except ValueError:
+            raise HarnessError(f"cannot read tile grid {text!r}", "write it as COLSxROWS, e.g. 2x3") from None
+    if cols < 1 or rows < 1:
+        raise HarnessError(f"tile grid {text!r} is empty", "use positive cols and rows, e.g. 2x3")
+    return cols, rows
+
+
+def grid_text(grid) -> str | None:
+    """(2, 3) -> '2x3'; None -> None."""
+    return f"{grid[0]}x{grid[1]}" if grid else None
+
+
+def _count(value, key: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise HarnessError(f"{key}={value!r} is not a count >= {low}", f"set {key} to an integer >= {low}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One request shape: what the run measures and the analytic model costs (one type for both).
+
+    ``mode`` crop mode; ``grid`` tile grid (cols, rows), None = no tiles ((1, 1) means the same);
+    ``batch`` pages decoded together; ``text_tokens`` prompt text tokens, BOS excluded;
+    ``decode_tokens`` new tokens (1 from prefill + ``decode_steps`` single-token forwards).
+    The prompt is BOS + text + image placeholders: ``prefill_tokens = BOS_TOKENS + text_tokens +
+    image_tokens``. ``name`` defaults to mode[-COLSxROWS][-bB].
+    """
+
+    mode: CropMode
+    grid: tuple[int, int] | None = None
+    batch: int = 1
+    text_tokens: int = 12
+    decode_tokens: int = 128
+    name: str = ""
+
+    def __post_init__(self):
+        mode = get_mode(self.mode)
+        grid = parse_grid(self.grid)
+        if grid == (1, 1):
+            grid = None
+        if grid is not None and not mode.crop:
+            raise HarnessError(f"mode {mode.name!r} does not crop but a {grid_text(grid)} tile grid was given",
+                               "give a grid only for crop modes (gundam)")
+        object.__setattr__(self, "mode", mode)
+        object.__setattr__(self, "grid", grid)
+        object.__setattr__(self, "batch", _count(self.batch, "batch", 1))
+        object.__setattr__(self, "text_tokens", _count(self.text_tokens, "text_tokens", 0))
+        object.__setattr__(self, "decode_tokens", _count(self.decode_tokens, "decode_tokens", 0))
+        if not self.name:
+            parts = [mode.name] + ([grid_text(grid)] if grid else []) + ([f"b{self.batch}"] if self.batch > 1 else [])
+            object.__setattr__(self, "name", "-".join(parts))
+
+    @property
+    def image_tokens(self) -> int:
+        """Image placeholders per page (row newlines and the view separator included)."""
+        return image_token_count(self.mode, self.grid)
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt length S in tokens: BOS + text + image."""
+        return BOS_TOKENS + self.text_tokens + self.image_tokens
+
+    @property
+    def decode_steps(self) -> int:
+        """Single-token forwards after prefill (the first new token comes from prefill)."""
+        return max(self.decode_tokens - 1, 0)
+
+    def to_dict(self) -> dict:
+        """Plain dict (the manifest's case entry): sizes in pixels, counts in tokens."""
+        m = self.mode
+        return {"name": self.name, "mode": m.name, "base_size": m.base_size, "image_size": m.image_size,
+                "crop": m.crop, "grid": grid_text(self.grid), "batch": self.batch,
+                "image_tokens": self.image_tokens, "bos_tokens": BOS_TOKENS, "text_tokens": self.text_tokens,
+                "prefill_tokens": self.prefill_tokens, "decode_tokens": self.decode_tokens}
+
+    @classmethod
+    def from_dict(cls, entry: Mapping) -> "Case":
+        """The Case of a manifest entry (``to_dict``). Entries written before ``bos_tokens`` was
+        recorded counted BOS in ``text_tokens`` and did not record ``crop``: both are read back
+        here (a crop mode is recognised by its name, a tile grid or base_size != image_size)."""
+        e = dict(entry)
+        name, base, image = e.get("mode"), e.get("base_size"), e.get("image_size")
+        grid = parse_grid(e.get("grid"))
+        if name in MODES and base in (None, MODES[name].base_size) and image in (None, MODES[name].image_size):
+            mode = MODES[name]
+        else:
+            crop = e.get("crop")
+            if crop is None:
+                crop = grid is not None or (base is not None and base != image)
+            mode = get_mode({"name": name or "custom", "base_size": int(base), "image_size": int(image),
+                             "crop": bool(crop)})
+        text = int(e.get("text_tokens", 12))
+        if "bos_tokens" not in e:
+            text -= BOS_TOKENS
+        return cls(mode, grid, int(e.get("batch", 1)), max(text, 0), int(e.get("decode_tokens", 0)),
+                   str(e.get("name") or ""))
+
+
+def default_grid(mode) -> tuple[int, int] | None:
+    """The tile grid of the default synthetic page (A4 portrait, SYNTHETIC_SIZES[0]) in ``mode``."""
+    w, h = SYNTHETIC_SIZES[0]
+    return tile_grid_for(w, h, mode)
+
+
+def as_case(spec) -> Case:
+    """A Case from a Case, a mode name (``base``; ``gundam`` = the default page's grid; ``gundam:2x3``
+    or ``gundam-2x3`` with an explicit grid) or a mapping of Case fields."""
+    if isinstance(spec, Case):
+        return spec
+    if isinstance(spec, str):
+        for sep in (":", "-", "@"):
+            if sep in spec:
+                mode, grid = spec.split(sep, 1)
+                return Case(mode, parse_grid(grid) or (1, 1))
+        return Case(spec, default_grid(spec))
+    if isinstance(spec, Mapping):
+        known = {f.name for f in dataclasses.fields(Case)}
+        unknown = sorted(set(spec) - known)
+        if unknown:
+            raise HarnessError(f"unknown case key(s) {unknown}", f"use {sorted(known)}")
+        return Case(**dict(spec))
+    if isinstance(spec, CropMode):
+        return Case(spec, default_grid(spec))
+    raise HarnessError(f"cannot read a case from {type(spec).__name__}", "give a mode name, a mapping or a Case")
+
+
 @dataclass
 class Request:
-    """One batched model input. Sequence lengths are tokens; tensors are batch-major."""
+    """One batched model input: its ``case`` (the shape) and its tensors (batch-major)."""
 
+    case: Case
     input_ids: torch.LongTensor             # [B, S]
     images_seq_mask: torch.BoolTensor       # [B, S], True at image-token positions
     global_views: torch.Tensor              # [B, 3, Sg, Sg] float32
     tiles: torch.Tensor | None              # [B*cols*rows, 3, T, T] float32, batch-major
-    grid: tuple[int, int] | None            # (cols, rows)
-    mode: CropMode
-    image_tokens: int                       # per page
-    text_tokens: int                        # non-image prompt tokens, BOS included
-    decode_tokens: int
     pages: list[str]
 
     @property
+    def mode(self) -> CropMode:
+        return self.case.mode
+
+    @property
+    def grid(self) -> tuple[int, int] | None:
+        return self.case.grid
+
+    @property
+    def image_tokens(self) -> int:
+        return self.case.image_tokens
+
+    @property
+    def text_tokens(self) -> int:
+        """Prompt text tokens, BOS excluded."""
+        return self.case.text_tokens
+
+    @property
+    def decode_tokens(self) -> int:
+        return self.case.decode_tokens
+
+    @property
     def prefill_tokens(self) -> int:
-        """Prompt length S in tokens (image + text, BOS included)."""
+        """Prompt length S in tokens (BOS + text + image)."""
         return int(self.input_ids.shape[1])
 
     @property
@@ -472,12 +633,13 @@ def _filler_ids(count: int, seed: int) -> list[int]:
 
 def build_request(pages: list[Page], mode, decode_tokens: int = 128,
                   prompt: str = DEFAULT_PROMPT, tokenizer=None, text_tokens: int = 12,
-                  seed: int = 0) -> Request:
+                  seed: int = 0, name: str = "") -> Request:
     """Batch pages (same tile grid) into one request with the vendor's token layout.
 
     Layout: [BOS] + text before <image> + image tokens + text after. The prompt is stripped as
     the vendor's plain template does. With a tokenizer the text is encoded without special
     tokens; without one, ``text_tokens`` fixed filler ids (seeded) stand in after the image.
+    ``name`` names the request's Case (default: mode[-grid][-bB]).
     """
     mode = get_mode(mode)
     if not pages:
@@ -512,16 +674,16 @@ def build_request(pages: list[Page], mode, decode_tokens: int = 128,
                                "set workload.text_tokens to e.g. 12")
         before, after = [], _filler_ids(text_tokens, seed)
 
-    ids = [BOS_ID] + before + [IMAGE_TOKEN_ID] * first.image_tokens + after
-    mask = [False] * (1 + len(before)) + [True] * first.image_tokens + [False] * len(after)
+    ids = [BOS_ID] * BOS_TOKENS + before + [IMAGE_TOKEN_ID] * first.image_tokens + after
+    mask = [False] * (BOS_TOKENS + len(before)) + [True] * first.image_tokens + [False] * len(after)
     batch = len(pages)
     input_ids = torch.tensor([ids] * batch, dtype=torch.long)
     seq_mask = torch.tensor([mask] * batch, dtype=torch.bool)
     views = torch.stack([pi.global_view for pi in prepared])
     tiles = torch.cat([pi.tiles for pi in prepared]) if first.tiles is not None else None
-    return Request(input_ids=input_ids, images_seq_mask=seq_mask, global_views=views, tiles=tiles,
-                   grid=first.grid, mode=mode, image_tokens=first.image_tokens,
-                   text_tokens=1 + len(before) + len(after), decode_tokens=decode_tokens,
+    case = Case(mode, first.grid, batch, len(before) + len(after), decode_tokens, name)
+    assert case.image_tokens == first.image_tokens and case.prefill_tokens == len(ids)
+    return Request(case=case, input_ids=input_ids, images_seq_mask=seq_mask, global_views=views, tiles=tiles,
                    pages=[p.name for p in pages])
 
 
@@ -547,23 +709,13 @@ def load_tokenizer(path: str | os.PathLike | None, text_tokens: int = 12):
 
 
 def describe(request: Request) -> dict:
-    """Plain dict of a request's shape: sizes in pixels, counts in tokens."""
-    return {
-        "mode": request.mode.name,
-        "base_size": request.mode.base_size,
-        "image_size": request.mode.image_size,
-        "grid": f"{request.grid[0]}x{request.grid[1]}" if request.grid else None,
-        "image_tokens": request.image_tokens,
-        "text_tokens": request.text_tokens,
-        "prefill_tokens": request.prefill_tokens,
-        "decode_tokens": request.decode_tokens,
-        "batch": request.batch,
-        "pages": list(request.pages),
-    }
+    """Plain dict of a request: its Case (``Case.to_dict``) and its pages."""
+    return {**request.case.to_dict(), "pages": list(request.pages)}
 
 
 __all__ = [
-    "PATCH_SIZE", "DOWNSAMPLE", "IMAGE_TOKEN_ID", "BOS_ID", "EOS_ID", "PAD_COLOR", "MODES",
+    "PATCH_SIZE", "DOWNSAMPLE", "IMAGE_TOKEN_ID", "BOS_ID", "BOS_TOKENS", "EOS_ID", "PAD_COLOR", "MODES",
+    "Case", "as_case", "parse_grid", "grid_text", "default_grid",
     "CropMode", "get_mode", "queries_per_side", "select_grid", "tile_grid_for",
     "image_token_count", "PreparedImage", "to_tensor", "preprocess", "Page", "SYNTHETIC_SIZES",
     "synthetic_page", "load_pages", "Request", "build_request", "load_tokenizer", "describe",

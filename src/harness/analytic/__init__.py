@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from ..config import ModelConfig
+from ..stages import VISION_STAGES
 from .compose import (COLUMNS, STAGES, Case, activated_params_per_token, case_summary, component_params,
                       decode_step_costs, default_sweep_cases, kv_bytes_per_token, stage_totals, workload_costs)
 from .families import FAMILIES, Cost
@@ -45,12 +46,12 @@ def _sweep_rows(cases, cfg, dtype, attn, kv) -> list:
     for case in cases:
         s = case_summary(case, cfg, dtype, None, attn, kv)
         st = s["stages"]
-        vision = sum(st[k]["flops_counted"] for k in ("sam", "clip", "projector"))
+        vision = sum(st[k]["flops_counted"] for k in VISION_STAGES)
         rows.append({"case": s["name"], "mode": s["mode"], "grid": "x".join(map(str, s["grid"])) if s["grid"] else "",
                      "image_tokens": s["image_tokens"], "prefill_tokens": s["prefill_tokens"],
                      "decode_tokens": s["decode_tokens"],
                      "vision_flops_counted": vision,
-                     "vision_bytes": sum(st[k]["bytes"] for k in ("sam", "clip", "projector")),
+                     "vision_bytes": sum(st[k]["bytes"] for k in VISION_STAGES),
                      "prefill_flops_counted": st["prefill"]["flops_counted"],
                      "prefill_flops_useful": st["prefill"]["flops_useful"],
                      "prefill_bytes": st["prefill"]["bytes"],
@@ -203,40 +204,13 @@ __all__ = ["analyze", "workload_costs", "case_summary", "stage_totals", "compone
            "STAGES", "FAMILIES", "DEFAULT_CASES"]
 
 
-def _case_grid(w, mode) -> Optional[tuple]:
-    """The tile grid the request would get: from the page size (synthetic default A4 1240 x 1754,
-    ``page_size``, or the first image's header) through the vendor's grid selection."""
-    from .. import workload as wl
+def analyze_from_config(cfg, out_dir) -> dict:
+    """The ``analyze`` verb: the cases of a run config (``workload`` + ``cases``, prepared as the run
+    prepares them, so names, grids and token counts are the run's) -> static_compute.*."""
+    from ..setup import prepare_cases
 
-    if not mode.crop:
-        return None
-    if w.images:
-        page = wl.load_pages(w.images, max_pixels=w.max_pixels)[0].image
-        size = page.size
-    else:
-        size = tuple(w.page_size) if w.page_size else wl.SYNTHETIC_SIZES[0]
-    return wl.tile_grid_for(size[0], size[1], mode) or (1, 1)
-
-
-def analyze_from_config(cfg: dict, out_dir) -> dict:
-    """The ``analyze`` verb: the cases of a run config (``workload`` + ``cases``) -> static_compute.*."""
-    from .. import workload as wl
-    from ..config import WorkloadConfig, from_dict
-
-    model_cfg = from_dict(ModelConfig, {k: v for k, v in (cfg.get("model") or {}).items()})
-    base = cfg.get("workload") or {}
-    specs = []
-    for ov in cfg.get("cases") or [{}]:
-        merged = {**base, **dict(ov)}
-        name = merged.pop("name", None)
-        w = from_dict(WorkloadConfig, merged)
-        mode = wl.get_mode(w.mode)
-        grid = _case_grid(w, mode)
-        specs.append(Case(mode=mode.name if mode.name in wl.MODES else mode, grid=grid, batch=w.batch,
-                          text_tokens=w.text_tokens, decode_tokens=w.decode_tokens,
-                          name=name or (mode.name + (f"-{grid[0]}x{grid[1]}" if grid and grid != (1, 1) else ""))))
-    dtype = cfg.get("dtype", "auto")
-    dtype = "bf16" if dtype in (None, "auto") else dtype
-    paths = analyze(specs, out_dir, model_cfg, dtype=dtype)
+    cases, _ = prepare_cases(cfg)
+    dtype = "bf16" if cfg.dtype == "auto" else cfg.dtype
+    paths = analyze([c.case for c in cases], out_dir, cfg.model, dtype=dtype)
     print(f"[harness] analytic report: {paths['md']}")
     return paths

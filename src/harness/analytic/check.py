@@ -12,12 +12,12 @@ none).
 
 * ``device="meta"`` (default, full size): shapes only, no weights, seconds per case. The vendor
   MoE loop copies its per-expert token counts to the host (``.cpu().numpy()``), which meta
-  tensors cannot do, so ``forced_uniform_routing()`` replaces ``MoE.moe_infer`` for the duration
-  of the check with the same loop whose counts are a deterministic uniform split of the T*k
-  routed rows over the experts (expert i gets floor(T*k/E) rows, +1 for i < T*k mod E). Every
-  routed row still passes exactly one expert's three GEMMs, so the counted FLOPs are those of any
-  routing (the analytic MoE row is routing-independent for FLOPs; only weight bytes depend on
-  which experts are touched). Nothing in ``harness.models`` is edited.
+  tensors cannot do, so ``uniform_routing(model)`` sets each MoE layer's ``uniform_counts`` for the
+  duration of the check: the same loop runs with a deterministic uniform split of the T*k routed
+  rows over the experts (expert i gets floor(T*k/E) rows, +1 for i < T*k mod E). Every routed row
+  still passes exactly one expert's three GEMMs, so the counted FLOPs are those of any routing
+  (the analytic MoE row is routing-independent for FLOPs; only weight bytes depend on which
+  experts are touched).
 * ``device="cpu"``: real tensors with the vendor loop and its real (data-dependent) routing, for
   small configs. SDPA is pinned to its math backend: FlopCounterMode has no formula for the CPU
   fused kernel ``_scaled_dot_product_flash_attention_for_cpu`` and would count those calls as 0
@@ -27,57 +27,37 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 import time
 from collections import defaultdict
 from typing import Optional
 
-import numpy as np
 import torch
 
 from ..config import ModelConfig
 from ..errors import HarnessError
+from ..stages import LEAF_RANGES, VISION_STAGES
 from . import compose
 
-VISION = ("sam", "clip", "projector")
-LEAF = VISION + ("prefill", "decode_step")
-
-
-def _uniform_moe_infer(self, x, topk_ids, topk_w):
-    """``MoE.moe_infer`` with the per-expert counts set to a uniform split (no host sync)."""
-    rows = topk_ids.numel()
-    n_exp = len(self.experts)
-    tokens_per_expert = np.array([rows // n_exp + (1 if i < rows % n_exp else 0) for i in range(n_exp)],
-                                 dtype=np.int64)
-    if self.routing_sink is not None:
-        self.routing_sink(self.layer_idx, tokens_per_expert)
-    idxs = topk_ids.view(-1).argsort()
-    sorted_tokens = x[idxs // topk_ids.shape[1]]
-    outputs, start = [], 0
-    for i, n in enumerate(tokens_per_expert):
-        if n == 0:
-            continue
-        outputs.append(self.experts[i](sorted_tokens[start:start + int(n)]))
-        start += int(n)
-    outs = torch.cat(outputs, dim=0) if outputs else sorted_tokens.new_empty(0)
-    new_x = torch.empty_like(outs)
-    new_x[idxs] = outs
-    return (new_x.view(*topk_ids.shape, -1).type(topk_w.dtype).mul_(topk_w.unsqueeze(-1))
-            .sum(dim=1).type(new_x.dtype))
+VISION = VISION_STAGES
+LEAF = LEAF_RANGES
 
 
 @contextlib.contextmanager
-def forced_uniform_routing():
-    """Forced uniform routing: ``MoE.moe_infer`` splits the routed rows uniformly over the
-    experts (see the module docstring). Restores the vendor loop on exit."""
+def uniform_routing(model):
+    """Every MoE layer of ``model`` splits its routed rows uniformly over the experts (no host
+    sync; see ``MoE.uniform_counts``) until exit."""
     from ..models.llm import MoE
 
-    saved = MoE.moe_infer
-    MoE.moe_infer = _uniform_moe_infer
+    moes = [m for m in model.modules() if isinstance(m, MoE)]
+    for m in moes:
+        m.uniform_counts = True
     try:
         yield
     finally:
-        MoE.moe_infer = saved
+        for m in moes:
+            m.uniform_counts = False
 
 
 class StageCounter:
@@ -130,10 +110,8 @@ def make_request(r: compose.Resolved, cfg: ModelConfig, device: str, dtype=torch
         pix = lambda n, s: torch.rand(n, 3, s, s, generator=gen).mul(2).sub(1).to(dev, dtype)  # noqa: E731
     glob = next(v for v in r.views if v.label == "global")
     tiles = next((v for v in r.views if v.label == "tiles"), None)
-    return Request(input_ids=ids, images_seq_mask=mask, global_views=pix(glob.n, glob.size),
-                   tiles=pix(tiles.n, tiles.size) if tiles else None, grid=r.grid, mode=r.mode,
-                   image_tokens=I, text_tokens=1 + r.text_tokens, decode_tokens=r.decode_tokens,
-                   pages=[f"check-{i}" for i in range(B)])
+    return Request(case=r.case, input_ids=ids, images_seq_mask=mask, global_views=pix(glob.n, glob.size),
+                   tiles=pix(tiles.n, tiles.size) if tiles else None, pages=[f"check-{i}" for i in range(B)])
 
 
 def count_case(case, cfg: Optional[ModelConfig] = None, device: str = "meta", model=None):
@@ -141,6 +119,7 @@ def count_case(case, cfg: Optional[ModelConfig] = None, device: str = "meta", mo
     from torch.utils.flop_counter import FlopCounterMode
 
     from ..models.build import build_model
+    from ..models.generate import generate
 
     cfg = cfg or ModelConfig()
     r = compose.resolve(case, cfg)
@@ -150,12 +129,12 @@ def count_case(case, cfg: Optional[ModelConfig] = None, device: str = "meta", mo
     mode = FlopCounterMode(display=False)
     counter = StageCounter(mode)
     if torch.device(device).type == "meta":
-        ctx = forced_uniform_routing()
+        ctx = uniform_routing(model)
     else:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         ctx = sdpa_kernel(SDPBackend.MATH)
     with ctx, mode:
-        result = model.generate(request, stage=counter.stage)
+        result = generate(model, request, counter.stage)
     outside = mode.get_total_flops() - sum(counter.by_stage.values())
     return dict(counter.by_stage), dict(counter.by_view), outside, result.routing
 
@@ -220,14 +199,13 @@ def cases_from_args(modes, grids, decode_tokens: int, text_tokens: int = 12, bat
                     cfg: Optional[ModelConfig] = None) -> list:
     """The five modes (gundam: default-page grid) + gundam at each grid, de-duplicated by name."""
     out, seen = [], set()
-    specs = [compose.Case(m) for m in modes] + [compose.Case("gundam", compose.parse_grid(g) or (1, 1))
-                                               for g in grids]
+    specs = [compose.as_case(m) for m in modes] + [compose.Case("gundam", compose.parse_grid(g)) for g in grids]
     for c in specs:
-        c.decode_tokens, c.text_tokens, c.batch = decode_tokens, text_tokens, batch
-        name = compose.resolve(c, cfg or ModelConfig()).name
-        if name in seen:
+        c = dataclasses.replace(c, decode_tokens=decode_tokens, text_tokens=text_tokens, batch=batch, name="")
+        compose.resolve(c, cfg or ModelConfig())
+        if c.name in seen:
             continue
-        seen.add(name)
+        seen.add(c.name)
         out.append(c)
     return out
 

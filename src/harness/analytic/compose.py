@@ -1,8 +1,10 @@
 """Workload -> cost table: one row per stage x module family (x decode step on request) + totals.
 
-A *case* is one request shape: crop mode, tile grid, batch, prompt text tokens, decode tokens.
-``workload_costs(case)`` instantiates the family cost classes of ``families.py`` with the shapes
-the reference model (``harness.models``) runs for that case and returns a DataFrame.
+A case is one request shape, ``harness.workload.Case`` (crop mode, tile grid, batch, prompt text
+tokens, decode tokens; the same type the run measures). ``workload_costs(case)`` instantiates the
+family cost classes of ``families.py`` with the shapes the reference model (``harness.models``)
+runs for that case and returns a DataFrame. ``resolve(case, cfg)`` adds the vision geometry
+(the encoder calls, ``View``) the model config gives the case.
 
 Execution followed (as ``DeepseekOCR.generate`` runs a request): per view (Gundam tiles first,
 then the global view) SAM -> CLIP -> projector; the newline/separator layout (projector stage);
@@ -48,48 +50,20 @@ from typing import Any, Iterable, Optional
 import numpy as np
 
 from ..config import ModelConfig
+from ..dtypes import nbytes as dtype_bytes
 from ..errors import HarnessError
+from ..stages import STAGES
+from ..workload import MODES, Case, as_case, parse_grid
 from . import families as F
 from .families import Cost
 
-STAGES = ("sam", "clip", "projector", "prefill", "decode")
-DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4}
 COLUMNS = ["case", "stage", "family", "variant", "step", "cache_len", "count", "tensor_flops", "vector_flops",
            "flops_counted", "flops_useful", "bytes_weights", "bytes_act_read", "bytes_act_write", "bytes_kv_read",
            "bytes_kv_write", "bytes", "params", "params_active", "intensity"]
 INT_COLUMNS = ["step", "cache_len", "count", "tensor_flops", "vector_flops", "flops_counted", "flops_useful",
                "params", "params_active"]
-DEFAULT_PAGE = (1240, 1754)   # A4 portrait at 150 dpi: the default synthetic page (workload.SYNTHETIC_SIZES[0])
-
-
-def _workload():
-    from .. import workload  # lazy: the workload module is optional for pure analytic use
-    return workload
-
-
-def dtype_bytes(dtype) -> int:
-    if isinstance(dtype, int):
-        return dtype
-    key = str(dtype).replace("torch.", "")
-    if key not in DTYPE_BYTES:
-        raise HarnessError(f"unknown dtype {dtype!r} for the analytic model", f"use one of {', '.join(DTYPE_BYTES)}")
-    return DTYPE_BYTES[key]
-
 
 # ----------------------------------------------------------------------------------------- cases
-
-@dataclass
-class Case:
-    """One request shape. ``grid`` (cols, rows): None = the grid of the default page (A4 portrait,
-    1240 x 1754 px -> 2x3 in gundam) for crop modes, no tiles otherwise; (1, 1) = no tiles."""
-
-    mode: Any = "base"
-    grid: Optional[tuple] = None
-    name: Optional[str] = None
-    batch: int = 1
-    text_tokens: int = 12            # prompt tokens besides BOS and the image tokens
-    decode_tokens: int = 128         # new tokens: 1 from prefill + (decode_tokens - 1) decode steps
-
 
 @dataclass
 class View:
@@ -104,66 +78,15 @@ class View:
 
 @dataclass
 class Resolved:
-    name: str
-    mode: Any                        # workload.CropMode
-    grid: Optional[tuple]
-    batch: int
-    text_tokens: int
-    decode_tokens: int
+    """A ``workload.Case`` with the encoder calls (``views``) the model config gives it."""
+
+    case: Case
     views: list
-    image_tokens: int
 
-    @property
-    def prefill_tokens(self) -> int:
-        return 1 + self.image_tokens + self.text_tokens
-
-    @property
-    def decode_steps(self) -> int:
-        return max(self.decode_tokens - 1, 0)
-
-
-def parse_grid(text) -> Optional[tuple]:
-    """'2x3' -> (2, 3) (cols x rows); 'none' / '' / None -> None."""
-    if text is None or isinstance(text, tuple):
-        return text
-    if isinstance(text, list):
-        return tuple(int(v) for v in text)
-    s = str(text).strip().lower()
-    if s in ("", "none", "null"):
-        return None
-    try:
-        cols, rows = (int(v) for v in s.split("x"))
-    except ValueError:
-        raise HarnessError(f"cannot read tile grid {text!r}", "write it as COLSxROWS, e.g. 2x3") from None
-    if cols < 1 or rows < 1:
-        raise HarnessError(f"tile grid {text!r} is empty", "use positive cols and rows, e.g. 2x3")
-    return cols, rows
-
-
-def as_case(spec) -> Case:
-    """A Case from a Case, a mode name (`base`, `gundam:2x3`, `gundam-2x3`), a mapping, or a
-    ``config.WorkloadConfig`` (mode, batch, text_tokens, decode_tokens)."""
-    if isinstance(spec, Case):
-        return spec
-    if isinstance(spec, str):
-        for sep in (":", "-", "@"):
-            if sep in spec:
-                mode, grid = spec.split(sep, 1)
-                return Case(mode=mode, grid=parse_grid(grid) or (1, 1))
-        return Case(mode=spec)
-    if isinstance(spec, dict):
-        data = dict(spec)
-        if "grid" in data:
-            data["grid"] = parse_grid(data["grid"])
-        known = set(Case.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise HarnessError(f"unknown case key(s) {unknown}", f"use {sorted(known)}")
-        return Case(**data)
-    if hasattr(spec, "mode") and hasattr(spec, "decode_tokens"):   # config.WorkloadConfig
-        return Case(mode=spec.mode, decode_tokens=spec.decode_tokens, text_tokens=getattr(spec, "text_tokens", 12),
-                    batch=getattr(spec, "batch", 1), grid=parse_grid(getattr(spec, "grid", None)))
-    raise HarnessError(f"cannot read a case from {type(spec).__name__}", "give a mode name, a dict or a Case")
+    def __getattr__(self, name):   # name, mode, grid, batch, text/image/prefill/decode tokens, decode_steps
+        if name == "case":
+            raise AttributeError(name)
+        return getattr(self.case, name)
 
 
 def sam_grids(cfg: ModelConfig, size: int) -> tuple:
@@ -174,26 +97,10 @@ def sam_grids(cfg: ModelConfig, size: int) -> tuple:
 
 
 def resolve(case, cfg: ModelConfig) -> Resolved:
-    wl = _workload()
+    """The case (anything ``workload.as_case`` reads) with its views: Gundam tiles (if any), then the
+    global view; checks that the model config's SAM downsampling gives the case's image tokens."""
     case = as_case(case)
-    mode = wl.get_mode(case.mode)
-    grid = case.grid
-    if mode.crop:
-        if grid is None:
-            page = getattr(wl, "SYNTHETIC_SIZES", (DEFAULT_PAGE,))[0]
-            grid = wl.tile_grid_for(page[0], page[1], mode)
-        if grid is not None and tuple(grid) == (1, 1):
-            grid = None
-    elif grid is not None and tuple(grid) != (1, 1):
-        raise HarnessError(f"mode {mode.name!r} does not crop but a {grid} tile grid was given",
-                           "give a grid only for crop modes (gundam)")
-    else:
-        grid = None
-    for key in ("batch", "text_tokens", "decode_tokens"):
-        v = getattr(case, key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if key == "batch" else 0):
-            raise HarnessError(f"case {key}={v!r} is not a valid count", f"set {key} to a non-negative integer")
-    B = case.batch
+    mode, grid, B = case.mode, case.grid, case.batch
     views = []
     tokens = 1                                   # view separator
     if grid is not None:
@@ -205,13 +112,11 @@ def resolve(case, cfg: ModelConfig) -> Resolved:
     g, q = sam_grids(cfg, gsize)
     views.append(View("global", B, gsize, g, q))
     tokens += q * (q + 1)
-    expected = wl.image_token_count(mode, grid)
-    if expected != tokens:
+    if case.image_tokens != tokens:
         raise HarnessError(f"image tokens from the model config ({tokens}) differ from the workload's "
-                           f"count ({expected}) for mode {mode.name!r}",
+                           f"count ({case.image_tokens}) for mode {mode.name!r}",
                            "use a model config whose SAM downsamples 64x (patch 16, two stride-2 convs)")
-    name = case.name or (mode.name if grid is None else f"{mode.name}-{grid[0]}x{grid[1]}")
-    return Resolved(name, mode, grid, B, case.text_tokens, case.decode_tokens, views, tokens)
+    return Resolved(case, views)
 
 
 # ------------------------------------------------------------------------------------ families
@@ -497,17 +402,16 @@ def decode_step_costs(cfg: Optional[ModelConfig] = None, cache_len: int = 0, bat
 
 
 def default_sweep_cases(decode_tokens: int = 128) -> list:
-    """Every mode (gundam without tiles) and every gundam grid with 2 <= cols*rows <= 9."""
-    wl = _workload()
+    """Every mode (crop modes: the global view alone, named ``<mode>-global``) and every gundam
+    grid with 2 <= cols*rows <= 9."""
     cases = []
-    for name, mode in wl.MODES.items():
-        cases.append(Case(name, (1, 1) if mode.crop else None, decode_tokens=decode_tokens,
-                          name=f"{name}-global" if mode.crop else name))
+    for name, mode in MODES.items():
+        cases.append(Case(mode, None, decode_tokens=decode_tokens, name=f"{name}-global" if mode.crop else name))
         if mode.crop:
             for cols in range(1, 10):
                 for rows in range(1, 10):
                     if 2 <= cols * rows <= 9:
-                        cases.append(Case(name, (cols, rows), decode_tokens=decode_tokens))
+                        cases.append(Case(mode, (cols, rows), decode_tokens=decode_tokens))
     return cases
 
 

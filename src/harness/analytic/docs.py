@@ -15,70 +15,36 @@ from pathlib import Path
 from typing import Optional
 
 from ..config import ModelConfig
-from . import compose
+from . import compose, registry
 from . import families as F
 
-# class -> (op families, cost families); containers list the families of their children
-CLASS_INFO = {
-    "DeepseekOCR": ("-", "all stages"),
-    "DeepseekOCRModel": ("-", "all stages"),
-    "SAMEncoder": ("-", "patch_embed, layernorm, sam_attention, sam_mlp, conv2d, layernorm2d"),
-    "PatchEmbed": ("convolution", "patch_embed"),
-    "SAMBlock": ("norm, attention, MLP, residual adds", "layernorm, sam_attention, sam_mlp"),
-    "SAMAttention": ("GEMM (addmm), bmm (rel-pos einsum), elementwise (bias build), SDPA with dense mask",
-                     "sam_attention"),
-    "SAMMLP": ("GEMM (addmm), GELU", "sam_mlp"),
-    "LayerNorm": ("norm", "layernorm"),
-    "LayerNorm2d": ("norm", "layernorm2d"),
-    "Sequential": ("-", "conv2d, layernorm2d"),
-    "Conv2d": ("convolution", "conv2d"),
-    "GELU": ("elementwise", "sam_mlp"),
-    "CLIPEncoder": ("-", "clip_embeddings, layernorm, clip_attention, clip_mlp"),
-    "CLIPEmbeddings": ("concat, interpolate, elementwise", "clip_embeddings"),
-    "CLIPTransformer": ("-", "layernorm, clip_attention, clip_mlp"),
-    "CLIPBlock": ("norm, attention, MLP, residual adds", "layernorm, clip_attention, clip_mlp"),
-    "CLIPAttention": ("GEMM (addmm), SDPA", "clip_attention"),
-    "CLIPMLP": ("GEMM (addmm), quick_gelu", "clip_mlp"),
-    "Projector": ("concat, GEMM (addmm)", "projector"),
-    "Embedding": ("embedding (gather)", "embedding"),
-    "ModuleList": ("-", "-"),
-    "DecoderLayer": ("norm, attention, MLP/MoE, residual adds", "rmsnorm, rope, llm_attention, dense_mlp | moe_*"),
-    "Attention": ("GEMM (mm), RoPE, SDPA / flash / eager, KV cache cat", "llm_attention"),
-    "RotaryEmbedding": ("bmm (inv_freq @ positions), cos/sin", "rope"),
-    "SwiGLU": ("GEMM (mm), SiLU, product", "dense_mlp"),
-    "MoE": ("gate, argsort/gather, per-expert loop, scatter, host sync", "moe_gate, moe_routed, moe_shared"),
-    "MoEGate": ("GEMM (mm, fp32), softmax, topk", "moe_gate"),
-    "RMSNorm": ("norm (fp32)", "rmsnorm"),
-}
-
-
-# (regex over the module path with indices as '#', class) -> (op families, cost families)
-PATH_RULES = (
-    (r"\.patch_embed(\.proj)?$", None, ("convolution", "patch_embed")),
-    (r"embeddings\.patch_embedding$", None, ("none (held in the checkpoint, never run)", "clip_embeddings")),
-    (r"embeddings\.position_embedding$", None, ("interpolate, elementwise (table read, not a lookup)",
-                                                 "clip_embeddings")),
-    (r"^model\.embed_tokens$", None, ("embedding (gather), masked_scatter", "embedding")),
-    (r"^model\.layers\.#\.mlp$", "SwiGLU", ("GEMM (mm), SiLU, product", "dense_mlp")),
-    (r"\.mlp\.experts\.#$", "SwiGLU", ("GEMM (mm), SiLU, product", "moe_routed")),
-    (r"\.mlp\.experts$", None, ("-", "moe_routed")),
-    (r"\.mlp\.shared_experts$", "SwiGLU", ("GEMM (mm), SiLU, product", "moe_shared")),
-    (r"^lm_head$", None, ("GEMM (mm), fp32 cast", "lm_head")),
-    (r"^model\.sam_model\.neck\.#$", "Conv2d", ("convolution", "conv2d")),
-    (r"^model\.projector\.layers$", None, ("GEMM (addmm)", "projector")),
-    (r"blocks$|transformer\.layers$|^model\.layers$", "ModuleList", ("-", "-")),
+#: documentation notes for modules whose role the registry cannot say (held but never run, a table read)
+NOTES = (
+    (r"embeddings\.patch_embedding$", ("none (held in the checkpoint, never run)", "clip_embeddings")),
+    (r"embeddings\.position_embedding$", ("interpolate, elementwise (table read, not a lookup)", "clip_embeddings")),
 )
 
 
 def _info(pattern: str, cls: str, detail: str = "") -> tuple:
-    for rx, want, info in PATH_RULES:
-        if (want is None or want == cls) and re.search(rx, pattern):
+    """(op families, cost families) of one module of the catalog, from ``registry``: the family the
+    module is, the container it is, or (a torch leaf such as a Linear) the family of its parent."""
+    for rx, info in NOTES:
+        if re.search(rx, pattern):
             return info
-    if cls == "Linear":
-        parent = pattern.rsplit(".", 1)[0] if "." in pattern else ""
-        parent_cls = _CLASS_AT.get(parent, "")
-        return ("GEMM (mm)" if "no bias" in detail else "GEMM (addmm)", _info(parent, parent_cls)[1])
-    return CLASS_INFO.get(cls, ("?", "?"))
+    hit = registry.family_of(pattern.replace("#", "0"), cls)
+    if hit is not None:
+        return ", ".join(registry.BY_FAMILY[hit[0]].ops), hit[0]
+    if cls in registry.CONTAINERS:
+        return registry.CONTAINERS[cls][1:]
+    if cls == "ModuleList":
+        return ("-", "moe_routed") if pattern.endswith(".experts") else ("-", "-")
+    if cls in registry.LEAF_OPS and "." in pattern:
+        parent = pattern.rsplit(".", 1)[0]
+        ops = registry.LEAF_OPS[cls]
+        if cls == "Linear":
+            ops = "GEMM (mm)" if "no bias" in detail else "GEMM (addmm)"
+        return ops, _info(parent, _CLASS_AT.get(parent, ""))[1]
+    return "?", "?"
 
 
 _CLASS_AT: dict = {}
@@ -128,7 +94,7 @@ def _ranges(values) -> str:
 
 def module_rows(model) -> list:
     """Grouped module tree: [stage, path pattern, class, count, detail, params each, ops, families]."""
-    from ..models.stages import module_stage
+    from ..stages import module_stage
 
     groups: "OrderedDict[tuple, dict]" = OrderedDict()
     _CLASS_AT.clear()
@@ -158,7 +124,7 @@ def module_rows(model) -> list:
 
 def render_module_catalog(cfg: Optional[ModelConfig] = None) -> str:
     from ..models.build import build_model
-    from ..models.stages import STAGE_PREFIXES, module_stage
+    from ..stages import STAGE_PREFIXES, module_stage
 
     cfg = cfg or ModelConfig()
     model = build_model(cfg, device="meta")
@@ -166,7 +132,7 @@ def render_module_catalog(cfg: Optional[ModelConfig] = None) -> str:
     L = ["# Module catalog (generated)", "",
          "Generated by `python -m harness.analytic.docs` from the live module tree of the reference model "
          "(`harness.models`, vendor sizes, built on the meta device); do not edit by hand. Stages come from "
-         "`harness.models.stages.module_stage` (`llm` modules run in both `prefill` and `decode`); repeated "
+         "`harness.stages.module_stage` (`llm` modules run in both `prefill` and `decode`); repeated "
          "modules are folded into index ranges `{a-b}`. `params each` counts a module's parameters with its "
          "children. Cost families link to `formulations/`.", "",
          "| stage | prefixes |", "|---|---|"]
@@ -227,8 +193,9 @@ def render_formulation(cls, entries, cfg: ModelConfig) -> str:
     L = [f"# {cls.title} (`{cls.family}`)", "",
          "Generated by `python -m harness.analytic.docs` from `harness.analytic.families."
          f"{cls.__name__}`; do not edit by hand.", "",
-         f"- Cost class: `{cls.__name__}`", f"- Reference modules: {', '.join(f'`{m}`' for m in cls.modules)}",
-         f"- Op families: {', '.join(cls.ops)}", "", "## Formulas", "", doc, "",
+         f"- Cost class: `{cls.__name__}`",
+         f"- Reference modules: {', '.join(f'`{m}`' for m in registry.BY_FAMILY[cls.family].modules)}",
+         f"- Op families: {', '.join(registry.BY_FAMILY[cls.family].ops)}", "", "## Formulas", "", doc, "",
          "Conventions shared by all families (FLOPs = 2 per MAC, counted / useful / tensor / vector, the bytes "
          "execution model): [README](README.md).", ""]
     if not entries:

@@ -113,12 +113,11 @@ class Cost:
 
 
 class Family:
-    """Base of the cost classes: ``family`` key, op families it launches, ``cost()``."""
+    """Base of the cost classes: ``family`` key, ``title``, ``cost()``. Which modules a family
+    describes, what the profiler sees of it and its op group: ``registry.REGISTRY``."""
 
     family: ClassVar[str] = ""
     title: ClassVar[str] = ""
-    ops: ClassVar[tuple] = ()             # op families (as FlopCounterMode / the profiler sees them)
-    modules: ClassVar[tuple] = ()         # reference-model classes this family costs
 
     def cost(self) -> Cost:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -154,8 +153,6 @@ class Conv2d(Family):
 
     family: ClassVar[str] = "conv2d"
     title: ClassVar[str] = "Convolutions (SAM neck and net_2/net_3)"
-    ops: ClassVar[tuple] = ("convolution",)
-    modules: ClassVar[tuple] = ("Conv2d",)
     n: int
     cin: int
     cout: int
@@ -198,8 +195,6 @@ class PatchEmbed(Family):
 
     family: ClassVar[str] = "patch_embed"
     title: ClassVar[str] = "SAM patch embedding and absolute positions"
-    ops: ClassVar[tuple] = ("convolution", "elementwise (pos add)", "interpolate (pos resize)")
-    modules: ClassVar[tuple] = ("PatchEmbed", "SAMEncoder.pos_embed")
     n: int
     size: int
     dim: int
@@ -233,8 +228,6 @@ class LayerNorm(Family):
 
     family: ClassVar[str] = "layernorm"
     title: ClassVar[str] = "LayerNorm"
-    ops: ClassVar[tuple] = ("norm (reduction + elementwise)",)
-    modules: ClassVar[tuple] = ("LayerNorm",)
     rows: int
     dim: int
     b: int = 2
@@ -257,8 +250,6 @@ class LayerNorm2d(Family):
 
     family: ClassVar[str] = "layernorm2d"
     title: ClassVar[str] = "LayerNorm2d (channel LayerNorm of NCHW maps)"
-    ops: ClassVar[tuple] = ("norm (reduction + elementwise)",)
-    modules: ClassVar[tuple] = ("LayerNorm2d",)
     n: int
     c: int
     h: int
@@ -306,9 +297,6 @@ class SAMAttention(Family):
 
     family: ClassVar[str] = "sam_attention"
     title: ClassVar[str] = "SAM attention (windowed / global, decomposed rel-pos)"
-    ops: ClassVar[tuple] = ("GEMM (addmm: qkv, proj)", "bmm (rel-pos einsums)", "elementwise (bias build)",
-                            "SDPA with dense float mask")
-    modules: ClassVar[tuple] = ("SAMAttention",)
     n: int
     grid: int
     dim: int
@@ -377,8 +365,6 @@ class SAMMLP(Family):
 
     family: ClassVar[str] = "sam_mlp"
     title: ClassVar[str] = "SAM MLP (GELU)"
-    ops: ClassVar[tuple] = ("GEMM (addmm)", "elementwise (GELU, residual)")
-    modules: ClassVar[tuple] = ("SAMMLP",)
     tokens: int
     dim: int
     hidden: int
@@ -406,8 +392,6 @@ class CLIPEmbeddings(Family):
 
     family: ClassVar[str] = "clip_embeddings"
     title: ClassVar[str] = "CLIP embeddings (CLS + SAM features + positions)"
-    ops: ClassVar[tuple] = ("concat (CLS)", "interpolate (pos resize)", "elementwise (pos add)")
-    modules: ClassVar[tuple] = ("CLIPEmbeddings",)
     n: int
     q: int
     dim: int
@@ -441,8 +425,6 @@ class CLIPAttention(Family):
 
     family: ClassVar[str] = "clip_attention"
     title: ClassVar[str] = "CLIP attention (block self-attention)"
-    ops: ClassVar[tuple] = ("GEMM (addmm: qkv_proj, out_proj)", "SDPA (no mask)", "elementwise (residual)")
-    modules: ClassVar[tuple] = ("CLIPAttention",)
     n: int
     seq: int
     dim: int
@@ -475,8 +457,6 @@ class CLIPMLP(Family):
 
     family: ClassVar[str] = "clip_mlp"
     title: ClassVar[str] = "CLIP MLP (quick_gelu)"
-    ops: ClassVar[tuple] = ("GEMM (addmm)", "elementwise (quick_gelu, residual)")
-    modules: ClassVar[tuple] = ("CLIPMLP",)
     tokens: int
     dim: int
     hidden: int
@@ -500,8 +480,6 @@ class Projector(Family):
 
     family: ClassVar[str] = "projector"
     title: ClassVar[str] = "Projector (linear 2048 -> 1280)"
-    ops: ClassVar[tuple] = ("concat", "GEMM (addmm)")
-    modules: ClassVar[tuple] = ("Projector",)
     tokens: int
     din: int
     dout: int
@@ -529,8 +507,6 @@ class ImageLayout(Family):
 
     family: ClassVar[str] = "image_layout"
     title: ClassVar[str] = "Image layout (newline / view separator insertion)"
-    ops: ClassVar[tuple] = ("concat",)
-    modules: ClassVar[tuple] = ("DeepseekOCRModel.image_newline", "DeepseekOCRModel.view_seperator")
     features: int
     image_tokens: int
     hidden: int
@@ -560,8 +536,6 @@ class TokenEmbedding(Family):
 
     family: ClassVar[str] = "embedding"
     title: ClassVar[str] = "Token embedding (+ image scatter)"
-    ops: ClassVar[tuple] = ("embedding (gather)", "masked_scatter")
-    modules: ClassVar[tuple] = ("Embedding",)
     batch: int
     seq: int
     vocab: int
@@ -588,8 +562,6 @@ class RMSNorm(Family):
 
     family: ClassVar[str] = "rmsnorm"
     title: ClassVar[str] = "RMSNorm"
-    ops: ClassVar[tuple] = ("norm (reduction + elementwise, fp32)",)
-    modules: ClassVar[tuple] = ("RMSNorm",)
     rows: int
     hidden: int
     b: int = 2
@@ -619,8 +591,6 @@ class RoPE(Family):
 
     family: ClassVar[str] = "rope"
     title: ClassVar[str] = "Rotary position embedding"
-    ops: ClassVar[tuple] = ("bmm (inv_freq @ positions)", "elementwise (cos, sin, rotate)")
-    modules: ClassVar[tuple] = ("RotaryEmbedding",)
     batch: int
     seq: int
     head_dim: int
@@ -668,8 +638,6 @@ class LLMAttention(Family):
 
     family: ClassVar[str] = "llm_attention"
     title: ClassVar[str] = "LLM attention (MHA, KV cache)"
-    ops: ClassVar[tuple] = ("GEMM (mm: q/k/v/o)", "SDPA / flash / eager matmul+softmax", "KV cache cat")
-    modules: ClassVar[tuple] = ("Attention",)
     batch: int
     seq: int
     cache: int
@@ -734,8 +702,6 @@ class DenseMLP(Family):
 
     family: ClassVar[str] = "dense_mlp"
     title: ClassVar[str] = "Dense SwiGLU MLP (layer 0)"
-    ops: ClassVar[tuple] = ("GEMM (mm: gate, up, down)", "elementwise (SiLU, product, residual)")
-    modules: ClassVar[tuple] = ("SwiGLU",)
     tokens: int
     hidden: int
     inter: int
@@ -764,8 +730,6 @@ class MoEGate(Family):
 
     family: ClassVar[str] = "moe_gate"
     title: ClassVar[str] = "MoE gate (router)"
-    ops: ClassVar[tuple] = ("GEMM (mm, fp32)", "softmax", "topk")
-    modules: ClassVar[tuple] = ("MoEGate",)
     tokens: int
     hidden: int
     experts: int
@@ -813,9 +777,6 @@ class MoERouted(Family):
 
     family: ClassVar[str] = "moe_routed"
     title: ClassVar[str] = "MoE routed experts"
-    ops: ClassVar[tuple] = ("gather / argsort / scatter", "GEMM (mm) per touched expert",
-                            "elementwise (SiLU, product, weighted sum)", "device-to-host copy of counts")
-    modules: ClassVar[tuple] = ("MoE.experts", "SwiGLU")
     tokens: int
     hidden: int
     inter: int
@@ -858,8 +819,6 @@ class MoEShared(Family):
 
     family: ClassVar[str] = "moe_shared"
     title: ClassVar[str] = "MoE shared expert"
-    ops: ClassVar[tuple] = ("GEMM (mm: gate, up, down)", "elementwise (SiLU, product, adds)")
-    modules: ClassVar[tuple] = ("MoE.shared_experts", "SwiGLU")
     tokens: int
     hidden: int
     inter: int
@@ -887,8 +846,6 @@ class LMHead(Family):
 
     family: ClassVar[str] = "lm_head"
     title: ClassVar[str] = "LM head (+ fp32 logits)"
-    ops: ClassVar[tuple] = ("GEMM (mm)", "cast to fp32")
-    modules: ClassVar[tuple] = ("Linear (lm_head)",)
     rows: int
     hidden: int
     vocab: int

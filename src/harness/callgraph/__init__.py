@@ -201,37 +201,38 @@ def graph(model, request, out_dir: Path, model_cfg=None, dtype_name: str = "fp32
     return {"paths": paths, "docs": docs, "captures": caps, "join": df, "timings": timings, "note": note}
 
 
-def graph_from_config(cfg: dict, out_dir: Path, progress=print) -> dict:
+def graph_from_config(cfg, out_dir: Path, progress=print) -> dict:
     """The ``graph`` verb: model + one request from ``cfg`` -> the artifacts above in ``out_dir``."""
+    import dataclasses
+
     import torch
 
-    from ..config import ModelConfig, from_dict
-    from ..report.rundir import RunDir, device_info
-    from ..run import build, prepare_cases, resolve_device, resolve_dtype
-    from .. import workload as wl
+    from ..config import to_dict
+    from ..dtypes import canonical
+    from ..rundir import RunDir
+    from ..setup import device_info, load_adapter, prepare_cases, resolve_device, resolve_dtype
 
     t0 = time.perf_counter()
-    rd = RunDir(Path(out_dir), cfg)
+    rd = RunDir(Path(out_dir), to_dict(cfg))
     with rd.guard():
-        device = resolve_device(cfg.get("device", "auto"))
-        dtype = resolve_dtype(cfg.get("dtype", "auto"), device)
-        dtype_name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+        device = resolve_device(cfg.device)
+        dtype = resolve_dtype(cfg.dtype, device)
+        dtype_name = canonical(dtype)
         rd.update(device=device_info(device), dtype=dtype_name)
-        cases, tok_reason = prepare_cases({**cfg, "cases": None})
+        cases, tok_reason = prepare_cases(dataclasses.replace(cfg, cases=None))
         if tok_reason:
             rd.warn(tok_reason)
         case = cases[0]
-        mcfg_dict = cfg.get("model") or {}
-        mcfg = from_dict(ModelConfig, mcfg_dict)
+        mcfg = cfg.model
         adapter = mcfg.name
         rd.update(memory=check_memory(mcfg, dtype, device))   # the vendor model has the same tensors
-        torch.manual_seed(int(cfg.get("seed", 0)))
+        torch.manual_seed(int(cfg.seed))
         progress(f"[graph] building {adapter} model on {device} ({dtype_name})")
-        model, info = build(mcfg_dict, device, dtype, cfg.get("seed", 0))
+        model, info = load_adapter(mcfg, device, dtype, cfg.seed)
         rd.update(model=info)
         request = case.request.to(device, dtype)
-        req_desc = wl.describe(request)
-        rd.manifest["cases"].append({"name": case.name, **req_desc})
+        req_desc = request.case.to_dict()
+        rd.manifest["cases"].append({**req_desc, "pages": list(request.pages)})
         meta = {"model": f"{adapter} ({'random weights' if mcfg.weights == 'random' else 'weights from ' + str(mcfg.path)})",
                 "device": str(device), "request": {k: req_desc[k] for k in ("mode", "grid", "image_tokens",
                                                                              "prefill_tokens", "batch")}}

@@ -76,21 +76,24 @@ class _Step(nn.Module):
 
 @contextlib.contextmanager
 def routing_sink(model: nn.Module, layers: int, experts: int):
-    """Collect [layers, experts] token counts from every MoE module's ``routing_sink`` hook."""
+    """Collect [layers, experts] token counts from every reference MoE layer while the step runs
+    (a ``RoutingCounter`` set on each ``MoE.routing``); yields the array, filled on exit."""
+    from ..models.llm import MoE
+    from ..models.routing import RoutingCounter
+
     arr = np.zeros((layers, experts), dtype=np.int64)
-    moes = [m for m in model.modules() if hasattr(m, "routing_sink") and hasattr(m, "experts")]
-    saved = [m.routing_sink for m in moes]
-
-    def sink(layer: int, counts) -> None:
-        arr[layer] += np.asarray(counts, dtype=np.int64)
-
+    counter = RoutingCounter(layers, experts)
+    counter.phase("step")
+    moes = [m for m in model.modules() if isinstance(m, MoE)]
+    saved = [m.routing for m in moes]
     for m in moes:
-        m.routing_sink = sink
+        m.routing = counter
     try:
         yield arr
     finally:
         for m, s in zip(moes, saved):
-            m.routing_sink = s
+            m.routing = s
+        arr += counter.result()["step"]
 
 
 def _cpu_sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:

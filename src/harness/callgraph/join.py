@@ -22,6 +22,9 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+from ..analytic.registry import family_of
+from ..stages import VISION_STAGES
+
 COLUMNS = ["phase", "level", "stage", "family", "cls", "vendor_cls", "kind", "count", "calls", "tl_ops",
            "tl_flops", "counted_flops", "analytic_rows", "analytic_flops_counted", "analytic_flops_useful",
            "analytic_tensor_flops", "analytic_vector_flops", "analytic_bytes", "counted_minus_analytic", "note"]
@@ -45,39 +48,9 @@ FLOP_COLS = ("flops_counted", "flops_useful", "tensor_flops", "vector_flops", "b
 
 
 def atom_key(addr: str, cls: str, module=None) -> Optional[tuple]:
-    """(family, variant) of the analytic cost class describing module ``addr`` (None: not an atom)."""
-    if cls == "SwiGLU" or cls == "DeepseekV2MLP":
-        if re.search(r"\.experts\.\d+$", addr):
-            return ("moe_routed", "")
-        if addr.endswith(".shared_experts"):
-            return ("moe_shared", "")
-        if re.search(r"layers\.\d+\.mlp$", addr):
-            return ("dense_mlp", "")
-        return None
-    if cls in ("SAMAttention", "Attention") and ".sam_model." in addr:
-        ws = getattr(module, "window_size", None)   # module: the owning SAM block
-        return ("sam_attention", "" if ws is None else ("global" if ws == 0 else "window"))
-    if cls == "Conv2d":
-        if ".sam_model.neck." in addr:
-            return ("conv2d", "neck")
-        if addr.endswith(".sam_model.net_2") or addr.endswith(".sam_model.net_3"):
-            return ("conv2d", "downsample")
-        return None
-    if cls == "Linear":
-        return ("lm_head", "") if addr == "lm_head" else None
-    if cls in ("Embedding",):
-        return ("embedding", "") if addr.endswith("embed_tokens") else None
-    if cls in ("LayerNorm", "LayerNormfp32"):
-        return ("layernorm", "")
-    table = {"PatchEmbed": "patch_embed", "LayerNorm2d": "layernorm2d", "SAMMLP": "sam_mlp", "MLPBlock": "sam_mlp",
-             "CLIPEmbeddings": "clip_embeddings", "CLIPVisionEmbeddings": "clip_embeddings",
-             "CLIPAttention": "clip_attention", "NoTPAttention": "clip_attention", "CLIPMLP": "clip_mlp",
-             "NoTPFeedForward": "clip_mlp", "Projector": "projector", "MlpProjector": "projector",
-             "RMSNorm": "rmsnorm", "DeepseekV2RMSNorm": "rmsnorm", "RotaryEmbedding": "rope",
-             "LlamaRotaryEmbedding": "rope", "DeepseekV2RotaryEmbedding": "rope", "Attention": "llm_attention",
-             "LlamaAttention": "llm_attention", "LlamaFlashAttention2": "llm_attention", "MoEGate": "moe_gate"}
-    fam = table.get(cls)
-    return (fam, "") if fam else None
+    """(family, variant) of the analytic cost class describing module ``addr`` (None: not an atom):
+    ``harness.analytic.registry.family_of``; ``module`` is the SAM block owning an attention."""
+    return family_of(addr, cls, module)
 
 
 def _block_of(model, addr: str):
@@ -91,12 +64,10 @@ def _block_of(model, addr: str):
 
 
 def analytic_case(request):
-    """The ``harness.analytic`` Case of a request, with one decode step (decode_tokens=2)."""
-    from ..analytic import Case
+    """The request's Case with one decode step (decode_tokens=2)."""
+    import dataclasses
 
-    grid = request.grid if request.grid else ((1, 1) if request.mode.crop else None)
-    return Case(mode=request.mode, grid=grid, batch=request.batch, text_tokens=request.text_tokens - 1,
-                decode_tokens=2)
+    return dataclasses.replace(request.case, decode_tokens=2)
 
 
 def analytic_frame(request, model_cfg, dtype: str, routing: dict):
@@ -194,7 +165,7 @@ def join_rows(doc: dict, cap, frame=None, model=None, note: str = "") -> list:
 
 
 def _phase_has(phase: str, stage: str) -> bool:
-    return stage == "decode" if phase == "decode" else stage in ("sam", "clip", "projector", "prefill")
+    return stage == "decode" if phase == "decode" else stage in VISION_STAGES + ("prefill",)
 
 
 def _fill(row, parts, totals, arow, have_frame) -> None:
@@ -243,7 +214,7 @@ def _stage_rows(doc, cap, arow, have_frame, note) -> list:
     the whole forward minus the vision stages) next to the sum of the stage's analytic rows."""
     rows = []
     total = cap.counted.get("") if cap.counted else None
-    stages = ("sam", "clip", "projector", "prefill") if cap.phase == "prefill" else ("decode",)
+    stages = VISION_STAGES + ("prefill",) if cap.phase == "prefill" else ("decode",)
     vision = 0
     for st in stages:
         if st in STAGE_TOPS:

@@ -22,40 +22,10 @@ from typing import Callable, Optional
 
 from torch import nn
 
-from ..models.stages import module_stage
-
-#: our class name -> the vendor's (DeepSeek-OCR trust_remote_code) class name for the same module
-VENDOR_CLASS = {
-    "DeepseekOCR": "DeepseekOCRForCausalLM",
-    "DeepseekOCRModel": "DeepseekOCRModel",
-    "SAMEncoder": "ImageEncoderViT",
-    "PatchEmbed": "PatchEmbed",
-    "SAMBlock": "Block",
-    "SAMAttention": "Attention",
-    "SAMMLP": "MLPBlock",
-    "LayerNorm2d": "LayerNorm2d",
-    "CLIPEncoder": "VitModel",
-    "CLIPEmbeddings": "CLIPVisionEmbeddings",
-    "CLIPTransformer": "NoTPTransformer",
-    "CLIPBlock": "NoTPTransformerBlock",
-    "CLIPAttention": "NoTPAttention",
-    "CLIPMLP": "NoTPFeedForward",
-    "Projector": "MlpProjector",
-    "DecoderLayer": "DeepseekV2DecoderLayer",
-    "Attention": "LlamaAttention",
-    "RotaryEmbedding": "LlamaRotaryEmbedding",
-    "RMSNorm": "DeepseekV2RMSNorm",
-    "SwiGLU": "DeepseekV2MLP",
-    "MoE": "DeepseekV2MoE",
-    "MoEGate": "MoEGate",
-}
+from ..analytic.registry import vendor_class
+from ..stages import module_stage
 
 COLUMNS = ["name", "depth", "cls", "vendor_cls", "stage", "leaf", "params_own", "params_total"]
-
-
-def vendor_class(cls_name: str) -> str:
-    """The vendor's class name for one of ours; torch built-ins keep their own name."""
-    return VENDOR_CLASS.get(cls_name, cls_name)
 
 
 def stage_label(name: str, phase: Optional[str] = None) -> str:

@@ -12,20 +12,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..errors import HarnessError
-from ..models.stages import STAGES
-
-TOOLS = ("ncu", "nsys")
 
 
-def child_command(cfg: dict, root: Path, overrides: list[str]) -> list[str]:
+def child_command(cfg, root: Path, overrides: list[str]) -> list[str]:
     """``python -m harness run`` with the user's overrides, one untimed request, profiler off."""
     keep = [o for o in overrides if not o.split("=", 1)[0].lstrip("+~") in ("tool", "stage", "run.root")]
-    prof = cfg.get("profile") or {}
     extra = ["measure.kernels=false", "measure.warmup=0", "measure.repeats=1", "measure.nvtx=true",
              f"run.root={root}"]
     if not any(o.startswith("workload.decode_tokens=") for o in keep):
-        extra.append(f"workload.decode_tokens={prof.get('decode_tokens', 4)}")
+        extra.append(f"workload.decode_tokens={cfg.profile.decode_tokens}")
     return [sys.executable, "-m", "harness", "run", *keep, *extra]
 
 
@@ -41,16 +36,12 @@ def find_tool(name: str) -> str | None:
     return None
 
 
-def profile_from_config(cfg: dict, out_dir: Path) -> dict:
-    """Run the profile verb; returns paths of what it wrote."""
+def profile_from_config(cfg, out_dir: Path) -> dict:
+    """Run the profile verb (``cfg.tool`` over ``cfg.stage``, both validated by the config schema);
+    returns paths of what it wrote."""
     from hydra.core.hydra_config import HydraConfig
 
-    tool = str(cfg.get("tool") or "ncu")
-    stage = str(cfg.get("stage") or "decode")
-    if tool not in TOOLS:
-        raise HarnessError(f"unknown profiler tool={tool!r}", "use tool=ncu or tool=nsys")
-    if stage not in STAGES:
-        raise HarnessError(f"unknown stage={stage!r}", f"use one of {', '.join(STAGES)}")
+    tool, stage = cfg.tool, cfg.stage
     overrides = list(HydraConfig.get().overrides.task)
     out_dir = Path(out_dir)
     child = child_command(cfg, out_dir / "child", overrides)

@@ -45,31 +45,24 @@ def compare_stage(kern: pd.DataFrame, totals: dict, stage: str, case: str, steps
 
 def analytic_totals(child_run: Path) -> tuple:
     """Analytic stage totals of the child run's case (measured routing applied to MoE bytes),
-    through the same manifest -> analytic case mapping the roofline join uses."""
+    through the same analytic frames the roofline join uses."""
     from ..analytic.compose import stage_totals
-    from ..roofline.join import analytic_case_specs, analytic_costs, load_run, model_config, routing_arrays
+    from ..roofline.join import analytic_for_run
+    from ..rundir import load_run
 
-    man = json.loads((child_run / "manifest.json").read_text())
-    spec = analytic_case_specs(man)[0]
-    cfg, _ = model_config(man)
     run = load_run(child_run)
-    routing = routing_arrays(run.routing, spec["name"], cfg.llm.num_layers)
-    dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(man.get("dtype"), man.get("dtype", "bf16"))
-    df = analytic_costs(spec, cfg, dtype, routing, cfg.attn_implementation, cfg.kv_cache)
-    return stage_totals(df), man["cases"][0]
+    analytic, _, _ = analytic_for_run(run)
+    return stage_totals(analytic), run.manifest["cases"][0]
 
 
-def run_ncu(cfg: dict, stage: str, child: list[str], out_dir: Path) -> dict:
-    prof = cfg.get("profile") or {}
+def run_ncu(cfg, stage: str, child: list[str], out_dir: Path) -> dict:
+    prof = cfg.profile
     ncu = find_tool("ncu")
     out = out_dir / "ncu"
     out.mkdir(parents=True, exist_ok=True)
     report = out / "report"
-    mset = str(prof.get("metrics", "all"))
-    if mset not in METRIC_SETS:
-        raise HarnessError(f"unknown profile.metrics={mset!r}", f"use one of {', '.join(METRIC_SETS)}")
-    cmd = ncu_command(stage, child, report, launch_count=prof.get("launch_count", 4000),
-                      metrics=METRIC_SETS[mset], ncu=ncu or "ncu")
+    cmd = ncu_command(stage, child, report, launch_count=prof.launch_count, metrics=METRIC_SETS[prof.metrics],
+                      ncu=ncu or "ncu")
     (out / "command.txt").write_text(shell(cmd) + "\n")
     if ncu is None:
         raise HarnessError("Nsight Compute (ncu) was not found on PATH or under /opt/nvidia",
@@ -92,7 +85,7 @@ def run_ncu(cfg: dict, stage: str, child: list[str], out_dir: Path) -> dict:
     totals, case = analytic_totals(child_runs[-1].parent)
     steps = max(case["decode_tokens"] - 1, 0)
     row = compare_stage(kern, totals, stage, case["name"], steps)
-    if prof.get("launch_count", 4000) and len(kern) >= prof.get("launch_count", 4000):
+    if len(kern) >= prof.launch_count:
         row["note"] = "launch count reached: the stage was cut short; raise profile.launch_count"
     cmp_df = pd.DataFrame([row], columns=COMPARE_COLUMNS)
     cmp_df.to_csv(out / "stage_compare.csv", index=False)

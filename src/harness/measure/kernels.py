@@ -123,7 +123,7 @@ class _Spans:
 
     def lookup(self, t_ns: int):
         """(range, stage, call, step) for a host time, or Nones when outside every range."""
-        from ..models.stages import STAGES
+        from ..stages import STAGES
 
         i = bisect.bisect_right(self.starts, t_ns) - 1
         inner = stage = call = step = None

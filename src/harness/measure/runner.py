@@ -13,41 +13,21 @@ timed statistics.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import logging
 import time
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
 import pandas as pd
 import torch
 
+from ..config import MeasureConfig
+from ..models.generate import generate
 from .kernels import KERNEL_COLUMNS, KernelCapture, kernel_table
 from .recorder import StageRecorder
 from .summarize import STAGE_COLUMNS, aggregate, stage_rows
 
 log = logging.getLogger("harness.measure")
-
-
-@dataclass
-class MeasureConfig:
-    warmup: Optional[int] = None    # None: 2 on CUDA, 0 on the CPU (the minimum; see steady_pct)
-    steady_pct: float = 0.0         # > 0: warm up past ``warmup`` until the last 3 are within it (%)
-    max_warmup: int = 8             # cap on warm-ups when steady_pct > 0
-    repeats: Optional[int] = None   # None: 5 on CUDA, 1 on the CPU
-    nvtx: bool = True
-    events: bool = True
-    kernels: bool = False
-    layer_ranges: bool = False      # per-layer NVTX ranges (``layer``, payload = index)
-    fresh_inputs: bool = True       # a new synthetic page per repeat (same layout)
-    settle_ms: float = 0.0          # GPU kept busy this long (matmuls) right before each timed request
-
-    def resolved(self, cuda: bool) -> "MeasureConfig":
-        """A copy with the device defaults filled in (warm-up 2 / repeats 5 on CUDA, 0 / 1 on the CPU)."""
-        return dataclasses.replace(
-            self, warmup=(2 if cuda else 0) if self.warmup is None else self.warmup,
-            repeats=(5 if cuda else 1) if self.repeats is None else self.repeats)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -115,13 +95,14 @@ def is_steady(ms: list[float], pct: float, last: int = 3) -> bool:
 
 
 def request_ms(model, req, cuda: bool, stage=None, clock: Callable[[], float] = time.perf_counter) -> float:
-    """Wall ms of one request, synchronised before and after (``stage``: the model's stage function)."""
+    """Wall ms of one request through ``generate``, synchronised before and after (``stage``: the
+    stage function, none by default)."""
     _sync(cuda)
     t0 = clock()
     if stage is None:
-        model.generate(req)
+        generate(model, req)
     else:
-        model.generate(req, stage=stage)
+        generate(model, req, stage)
     _sync(cuda)
     return (clock() - t0) * 1e3
 
@@ -167,7 +148,7 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
         with layer_ranges(model, rec, mcfg.layer_ranges), quiet_gc():
             if cuda:
                 settle_gpu(mcfg.settle_ms)
-            res = model.generate(req, stage=rec)
+            res = generate(model, req, rec)
         ranges = rec.finish()
         for row in stage_rows(ranges, None, req.batch):
             row.update(case, repeat=r, weight_bytes=wbytes if row["stage"] == "request" else None,
@@ -184,7 +165,7 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
         req = make_request(mcfg.repeats)
         rec = StageRecorder(cuda, nvtx=mcfg.nvtx, events=mcfg.events)
         with KernelCapture(cuda) as prof, quiet_gc():
-            res = model.generate(req, stage=rec)
+            res = generate(model, req, rec)
             ranges = rec.finish()
         kern = kernel_table(prof, cuda, ranges)
         kern.insert(0, "case", case["case"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..models.stages import STAGES
+from ..stages import STAGES
 
 STAGE_COLUMNS = [
     "case", "mode", "grid", "batch", "repeat", "stage", "call", "calls", "timer",

@@ -12,28 +12,19 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..dtypes import torch_dtype
 from ..errors import HarnessError
+from .checkpoint import check_tensors, read_headers
 from .deepseek_ocr import DeepseekOCR
 from .llm import RMSNorm, RotaryEmbedding
 from .vision import LayerNorm2d
-
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-          "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
-
-
-def resolve_dtype(name) -> torch.dtype:
-    if isinstance(name, torch.dtype):
-        return name
-    if name not in DTYPES:
-        raise HarnessError(f"unknown dtype {name!r}", f"use one of {', '.join(sorted(DTYPES))}")
-    return DTYPES[name]
 
 
 def build_model(cfg: ModelConfig, device="cpu", dtype=torch.float32, seed: int = 0,
                 init: bool = True) -> DeepseekOCR:
     """The reference model in eval mode. ``init=False`` leaves storage uninitialised (for loading)."""
     device = torch.device(device)
-    dtype = resolve_dtype(dtype)
+    dtype = torch_dtype(dtype)
     with torch.device("meta"):
         model = DeepseekOCR(cfg)
     model = model.to(dtype=dtype)
@@ -88,6 +79,15 @@ def safetensors_files(path: str | os.PathLike) -> list:
     return files
 
 
+def check_checkpoint(model: nn.Module, path) -> dict:
+    """Headers of the safetensors in ``path`` against ``model``'s state_dict (``model`` may live on
+    meta, so a bad checkpoint is refused before any weight memory is allocated). Returns
+    ``read_headers``' {name: (file, shape)}."""
+    where = read_headers(safetensors_files(path))
+    check_tensors(where, {k: tuple(v.shape) for k, v in model.state_dict().items()}, path)
+    return where
+
+
 @torch.no_grad()
 def load_weights(model: nn.Module, path) -> dict:
     """Copy tensors from safetensors files into ``model`` (cast to its dtype, on its device).
@@ -98,28 +98,8 @@ def load_weights(model: nn.Module, path) -> dict:
     from safetensors import safe_open
 
     files = safetensors_files(path)
+    where = check_checkpoint(model, path)
     state = model.state_dict()
-    where: dict = {}
-    for f in files:
-        try:
-            with safe_open(str(f), framework="pt") as fh:
-                for k in fh.keys():
-                    where[k] = (f, tuple(fh.get_slice(k).get_shape()))
-        except Exception as exc:  # corrupt header, truncated file
-            raise HarnessError(f"cannot read {f}: {exc}", "re-download the checkpoint file") from None
-    missing = sorted(set(state) - set(where))
-    unexpected = sorted(set(where) - set(state))
-    mismatched = sorted(k for k in set(state) & set(where) if tuple(state[k].shape) != where[k][1])
-    if missing or unexpected or mismatched:
-        parts = []
-        for label, keys in (("missing", missing), ("unexpected", unexpected), ("mismatched", mismatched)):
-            if keys:
-                shown = ", ".join(
-                    (f"{k} {where[k][1]} vs model {tuple(state[k].shape)}" if label == "mismatched" else k)
-                    for k in keys[:3])
-                parts.append(f"{len(keys)} {label} ({shown}{', ...' if len(keys) > 3 else ''})")
-        raise HarnessError(f"checkpoint in {path} does not match the model: " + "; ".join(parts),
-                           "point model.path at an unmodified DeepSeek-OCR snapshot (2,710 tensors)")
     nbytes = 0
     by_file: dict = {}
     for k, (f, _) in where.items():

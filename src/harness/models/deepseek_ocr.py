@@ -1,31 +1,26 @@
 """Reference DeepSeek-OCR: the whole model in our own PyTorch, with the vendor checkpoint's
-state_dict names (``model.*`` and ``lm_head.weight``) and shapes.
+state_dict names (``model.*`` and ``lm_head.weight``) and shapes, and the ``ModelAdapter``
+the harness measures it through.
 
-A request runs as stages (see ``stages.py``): per view (tiles, then the global view in Gundam
+A request runs as stages (``harness.stages``): per view (tiles, then the global view in Gundam
 mode) ``sam`` -> ``clip`` -> ``projector``; then ``prefill`` (embed, scatter image embeddings,
-12 decoder layers, norm, lm_head) and ``decode`` (one ``decode_step`` per token, greedy).
+12 decoder layers, norm, lm_head) and ``decode`` (one ``decode_step`` per token, greedy), driven
+by ``harness.models.generate.generate``.
 """
 from __future__ import annotations
 
 import contextlib
-import time
-from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Optional
+from typing import Optional
 
-import numpy as np
 import torch
 from torch import nn
 
-from ..config import ModelConfig
+from ..config import ATTN_IMPLEMENTATIONS, ModelConfig
 from ..errors import HarnessError
-from .llm import ATTN_IMPLEMENTATIONS, DecoderLayer, KVCache, MoE, RMSNorm
+from .adapter import GenerationResult, Select, StageFn, no_stage
+from .llm import DecoderLayer, KVCache, MoE, RMSNorm
+from .routing import RoutingCounter
 from .vision import CLIPEncoder, Projector, SAMEncoder
-
-StageFn = Callable[..., ContextManager]
-
-
-def no_stage(name: str, **payload) -> ContextManager:
-    return contextlib.nullcontext()
 
 
 class DeepseekOCRModel(nn.Module):
@@ -45,20 +40,6 @@ class DeepseekOCRModel(nn.Module):
         self.norm = RMSNorm(llm.hidden_size, llm.rms_norm_eps)
 
 
-@dataclass
-class GenerationResult:
-    """Greedy tokens [B, decode_tokens] and per-layer routed-expert token counts.
-
-    ``routing[phase]`` is an int64 array [num_layers, n_routed_experts] (rows of dense layers
-    are zero); ``phase`` is ``prefill`` or ``decode`` (summed over steps).
-    """
-
-    tokens: torch.Tensor
-    routing: dict = field(default_factory=dict)
-    kv_cache_bytes: int = 0
-    host_ms: dict = field(default_factory=dict)
-
-
 class DeepseekOCR(nn.Module):
     """Top level (``DeepseekOCRForCausalLM`` in the vendor code): ``model`` + ``lm_head``."""
 
@@ -75,7 +56,7 @@ class DeepseekOCR(nn.Module):
         self.cfg = cfg
         self.model = DeepseekOCRModel(cfg)
         self.lm_head = nn.Linear(cfg.llm.hidden_size, cfg.llm.vocab_size, bias=False)
-        self._routing: Optional[np.ndarray] = None
+        self.info: dict = {"adapter": "reference"}
 
     # ----------------------------------------------------------------- vision
     def encode_view(self, pixels: torch.Tensor, stage: StageFn = no_stage, call: int = 0) -> torch.Tensor:
@@ -140,43 +121,32 @@ class DeepseekOCR(nn.Module):
         pos = torch.full_like(token, cache.length)
         return self.decoder(self.model.embed_tokens(token), pos, cache)
 
-    # ------------------------------------------------------------- generation
-    def _sink(self, layer: int, counts: np.ndarray):
-        if self._routing is not None:
-            self._routing[layer] += counts
+    # ------------------------------------------------------- adapter protocol
+    def routing_counter(self) -> RoutingCounter:
+        return RoutingCounter(self.cfg.llm.num_layers, self.cfg.llm.n_routed_experts)
 
-    def _routing_array(self) -> np.ndarray:
-        return np.zeros((self.cfg.llm.num_layers, self.cfg.llm.n_routed_experts), dtype=np.int64)
+    @contextlib.contextmanager
+    def running(self, request, max_new_tokens: int, counter: RoutingCounter):
+        """A growing KV cache for the request; every MoE layer reports its routing to ``counter``."""
+        moes = [m for m in self.modules() if isinstance(m, MoE)]
+        for m in moes:
+            m.routing = counter
+        try:
+            yield KVCache(self.cfg.llm.num_layers)
+        finally:
+            for m in moes:
+                m.routing = None
 
-    @torch.inference_mode()
+    def first_token(self, request, cache: KVCache, stage: StageFn, select: Select) -> torch.Tensor:
+        img = self.image_embeddings(request.global_views, request.tiles, request.grid, stage)
+        with stage("prefill"):
+            return select(self.prefill(request.input_ids, request.images_seq_mask, img, cache))
+
+    def next_token(self, token: torch.Tensor, cache: KVCache, select: Select) -> torch.Tensor:
+        return select(self.decode_step(token, cache))
+
     def generate(self, request, max_new_tokens: Optional[int] = None, stage: StageFn = no_stage) -> GenerationResult:
-        """Run one request end to end: vision, prefill, then ``max_new_tokens`` greedy steps.
+        """``harness.models.generate.generate`` on this model (kept as a method for callers)."""
+        from .generate import generate
 
-        ``request`` is a ``harness.workload.Request`` already on this model's device/dtype (see
-        ``to_device``). EOS is ignored: decoding always runs the fixed budget.
-        """
-        n_new = request.decode_tokens if max_new_tokens is None else max_new_tokens
-        for mod in self.modules():
-            if isinstance(mod, MoE):
-                mod.routing_sink = self._sink
-        result = GenerationResult(tokens=None)
-        cache = KVCache(self.cfg.llm.num_layers)
-        with stage("request"):
-            t0 = time.perf_counter()
-            img = self.image_embeddings(request.global_views, request.tiles, request.grid, stage)
-            self._routing = self._routing_array()
-            with stage("prefill"):
-                logits = self.prefill(request.input_ids, request.images_seq_mask, img, cache)
-                token = logits[:, -1].argmax(-1, keepdim=True)
-            result.routing["prefill"], self._routing = self._routing, self._routing_array()
-            out = [token]
-            with stage("decode"):
-                for step in range(max(n_new - 1, 0)):
-                    with stage("decode_step", step=step):
-                        token = self.decode_step(token, cache)[:, -1].argmax(-1, keepdim=True)
-                    out.append(token)
-            result.routing["decode"], self._routing = self._routing, None
-            result.host_ms["request"] = (time.perf_counter() - t0) * 1e3
-        result.tokens = torch.cat(out, dim=1)[:, :n_new]
-        result.kv_cache_bytes = cache.nbytes()
-        return result
+        return generate(self, request, stage, max_new_tokens)

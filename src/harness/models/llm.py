@@ -8,8 +8,6 @@ counts, and a KV cache that grows by concatenation each step. Tensors are [B, S,
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -18,8 +16,6 @@ from torch import nn
 from ..config import LLMConfig
 from ..errors import HarnessError
 from . import attn_probe
-
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "sdpa_flash", "flash_attention_2")
 
 
 class RMSNorm(nn.Module):
@@ -177,7 +173,14 @@ class MoEGate(nn.Module):
 
 
 class MoE(nn.Module):
-    """Routed experts + shared expert. ``moe_infer`` is the vendor's per-expert loop."""
+    """Routed experts + shared expert. ``moe_infer`` is the vendor's per-expert loop.
+
+    ``routing``: a ``RoutingCounter`` that receives each call's per-expert counts (set by the
+    model for one request). ``uniform_counts``: split the routed rows uniformly over the experts
+    instead of reading the real counts from the device (no host sync, so it runs on ``meta``
+    tensors): the exactness check counts FLOPs that way (``harness.analytic.check``); every
+    routed row still passes exactly one expert's three GEMMs.
+    """
 
     def __init__(self, cfg: LLMConfig, layer_idx: int):
         super().__init__()
@@ -186,7 +189,8 @@ class MoE(nn.Module):
                                      for _ in range(cfg.n_routed_experts))
         self.gate = MoEGate(cfg)
         self.shared_experts = SwiGLU(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts)
-        self.routing_sink: Optional[Callable[[int, np.ndarray], None]] = None
+        self.routing = None
+        self.uniform_counts = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -195,19 +199,25 @@ class MoE(nn.Module):
         return y + self.shared_experts(x)
 
     def moe_infer(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
-        cnts = topk_ids.new_zeros((topk_ids.shape[0], len(self.experts)))
-        cnts.scatter_(1, topk_ids, 1)
+        n_exp = len(self.experts)
+        if self.uniform_counts:
+            rows = topk_ids.numel()
+            tokens_per_expert = np.array([rows // n_exp + (1 if i < rows % n_exp else 0) for i in range(n_exp)])
+        else:
+            cnts = topk_ids.new_zeros((topk_ids.shape[0], n_exp))
+            cnts.scatter_(1, topk_ids, 1)
         idxs = topk_ids.view(-1).argsort()
         sorted_tokens = x[idxs // topk_ids.shape[1]]
-        tokens_per_expert = cnts.sum(dim=0).cpu().numpy()  # host sync, as the vendor does
-        if self.routing_sink is not None:
-            self.routing_sink(self.layer_idx, tokens_per_expert)
+        if not self.uniform_counts:
+            tokens_per_expert = cnts.sum(dim=0).cpu().numpy()  # host sync, as the vendor does
+        if self.routing is not None:
+            self.routing.add_host(self.layer_idx, tokens_per_expert)
         outputs, start = [], 0
         for i, n in enumerate(tokens_per_expert):
             if n == 0:
                 continue
-            outputs.append(self.experts[i](sorted_tokens[start:start + n]))
-            start += n
+            outputs.append(self.experts[i](sorted_tokens[start:start + int(n)]))
+            start += int(n)
         outs = torch.cat(outputs, dim=0) if outputs else sorted_tokens.new_empty(0)
         new_x = torch.empty_like(outs)
         new_x[idxs] = outs

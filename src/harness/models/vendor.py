@@ -17,10 +17,10 @@ The vendor code supports ``eager`` and ``flash_attention_2`` only (its attention
 no sdpa). What ran is recorded in ``VendorOCR.info``: ``config._attn_implementation`` after the
 load and the class of ``layers[0].self_attn`` (``LlamaAttention`` / ``LlamaFlashAttention2``).
 
-``VendorOCR.generate`` runs the vendor's own forward in a greedy loop of ours (prefill with
-``images=[(tiles or zeros, global view)]`` per batch element, then single-token forwards with a
-``DynamicCache``, attention mask and position ids as HF ``generate`` passes them; EOS ignored, no
-``no_repeat_ngram_size``). Stages come from forward hooks on ``model.sam_model``,
+``VendorOCR`` is a ``ModelAdapter``: ``harness.models.generate.generate`` runs the vendor's own
+forward in the harness's greedy loop (prefill with ``images=[(tiles or zeros, global view)]`` per
+batch element, then single-token forwards with a ``DynamicCache``, attention mask and position
+ids as HF ``generate`` passes them; EOS ignored, no ``no_repeat_ngram_size``). Stages come from forward hooks on ``model.sam_model``,
 ``model.vision_model`` and ``model.projector`` (counted calls: Gundam runs each twice, batch
 elements run one after another) and from the loop itself. The vendor forward computes the token
 embedding before its vision encoders, so one request emits, in order::
@@ -46,18 +46,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import torch
 from torch import nn
 
 from ..config import CLIPConfig, LLMConfig, ModelConfig, ProjectorConfig, SAMConfig
+from ..dtypes import torch_dtype
 from ..errors import HarnessError
-from .build import build_model, resolve_dtype
-from .deepseek_ocr import GenerationResult, StageFn, no_stage
-try:  # which attention kernel ran, per site (the manifest reads attn_probe.SEEN)
-    from . import attn_probe
-except ImportError:  # pragma: no cover - optional
-    attn_probe = None
+from . import attn_probe
+from .adapter import GenerationResult, Select, StageFn, no_stage
+from .build import build_model
+from .checkpoint import check_tensors, read_headers
+from .routing import RoutingCounter
 from .vendor_compat import (VENDOR_TRANSFORMERS, cuda_noop_on_cpu, ensure_torchvision, params_on_meta,
                             require_transformers)
 
@@ -129,37 +128,6 @@ def checkpoint_files(path: Path) -> list:
                            "nor model.safetensors.index.json, so from_pretrained cannot find the weights",
                            "name a single file model.safetensors or add the snapshot's index file")
     return []
-
-
-def check_checkpoint(files: list, params: dict, optional: set) -> int:
-    """Compare safetensors headers with the model's tensor names and shapes (no data read).
-
-    ``params``: name -> shape the model needs; ``optional``: names the model has but a checkpoint
-    may omit (persistent buffers it computes itself). Returns the tensor count.
-    """
-    from safetensors import safe_open
-
-    where: dict = {}
-    for f in files:
-        try:
-            with safe_open(str(f), framework="pt") as fh:
-                for k in fh.keys():
-                    where[k] = tuple(fh.get_slice(k).get_shape())
-        except Exception as exc:  # corrupt or truncated header
-            raise HarnessError(f"cannot read {f}: {exc}", "re-download that checkpoint file") from None
-    missing = sorted(set(params) - set(where))
-    unexpected = sorted(set(where) - set(params) - set(optional))
-    mismatched = sorted(k for k in set(params) & set(where) if tuple(params[k]) != where[k])
-    if missing or unexpected or mismatched:
-        parts = []
-        for label, keys in (("missing", missing), ("unexpected", unexpected), ("mismatched", mismatched)):
-            if keys:
-                shown = ", ".join(f"{k} {where[k]} vs model {tuple(params[k])}" if label == "mismatched" else k
-                                  for k in keys[:3])
-                parts.append(f"{len(keys)} {label} ({shown}{', ...' if len(keys) > 3 else ''})")
-        raise HarnessError(f"checkpoint in {files[0].parent} does not match the vendor model: " + "; ".join(parts),
-                           "point model.path at an unmodified DeepSeek-OCR snapshot (2,710 tensors)")
-    return len(where)
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,7 +255,7 @@ def load_vendor(path, device="cpu", dtype=torch.bfloat16, attn_implementation: s
     path = check_vendor_dir(path)
     vendor_attn = vendor_attn_name(attn_implementation)
     device = torch.device(device)
-    dtype = resolve_dtype(dtype)
+    dtype = torch_dtype(dtype)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise HarnessError("device=cuda was requested but no CUDA device is available", "use device=cpu")
     transformers = require_transformers()
@@ -328,7 +296,7 @@ def _load(path, files, device, dtype, attn_implementation, vendor_attn, seed, co
         skel = _skeleton(vcfg, dtype, vendor_attn)
         params = {k: tuple(p.shape) for k, p in skel.named_parameters()}
         optional = {k for k, _ in skel.named_buffers()}
-        n_tensors = check_checkpoint(files, params, optional)
+        n_tensors = check_tensors(read_headers(files), params, files[0].parent, "the vendor model", optional)
         del skel
         from transformers import AutoModel
 
@@ -444,8 +412,6 @@ class VendorOCR(nn.Module):
         self.info = info
         self._moe = [(i, layer.mlp) for i, layer in enumerate(hf.model.layers)
                      if type(layer.mlp).__name__ == "DeepseekV2MoE" and hasattr(layer.mlp, "gate")]
-        self._acc: Optional[torch.Tensor] = None
-        self._ones: Optional[torch.Tensor] = None
         self.stage_calls: dict = {}
 
     def forward(self, *args, **kwargs):
@@ -527,13 +493,13 @@ class VendorOCR(nn.Module):
                 seg.switch("prefill")
 
         handles.append(m.layers[0].register_forward_pre_hook(llm_start))
-        if attn_probe is not None:
-            # the vendor's CLIP block calls self_attn.forward() directly (no hooks): probe the block
-            clip0 = m.vision_model.transformer.layers[0]
-            for site, mod, heads in (("sam", m.sam_model.blocks[0].attn, m.sam_model.blocks[0].attn.num_heads),
-                                     ("clip", clip0, clip0.self_attn.num_heads)):
-                if not attn_probe.seen_once(site):
-                    handles.append(mod.register_forward_pre_hook(self._sdpa_probe(site, heads)))
+        # one-shot SDPA probes; the vendor's CLIP block calls self_attn.forward() directly (no hooks):
+        # probe the block
+        clip0 = m.vision_model.transformer.layers[0]
+        for site, mod, heads in (("sam", m.sam_model.blocks[0].attn, m.sam_model.blocks[0].attn.num_heads),
+                                 ("clip", clip0, clip0.self_attn.num_heads)):
+            if not attn_probe.seen_once(site):
+                handles.append(mod.register_forward_pre_hook(self._sdpa_probe(site, heads)))
         return handles
 
     def _sdpa_probe(self, site: str, heads: int):
@@ -555,35 +521,43 @@ class VendorOCR(nn.Module):
         return hook
 
     def _note_llm(self, site: str) -> None:
-        if attn_probe is not None and not attn_probe.seen_once(site):
+        if not attn_probe.seen_once(site):
             impl = self.attn_implementation
             kernel = "eager:matmul+softmax" if impl == "eager" else "flash_attn:flash_attn_func"
             attn_probe.note(site, f"{kernel} (vendor {type(self.hf.model.layers[0].self_attn).__name__})")
 
-    @contextlib.contextmanager
-    def _routing(self, tokens: int):
-        """Count routed experts per MoE layer on the device (one scatter_add per layer, no sync)."""
-        k = self.hf.config.num_experts_per_tok
-        self._ones = torch.ones(max(tokens * k, 1), dtype=torch.int64, device=self.device)
+    # -------------------------------------------------------- adapter protocol
+    def routing_counter(self) -> RoutingCounter:
+        return RoutingCounter(len(self.hf.model.layers), self.hf.config.n_routed_experts)
 
+    @contextlib.contextmanager
+    def running(self, request, max_new_tokens: int, counter: RoutingCounter):
+        """A fresh ``DynamicCache``; each MoE gate's chosen experts go to ``counter`` on the device
+        (one scatter_add per layer, no sync) through forward hooks, removed on exit."""
         def make(layer):
             def hook(module, args, output):
-                if self._acc is not None:
-                    idx = output[0].reshape(-1)
-                    self._acc[layer].scatter_add_(0, idx, self._ones[:idx.numel()])
+                counter.add_device(layer, output[0])
             return hook
 
         handles = [moe.gate.register_forward_hook(make(i)) for i, moe in self._moe]
         try:
-            yield
+            yield self.new_cache()
         finally:
             for h in handles:
                 h.remove()
-            self._acc = self._ones = None
 
-    def _new_counts(self) -> torch.Tensor:
-        return torch.zeros((len(self.hf.model.layers), self.hf.config.n_routed_experts), dtype=torch.int64,
-                           device=self.device)
+    def first_token(self, request, cache: VendorCache, stage: StageFn, select: Select) -> torch.Tensor:
+        seg = _Segments(stage)
+        try:
+            token = select(self._prefill(request, cache, seg))
+        except BaseException as exc:
+            seg.close(exc)
+            raise
+        seg.close()
+        return token
+
+    def next_token(self, token: torch.Tensor, cache: VendorCache, select: Select) -> torch.Tensor:
+        return select(self._decode(token, cache))
 
     # ------------------------------------------------------------------- steps
     def _prefill(self, request, cache: VendorCache, seg: _Segments, capture: Optional[dict] = None):
@@ -643,38 +617,9 @@ class VendorOCR(nn.Module):
         """Teacher-forcing entry: token [B, 1] -> fp32 logits [B, 1, vocab]."""
         return self._decode(token, cache)
 
-    # -------------------------------------------------------------- generation
-    @torch.no_grad()
     def generate(self, request, max_new_tokens: Optional[int] = None, stage: StageFn = no_stage) -> GenerationResult:
-        """Vision + prefill, then ``max_new_tokens`` greedy steps (EOS ignored), all through the
-        vendor's forward. Same stages and result as ``DeepseekOCR.generate``."""
-        n_new = request.decode_tokens if max_new_tokens is None else max_new_tokens
-        b, s = request.input_ids.shape
-        result = GenerationResult(tokens=None)
-        cache = self.new_cache()
-        seg = _Segments(stage)
-        with self._routing(b * s), stage("request"):
-            t0 = time.perf_counter()
-            prefill_counts, decode_counts = self._new_counts(), self._new_counts()
-            self._acc = prefill_counts
-            try:
-                logits = self._prefill(request, cache, seg)
-                token = logits[:, -1].argmax(-1, keepdim=True)
-            except BaseException as exc:
-                seg.close(exc)
-                raise
-            seg.close()
-            self._acc = decode_counts
-            out = [token]
-            with stage("decode"):
-                for step in range(max(n_new - 1, 0)):
-                    with stage("decode_step", step=step):
-                        token = self._decode(token, cache)[:, -1].argmax(-1, keepdim=True)
-                    out.append(token)
-            self._acc = None
-            result.host_ms["request"] = (time.perf_counter() - t0) * 1e3
-        result.routing["prefill"] = prefill_counts.cpu().numpy().astype(np.int64)
-        result.routing["decode"] = decode_counts.cpu().numpy().astype(np.int64)
-        result.tokens = torch.cat(out, dim=1)[:, :n_new]
-        result.kv_cache_bytes = cache.nbytes()
-        return result
+        """``harness.models.generate.generate`` on this adapter (same stages and result as the
+        reference model's)."""
+        from .generate import generate
+
+        return generate(self, request, stage, max_new_tokens)

@@ -21,7 +21,9 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import HarnessError
-from ..roofline.join import STAGES, _f, load_run, measured_stages
+from ..roofline.join import _f, measured_stages
+from ..rundir import load_run
+from ..stages import STAGES
 
 REQUEST_METRICS = [("ttft_ms", "TTFT", "ms"), ("tpot_p50_ms", "TPOT p50", "ms"), ("decode_tok_s", "decode tok/s", "tok/s"),
                    ("e2e_ms", "end-to-end", "ms")]

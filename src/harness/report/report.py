@@ -1,7 +1,7 @@
 """Per-run report: report.md, analytic.csv, roofline.csv and roofline.png in the run directory.
 
-``write_report(run)`` reads what the run measured (stages.csv, kernels.csv, routing.csv,
-manifest.json), resolves the device ceilings (datasheet via ``harness.roofline.specs``, calibrated
+``write_report(rd, data)`` takes what the run measured (a ``harness.rundir.RunData``: the run
+verb's in-memory tables, or a run directory read back once), resolves the device ceilings (datasheet via ``harness.roofline.specs``, calibrated
 via the cached ``python -m harness calibrate`` record, ``hardware.*`` overrides), computes the
 analytic costs of every measured case (``harness.analytic``), joins them
 (``harness.roofline.join``) and writes, through the ``RunDir`` helper:
@@ -27,28 +27,25 @@ from typing import Optional, Union
 
 import pandas as pd
 
-from ..roofline.calibrate import load_calibration
 from ..measure import host
 from ..measure.summarize import busy_ms
-from ..roofline.join import OP_GROUPS, STAGES, RunInputs, _f, load_run, roofline_table
+from ..roofline.calibrate import load_calibration
+from ..roofline.join import OP_GROUPS, _f, roofline_table
 from ..roofline.plot import plot_roofline
-from ..roofline.specs import Peaks, device_name_of, resolve_peaks
-from .rundir import RunDir
+from ..roofline.specs import Peaks, device_name_of, hardware_config, resolve_peaks
+from ..rundir import RunData, RunDir, load_run
+from ..stages import STAGES
 
 log = logging.getLogger("harness.report")
 TOP_KERNELS = 5
 CV_LIMIT = 0.02
 
 
-def _inputs(rd: RunDir) -> RunInputs:
-    return load_run(rd.path, manifest=rd.manifest, read=rd.table)
-
-
 def ceilings(manifest: dict, hardware: Optional[dict] = None) -> Peaks:
-    """Datasheet + calibrated ceilings for the run's device and dtype."""
+    """Datasheet + calibrated ceilings for the run's device and dtype (the run's ``hardware``
+    section, with ``hardware`` overriding keys of it)."""
     config = manifest.get("config") or {}
-    hw = dict(config.get("hardware") or {})
-    hw.update(hardware or {})
+    hw = hardware_config({**(config.get("hardware") or {}), **(hardware or {})})
     name = device_name_of(manifest.get("device"))
     dtype = str(manifest.get("dtype") or "bf16").replace("torch.", "")
     cal = load_calibration(name, hw)
@@ -58,17 +55,19 @@ def ceilings(manifest: dict, hardware: Optional[dict] = None) -> Peaks:
     return peaks
 
 
-def write_report(run: Union[RunDir, str, Path], hardware: Optional[dict] = None, strict: bool = False,
-                 plot: bool = True) -> dict:
+def write_report(run: Union[RunDir, str, Path], data: Optional[RunData] = None, hardware: Optional[dict] = None,
+                 strict: bool = False, plot: bool = True) -> dict:
     """Write analytic.csv, roofline.csv, roofline.png and report.md into the run directory.
 
-    ``run``: the live ``RunDir`` of ``harness.run`` or the path of a run directory. Returns
-    {name: Path}. Unless ``strict``, a failure is recorded as a manifest warning and {} returned
-    (the measurement is never lost to a reporting error).
+    ``run``: the live ``RunDir`` of ``harness.run`` with its in-memory ``data``, or the path of a run
+    directory (read once). Returns {name: Path}. Unless ``strict``, a failure is recorded as a
+    manifest warning and {} returned (the measurement is never lost to a reporting error).
     """
-    rd = run if isinstance(run, RunDir) else RunDir.attach(run)
+    if data is None:
+        data = load_run(run.path if isinstance(run, RunDir) else run)
+    rd = run if isinstance(run, RunDir) else RunDir.attach(data.path, data.manifest)
     try:
-        return _write(rd, hardware, plot)
+        return _write(rd, data, hardware, plot)
     except Exception as exc:  # noqa: BLE001 - reporting must not kill a measured run
         if strict:
             raise
@@ -80,8 +79,7 @@ def write_report(run: Union[RunDir, str, Path], hardware: Optional[dict] = None,
         return {}
 
 
-def _write(rd: RunDir, hardware: Optional[dict], plot: bool) -> dict:
-    run = _inputs(rd)
+def _write(rd: RunDir, run: RunData, hardware: Optional[dict], plot: bool) -> dict:
     peaks = ceilings(rd.manifest, hardware)
     paths = {}
     if not len(run.stages):
@@ -146,7 +144,7 @@ def _eff(r) -> str:
 
 # ---------------------------------------------------------------------------------- render
 
-def render(run: RunInputs, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFrame, measured: pd.DataFrame,
+def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFrame, measured: pd.DataFrame,
            notes: list) -> str:
     man = run.manifest
     cfg = man.get("config") or {}
@@ -181,7 +179,7 @@ def _case_info(man: dict) -> dict:
     return {c.get("name"): c for c in man.get("cases") or []}
 
 
-def _headline(run: RunInputs, st: pd.DataFrame, measured: pd.DataFrame) -> list:
+def _headline(run: RunData, st: pd.DataFrame, measured: pd.DataFrame) -> list:
     L = ["## Headline", ""]
     if not len(measured):
         return L + ["_No stage measurements yet._", ""]
@@ -257,7 +255,7 @@ def _op_table(table: pd.DataFrame) -> list:
     return L + ["", "busy ms = union of the group's kernel intervals in the profiled request.", ""]
 
 
-def _top_kernels(run: RunInputs) -> list:
+def _top_kernels(run: RunData) -> list:
     L = ["## Top kernels per stage", ""]
     k = run.kernels
     if k is None or not len(k):
@@ -326,7 +324,7 @@ def _environment(man: dict) -> list:
     return L + [""]
 
 
-def _caveats(run: RunInputs, p: Peaks, measured: pd.DataFrame, notes: list) -> list:
+def _caveats(run: RunData, p: Peaks, measured: pd.DataFrame, notes: list) -> list:
     man = run.manifest
     cfg = man.get("config") or {}
     model = man.get("model") or {}

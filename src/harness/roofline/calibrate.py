@@ -23,34 +23,35 @@ import statistics
 from pathlib import Path
 from typing import Optional
 
-from .specs import cpu_name, match_device, norm_dtype, resolve_peaks, slug
+from ..dtypes import torch_dtype
+from .specs import cpu_name, hardware_config, match_device, norm_dtype, resolve_peaks, slug
 
 CACHE_ENV = "HARNESS_CACHE_DIR"
 DEFAULTS = {"cuda": {"gemm_size": 8192, "gemm_dtype": "bf16", "copy_mib": 1024, "warmup": 5, "iters": 20},
             "cpu": {"gemm_size": 2048, "gemm_dtype": "fp32", "copy_mib": 256, "warmup": 1, "iters": 5}}
 
 
-def cache_dir(hardware: Optional[dict] = None) -> Path:
-    hw = hardware or {}
-    if hw.get("cache_dir"):
-        return Path(str(hw["cache_dir"])).expanduser()
+def cache_dir(hardware=None) -> Path:
+    hw = hardware_config(hardware)
+    if hw.cache_dir:
+        return Path(str(hw.cache_dir)).expanduser()
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV]).expanduser()
     return Path.home() / ".cache" / "dsocr-harness"
 
 
-def cache_path(device_name: str, hardware: Optional[dict] = None) -> Path:
+def cache_path(device_name: str, hardware=None) -> Path:
     return cache_dir(hardware) / f"calibration-{slug(device_name)}.json"
 
 
-def load_calibration(device_name: str, hardware: Optional[dict] = None) -> Optional[dict]:
+def load_calibration(device_name: str, hardware=None) -> Optional[dict]:
     """The calibration record for ``device_name``, or None.
 
     ``hardware.calibration``: 'auto' (default: the per-device cache), 'none'/'off' (ignore), or a
     path to a calibration JSON. The record gets a ``path`` key naming its file.
     """
-    hw = hardware or {}
-    how = str(hw.get("calibration", "auto") or "auto")
+    hw = hardware_config(hardware)
+    how = str(hw.calibration or "auto")
     if how.lower() in ("none", "off", "false", "no"):
         return None
     path = cache_path(device_name, hw) if how.lower() == "auto" else Path(how).expanduser()
@@ -64,12 +65,6 @@ def load_calibration(device_name: str, hardware: Optional[dict] = None) -> Optio
         return None
     rec["path"] = str(path)
     return rec
-
-
-def _dtype(name: str):
-    import torch
-
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[norm_dtype(name)]
 
 
 def _median_cuda(fn, warmup: int, iters: int) -> float:
@@ -115,9 +110,9 @@ def measure(device, gemm_size: Optional[int] = None, gemm_dtype: Optional[str] =
     if cuda and device.index is not None:
         torch.cuda.set_device(device)
     gen = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, device=device, dtype=_dtype(gdt), generator=gen)
-    b = torch.randn(n, n, device=device, dtype=_dtype(gdt), generator=gen)
-    c = torch.empty(n, n, device=device, dtype=_dtype(gdt))
+    a = torch.randn(n, n, device=device, dtype=torch_dtype(gdt), generator=gen)
+    b = torch.randn(n, n, device=device, dtype=torch_dtype(gdt), generator=gen)
+    c = torch.empty(n, n, device=device, dtype=torch_dtype(gdt))
     progress(f"[calibrate] GEMM {n}x{n}x{n} {gdt} on {device}: {warmup} warm-up + {iters} timed")
     gemm_ms = timer(lambda: torch.mm(a, b, out=c), warmup, iters)
     flops = 2 * n ** 3
@@ -140,17 +135,16 @@ def measure(device, gemm_size: Optional[int] = None, gemm_dtype: Optional[str] =
             "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
-def calibrate(device, hardware: Optional[dict] = None, progress=print, write_cache: bool = True) -> dict:
+def calibrate(device, hardware=None, progress=print, write_cache: bool = True) -> dict:
     """Measure this device, cache the record, return it (with ``device_name``, ``path``)."""
-    from ..report.rundir import device_info
+    from ..setup import device_info
 
-    hw = dict(hardware or {})
+    hw = hardware_config(hardware)
     info = device_info(device)
     name = info.get("name") or cpu_name()
     rec = {"device_name": name, "device": info,
            "measured": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-    rec.update(measure(device, hw.get("gemm_size"), hw.get("gemm_dtype"), hw.get("copy_mib"), hw.get("warmup"),
-                       hw.get("iters"), progress=progress))
+    rec.update(measure(device, hw.gemm_size, hw.gemm_dtype, hw.copy_mib, hw.warmup, hw.iters, progress=progress))
     if write_cache:
         path = cache_path(name, hw)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -182,13 +176,12 @@ def summary_lines(rec: dict) -> list:
     return lines
 
 
-def calibrate_from_config(cfg: dict, out_dir: Path) -> dict:
+def calibrate_from_config(cfg, out_dir: Path) -> dict:
     """The ``calibrate`` verb: measure, cache, write ``out_dir/calibration.json``, print."""
-    from ..run import resolve_device
+    from ..setup import resolve_device
 
-    device = resolve_device(cfg.get("device", "auto"))
-    hw = dict(cfg.get("hardware") or {})
-    rec = calibrate(device, hw, progress=print)
+    device = resolve_device(cfg.device)
+    rec = calibrate(device, cfg.hardware, progress=print)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "calibration.json").write_text(json.dumps(rec, indent=2, default=str) + "\n")

@@ -1,7 +1,7 @@
 """The roofline join: measured stage (and kernel-category) times x analytic FLOPs and bytes.
 
-Inputs (files of one run directory)
------------------------------------
+Inputs (``harness.rundir.RunData``: what a run measured, in memory or read back once)
+--------------------------------------------------------------------------------------
 * ``stages.csv`` (``harness.measure.summarize.STAGE_COLUMNS``): the ``median`` aggregate row of
   each case x stage with ``call == 'all'`` gives the measured time (``gpu_ms`` from CUDA events;
   on a CPU run ``host_ms``, flagged ``timer = host``). Falls back to repeat 0 when a run has no
@@ -12,9 +12,12 @@ Inputs (files of one run directory)
 * ``routing.csv`` (case, phase, layer, e0..eN): measured MoE routing counts; they set the
   experts touched in the analytic MoE weight bytes (prefill: exact per layer; decode: per step
   exact for batch 1, uniform-routing expectation per step otherwise).
-* ``manifest.json``: model config, dtype, cases (mode, grid, tokens, batch), device.
+* ``manifest.json``: model config, dtype, cases (``workload.Case.to_dict``), device.
 
-Analytic side: ``harness.analytic.workload_costs`` (one row per stage x family + TOTAL rows).
+Analytic side: ``analytic_for_case`` (``harness.analytic.workload_costs`` of one ``workload.Case`` with
+its measured routing; the run calls it as each case finishes, ``analytic_for_run`` for a run read
+back from disk). ``roofline_table`` is a pure function of the measured tables, the analytic frames
+and the ceilings.
 
 Conventions of every roofline column (``ROOFLINE_COLUMNS``)
 -----------------------------------------------------------
@@ -48,38 +51,31 @@ kernel busy time in the profiled request.
 """
 from __future__ import annotations
 
-import json
 import math
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import pandas as pd
 
+from ..analytic.registry import OP_GROUP_NAMES, op_group_families
+from ..errors import HarnessError
 from ..measure.summarize import busy_ms
-from ..report.rundir import read_table
+from ..rundir import RunData, load_run
+from ..stages import STAGES, VISION_STAGES as VISION
 from .specs import Peaks
 
-STAGES = ("sam", "clip", "projector", "prefill", "decode")
-VISION = ("sam", "clip", "projector")
 MFU_STAGES = VISION + ("prefill",)
 MBU_STAGES = ("decode",)
 LAUNCH_BOUND_IDLE = 0.5
 
-# op group -> (kernel categories, analytic families). Every kernel category and every analytic
-# family appears exactly once (tests check it).
-OP_GROUPS = OrderedDict([
-    ("matmul", (("gemm", "conv", "attention"),
-                ("patch_embed", "conv2d", "sam_attention", "sam_mlp", "clip_attention", "clip_mlp", "projector",
-                 "llm_attention", "rope", "dense_mlp", "moe_gate", "moe_routed", "moe_shared", "lm_head"))),
-    ("norm", (("norm",), ("layernorm", "layernorm2d", "rmsnorm"))),
-    ("elementwise", (("activation/elementwise", "softmax/reduce"), ())),
-    ("memory/routing", (("copy/cast", "memset", "moe routing/indexing"),
-                        ("embedding", "image_layout", "clip_embeddings"))),
-    ("other", (("other",), ())),
-])
+# op group -> (kernel categories, analytic families). Kernel categories are
+# harness.measure.kernels.CATEGORIES; each family's group comes from harness.analytic.registry.
+# Every kernel category and every analytic family appears exactly once (tests check it).
+_CATEGORIES = {"matmul": ("gemm", "conv", "attention"), "norm": ("norm",),
+               "elementwise": ("activation/elementwise", "softmax/reduce"),
+               "memory/routing": ("copy/cast", "memset", "moe routing/indexing"), "other": ("other",)}
+OP_GROUPS = OrderedDict((g, (_CATEGORIES[g], op_group_families(g))) for g in OP_GROUP_NAMES)
 CATEGORY_GROUP = {c: g for g, (cats, _) in OP_GROUPS.items() for c in cats}
 FAMILY_GROUP = {f: g for g, (_, fams) in OP_GROUPS.items() for f in fams}
 
@@ -178,31 +174,6 @@ def mbu(bytes_needed, measured_ms, bw_gbs) -> Optional[float]:
     return b / (ms * 1e-3) / (bw * 1e9)
 
 
-# ------------------------------------------------------------------------------ run inputs
-
-@dataclass
-class RunInputs:
-    """The measured files of one run directory (empty frames where a file is absent)."""
-
-    path: Path
-    manifest: dict
-    stages: pd.DataFrame
-    kernels: pd.DataFrame
-    routing: pd.DataFrame
-    notes: list = field(default_factory=list)
-
-
-def load_run(path, manifest: Optional[dict] = None, read=None) -> RunInputs:
-    """The measured files of run directory ``path``. ``manifest`` replaces manifest.json;
-    ``read(name)`` replaces reading ``path / name`` (a live ``RunDir.table``)."""
-    path = Path(path)
-    if manifest is None:
-        mpath = path / "manifest.json"
-        manifest = json.loads(mpath.read_text()) if mpath.is_file() else {}
-    read = read or (lambda name: read_table(path / name))
-    return RunInputs(path, manifest, read("stages.csv"), read("kernels.csv"), read("routing.csv"))
-
-
 # --------------------------------------------------------------------------- measured side
 
 def _call_all(s: pd.Series) -> pd.Series:
@@ -274,52 +245,22 @@ def category_busy(kernels: pd.DataFrame) -> pd.DataFrame:
 
 # ---------------------------------------------------------------------------- analytic side
 
-_ANALYTIC_CACHE: dict = {}
+def run_cases(manifest: dict) -> list:
+    """The ``workload.Case`` of every case a run measured (its manifest entries, read back)."""
+    from ..workload import Case
 
-
-def _mode_spec(entry: dict, config: dict):
-    from .. import workload as wl
-
-    name = entry.get("mode")
-    base, image = entry.get("base_size"), entry.get("image_size")
-    if name in wl.MODES:
-        m = wl.MODES[name]
-        if base in (None, m.base_size) and image in (None, m.image_size):
-            return name
-    wanted = []
-    for src in [(config.get("workload") or {}).get("mode")] + [c.get("mode") for c in (config.get("cases") or [])
-                                                              if isinstance(c, dict)]:
-        if isinstance(src, dict) and src.get("name", "custom") == name:
-            wanted.append(src)
-    if wanted:
-        return dict(wanted[0])
-    crop = entry.get("grid") not in (None, "", "None", "nan") or (base is not None and base != image)
-    return {"name": name or "custom", "base_size": int(base), "image_size": int(image), "crop": bool(crop)}
-
-
-def analytic_case_specs(manifest: dict) -> list:
-    """``harness.analytic`` case dicts for the cases a run measured (from manifest.json)."""
-    config = manifest.get("config") or {}
-    specs = []
-    for e in manifest.get("cases") or []:
-        grid = e.get("grid")
-        grid = tuple(int(v) for v in str(grid).split("x")) if grid not in (None, "", "None", "nan") else (1, 1)
-        specs.append({"name": e["name"], "mode": _mode_spec(e, config), "grid": grid,
-                      "batch": int(e.get("batch", 1)), "text_tokens": max(int(e.get("text_tokens", 1)) - 1, 0),
-                      "decode_tokens": int(e.get("decode_tokens", 0))})
-    return specs
+    return [Case.from_dict(e) for e in manifest.get("cases") or []]
 
 
 def model_config(manifest: dict):
-    """ModelConfig of the run (unknown keys dropped, with a note)."""
+    """(ModelConfig of the run, note): keys this version does not know are dropped, with a note."""
     from ..config import ModelConfig, from_dict
 
     raw = dict((manifest.get("config") or {}).get("model") or {})
     try:
         return from_dict(ModelConfig, raw), None
-    except (ValueError, TypeError) as exc:
-        known = set(ModelConfig.__dataclass_fields__)
-        return from_dict(ModelConfig, {k: v for k, v in raw.items() if k in known}), f"model config: {exc}"
+    except HarnessError as exc:
+        return from_dict(ModelConfig, raw, strict=False), f"model config: {exc}"
 
 
 def routing_arrays(routing: pd.DataFrame, case: str, num_layers: int) -> Optional[dict]:
@@ -339,55 +280,45 @@ def routing_arrays(routing: pd.DataFrame, case: str, num_layers: int) -> Optiona
     return out or None
 
 
-def analytic_costs(spec: dict, cfg, dtype: str, routing: Optional[dict], attn: Optional[str],
-                   kv: Optional[str]) -> pd.DataFrame:
-    """``workload_costs`` with a cache (run.py re-joins all cases after each one)."""
+def analytic_for_case(case, cfg, dtype: str, routing: Optional[dict]) -> tuple:
+    """(analytic frame: ``harness.analytic`` COLUMNS + ``routing`` (its source); decode MBU bytes:
+    weights of the experts touched + KV read under a static cache [B]; notes) of one measured case.
+    MoE weight bytes follow ``routing`` ({phase: [layers, experts]}) where it fits the case."""
     from ..analytic import workload_costs
 
-    key = json.dumps([spec, repr(cfg), dtype, attn, kv,
-                      {k: v.tolist() for k, v in (routing or {}).items()}], sort_keys=True, default=str)
-    if key not in _ANALYTIC_CACHE:
-        _ANALYTIC_CACHE[key] = workload_costs(spec, cfg, dtype, False, routing, attn, kv)
-    return _ANALYTIC_CACHE[key].copy()
+    notes = []
+    source = "measured" if routing else "uniform expectation"
+    try:
+        df = workload_costs(case, cfg, dtype, False, routing)
+    except HarnessError as exc:
+        notes.append(f"{case.name}: measured routing not usable ({exc}); MoE bytes use the "
+                     "uniform-routing expectation")
+        routing, source = None, "uniform expectation"
+        df = workload_costs(case, cfg, dtype, False, None)
+    if routing and case.batch > 1:
+        source = "measured (prefill); decode per-step uniform expectation (batch > 1)"
+    df["routing"] = source
+    static = workload_costs(case, cfg, dtype, False, routing, kv_cache="static")
+    t = static[(static["family"] == "TOTAL") & (static["stage"] == "decode")]
+    mbu = float(t["bytes_weights"].iloc[0] + t["bytes_kv_read"].iloc[0]) if len(t) else None
+    return df, mbu, notes
 
 
-def analytic_for_run(run: RunInputs) -> tuple:
-    """(analytic DataFrame: ``harness.analytic`` COLUMNS + ``routing``; {case: MBU bytes of decode};
-    notes). One block per measured case; MoE weight bytes from routing.csv when it fits."""
-    from ..errors import HarnessError
-
+def analytic_for_run(run: RunData) -> tuple:
+    """(analytic DataFrame, {case: MBU bytes}, notes) of a run read back from its directory: its
+    cases from the manifest, MoE routing from routing.csv."""
     man = run.manifest
     cfg, note = model_config(man)
     notes = [note] if note else []
-    dtype = str(man.get("dtype") or "bf16").replace("torch.", "")
-    mcfg = (man.get("config") or {}).get("model") or {}
-    attn = mcfg.get("attn_implementation") or cfg.attn_implementation
-    kv = mcfg.get("kv_cache") or cfg.kv_cache
+    dtype = str(man.get("dtype") or "bf16")
     frames, mbu_bytes = [], {}
-    for spec in analytic_case_specs(man):
-        routing = routing_arrays(run.routing, spec["name"], cfg.llm.num_layers)
-        source = "measured" if routing else "uniform expectation"
-        try:
-            df = analytic_costs(spec, cfg, dtype, routing, attn, kv)
-        except HarnessError as exc:
-            notes.append(f"{spec['name']}: measured routing not usable ({exc}); MoE bytes use the "
-                         "uniform-routing expectation")
-            df, source = analytic_costs(spec, cfg, dtype, None, attn, kv), "uniform expectation"
-        if routing and spec["batch"] > 1:
-            source = "measured (prefill); decode per-step uniform expectation (batch > 1)"
-        df["routing"] = source
-        frames.append(df)
-        try:
-            static = analytic_costs(spec, cfg, dtype, routing if source.startswith("measured") else None, attn,
-                                    "static")
-        except HarnessError:
-            static = analytic_costs(spec, cfg, dtype, None, attn, "static")
-        t = static[(static["family"] == "TOTAL") & (static["stage"] == "decode")]
-        if len(t):
-            mbu_bytes[spec["name"]] = float(t["bytes_weights"].iloc[0] + t["bytes_kv_read"].iloc[0])
-    if not frames:
-        return pd.DataFrame(), mbu_bytes, notes
-    return pd.concat(frames, ignore_index=True), mbu_bytes, notes
+    for case in run_cases(man):
+        frame, mbu_b, n = analytic_for_case(case, cfg, dtype, routing_arrays(run.routing, case.name,
+                                                                             cfg.llm.num_layers))
+        frames.append(frame)
+        mbu_bytes[case.name] = mbu_b
+        notes += n
+    return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), mbu_bytes, notes
 
 
 # ------------------------------------------------------------------------------------ join
@@ -503,10 +434,15 @@ def join_op_families(kernels: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks
     return pd.DataFrame(rows, columns=ROOFLINE_COLUMNS)
 
 
-def roofline_table(run: RunInputs, peaks: Peaks) -> tuple:
-    """(roofline DataFrame [ROOFLINE_COLUMNS], analytic DataFrame, measured stages, notes)."""
+def roofline_table(run: RunData, peaks: Peaks) -> tuple:
+    """(roofline DataFrame [ROOFLINE_COLUMNS], analytic DataFrame, measured stages, notes): the
+    run's measured tables joined with its analytic frames (derived here when ``run.analytic`` is
+    None, i.e. for a run read back from disk)."""
     measured = measured_stages(run.stages)
-    analytic, mbu_bytes, notes = analytic_for_run(run)
+    if run.analytic is None:
+        analytic, mbu_bytes, notes = analytic_for_run(run)
+    else:
+        analytic, mbu_bytes, notes = run.analytic, run.mbu_bytes, list(run.notes)
     st = join_stages(measured, analytic, peaks, mbu_bytes)
     timers = {c: g["timer"].iloc[0] for c, g in measured.groupby("case")} if len(measured) else {}
     op = join_op_families(run.kernels, analytic, peaks, timers)
@@ -516,6 +452,6 @@ def roofline_table(run: RunInputs, peaks: Peaks) -> tuple:
 
 
 __all__ = ["ROOFLINE_COLUMNS", "OP_GROUPS", "CATEGORY_GROUP", "FAMILY_GROUP", "roofline_point", "floor_ms",
-           "classify", "mfu", "mbu", "busy_ms", "RunInputs", "load_run", "measured_stages", "category_busy",
-           "analytic_case_specs", "analytic_for_run", "join_stages", "join_op_families", "roofline_table",
+           "classify", "mfu", "mbu", "busy_ms", "load_run", "measured_stages", "category_busy",
+           "run_cases", "analytic_for_case", "analytic_for_run", "join_stages", "join_op_families", "roofline_table",
            "routing_arrays", "model_config"]

@@ -26,19 +26,19 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-DTYPES = ("bf16", "fp16", "tf32", "fp32", "fp8")
-_DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
-                  "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
-                  "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
-                  "tf32": "tf32", "fp8": "fp8", "float8": "fp8", "float8_e4m3fn": "fp8"}
+from ..config import HardwareConfig, from_dict
+from ..dtypes import TABLE, canonical
+
+DTYPES = tuple(TABLE)
+norm_dtype = canonical   # 'bfloat16' / 'torch.bfloat16' / 'bf16' -> 'bf16' (harness.dtypes, the one table)
 
 
-def norm_dtype(dtype) -> str:
-    """'bfloat16' / 'torch.bfloat16' / 'bf16' -> 'bf16' (likewise fp16, fp32, tf32, fp8)."""
-    key = str(dtype).strip().lower()
-    if key not in _DTYPE_ALIASES:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
-    return _DTYPE_ALIASES[key]
+def hardware_config(hardware) -> HardwareConfig:
+    """The ``hardware`` config section as a ``HardwareConfig`` (a mapping, e.g. from a manifest, is
+    read with the schema; keys it does not know are dropped)."""
+    if isinstance(hardware, HardwareConfig):
+        return hardware
+    return from_dict(HardwareConfig, dict(hardware or {}), strict=False)
 
 
 @dataclass(frozen=True)
@@ -270,7 +270,7 @@ def _num(v) -> Optional[float]:
     return f if math.isfinite(f) and f > 0 else None
 
 
-def resolve_peaks(device_name: Optional[str], dtype="bf16", hardware: Optional[dict] = None,
+def resolve_peaks(device_name: Optional[str], dtype="bf16", hardware=None,
                   calibration: Optional[dict] = None) -> Peaks:
     """Ceilings for ``device_name`` running ``dtype``.
 
@@ -279,10 +279,10 @@ def resolve_peaks(device_name: Optional[str], dtype="bf16", hardware: Optional[d
     (override the datasheet values for this dtype). ``calibration`` is a calibration record
     (``calibrate.load_calibration``): ``gemm_tflops``, ``copy_gbs``, ``gemm_dtype``, ``path``.
     """
-    hw = dict(hardware or {})
+    hw = hardware_config(hardware)
     dt = norm_dtype(dtype)
     name = str(device_name or "unknown")
-    want = hw.get("name")
+    want = hw.name
     lookup = name if (want in (None, "", "auto")) else str(want)
     spec = match_device(lookup)
     p = Peaks(device_name=name, dtype=dt)
@@ -304,7 +304,7 @@ def resolve_peaks(device_name: Optional[str], dtype="bf16", hardware: Optional[d
             p.notes.append("MIG slice: the full GPU's datasheet peak does not apply")
         p.notes.append(f"device {lookup!r} is not in the datasheet table: reported as unknown, "
                        "efficiencies use calibrated ceilings only")
-    ov_tf, ov_bw = _num(hw.get("peak_tflops")), _num(hw.get("mem_bw_gbs"))
+    ov_tf, ov_bw = _num(hw.peak_tflops), _num(hw.mem_bw_gbs)
     if ov_tf is not None:
         p.peak_tflops = ov_tf
         p.notes.append(f"peak {dt} TFLOP/s overridden by config: {ov_tf:g}")
@@ -324,5 +324,6 @@ def resolve_peaks(device_name: Optional[str], dtype="bf16", hardware: Optional[d
     return p
 
 
-__all__ = ["DeviceSpec", "SPECS", "DTYPES", "Peaks", "match_device", "is_mig", "resolve_peaks", "norm_dtype", "cpu_name",
+__all__ = ["DeviceSpec", "SPECS", "DTYPES", "Peaks", "match_device", "is_mig", "resolve_peaks", "norm_dtype",
+           "hardware_config", "cpu_name",
            "device_name_of", "slug"]

@@ -4,20 +4,24 @@
 it says ``complete`` only at the very end. A failed run is marked ``failed`` (with the error),
 gets a ``FAILED`` file, and its directory is renamed with a ``-failed`` suffix, so no failed
 directory looks complete.
+
+``RunData`` is what one run measured, in memory: the run verb grows it case by case and hands it
+to the report; ``load_run`` reads a finished run directory into one (each file read once).
+This module sits at the bottom of the package: it imports nothing from it but ``errors``.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import io
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Optional
 
 import pandas as pd
 
@@ -36,7 +40,7 @@ def package_versions() -> dict:
 
 
 def git_revision(root: Path | None = None) -> dict:
-    root = root or Path(__file__).resolve().parents[3]
+    root = root or Path(__file__).resolve().parents[2]
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
@@ -46,35 +50,6 @@ def git_revision(root: Path | None = None) -> dict:
         return {"revision": rev.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
     except (OSError, subprocess.SubprocessError) as exc:
         return {"revision": None, "dirty": None, "reason": str(exc)}
-
-
-def device_info(device) -> dict:
-    """Device name, memory, capability, driver and the clocks setting (nvidia-smi when present)."""
-    import torch
-
-    info = {"type": device.type, "host": platform.node(), "cpu": platform.processor() or platform.machine(),
-            "cpu_threads": torch.get_num_threads()}
-    if device.type != "cuda":
-        return info
-    idx = device.index or 0
-    props = torch.cuda.get_device_properties(idx)
-    info.update(name=torch.cuda.get_device_name(idx), total_memory_bytes=props.total_memory,
-                capability=f"{props.major}.{props.minor}", multiprocessors=props.multi_processor_count,
-                cuda_runtime=torch.version.cuda)
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        q = "driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,persistence_mode,compute_mode"
-        try:
-            res = subprocess.run([smi, f"--query-gpu={q}", "--format=csv,noheader", f"--id={idx}"],
-                                 capture_output=True, text=True, timeout=10)
-            vals = [v.strip() for v in res.stdout.strip().split(",")]
-            info["nvidia_smi"] = dict(zip(q.split(","), vals)) if res.returncode == 0 else res.stderr.strip()
-        except (OSError, subprocess.SubprocessError) as exc:
-            info["nvidia_smi"] = f"unavailable: {exc}"
-    else:
-        info["nvidia_smi"] = "nvidia-smi not found: driver version and clocks not recorded"
-    info["clock_control"] = "none (clocks left as found; the harness never locks them)"
-    return info
 
 
 CSV_DTYPES = {"repeat": str, "call": str, "grid": str}   # mixed numbers and labels: read as text
@@ -88,25 +63,41 @@ def read_table(src) -> pd.DataFrame:
     return pd.read_csv(src, dtype=CSV_DTYPES)
 
 
-def _stack(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
-    """``a`` then ``b`` with the dtypes one parse of both would give: a column that is all empty
-    in one part takes the other part's text dtype (numeric columns promote as usual)."""
-    a, b = a.copy(deep=False), b.copy(deep=False)
-    for c in a.columns.intersection(b.columns):
-        x, y = a[c], b[c]
-        if x.dtype == y.dtype:
-            continue
-        if x.isna().all() and not pd.api.types.is_numeric_dtype(y):
-            a[c] = x.astype(y.dtype)
-        elif y.isna().all() and not pd.api.types.is_numeric_dtype(x):
-            b[c] = y.astype(x.dtype)
-    return pd.concat([a, b], ignore_index=True)
+@dataclass
+class RunData:
+    """What one run measured: its manifest and tables (empty frames where nothing was written).
+
+    ``stages`` (``harness.measure.summarize.STAGE_COLUMNS``), ``kernels`` (``KERNEL_COLUMNS`` +
+    ``case``), ``routing`` (case, phase, layer, e0..eN); ``analytic`` the analytic frames of its cases
+    (``harness.analytic`` COLUMNS + ``routing``) and ``mbu_bytes`` {case: decode bytes that must
+    move}, filled by the run as each case finishes, None when the run directory was read back
+    (the report then derives them); ``notes`` for the report's caveats.
+    """
+
+    path: Path
+    manifest: dict
+    stages: pd.DataFrame = field(default_factory=pd.DataFrame)
+    kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
+    routing: pd.DataFrame = field(default_factory=pd.DataFrame)
+    analytic: Optional[pd.DataFrame] = None
+    mbu_bytes: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+
+def load_run(path) -> RunData:
+    """A finished (or interrupted) run directory read back: manifest.json and the three CSVs."""
+    path = Path(path)
+    mpath = path / "manifest.json"
+    manifest = json.loads(mpath.read_text()) if mpath.is_file() else {}
+    manifest.setdefault("warnings", [])
+    manifest.setdefault("cases", [])
+    return RunData(path, manifest, read_table(path / "stages.csv"), read_table(path / "kernels.csv"),
+                   read_table(path / "routing.csv"))
 
 
 class RunDir:
     """A run directory under ``runs/``; every write is atomic (tmp file + rename), except
-    ``append_csv``. ``table(name)`` reads a CSV once and keeps it, adding later appends to the kept
-    copy, so a report rewritten after every case does not re-read the growing ``kernels.csv``."""
+    ``append_csv``."""
 
     def __init__(self, path: Path, config: dict, argv: list | None = None):
         self.path = Path(path)
@@ -117,25 +108,19 @@ class RunDir:
             "config": config, "versions": package_versions(), "git": git_revision(),
             "device": None, "model": None, "attention": None, "cases": [], "warnings": [], "error": None,
         }
-        self._tables: dict = {}
         self.save()
 
     @classmethod
-    def attach(cls, path) -> "RunDir":
-        """A RunDir over an existing directory (its manifest is read, not rewritten)."""
+    def attach(cls, path, manifest: Optional[dict] = None) -> "RunDir":
+        """A RunDir over an existing directory (its manifest is read, or given, not rewritten)."""
         rd = cls.__new__(cls)
         rd.path = Path(path)
-        mp = rd.path / "manifest.json"
-        rd.manifest = json.loads(mp.read_text()) if mp.is_file() else {"warnings": [], "cases": []}
+        if manifest is None:
+            mp = rd.path / "manifest.json"
+            manifest = json.loads(mp.read_text()) if mp.is_file() else {"warnings": [], "cases": []}
+        rd.manifest = manifest
         rd.manifest.setdefault("warnings", [])
-        rd._tables = {}
         return rd
-
-    def table(self, name: str) -> pd.DataFrame:
-        """The CSV ``name`` as ``read_table`` gives it, read from disk once."""
-        if name not in self._tables:
-            self._tables[name] = read_table(self.path / name)
-        return self._tables[name]
 
     def save(self) -> None:
         _atomic_write(self.path / "manifest.json", json.dumps(self.manifest, indent=2, default=str))
@@ -154,21 +139,15 @@ class RunDir:
         tmp = out.with_suffix(out.suffix + ".tmp")
         df.to_csv(tmp, index=False)
         tmp.replace(out)
-        self._tables.pop(name, None)
         return out
 
     def append_csv(self, name: str, df: pd.DataFrame) -> Path:
-        """Append rows (header only when the file is new): for large per-case tables. A kept
-        ``table(name)`` gets the new rows parsed from the same text."""
+        """Append rows (header only when the file is new): for large per-case tables."""
         out = self.path / name
         text = df.to_csv(index=False)
         new = not out.exists()
         with open(out, "a") as f:
             f.write(text if new else text.split("\n", 1)[1])
-        kept = self._tables.get(name)
-        if kept is not None:
-            rows = read_table(io.StringIO(text))
-            self._tables[name] = rows if kept.empty else _stack(kept, rows)
         return out
 
     def write_text(self, name: str, text: str) -> Path:
@@ -184,7 +163,7 @@ class RunDir:
         try:
             yield self
         except BaseException as exc:
-            from ..errors import HarnessError
+            from .errors import HarnessError
 
             self.fail(str(exc) if isinstance(exc, HarnessError) else f"{exc.__class__.__name__}: {exc}")
             raise

@@ -1,13 +1,18 @@
-"""The five stages of a request and the module prefixes each one runs.
+"""The five stages of a request, the ranges inside them, and the module prefixes each one runs.
 
 Stages are disjoint in time and their GPU times add up to the request. ``prefill`` and
 ``decode`` run the same LLM modules; the phase (sequence length > 1 or == 1) tells them apart.
 Module prefixes are the same for the reference model and the vendor model (same state_dict).
+This module is the one place that names the stages; it imports nothing from the package.
 """
 from __future__ import annotations
 
 STAGES = ("sam", "clip", "projector", "prefill", "decode")
 VISION_STAGES = ("sam", "clip", "projector")
+#: ranges a model opens: ``request`` around everything, one ``decode_step`` per token inside ``decode``
+REQUEST, DECODE_STEP = "request", "decode_step"
+#: ranges that hold work directly (a FLOP counter attributes to these; ``decode_step`` stands for decode)
+LEAF_RANGES = VISION_STAGES + ("prefill", DECODE_STEP)
 
 STAGE_PREFIXES = {
     "sam": ("model.sam_model",),

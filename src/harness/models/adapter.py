@@ -1,0 +1,75 @@
+"""What a model must offer to be measured: the adapter protocol, and the result of one request.
+
+Every model the harness drives (the reference ``DeepseekOCR``, the vendor's code through
+``VendorOCR``) implements ``ModelAdapter``; ``harness.models.generate.generate`` is the one loop
+that runs a request through any of them. Execution variants (a static KV cache, a decode step
+captured in a CUDA graph) live behind ``running`` (set-up once per request shape, outside the
+timed loop) and ``next_token`` (one step, nothing in it makes the host wait).
+
+Stage ranges enter a model only through ``stage(name, **payload)`` context managers (a
+``harness.measure.StageRecorder``, a FLOP counter, ``no_stage``): ``first_token`` opens the vision
+stages and ``prefill``; the loop opens ``request``, ``decode`` and ``decode_step``.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager, Protocol
+
+import torch
+
+from .routing import RoutingCounter
+
+StageFn = Callable[..., ContextManager]
+Select = Callable[[torch.Tensor], torch.Tensor]
+
+
+def no_stage(name: str, **payload) -> ContextManager:
+    """The stage function that records nothing."""
+    return contextlib.nullcontext()
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """Next token of every sequence from logits [B, S, vocab]: argmax at the last position -> [B, 1]
+    (on the device: no host sync)."""
+    return logits[:, -1].argmax(-1, keepdim=True)
+
+
+@dataclass
+class GenerationResult:
+    """Greedy tokens [B, decode_tokens] and per-layer routed-expert token counts.
+
+    ``routing[phase]`` is an int64 array [num_layers, n_routed_experts] (rows of dense layers
+    are zero); ``phase`` is ``prefill`` or ``decode`` (summed over steps). ``kv_cache_bytes``:
+    the cache's size at the end [B]; ``host_ms['request']``: host wall time of the request [ms].
+    """
+
+    tokens: torch.Tensor
+    routing: dict = field(default_factory=dict)
+    kv_cache_bytes: int = 0
+    host_ms: dict = field(default_factory=dict)
+
+
+class ModelAdapter(Protocol):
+    """A model the harness can measure.
+
+    ``cfg`` (harness.config.ModelConfig): the architecture as the analytic model sees it;
+    ``info``: what was loaded and what really runs (for the manifest).
+    """
+
+    cfg: object
+    info: dict
+
+    def routing_counter(self) -> RoutingCounter:
+        """A fresh counter of routed-expert tokens for one request."""
+
+    def running(self, request, max_new_tokens: int, counter: RoutingCounter) -> ContextManager:
+        """Set up one request (hooks, caches, captured graphs) and yield its KV cache (an object
+        with ``nbytes()``); undo the set-up on exit."""
+
+    def first_token(self, request, cache, stage: StageFn, select: Select) -> torch.Tensor:
+        """Vision and prefill of ``request`` (opening the sam/clip/projector/prefill ranges); the
+        first new token [B, 1] from ``select`` inside the prefill range."""
+
+    def next_token(self, token: torch.Tensor, cache, select: Select) -> torch.Tensor:
+        """One single-token forward: token [B, 1] -> next token [B, 1]."""

@@ -1,0 +1,40 @@
+"""The one generate loop: vision + prefill, then greedy single-token steps, for any adapter.
+
+``generate(adapter, request, stage)`` runs ``request`` (a ``harness.workload.Request`` already on
+the model's device) through a ``ModelAdapter``: the adapter's ``first_token`` (vision stages and
+prefill), then ``decode_tokens - 1`` calls of ``next_token`` (one ``decode_step`` range each).
+EOS is ignored: decoding always runs the fixed budget. Routing counts, the KV cache size and the
+request's host time come back in a ``GenerationResult``.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+from .adapter import GenerationResult, ModelAdapter, StageFn, greedy, no_stage
+
+
+@torch.inference_mode()
+def generate(adapter: ModelAdapter, request, stage: StageFn = no_stage,
+             max_new_tokens: Optional[int] = None) -> GenerationResult:
+    """Run one request end to end; ``max_new_tokens`` overrides ``request.decode_tokens``."""
+    n_new = request.decode_tokens if max_new_tokens is None else max_new_tokens
+    counter = adapter.routing_counter()
+    out = []
+    with adapter.running(request, n_new, counter) as cache, stage("request"):
+        t0 = time.perf_counter()
+        counter.phase("prefill")
+        token = adapter.first_token(request, cache, stage, greedy)
+        counter.phase("decode")
+        out.append(token)
+        with stage("decode"):
+            for step in range(max(n_new - 1, 0)):
+                with stage("decode_step", step=step):
+                    token = adapter.next_token(token, cache, greedy)
+                out.append(token)
+        counter.phase(None)
+        host_ms = (time.perf_counter() - t0) * 1e3
+    return GenerationResult(tokens=torch.cat(out, dim=1)[:, :n_new], routing=counter.result(),
+                            kv_cache_bytes=cache.nbytes(), host_ms={"request": host_ms})

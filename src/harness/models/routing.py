@@ -1,0 +1,59 @@
+"""Routed-expert token counts of one request, per phase and MoE layer.
+
+Models report each MoE layer's routing either as host counts they already have (the vendor-style
+loop copies them to the host anyway: ``add_host``) or as the device tensor of chosen experts
+(``add_device``: one scatter-add on the device, no host sync, so a sync-free step stays sync-free).
+``result()`` reads everything back once, after the request.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+
+class RoutingCounter:
+    """Tokens routed to each expert: {phase: int64 [layers, experts]} (dense layers stay zero)."""
+
+    def __init__(self, layers: int, experts: int, device=None):
+        self.layers, self.experts = layers, experts
+        self.device = torch.device(device) if device is not None else None
+        self._host: dict = {}
+        self._dev: dict = {}
+        self._ones: Optional[torch.Tensor] = None
+        self.current: Optional[str] = None
+
+    def phase(self, name: Optional[str]) -> None:
+        """Count into phase ``name`` from now on (None: stop counting). A phase entered counts as
+        seen: ``result`` holds it, zeros if nothing was routed in it."""
+        self.current = name
+        if name is not None:
+            self._host.setdefault(name, np.zeros((self.layers, self.experts), dtype=np.int64))
+
+    def add_host(self, layer: int, counts) -> None:
+        """Add per-expert counts [experts] (host array) of MoE ``layer``."""
+        if self.current is None:
+            return
+        self._host[self.current][layer] += np.asarray(counts, dtype=np.int64)
+
+    def add_device(self, layer: int, topk_ids: torch.Tensor) -> None:
+        """Add the experts chosen in MoE ``layer`` (any-shaped int tensor of expert ids) on the device."""
+        if self.current is None:
+            return
+        acc = self._dev.get(self.current)
+        if acc is None:
+            acc = self._dev[self.current] = torch.zeros((self.layers, self.experts), dtype=torch.int64,
+                                                        device=topk_ids.device)
+        idx = topk_ids.reshape(-1)
+        if self._ones is None or self._ones.numel() < idx.numel() or self._ones.device != idx.device:
+            self._ones = torch.ones(max(idx.numel(), 64), dtype=torch.int64, device=idx.device)
+        acc[layer].scatter_add_(0, idx, self._ones[:idx.numel()])
+
+    def result(self) -> dict:
+        """{phase: int64 array [layers, experts]} for every phase entered."""
+        out = {k: v.copy() for k, v in self._host.items()}
+        for k, v in self._dev.items():
+            arr = v.cpu().numpy().astype(np.int64)
+            out[k] = out[k] + arr if k in out else arr
+        return out

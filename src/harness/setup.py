@@ -1,0 +1,190 @@
+"""What every verb sets up the same way: device and dtype, device facts, the cases and the model.
+
+* ``resolve_device`` / ``resolve_dtype``: ``device=auto|cpu|cuda|cuda:N`` and ``dtype=auto|bf16|fp16|fp32``
+  (auto: bf16 on CUDA, fp32 on the CPU) with one-line errors for what cannot run here.
+* ``device_info``: name, memory, capability, driver and clocks setting (for manifests, calibration).
+* ``prepare_cases``: the config's cases (``workload`` merged with each ``cases`` entry) with their
+  pages loaded and the first request built, so bad input fails before any model is built.
+* ``load_adapter``: the ``ModelAdapter`` named by ``model.name`` (reference or vendor) on the device.
+"""
+from __future__ import annotations
+
+import dataclasses
+import platform
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import workload as wl
+from .config import CaseConfig, HarnessConfig, ModelConfig, WorkloadConfig
+from .dtypes import torch_dtype
+from .errors import HarnessError
+
+
+# ------------------------------------------------------------------------------ device, dtype
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda when torch sees a GPU, else cpu; ``cuda[:N]`` must exist."""
+    name = str(name or "auto")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise HarnessError(f"unknown device {name!r}", "use device=auto, device=cpu or device=cuda[:N]") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise HarnessError(f"device type {dev.type!r} is not supported", "use device=cpu or device=cuda")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise HarnessError("device=cuda was requested but no CUDA GPU is visible to torch "
+                           f"(torch {torch.__version__}, CUDA build: {torch.version.cuda})",
+                           "run on a GPU machine, or use device=cpu / device=auto")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise HarnessError(f"device {name} does not exist ({torch.cuda.device_count()} GPU(s) visible)",
+                           f"pick an index below {torch.cuda.device_count()}")
+    return dev
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto`` -> bf16 on CUDA, fp32 on the CPU; otherwise the named dtype (``harness.dtypes``)."""
+    if str(name) == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return torch_dtype(name)
+
+
+def device_info(device: torch.device) -> dict:
+    """Device name, memory, capability, driver and the clocks setting (nvidia-smi when present)."""
+    info = {"type": device.type, "host": platform.node(), "cpu": platform.processor() or platform.machine(),
+            "cpu_threads": torch.get_num_threads()}
+    if device.type != "cuda":
+        return info
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(idx)
+    info.update(name=torch.cuda.get_device_name(idx), total_memory_bytes=props.total_memory,
+                capability=f"{props.major}.{props.minor}", multiprocessors=props.multi_processor_count,
+                cuda_runtime=torch.version.cuda)
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        q = "driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,persistence_mode,compute_mode"
+        try:
+            res = subprocess.run([smi, f"--query-gpu={q}", "--format=csv,noheader", f"--id={idx}"],
+                                 capture_output=True, text=True, timeout=10)
+            vals = [v.strip() for v in res.stdout.strip().split(",")]
+            info["nvidia_smi"] = dict(zip(q.split(","), vals)) if res.returncode == 0 else res.stderr.strip()
+        except (OSError, subprocess.SubprocessError) as exc:
+            info["nvidia_smi"] = f"unavailable: {exc}"
+    else:
+        info["nvidia_smi"] = "nvidia-smi not found: driver version and clocks not recorded"
+    info["clock_control"] = "none (clocks left as found; the harness never locks them)"
+    return info
+
+
+# ------------------------------------------------------------------------------------ cases
+
+@dataclass
+class CaseInputs:
+    """One case of a run: its ``case`` (the shape), its workload settings, its pages and the
+    validated request of repeat 0 (``request``, CPU tensors)."""
+
+    case: wl.Case
+    workload: WorkloadConfig
+    pages: list
+    tokenizer: object
+    request: wl.Request
+
+    @property
+    def name(self) -> str:
+        return self.case.name
+
+    def request_for(self, repeat: int) -> wl.Request:
+        """The request of timed repeat ``repeat`` (< 0: warm-ups). Synthetic pages are drawn anew
+        per request (same size, new text: seed offset by the request index) so no repeat reuses
+        the previous one's input; pages from files are the same every time."""
+        w = self.workload
+        pages = self.pages if (repeat == 0 or w.images) else pages_for(w, repeat)
+        return wl.build_request(pages, w.mode, decode_tokens=w.decode_tokens, prompt=w.prompt,
+                                tokenizer=self.tokenizer, text_tokens=w.text_tokens, seed=w.seed,
+                                name=self.case.name)
+
+
+def pages_for(w: WorkloadConfig, repeat: int) -> list:
+    """Pages of request ``repeat``: the images (files) or ``w.pages`` synthetic pages seeded by the
+    request index, repeated or cut to ``w.batch``."""
+    if w.images:
+        pages = wl.load_pages(w.images, seed=w.seed, max_pixels=w.max_pixels)
+    else:
+        size = tuple(w.page_size) if w.page_size else None
+        seed = w.seed + 1000 * (repeat + 1)
+        pages = [wl.Page(f"synthetic-{i:03d}", wl.synthetic_page(i, seed=seed, size=size), f"synthetic:{seed}")
+                 for i in range(w.pages)]
+    if w.batch > 1 and len(pages) == 1:
+        pages = pages * w.batch
+    elif w.batch > 1:
+        pages = pages[: w.batch]
+        if len(pages) < w.batch:
+            raise HarnessError(f"batch={w.batch} needs {w.batch} pages but only {len(pages)} were given",
+                               "add pages or lower workload.batch")
+    return pages
+
+
+def case_workloads(cfg: HarnessConfig) -> list:
+    """[(name or None, WorkloadConfig)]: ``workload`` with each ``cases`` entry's non-None fields."""
+    out = []
+    for ov in cfg.cases or [CaseConfig()]:
+        fields = {f.name: getattr(ov, f.name) for f in dataclasses.fields(ov) if f.name != "name"}
+        w = dataclasses.replace(cfg.workload, **{k: v for k, v in fields.items() if v is not None})
+        out.append((ov.name, w))
+    return out
+
+
+def prepare_cases(cfg: HarnessConfig) -> tuple:
+    """([CaseInputs], tokenizer note): every case validated (pages load, mode known, layout
+    consistent, names distinct) before any model is built."""
+    tokenizer, reason = wl.load_tokenizer(cfg.model.path, cfg.workload.text_tokens)
+    cases = []
+    for name, w in case_workloads(cfg):
+        pages = pages_for(w, 0)
+        req = wl.build_request(pages, w.mode, decode_tokens=w.decode_tokens, prompt=w.prompt, tokenizer=tokenizer,
+                               text_tokens=w.text_tokens, seed=w.seed, name=name or "")
+        cases.append(CaseInputs(req.case, w, pages, tokenizer, req))
+    names = [c.name for c in cases]
+    if len(set(names)) != len(names):
+        raise HarnessError(f"two cases share a name ({names})", "give each case a distinct `name`")
+    return cases, reason
+
+
+# ------------------------------------------------------------------------------------ model
+
+def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int) -> tuple:
+    """(adapter, info): the model named by ``mcfg.name`` ready on ``device``. ``info`` says what was
+    loaded (adapter, weights, build seconds, the attention implementation asked for)."""
+    t0 = time.perf_counter()
+    if mcfg.name == "vendor":
+        from .models.vendor import load_vendor
+
+        model = load_vendor(mcfg.path, device=device, dtype=dtype, attn_implementation=mcfg.attn_implementation,
+                            seed=seed)
+        info = {"adapter": "vendor", **getattr(model, "info", {})}
+    else:
+        from .models.build import build_model, check_checkpoint, load_weights
+
+        if mcfg.weights == "path" and not mcfg.path:
+            raise HarnessError("model.weights=path needs model.path", "set model.path=DIR (a vendor snapshot)")
+        if mcfg.weights == "path":   # refuse a bad checkpoint before allocating the model
+            check_checkpoint(build_model(mcfg, device="meta", dtype=dtype), mcfg.path)
+        model = build_model(mcfg, device=device, dtype=dtype, seed=seed, init=mcfg.weights == "random")
+        info = {"adapter": "reference", "weights": mcfg.weights}
+        if mcfg.weights == "path":
+            info["loaded"] = load_weights(model, mcfg.path)
+        model.info.update(info)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    info["build_s"] = time.perf_counter() - t0
+    info["attn_implementation_requested"] = mcfg.attn_implementation
+    return model, info
+
+
+__all__ = ["resolve_device", "resolve_dtype", "device_info", "CaseInputs", "pages_for", "case_workloads",
+           "prepare_cases", "load_adapter"]

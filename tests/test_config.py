@@ -1,0 +1,98 @@
+"""The typed config tree: composition through the schema, one-line refusals of invalid values
+(in process and from the command line, before any model is built), and the YAML files holding
+only what differs from the schema."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.cli import check_overrides
+from harness.config import HarnessConfig, ModelConfig, WorkloadConfig, from_dict
+from harness.errors import HarnessError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BAD = {   # override -> words the one-line error must contain
+    "workload.batch=two": ["workload.batch", "Integer"],
+    "workload.batch=0": ["workload.batch=0", "minimum 1"],
+    "measure.repeats=abc": ["measure.repeats", "Integer"],
+    "measure.repeats=0": ["measure.repeats=0", "minimum 1"],
+    "workload.decode_tokens=-1": ["workload.decode_tokens=-1", "minimum 0"],
+    "+workload.foo=1": ["workload.foo", "unknown config key"],
+    "workload.foo=1": ["workload.foo", "unknown config key"],
+    "dtype=fp8": ["dtype='fp8'", "auto, bf16, fp16, fp32"],
+    "model=nope": ["model/nope", "reference, tiny, vendor"],
+    "device=gpu": ["device='gpu'"],
+    "model.attn_implementation=fast": ["attn_implementation", "sdpa_flash"],
+    "cases=[{mode: base, batch: two}]": ["cases[].batch", "Integer"],
+}
+
+
+@pytest.mark.parametrize("override", list(BAD))
+def test_invalid_values_are_refused_in_one_line(override):
+    with pytest.raises(HarnessError) as exc:
+        check_overrides([override])
+    msg = str(exc.value)
+    assert "\n" not in msg and "; fix: " in msg, msg
+    assert all(w in msg for w in BAD[override]), msg
+
+
+def test_a_bad_swept_value_is_refused_too():
+    with pytest.raises(HarnessError, match="workload.batch"):
+        check_overrides(["-m", "workload.batch=1,two"])
+    assert check_overrides(["-m", "workload.batch=1,2"]).workload.batch == 1
+
+
+def test_defaults_and_experiments_compose_typed():
+    cfg = check_overrides([])
+    assert isinstance(cfg, HarnessConfig) and isinstance(cfg.model, ModelConfig)
+    assert cfg == dataclasses.replace(HarnessConfig(), run=dataclasses.replace(HarnessConfig().run, name="default"))
+    crop = check_overrides(["+experiment=crop_mode"])
+    assert [c.mode for c in crop.cases] == ["tiny", "small", "base", "large", "gundam"]
+    assert crop.measure.repeats == 3 and crop.run.name == "crop_mode"
+    tiny = check_overrides(["model=tiny", "workload.mode={name: t, base_size: 128, image_size: 64, crop: true}"])
+    assert tiny.model.llm.hidden_size == 64 and tiny.workload.mode["base_size"] == 128
+
+
+def _leaves(d: dict, prefix=""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _leaves(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+@pytest.mark.parametrize("group,cls", [("model", ModelConfig), ("workload", WorkloadConfig)])
+def test_yaml_files_hold_only_what_differs_from_the_schema(group, cls):
+    default = dict(_leaves(dataclasses.asdict(cls())))
+    for f in sorted((ROOT / "conf" / group).glob("*.yaml")):
+        for key, value in _leaves(yaml.safe_load(f.read_text()) or {}):
+            assert key in default, f"{f.name}: {key} is not in {cls.__name__}"
+            assert value != default[key], f"{f.name}: {key}={value!r} repeats the schema default"
+
+
+def test_manifest_configs_of_older_runs_load_without_unknown_keys():
+    with pytest.raises(HarnessError, match="unknown config key"):
+        from_dict(ModelConfig, {"name": "reference", "retired_knob": 1})
+    assert from_dict(ModelConfig, {"name": "vendor", "retired_knob": 1}, strict=False).name == "vendor"
+
+
+def test_command_line_refusal_exits_2_before_any_model_is_built(tmp_path):
+    """As a user sees it: exit 2, exactly one `error:` line, no traceback, no run directory, fast."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    for override in ("workload.batch=two", "measure.repeats=0", "+workload.foo=1"):
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "harness", "run", override, f"run.root={tmp_path}"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60, env=env)
+        seconds = time.perf_counter() - t0
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+        assert "Traceback" not in proc.stderr + proc.stdout and seconds < 20
+        assert not any(tmp_path.iterdir())
