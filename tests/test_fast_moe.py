@@ -1,4 +1,4 @@
-"""Sync-free MoE implementations against the vendor-style reference.
+"""Sync-free MoE implementations and the static KV cache against the vendor-style reference.
 
 Every routed-expert implementation is compared with ``MoE.moe_infer`` (the vendor loop) of the
 same module in fp32 (relative error <= 1e-5) and bf16 (<= 2e-2). Without a GPU the Triton kernels
@@ -12,6 +12,7 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -19,7 +20,8 @@ if not torch.cuda.is_available():
 from harness.config import LLMConfig  # noqa: E402
 from harness.errors import HarnessError  # noqa: E402
 from harness.models import fast_moe as fm  # noqa: E402
-from harness.models.llm import MoE  # noqa: E402
+from harness.models import static_cache as sc  # noqa: E402
+from harness.models.llm import Attention, KVCache, MoE, RotaryEmbedding, rotate_half  # noqa: E402
 
 #: (hidden, expert width, experts, top-k): the tiny model's routing, and DeepSeek-OCR's 64 x top-6
 SHAPES = {"tiny": (64, 32, 8, 2), "e64k6": (64, 32, 64, 6)}
@@ -293,6 +295,10 @@ def test_impls_need_no_tensor_values_on_the_host():
     assert all(out.shape == (3, 64) and out.dtype == torch.bfloat16 for out in outs)
     al = fm.align_rows_to_blocks(ids, 64, 16)
     assert al.sorted_rows.shape == ((18 // 16 + 18) * 16,) and al.block_expert.shape == (18 // 16 + 18,)
+    cache = sc.StaticKVCache(1, 1, 2, 8, 4, torch.float32, "meta")
+    cache.begin_step(torch.empty(1, dtype=torch.int64, device="meta"))
+    K, _ = cache.update(0, torch.empty(1, 2, 1, 4, device="meta"), torch.empty(1, 2, 1, 4, device="meta"))
+    assert K.shape == (1, 2, 8, 4) and cache.mask.shape == (1, 8)
 
 
 def test_meta_check_catches_the_vendor_loop():
@@ -304,3 +310,83 @@ def test_meta_check_catches_the_vendor_loop():
     _, x, ids, w = _meta_inputs(torch.float32)
     with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):
         moe.moe_infer(x, ids, w)                       # tokens_per_expert = cnts.sum(0).cpu()
+
+
+# ---------------------------------------------------------------- static KV cache
+
+def test_attention_masks_exact():
+    assert sc.attention_mask(torch.tensor([2]), 5).tolist() == [[True, True, True, False, False]]
+    assert sc.attention_mask(torch.arange(3), 4).tolist() == [[True, False, False, False],
+                                                              [True, True, False, False],
+                                                              [True, True, True, False]]
+    add = sc.additive_mask(torch.tensor([[True, False]]), torch.float32)
+    assert add.tolist() == [[0.0, torch.finfo(torch.float32).min]]
+
+
+def test_static_cache_writes_length_nbytes_reset():
+    cache = sc.StaticKVCache(num_layers=2, batch=1, kv_heads=2, max_len=8, head_dim=4,
+                             dtype=torch.float32, device="cpu")
+    assert cache.nbytes() == 2 * 2 * (1 * 2 * 8 * 4) * 4
+    k = torch.randn(1, 2, 3, 4)
+    K, V = cache.update(1, k, -k, torch.arange(3))
+    cache.advance(3)
+    assert torch.equal(K[:, :, :3], k) and torch.equal(V[:, :, :3], -k)
+    assert torch.count_nonzero(K[:, :, 3:]) == 0 and torch.count_nonzero(cache.k[0]) == 0
+    one = torch.randn(1, 2, 1, 4)
+    cache.begin_step(torch.tensor([3]))
+    K, _ = cache.update(1, one, one)
+    cache.advance(1)
+    assert torch.equal(K[:, :, 3:4], one)
+    assert cache.mask.tolist() == [[True] * 4 + [False] * 4]
+    assert cache.length == 4 and cache.nbytes_filled() == cache.nbytes() // 2
+    with pytest.raises(HarnessError, match="positions"):
+        cache.advance(5)
+    cache.reset()
+    assert cache.length == 0 and cache.mask is None and torch.count_nonzero(cache.k[1]) == 0
+
+
+def test_rope_from_device_positions_is_bitwise_identical():
+    rotary = RotaryEmbedding(16, 10000.0)
+    table = sc.RopeTable(rotary.inv_freq, 64, torch.float32)
+    for positions in ([[0, 1, 2, 3, 4]], [[7]], [[63]], [[5], [9]]):
+        pos = torch.tensor(positions)
+        cos, sin = rotary(torch.empty(0), pos)
+        for got_cos, got_sin in (sc.rope_cos_sin(rotary.inv_freq, pos, torch.float32), table.lookup(pos)):
+            assert torch.equal(got_cos, cos) and torch.equal(got_sin, sin)
+
+
+def _attention_step_static(attn: Attention, x, pos, cache: sc.StaticKVCache, table: sc.RopeTable):
+    """Attention.forward with a static cache: RoPE from the table, writes at ``pos``, SDPA over the
+    whole buffer with the cache's mask."""
+    B, S, _ = x.shape
+    q = attn.q_proj(x).view(B, S, attn.num_heads, attn.head_dim).transpose(1, 2)
+    k = attn.k_proj(x).view(B, S, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
+    v = attn.v_proj(x).view(B, S, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
+    cos, sin = table.lookup(pos.expand(B, S))
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    cache.begin_step(pos)
+    K, V = cache.update(attn.layer_idx, k, v)
+    out = F.scaled_dot_product_attention(q, K, V, attn_mask=cache.mask)
+    return attn.o_proj(out.transpose(1, 2).reshape(B, S, -1))
+
+
+def test_static_cache_attention_equals_growing_cache():
+    cfg = LLMConfig(hidden_size=64, num_heads=4, num_kv_heads=4)
+    torch.manual_seed(0)
+    attn = Attention(cfg, layer_idx=0, impl="sdpa")
+    B, prompt, steps, max_len = 2, 6, 5, 16
+    xs = torch.randn(B, prompt + steps, 64)
+    growing = KVCache(1)
+    static = sc.StaticKVCache(1, B, cfg.num_kv_heads, max_len, cfg.head_dim, torch.float32, "cpu")
+    table = sc.RopeTable(attn.rotary_emb.inv_freq, max_len, torch.float32)
+    ref = attn(xs[:, :prompt], torch.arange(prompt).expand(B, prompt), growing)
+    got = _attention_step_static(attn, xs[:, :prompt], torch.arange(prompt), static, table)
+    assert rel_err(got, ref) <= 1e-6
+    for t in range(prompt, prompt + steps):
+        pos = torch.tensor([t])
+        ref = attn(xs[:, t:t + 1], pos.expand(B, 1), growing)
+        got = _attention_step_static(attn, xs[:, t:t + 1], pos, static, table)
+        assert rel_err(got, ref) <= 1e-6
+    assert torch.equal(static.k[0][:, :, :prompt + steps], growing.k[0])
