@@ -1,0 +1,185 @@
+"""Triton fused-MoE kernels (vLLM fused_moe style, written for this harness; triton >= 3.0).
+
+Importing this module imports triton and defines the kernels; with ``TRITON_INTERPRET=1`` set
+before the first import they run in Triton's numpy interpreter on CPU tensors (tests only).
+
+Execution (T tokens, k slots, E experts, hidden H, expert width I; no host sync anywhere):
+
+1. ``fast_moe.align_rows_to_blocks``: the T*k rows sorted by expert, each expert's rows padded to
+   BLOCK_M; one expert per block of BLOCK_M padded rows. The grid is the host bound
+   ``T*k // BLOCK_M + min(E, T*k)`` blocks; a program whose block starts at or past
+   ``num_padded`` (read from device memory) returns at once.
+2. ``_gate_up_silu_kernel``: per (block, BLOCK_N columns of I) program, x rows [BLOCK_M, H] times
+   the expert's gate and up rows [BLOCK_N, H] (two fp32 accumulators), then
+   silu(gate) * up rounded as SwiGLU rounds it in the activation dtype -> h [padded rows, I].
+3. ``_down_weighted_kernel``: per (block, BLOCK_N columns of H) program, h rows times the expert's
+   down rows [BLOCK_N, I]; the result is rounded to the activation dtype, cast to fp32, multiplied
+   by the row's gate weight and stored at its flat row t*k + j of an fp32 [T*k, H] buffer.
+4. PyTorch sums the buffer over k and casts to x's dtype (the vendor's order; deterministic).
+
+Each program of a block reads its expert's weight tile once; for decode (T=1) the blocks are the k
+touched experts, so the weights read are exactly those experts' weights.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..errors import HarnessError
+from .fast_moe import ExpertWeights, TritonMoEConfig, align_rows_to_blocks, default_triton_config
+
+#: whether the kernels below were defined for Triton's interpreter (TRITON_INTERPRET=1 at import)
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@triton.jit
+def _mma(a, b, acc, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """acc + a @ b in fp32. DOT_IN_FP32 upcasts the operands first (exact for bf16/fp16 products):
+    Triton's interpreter multiplies bf16 operands as raw uint16 bits (triton 3.9), so interpreted
+    bf16 runs need it; compiled kernels leave it off and use the tensor cores."""
+    if DOT_IN_FP32:
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
+def _rne(x, EMULATE_BF16_RNE: tl.constexpr):
+    """x (fp32) nudged so that a following ``.to(tl.bfloat16)`` rounds to nearest-even.
+
+    Compiled Triton already rounds to nearest-even; Triton's interpreter truncates fp32 -> bf16
+    (triton 3.9), so interpreted bf16 runs turn this on to round as PyTorch does."""
+    if EMULATE_BF16_RNE:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        x = ((bits >> 16) << 16).to(tl.float32, bitcast=True)
+    return x
+
+
+@triton.jit
+def _gate_up_silu_kernel(
+    x_ptr, w_ptr, h_ptr, sorted_rows_ptr, block_expert_ptr, num_padded_ptr,
+    num_rows, top_k, hidden, inter,
+    stride_xt, stride_xh, stride_we, stride_wn, stride_wh, stride_hm, stride_hi,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    num_padded = tl.load(num_padded_ptr)
+    if pid_m * BLOCK_M >= num_padded:
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.load(sorted_rows_ptr + offs_m)
+    row_ok = rows < num_rows
+    tokens = (rows // top_k).to(tl.int64)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < inter
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + tokens[:, None] * stride_xt + offs_k[None, :] * stride_xh
+    wg_ptrs = w_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wh
+    wu_ptrs = wg_ptrs + inter * stride_wn
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(hidden, BLOCK_K)):
+        k_ok = offs_k < hidden - kb * BLOCK_K
+        a = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w_mask = k_ok[:, None] & n_ok[None, :]
+        b_gate = tl.load(wg_ptrs, mask=w_mask, other=0.0)
+        b_up = tl.load(wu_ptrs, mask=w_mask, other=0.0)
+        acc_gate = _mma(a, b_gate, acc_gate, DOT_PRECISION, DOT_IN_FP32)
+        acc_up = _mma(a, b_up, acc_up, DOT_PRECISION, DOT_IN_FP32)
+        x_ptrs += BLOCK_K * stride_xh
+        wg_ptrs += BLOCK_K * stride_wh
+        wu_ptrs += BLOCK_K * stride_wh
+    act = h_ptr.dtype.element_ty
+    # gate_proj, up_proj, silu and the product each round to the activation dtype, as SwiGLU does
+    gate = _rne(acc_gate, EMULATE_BF16_RNE).to(act).to(tl.float32)
+    up = _rne(acc_up, EMULATE_BF16_RNE).to(act).to(tl.float32)
+    silu = _rne(gate / (1.0 + tl.exp(-gate)), EMULATE_BF16_RNE).to(act).to(tl.float32)
+    h = _rne(silu * up, EMULATE_BF16_RNE).to(act)
+    h_ptrs = h_ptr + offs_m[:, None].to(tl.int64) * stride_hm + offs_n[None, :] * stride_hi
+    tl.store(h_ptrs, h, mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _down_weighted_kernel(
+    h_ptr, w_ptr, out_ptr, topk_w_ptr, sorted_rows_ptr, block_expert_ptr, num_padded_ptr,
+    num_rows, hidden, inter,
+    stride_hm, stride_hi, stride_we, stride_wn, stride_wi, stride_om, stride_oh,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    num_padded = tl.load(num_padded_ptr)
+    if pid_m * BLOCK_M >= num_padded:
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.load(sorted_rows_ptr + offs_m)
+    row_ok = rows < num_rows
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < hidden
+    offs_k = tl.arange(0, BLOCK_K)
+    h_ptrs = h_ptr + offs_m[:, None].to(tl.int64) * stride_hm + offs_k[None, :] * stride_hi
+    w_ptrs = w_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wi
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(inter, BLOCK_K)):
+        k_ok = offs_k < inter - kb * BLOCK_K
+        a = tl.load(h_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = _mma(a, b, acc, DOT_PRECISION, DOT_IN_FP32)
+        h_ptrs += BLOCK_K * stride_hi
+        w_ptrs += BLOCK_K * stride_wi
+    gate_w = tl.load(topk_w_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    # down_proj's rounding to the activation dtype, then the vendor's fp32 weighting
+    y = _rne(acc, EMULATE_BF16_RNE).to(h_ptr.dtype.element_ty).to(tl.float32) * gate_w[:, None]
+    out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + offs_n[None, :] * stride_oh
+    tl.store(out_ptrs, y, mask=row_ok[:, None] & n_ok[None, :])
+
+
+def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
+                          weights: ExpertWeights, config: TritonMoEConfig | None = None) -> torch.Tensor:
+    """Routed-expert output [T, H] in x's dtype; see the module docstring. Inputs as ``fast_moe``."""
+    if x.device.type == "cuda" and INTERPRETED:
+        raise HarnessError("fast_moe_triton was imported with TRITON_INTERPRET=1; its kernels cannot run on CUDA",
+                           "unset TRITON_INTERPRET in the process that runs on the GPU")
+    if topk_w.dtype != torch.float32:
+        raise HarnessError(f"triton MoE multiplies by fp32 gate weights (as the vendor does); topk_w is {topk_w.dtype}")
+    T, k = topk_ids.shape
+    E, H, inter = weights.num_experts, weights.hidden, weights.inter
+    cfg = config or default_triton_config(T * k, E)
+    for name in ("block_m", "block_n", "block_k"):
+        size = getattr(cfg, name)
+        if size < 16 or size & (size - 1):
+            raise HarnessError(f"TritonMoEConfig.{name}={size}: tl.dot needs a power of two >= 16")
+    x = x.contiguous()
+    topk_w32 = topk_w.contiguous()
+    al = align_rows_to_blocks(topk_ids, E, cfg.block_m)
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"   # fp32 inputs: no TF32 rounding
+    dot_in_fp32 = INTERPRETED and x.dtype != torch.float32
+    emulate_rne = INTERPRETED and x.dtype == torch.bfloat16
+    h = torch.empty(al.max_blocks * cfg.block_m, inter, dtype=x.dtype, device=x.device)
+    out_rows = torch.empty(T * k, H, dtype=torch.float32, device=x.device)
+    gu, dn = weights.gate_up, weights.down
+    grid_gate_up = (al.max_blocks, triton.cdiv(inter, cfg.block_n))
+    _gate_up_silu_kernel[grid_gate_up](
+        x, gu, h, al.sorted_rows, al.block_expert, al.num_padded,
+        al.num_rows, k, H, inter,
+        x.stride(0), x.stride(1), gu.stride(0), gu.stride(1), gu.stride(2), h.stride(0), h.stride(1),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_PRECISION=precision,
+        DOT_IN_FP32=dot_in_fp32, EMULATE_BF16_RNE=emulate_rne, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    grid_down = (al.max_blocks, triton.cdiv(H, cfg.block_n))
+    _down_weighted_kernel[grid_down](
+        h, dn, out_rows, topk_w32, al.sorted_rows, al.block_expert, al.num_padded,
+        al.num_rows, H, inter,
+        h.stride(0), h.stride(1), dn.stride(0), dn.stride(1), dn.stride(2), out_rows.stride(0), out_rows.stride(1),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_PRECISION=precision,
+        DOT_IN_FP32=dot_in_fp32, EMULATE_BF16_RNE=emulate_rne, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out_rows.view(T, k, H).sum(dim=1).to(x.dtype)
