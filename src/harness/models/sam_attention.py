@@ -244,7 +244,8 @@ def backend_reasons(name: str, q, k, v) -> list[str]:
 
 # ------------------------------------------------------------------------------- module forward
 
-METHODS = ("dense", "augmented")
+#: dense: the vendor's mask; augmented: SDPA over (q', k', v); triton: sam_attention_triton
+METHODS = ("dense", "augmented", "triton")
 
 
 def forward(module, x: torch.Tensor, Rh, Rw, method: str = "augmented", backend: str = "auto",
@@ -254,7 +255,8 @@ def forward(module, x: torch.Tensor, Rh, Rw, method: str = "augmented", backend:
     ``module`` has ``qkv``, ``proj`` and ``num_heads`` (a SAMAttention); x [B, H, W, C];
     Rh = rel_pos_table(H, H, module.rel_pos_h), Rw = rel_pos_table(W, W, module.rel_pos_w)
     (the caller builds them, so this module does not import vision). Returns [B, H, W, C].
-    ``method="dense"`` is bit-identical to the current SAMAttention.forward.
+    ``method="dense"`` is bit-identical to the current SAMAttention.forward; ``backend`` applies
+    to ``method="augmented"`` only.
     """
     if method not in METHODS:
         raise HarnessError(f"unknown SAM attention method '{method}'", f"one of {METHODS}")
@@ -264,8 +266,13 @@ def forward(module, x: torch.Tensor, Rh, Rw, method: str = "augmented", backend:
     q, k, v = (t.view(B, nh, H * W, -1) for t in qkv.reshape(3, B * nh, H * W, -1).unbind(0))
     if method == "dense":
         out = dense_bias_attention(q, k, v, Rh, Rw, H, W, site=site)
-    else:
+    elif method == "augmented":
         out = augmented_attention(q, k, v, Rh, Rw, H, W, backend=backend, site=site)
+    else:
+        from . import sam_attention_triton  # needs triton; imported only when asked for
+        out = sam_attention_triton.rel_bias_attention(q, k, v, Rh, Rw, H, W)
+        if site is not None:
+            attn_probe.note(site, "triton:sam_attention_triton._rel_bias_fwd")
     out = out.reshape(B, nh, H, W, -1).permute(0, 2, 3, 1, 4).reshape(B, H, W, -1)
     return module.proj(out)
 
@@ -328,6 +335,23 @@ def augmented_cost(bh: int, H: int, W: int, d: int = 64, dv_x: int | None = None
         flops_relpos=2 * bh * S * (H + W) * d, flops_vector=6 * bh * S * S,
         bytes_prep=e * (relpos + qk_prep + v_prep),
         bytes_kernel=e * (bh * S * (2 * dp + 2 * dvx)))
+
+
+def inkernel_bias_cost(bh: int, H: int, W: int, d: int = 64, key_slots: int | None = None,
+                       elem_bytes: int = 2) -> AttentionCost:
+    """A kernel that adds rel_h[i, h(j)] + rel_w[i, w(j)] on the fly (``sam_attention_triton``,
+    flex_attention with a score_mod). It visits ``key_slots`` keys per query (default S; the
+    Triton kernel's row-aligned key blocks visit H * cdiv(W, BN) * BN, masked slots included):
+    flops_kernel 4*BH*S*key_slots*d; bytes_prep = einsums (read q, write rel_h, rel_w);
+    bytes_kernel = read q, k, v, rel_h, rel_w and write o, each once."""
+    S = H * W
+    slots = S if key_slots is None else key_slots
+    e = elem_bytes
+    return AttentionCost(
+        flops_useful=4 * bh * S * S * d, flops_kernel=4 * bh * S * slots * d,
+        flops_relpos=2 * bh * S * (H + W) * d, flops_vector=8 * bh * S * slots,
+        bytes_prep=e * (bh * S * d + bh * S * (H + W)),
+        bytes_kernel=e * (4 * bh * S * d + bh * S * (H + W)))
 
 
 def _check_grid(S: int, H: int, W: int) -> None:
