@@ -47,7 +47,8 @@ def test_block_choice_and_slots():
     c = sa.inkernel_bias_cost(12, 64, 64, 64, st.key_slots(64, 64, 64))
     assert c.flops_kernel == c.flops_useful == 4 * 12 * 4096 ** 2 * 64
     assert c.bytes_kernel == 2 * (4 * 12 * 4096 * 64 + 12 * 4096 * 128)
-    assert {c["bn"] for c in st.bench_configs(80, 80, 6400)} == {128, 32, 16}
+    assert {c["bn"] for c in st.bench_configs(80, 80, 6400)} == {32, 16}
+    assert {c["bn"] for c in st.bench_configs(40, 40, 1600)} == {64, 16}
     assert {c["bn"] for c in st.bench_configs(14, 14, 196)} == {16}
     for cfg in st.bench_configs(64, 64, 4096) + st.bench_configs(40, 40, 1600):
         assert cfg["bn"] in st.BN_CHOICES and cfg["bm"] in (64, 128)
