@@ -36,6 +36,12 @@ dv for efficient / cuDNN / math, d' for flash (v zero-padded, output sliced), or
   and writes q', k' (v_x). The dense path instead writes and reads a BH*S^2 mask (2*BH*S^2*e).
   ``augmented_cost`` / ``dense_cost`` return these numbers.
 
+Where it pays: global blocks (base mode: 862 MB -> 133 MB per block, for 2x the kernel FLOPs;
+3x with flash's padded v). For 196-token windows the mask (2*S = 392 values per query) costs
+about what q' and k' do (4*d' = 384), so bytes barely change there and FLOPs grow 1.25-1.5x:
+keep the dense path for windows unless the bench says otherwise. ``sam_attention_triton``
+adds the bias inside the kernel instead (no mask, no extra FLOPs) for both block kinds.
+
 Backends (torch SDPA, chosen with ``torch.nn.attention.sdpa_kernel``; nothing falls back
 silently: an explicit backend that cannot run raises ``HarnessError`` with torch's reasons):
 
@@ -69,8 +75,6 @@ from . import attn_probe
 BACKENDS = ("flash", "efficient", "cudnn", "math")
 #: order "auto" tries on CUDA; set it from scripts/bench_sam_attention.py on the target GPU
 AUTO_ORDER_CUDA = ("cudnn", "flash", "efficient")
-#: largest head dim torch's flash kernel accepts
-FLASH_MAX_DIM = 256
 
 _SDPA = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
          "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
@@ -186,7 +190,8 @@ def run_sdpa(name: str, q, k, v, scale: float) -> torch.Tensor:
         with sdpa_kernel(_SDPA[name]):
             return F.scaled_dot_product_attention(q, k, v, scale=scale)
     except RuntimeError as exc:
-        reasons = backend_reasons(name, q, k, v) if q.is_cuda else [str(exc).splitlines()[0]]
+        # the pre-check can accept shapes the kernel then refuses (e.g. a cuDNN graph build)
+        reasons = (backend_reasons(name, q, k, v) if q.is_cuda else []) or [str(exc).splitlines()[0]]
         raise HarnessError(f"SDPA backend '{name}' cannot run q{tuple(q.shape)} k{tuple(k.shape)} "
                            f"v{tuple(v.shape)} {q.dtype} on {q.device.type}: {'; '.join(reasons)}",
                            "pick another backend (see scripts/bench_sam_attention.py) or 'auto'") from exc
