@@ -224,3 +224,30 @@ def test_dense_mask_bytes_of_base_mode():
     assert glob.bytes_total - aug_g.bytes_total > 0.9 * mask(12, 4096)
     win, aug_w = sa.dense_cost(300, 14, 14), sa.augmented_cost(300, 14, 14)
     assert abs(win.bytes_total - aug_w.bytes_total) < 0.05 * win.bytes_total
+
+
+def test_sam_encoder_with_the_proposed_forward(tiny_cfg, monkeypatch):
+    """The whole tiny SAM encoder (grid 16: a padded-window block and a global block) with
+    SAMAttention.forward replaced by the body proposed for vision.py, augmented everywhere,
+    equals the unmodified encoder."""
+    from harness.models.vision import SAMEncoder
+
+    enc = SAMEncoder(tiny_cfg.sam)
+    g = torch.Generator().manual_seed(51)
+    with torch.no_grad():
+        for name, p in enc.named_parameters():   # attention weights large enough to matter downstream
+            p.normal_(generator=g).mul_(0.5 if ".attn." in name else 0.1)
+    x = torch.randn(1, 3, tiny_cfg.sam.img_size, tiny_cfg.sam.img_size, generator=g)
+    with torch.no_grad():
+        ref = enc(x)
+
+    def proposed(self, t):
+        B, H, W, _ = t.shape
+        return sa.forward(self, t, rel_pos_table(H, H, self.rel_pos_h), rel_pos_table(W, W, self.rel_pos_w),
+                          method="augmented", backend="auto", site=None)
+
+    monkeypatch.setattr(SAMAttention, "forward", proposed)
+    with torch.no_grad():
+        out = enc(x)
+    assert out.shape == ref.shape
+    assert rel_err(out, ref) <= TOL
