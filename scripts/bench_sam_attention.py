@@ -192,7 +192,11 @@ def bench_case(name, args, rows, skipped):
 def bench_flex(name, args, q, k, v, Rh, Rw, q_aug, k_aug, H, W, rows, skipped, add, dcost):
     try:
         from torch.nn.attention.flex_attention import flex_attention
-        flex = torch.compile(flex_attention, dynamic=False)
+    except ImportError as exc:
+        skipped.append(f"skipped: {name} flex: {exc}")
+        return
+    flex = torch.compile(flex_attention, dynamic=False)
+    try:
         out = flex(q_aug, k_aug, v, scale=D ** -0.5)
     except Exception as exc:  # compile or lowering errors: report, don't hide
         skipped.append(f"skipped: {name} flex aug: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
