@@ -1,7 +1,8 @@
 """The Triton in-kernel-bias SAM attention equals the dense-mask path (fp32, TRITON_INTERPRET=1).
 
-Without a GPU the kernel runs in Triton's interpreter (set before triton is imported); sizes are
-small. Every check draws fresh inputs and must reach max|a - b| / max|b| <= 1e-5.
+Without a GPU the kernel runs in Triton's interpreter (set before triton is imported; the
+setting then holds for the rest of the pytest process); with one it is compiled and run there.
+References are computed on the CPU in fp32; sizes are small. Every check draws fresh inputs and must reach max|a - b| / max|b| <= 1e-5.
 """
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
     (8, 8, {"bm": 16, "hoist_rw": False}),      # small query blocks, no hoisting
 ])
 def test_triton_matches_dense(H, W, kw):
-    q, k, v, Rh, Rw = (t.to(DEV) for t in draw(2, 2, H, W, d=16, seed=H * 100 + W + len(kw)))
-    ref = sa.dense_bias_attention(q, k, v, Rh, Rw, H, W)
-    out = st.rel_bias_attention(q, k, v, Rh, Rw, H, W, **kw)
+    q, k, v, Rh, Rw = draw(2, 2, H, W, d=16, seed=H * 100 + W + len(kw))
+    ref = sa.dense_bias_attention(q, k, v, Rh, Rw, H, W)        # CPU fp32 (no TF32 anywhere)
+    out = st.rel_bias_attention(*(t.to(DEV) for t in (q, k, v, Rh, Rw)), H, W, **kw).cpu()
     assert out.shape == ref.shape and out.dtype == q.dtype
     assert rel_err(out, ref) <= TOL
     assert rel_err(no_bias(q, k, v), ref) > 1e-2
@@ -75,11 +76,12 @@ def test_module_forward_with_triton_method():
         for p in m.parameters():
             p.normal_(generator=g).mul_(0.3)
     x = torch.randn(2, 6, 6, 32, generator=g)
+    with torch.no_grad():
+        ref = m(x)                                              # CPU fp32
     m, x = m.to(DEV), x.to(DEV)
     attn_probe.reset()
     with torch.no_grad():
-        out = sa.forward(m, x, rel_pos_table(6, 6, m.rel_pos_h), rel_pos_table(6, 6, m.rel_pos_w), method="triton")
-        ref = m(x)
+        out = sa.forward(m, x, rel_pos_table(6, 6, m.rel_pos_h), rel_pos_table(6, 6, m.rel_pos_w), method="triton").cpu()
     assert rel_err(out, ref) <= TOL
     assert attn_probe.SEEN["sam"] == ["triton:sam_attention_triton._rel_bias_fwd"]
     attn_probe.reset()
