@@ -1,0 +1,87 @@
+"""The Triton in-kernel-bias SAM attention equals the dense-mask path (fp32, TRITON_INTERPRET=1).
+
+Without a GPU the kernel runs in Triton's interpreter (set before triton is imported; the
+setting then holds for the rest of the pytest process); with one it is compiled and run there.
+References are computed on the CPU in fp32; sizes are small. Every check draws fresh inputs and must reach max|a - b| / max|b| <= 1e-5.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from harness.errors import HarnessError  # noqa: E402
+from harness.models import sam_attention as sa  # noqa: E402
+from harness.models import sam_attention_triton as st  # noqa: E402
+
+from test_sam_attention import draw, no_bias, rel_err  # noqa: E402
+
+TOL = 1e-5
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("H, W, kw", [
+    (8, 8, {}),                                 # W < BN=16: rel_w tile hoisted, half the slots masked
+    (6, 10, {}),                                # non-square grid
+    (14, 14, {"bm": 64}),                       # a 14 x 14 window: S=196 not a multiple of BM
+    (4, 20, {"bn": 16}),                        # two key blocks per row (rel_w loaded per block)
+    (8, 8, {"bm": 16, "hoist_rw": False}),      # small query blocks, no hoisting
+])
+def test_triton_matches_dense(H, W, kw):
+    q, k, v, Rh, Rw = draw(2, 2, H, W, d=16, seed=H * 100 + W + len(kw))
+    ref = sa.dense_bias_attention(q, k, v, Rh, Rw, H, W)        # CPU fp32 (no TF32 anywhere)
+    out = st.rel_bias_attention(*(t.to(DEV) for t in (q, k, v, Rh, Rw)), H, W, **kw).cpu()
+    assert out.shape == ref.shape and out.dtype == q.dtype
+    assert rel_err(out, ref) <= TOL
+    assert rel_err(no_bias(q, k, v), ref) > 1e-2
+
+
+def test_block_choice_and_slots():
+    assert st.default_bn(64) == 64 and st.default_bn(80) == 32 and st.default_bn(40) == 16
+    assert st.default_bn(14) == 16 and st.default_bn(8) == 16
+    assert st.key_slots(64, 64, 64) == 4096 and st.key_slots(80, 80, 32) == 80 * 96
+    c = sa.inkernel_bias_cost(12, 64, 64, 64, st.key_slots(64, 64, 64))
+    assert c.flops_kernel == c.flops_useful == 4 * 12 * 4096 ** 2 * 64
+    assert c.bytes_kernel == 2 * (4 * 12 * 4096 * 64 + 12 * 4096 * 128)
+    assert {c["bn"] for c in st.bench_configs(80, 80, 6400)} == {32, 16}
+    assert {c["bn"] for c in st.bench_configs(40, 40, 1600)} == {64, 16}
+    assert {c["bn"] for c in st.bench_configs(14, 14, 196)} == {16}
+    for cfg in st.bench_configs(64, 64, 4096) + st.bench_configs(40, 40, 1600):
+        assert cfg["bn"] in st.BN_CHOICES and cfg["bm"] in (64, 128)
+
+
+def test_triton_rejects_what_it_cannot_do():
+    q, k, v, Rh, Rw = draw(1, 1, 4, 5, d=16, seed=5)
+    with pytest.raises(HarnessError, match="hoist_rw"):
+        st.rel_bias_attention(*draw(1, 1, 2, 20, d=16, seed=6), 2, 20, bn=16, hoist_rw=True)
+    with pytest.raises(HarnessError, match="power-of-two"):
+        st.rel_bias_attention(*draw(1, 1, 4, 5, d=24, seed=7), 4, 5)
+    with pytest.raises(HarnessError, match="H\\*W"):
+        st.rel_bias_attention(q, k, v, Rh, Rw, 5, 5)
+
+
+def test_module_forward_with_triton_method():
+    """forward(method='triton') on a real SAMAttention (2 heads of 16) matches the module."""
+    from harness.models import attn_probe
+    from harness.models.vision import SAMAttention, rel_pos_table
+
+    g = torch.Generator().manual_seed(9)
+    m = SAMAttention(32, 2, 6)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(generator=g).mul_(0.3)
+    x = torch.randn(2, 6, 6, 32, generator=g)
+    with torch.no_grad():
+        ref = m(x)                                              # CPU fp32
+    m, x = m.to(DEV), x.to(DEV)
+    attn_probe.reset()
+    with torch.no_grad():
+        out = sa.forward(m, x, rel_pos_table(6, 6, m.rel_pos_h), rel_pos_table(6, 6, m.rel_pos_w), method="triton").cpu()
+    assert rel_err(out, ref) <= TOL
+    assert attn_probe.SEEN["sam"] == ["triton:sam_attention_triton._rel_bias_fwd"]
+    attn_probe.reset()
