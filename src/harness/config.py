@@ -104,15 +104,50 @@ class ProjectorConfig:
 
 
 @dataclass
-class ModelConfig:
-    """Which model, how it is built and how it executes."""
+class ExecutionConfig:
+    """How the reference model executes (same weights, same function; each knob recorded in the
+    manifest). The defaults are the vendor's execution: host-bound, what users of its code get.
+
+    * ``kv_cache``: ``growing`` (torch.cat per step, as HF DynamicCache) | ``static`` (per-layer K/V
+      preallocated for ``static_cache_len`` positions, written in place at device-side positions;
+      decode attends over the whole buffer with a mask).
+    * ``moe_impl``: ``vendor_loop`` (per-expert Python loop after a device-to-host copy of the counts:
+      one host sync per MoE layer) | ``grouped`` (routing, token sort, offsets and expert GEMMs on the
+      device, no sync; ``moe_kernel`` picks how).
+    * ``moe_kernel``: ``auto`` (triton on CUDA, else torch) | ``triton`` | ``grouped_mm``
+      (``torch._grouped_mm``: sync-free on sm90 bf16 only) | ``torch`` (gather + bmm).
+    * ``cuda_graphs``: ``none`` | ``decode`` (the decode step captured once per batch size and
+      cache length and replayed; needs ``kv_cache=static`` and ``moe_impl=grouped``).
+    * ``compile``: torch.compile the decode step (compile time reported apart from run time).
+    * ``static_cache_len``: positions of the static cache; None: prefill + decode tokens rounded up
+      to a multiple of 64.
+    """
+
+    kv_cache: str = _f("growing", choices=("growing", "static"))
+    moe_impl: str = _f("vendor_loop", choices=("vendor_loop", "grouped"))
+    moe_kernel: str = _f("auto", choices=("auto", "triton", "grouped_mm", "torch"))
+    cuda_graphs: str = _f("none", choices=("none", "decode"))
+    compile: bool = False
+    static_cache_len: Optional[int] = _f(None, min=1)
+
+    def cache_len(self, prefill_tokens: int, decode_tokens: int) -> int:
+        """Positions a static cache holds for a request [tokens]."""
+        need = prefill_tokens + max(decode_tokens, 1)
+        return self.static_cache_len if self.static_cache_len else -(-need // 64) * 64
+
+    def execution(self) -> dict:
+        """The execution knobs as a plain dict (manifest, report)."""
+        return {f.name: getattr(self, f.name) for f in fields(ExecutionConfig)}
+
+
+@dataclass
+class ModelConfig(ExecutionConfig):
+    """Which model, how it is built (and, inherited from ExecutionConfig, how it executes)."""
 
     name: str = _f("reference", choices=("reference", "vendor"))
     path: Optional[str] = None             # model directory (safetensors, tokenizer, vendor code)
     weights: str = _f("random", choices=("random", "path"))   # path: load safetensors from `path`
     attn_implementation: str = _f("sdpa", choices=ATTN_IMPLEMENTATIONS)
-    moe_impl: str = _f("vendor_loop", choices=("vendor_loop",))   # per-expert Python loop, host sync
-    kv_cache: str = _f("growing", choices=("growing",))           # torch.cat per step (HF DynamicCache)
     lm_head_all_positions: bool = True     # vendor applies lm_head to every prefill position
     image_token_id: int = 128815
     bos_token_id: int = 0
@@ -142,16 +177,23 @@ class WorkloadConfig:
     max_pixels: int = _f(60_000_000, min=1)  # larger pages are refused with a clear error
 
 
-def _case_fields():
-    out = [("name", Optional[str], field(default=None))]
-    for f in fields(WorkloadConfig):
-        out.append((f.name, Optional[f.type] if f.type is not Any else Any, field(default=None, metadata=f.metadata)))
-    return out
+def _optional_fields(cls) -> list:
+    """``cls``'s fields as Optional with default None (an override: None = inherited), metadata kept."""
+    return [(f.name, Optional[f.type] if f.type is not Any else Any, field(default=None, metadata=f.metadata))
+            for f in fields(cls)]
 
 
-#: one entry of ``cases``: a name and the workload fields that differ from ``workload`` (None: inherited)
-CaseConfig = dataclasses.make_dataclass("CaseConfig", _case_fields())
-CaseConfig.__doc__ = "One case of an experiment: ``name`` and workload overrides (None = as in ``workload``)."
+#: the execution knobs one case overrides (None: as in ``model``)
+ExecutionOverrides = dataclasses.make_dataclass("ExecutionOverrides", _optional_fields(ExecutionConfig))
+ExecutionOverrides.__doc__ = "Execution knobs of one case (None = as in ``model``)."
+
+#: one entry of ``cases``: a name, the workload fields that differ from ``workload`` and the
+#: execution knobs that differ from ``model`` (the model is built once; its execution varies per case)
+CaseConfig = dataclasses.make_dataclass(
+    "CaseConfig", [("name", Optional[str], field(default=None))] + _optional_fields(WorkloadConfig)
+    + [("execution", Optional[ExecutionOverrides], field(default=None))])
+CaseConfig.__doc__ = ("One case of an experiment: ``name``, workload overrides and ``execution`` overrides "
+                      "(None = as in ``workload`` / ``model``).")
 
 
 # ---------------------------------------------------------------------------------- measure
@@ -390,12 +432,39 @@ def _walk(obj, prefix: str) -> None:
             _check_field(path, f, value)
 
 
+def case_model(model: ModelConfig, case) -> ModelConfig:
+    """``model`` with the case's execution overrides applied (the model config the case runs)."""
+    ov = getattr(case, "execution", None)
+    if ov is None:
+        return model
+    return dataclasses.replace(model, **{f.name: getattr(ov, f.name) for f in fields(ov)
+                                         if getattr(ov, f.name) is not None})
+
+
+def check_execution(m: ModelConfig, where: str) -> None:
+    """Refuse execution knobs that cannot work together (one-line HarnessError naming ``where``)."""
+    if m.name == "vendor" and m.execution() != ExecutionConfig().execution():
+        changed = {k: v for k, v in m.execution().items() if v != getattr(ExecutionConfig(), k)}
+        raise HarnessError(f"{where}: execution knobs {changed} apply to the reference model only; the vendor "
+                           "code runs as shipped", "drop them with model=vendor, or use model=reference")
+    if m.cuda_graphs == "decode" and (m.kv_cache != "static" or m.moe_impl != "grouped"):
+        raise HarnessError(f"{where}: cuda_graphs=decode needs kv_cache=static and moe_impl=grouped (a growing "
+                           "cache changes shapes every step and the vendor MoE loop syncs the host per layer)",
+                           "add model.kv_cache=static model.moe_impl=grouped")
+    if m.kv_cache == "static" and m.attn_implementation == "flash_attention_2":
+        raise HarnessError(f"{where}: kv_cache=static attends over the whole buffer with a mask, which "
+                           "flash_attn_func cannot take", "use attn_implementation=sdpa with the static cache")
+
+
 def validate(cfg: HarnessConfig) -> HarnessConfig:
     """Refuse values the types allow but the harness does not (choices, ranges, the device
     string), with one-line HarnessErrors. Returns ``cfg``."""
     _walk(cfg, "")
     for i, case in enumerate(cfg.cases or []):
         _walk(case, f"cases[{i}].")
+    check_execution(cfg.model, "model")
+    for i, case in enumerate(cfg.cases or []):
+        check_execution(case_model(cfg.model, case), f"cases[{i}]")
     dev = str(cfg.device)
     if dev not in ("auto", "cpu", "cuda") and not (dev.startswith("cuda:") and dev[5:].isdigit()):
         raise HarnessError(f"device={dev!r} is not a device the harness runs on", f"use {DEVICES_HELP}")
@@ -408,6 +477,7 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
 
 register()   # at import, so any Hydra composition of conf/ (the CLI, tests, user code) finds the schema
 
-__all__ = ["LLMConfig", "SAMConfig", "CLIPConfig", "ProjectorConfig", "ModelConfig", "WorkloadConfig", "CaseConfig",
+__all__ = ["LLMConfig", "SAMConfig", "CLIPConfig", "ProjectorConfig", "ExecutionConfig", "ExecutionOverrides",
+           "ModelConfig", "WorkloadConfig", "CaseConfig", "case_model", "check_execution",
            "MeasureConfig", "HardwareConfig", "ProfileConfig", "RunConfig", "HarnessConfig", "ATTN_IMPLEMENTATIONS",
            "register", "from_dict", "to_config", "to_dict", "validate", "config_error", "SCHEMA_NAME"]

@@ -41,6 +41,12 @@ def routing_rows(case: str, routing: dict) -> list:
     return rows
 
 
+def _setup_of(model, execution: dict) -> dict:
+    """One-off set-up seconds (compile, graph capture) the adapter recorded for this execution."""
+    setup = (getattr(model, "info", None) or {}).get("setup_s") or {}
+    return {"setup_s": dict(setup)} if setup else {}
+
+
 def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
     """Execute the ``run`` verb for a validated config into ``run_path``."""
     rd = RunDir(run_path, to_dict(cfg))
@@ -82,6 +88,7 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
             def make(r, inputs=inputs):
                 return inputs.request_for(r).to(device, dtype)
 
+            execution = model.configure(inputs.model)
             warm = {}
             st, kt, counts = measure_case(model, make, mcfg, ident, cuda, progress=progress, info=warm)
             if warm.get("steady") is False:
@@ -100,12 +107,15 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
             if routing:
                 data.routing = pd.DataFrame(routing)
                 rd.write_csv("routing.csv", data.routing)
-            frame, mbu, notes = analytic_for_case(case, model.cfg, dtype_name, counts if any(
-                a.sum() for a in counts.values()) else None)
+            ran = dataclasses.replace(inputs.model, moe_kernel=execution.get("moe_kernel_resolved")
+                                      or inputs.model.moe_kernel)
+            frame, mbu, notes = analytic_for_case(case, dataclasses.replace(model.cfg, **ran.execution()), dtype_name,
+                                                  counts if any(a.sum() for a in counts.values()) else None)
             data.analytic = pd.concat([data.analytic, frame], ignore_index=True)
             data.mbu_bytes[case.name] = mbu
             data.notes += notes
             rd.manifest["cases"].append({**case.to_dict(), "pages": [p.name for p in inputs.pages],
+                                         "execution": {**execution, **_setup_of(model, execution)},
                                          "warmup_ms": [round(t, 3) for t in warm.get("warmup_ms", [])],
                                          "warmup_steady": warm.get("steady")})
             rd.update(attention={k: list(v) for k, v in attn_probe.SEEN.items()})

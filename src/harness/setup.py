@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from . import workload as wl
-from .config import CaseConfig, HarnessConfig, ModelConfig, WorkloadConfig
+from .config import CaseConfig, HarnessConfig, ModelConfig, WorkloadConfig, case_model
 from .dtypes import torch_dtype
 from .errors import HarnessError
 
@@ -85,11 +85,13 @@ def device_info(device: torch.device) -> dict:
 
 @dataclass
 class CaseInputs:
-    """One case of a run: its ``case`` (the shape), its workload settings, its pages and the
-    validated request of repeat 0 (``request``, CPU tensors)."""
+    """One case of a run: its ``case`` (the shape), its workload settings, the model config it runs
+    (``model``: the run's model with the case's execution overrides), its pages and the validated
+    request of repeat 0 (``request``, CPU tensors)."""
 
     case: wl.Case
     workload: WorkloadConfig
+    model: ModelConfig
     pages: list
     tokenizer: object
     request: wl.Request
@@ -130,12 +132,14 @@ def pages_for(w: WorkloadConfig, repeat: int) -> list:
 
 
 def case_workloads(cfg: HarnessConfig) -> list:
-    """[(name or None, WorkloadConfig)]: ``workload`` with each ``cases`` entry's non-None fields."""
+    """[(name or None, WorkloadConfig, ModelConfig)]: ``workload`` with each ``cases`` entry's non-None
+    workload fields, ``model`` with its execution overrides."""
     out = []
+    names = {f.name for f in dataclasses.fields(WorkloadConfig)}
     for ov in cfg.cases or [CaseConfig()]:
-        fields = {f.name: getattr(ov, f.name) for f in dataclasses.fields(ov) if f.name != "name"}
+        fields = {f.name: getattr(ov, f.name) for f in dataclasses.fields(ov) if f.name in names}
         w = dataclasses.replace(cfg.workload, **{k: v for k, v in fields.items() if v is not None})
-        out.append((ov.name, w))
+        out.append((ov.name, w, case_model(cfg.model, ov)))
     return out
 
 
@@ -144,11 +148,11 @@ def prepare_cases(cfg: HarnessConfig) -> tuple:
     consistent, names distinct) before any model is built."""
     tokenizer, reason = wl.load_tokenizer(cfg.model.path, cfg.workload.text_tokens)
     cases = []
-    for name, w in case_workloads(cfg):
+    for name, w, m in case_workloads(cfg):
         pages = pages_for(w, 0)
         req = wl.build_request(pages, w.mode, decode_tokens=w.decode_tokens, prompt=w.prompt, tokenizer=tokenizer,
                                text_tokens=w.text_tokens, seed=w.seed, name=name or "")
-        cases.append(CaseInputs(req.case, w, pages, tokenizer, req))
+        cases.append(CaseInputs(req.case, w, m, pages, tokenizer, req))
     names = [c.name for c in cases]
     if len(set(names)) != len(names):
         raise HarnessError(f"two cases share a name ({names})", "give each case a distinct `name`")
@@ -178,6 +182,7 @@ def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, se
         info = {"adapter": "reference", "weights": mcfg.weights}
         if mcfg.weights == "path":
             info["loaded"] = load_weights(model, mcfg.path)
+        info["execution"] = model.configure(mcfg)
         model.info.update(info)
     if device.type == "cuda":
         torch.cuda.synchronize()

@@ -185,21 +185,35 @@ def _touched(routing, layer: int, tokens: int, k: int, what: str) -> Optional[fl
     return float(np.count_nonzero(row))
 
 
+def moe_kernel(cfg: ModelConfig, rows: int) -> str:
+    """The kernel that runs ``rows`` routed rows (T*k) under ``cfg``'s execution: ``loop`` (vendor),
+    ``triton`` / ``grouped_mm``, or the torch fallback's ``gather`` (rows <= experts) / ``dense``.
+    ``moe_kernel=auto`` is taken as triton (what a CUDA run resolves it to)."""
+    if cfg.moe_impl != "grouped":
+        return "loop"
+    kernel = "triton" if cfg.moe_kernel == "auto" else cfg.moe_kernel
+    if kernel == "torch":
+        return "gather" if rows <= cfg.llm.n_routed_experts else "dense"
+    return kernel
+
+
 def llm_items(cfg: ModelConfig, stage: str, B: int, S: int, n: int, b: int, image_tokens: int = 0,
               routing=None, step: int = -1, attn_impl: Optional[str] = None,
-              kv_cache: Optional[str] = None, call: Any = 0) -> list:
-    """Families of one LLM forward: B sequences of S new tokens against a cache of n tokens."""
+              kv_cache: Optional[str] = None, call: Any = 0, keys: int = 0) -> list:
+    """Families of one LLM forward: B sequences of S new tokens against a cache of n tokens
+    (``keys`` > 0: a static cache's decode step attends over that many positions, masked)."""
     L = cfg.llm
     h, T = L.hidden_size, B * S
     impl = attn_impl or cfg.attn_implementation
     kv = kv_cache or cfg.kv_cache
+    kernel = moe_kernel(cfg, T * L.num_experts_per_tok)
     kw = dict(step=step, cache_len=n, call=call)
     dense = min(L.first_k_dense_replace, L.num_layers)
     moe = L.num_layers - dense
     items = [Item(stage, F.TokenEmbedding(B, S, L.vocab_size, h, image_tokens, b), **kw),
              Item(stage, F.RMSNorm(T, h, b), 2 * L.num_layers + 1, **kw),
              Item(stage, F.RoPE(B, S, L.head_dim, L.num_heads, L.num_kv_heads, b), L.num_layers, **kw),
-             Item(stage, F.LLMAttention(B, S, n, h, L.num_heads, L.num_kv_heads, L.head_dim, impl, kv, b),
+             Item(stage, F.LLMAttention(B, S, n, h, L.num_heads, L.num_kv_heads, L.head_dim, impl, kv, b, keys),
                   L.num_layers, **kw)]
     if dense:
         items.append(Item(stage, F.DenseMLP(T, h, L.intermediate_size, b), dense, **kw))
@@ -208,12 +222,12 @@ def llm_items(cfg: ModelConfig, stage: str, B: int, S: int, n: int, b: int, imag
                           moe, **kw))
         if routing is None:
             items.append(Item(stage, F.MoERouted(T, h, L.moe_intermediate_size, L.n_routed_experts,
-                                                 L.num_experts_per_tok, None, b), moe, **kw))
+                                                 L.num_experts_per_tok, None, b, kernel), moe, **kw))
         else:
             for layer in range(dense, L.num_layers):
                 t = _touched(routing, layer, T, L.num_experts_per_tok, stage)
                 items.append(Item(stage, F.MoERouted(T, h, L.moe_intermediate_size, L.n_routed_experts,
-                                                     L.num_experts_per_tok, t, b), 1, **kw))
+                                                     L.num_experts_per_tok, t, b, kernel), 1, **kw))
         items.append(Item(stage, F.MoEShared(T, h, L.moe_intermediate_size * L.n_shared_experts, b), moe, **kw))
     rows = T if cfg.lm_head_all_positions else B
     items.append(Item(stage, F.LMHead(rows, h, L.vocab_size, b), **kw))
@@ -256,9 +270,10 @@ def case_items(case, cfg: ModelConfig, dtype="bf16", routing: Optional[dict] = N
     items += llm_items(cfg, "prefill", r.batch, S, 0, b, r.image_tokens, routing.get("prefill"),
                        attn_impl=attn_impl, kv_cache=kv_cache, call="prefill")
     step_routing = _decode_routing(routing.get("decode"), r.decode_steps, r.batch, cfg)
+    keys = cfg.cache_len(S, r.decode_tokens) if (kv_cache or cfg.kv_cache) == "static" and cfg.kv_cache == "static" else 0
     for j in range(r.decode_steps):
         items += llm_items(cfg, "decode", r.batch, 1, S + j, b, 0, step_routing[j], step=j,
-                           attn_impl=attn_impl, kv_cache=kv_cache, call=j)
+                           attn_impl=attn_impl, kv_cache=kv_cache, call=j, keys=keys)
     return r, items
 
 

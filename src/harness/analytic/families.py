@@ -633,6 +633,9 @@ class LLMAttention(Family):
       2*B*T*kvh*d*b. With the growing cache (``kv_cache: growing``, torch.cat per step as HF
       DynamicCache) a forward with n > 0 also copies the cache: reads 2*B*(n + S)*kvh*d*b and
       writes 2*B*T*kvh*d*b more (``static``: no copy).
+    * ``keys`` > 0 (a static cache's decode step): the kernel attends over all ``keys`` positions
+      of the preallocated buffer with a mask, so flops_counted, tensor_flops and the KV read use
+      ``keys`` in place of T (flops_useful keeps T: the masked positions are waste).
     * params = h*(nh + 2*kvh)*d + nh*d*h.
     """
 
@@ -648,28 +651,31 @@ class LLMAttention(Family):
     impl: str = "sdpa"
     kv_cache: str = "growing"
     b: int = 2
+    keys: int = 0                 # > 0: positions a static cache's masked decode attention reads
 
     def cost(self) -> Cost:
         B, S, n, h, nh, kvh, d = self.batch, self.seq, self.cache, self.hidden, self.heads, self.kv_heads, self.head_dim
         T = n + S
+        K = self.keys or T            # keys the kernel reads
         gemm = linear(B * S, h, (nh + 2 * kvh) * d) + linear(B * S, nh * d, h)
-        full_pairs = S * T
+        full_pairs = S * K
         causal_pairs = S * n + S * (S + 1) // 2
         full = 4 * B * nh * d * full_pairs
         useful = 4 * B * nh * d * causal_pairs
-        fused = self.impl in FUSED_ATTENTION
-        executed_pairs = causal_pairs if fused else full_pairs
-        tensor = gemm + (useful if fused else full)
+        fused = self.impl in FUSED_ATTENTION          # no score matrix in memory
+        skips = fused and not self.keys                # masked causal tiles skipped
+        executed_pairs = causal_pairs if skips else full_pairs
+        tensor = gemm + (useful if skips else full)
         scores = B * nh * executed_pairs
-        vec = (1 + SOFTMAX) * scores + (scores if (not fused and S > 1) else 0) + B * S * h
+        vec = (1 + SOFTMAX) * scores + (scores if (not fused and (S > 1 or self.keys)) else 0) + B * S * h
         params = h * (nh + 2 * kvh) * d + nh * d * h
         act_r = 3 * B * S * h + 2 * B * S * nh * d + B * S * h
         act_w = 2 * B * S * nh * d + B * S * h
         if not fused:
-            act_r += 2 * B * nh * S * T
-            act_w += 2 * B * nh * S * T
+            act_r += 2 * B * nh * S * K
+            act_w += 2 * B * nh * S * K
         kv_w = 2 * B * S * kvh * d
-        kv_r = 2 * B * T * kvh * d
+        kv_r = 2 * B * K * kvh * d
         if self.kv_cache == "growing" and n > 0:
             kv_r += 2 * B * (n + S) * kvh * d
             kv_w += 2 * B * T * kvh * d
@@ -773,6 +779,14 @@ class MoERouted(Family):
     * act read (T*h [gather] + 2*T*k*h [gate, up] + 2*T*k*Im [epilogue, down] + T*k*h [combine])*b;
       act write (T*k*h [sorted tokens] + 2*T*k*Im + T*k*h [expert outputs] + T*h [combined])*b.
     * params = E*3*h*Im; params_active = k*3*h*Im.
+
+    ``kernel`` (what executes the rows; ``harness.models.fast_moe``): ``loop`` (the vendor loop),
+    ``triton`` and ``grouped_mm`` (rows grouped per expert on the device: the formulas above;
+    Triton's padding of each expert's rows to its block is not counted) read each touched expert
+    once. ``gather`` (the torch fallback when T*k <= E) reads one expert's weights per row:
+    bytes_weights = T*k * 3*h*Im*b. ``dense`` (the torch fallback otherwise) runs every expert on
+    every token: tensor FLOPs and flops_counted = E/k times the above (flops_useful unchanged),
+    all E experts' weights read, expert outputs E*T*h written.
     """
 
     family: ClassVar[str] = "moe_routed"
@@ -784,6 +798,7 @@ class MoERouted(Family):
     top_k: int
     touched: Optional[float] = None   # None: uniform-routing expectation
     b: int = 2
+    kernel: str = "loop"              # loop | triton | grouped_mm | gather | dense
 
     def touched_experts(self) -> float:
         if self.touched is not None:
@@ -797,9 +812,15 @@ class MoERouted(Family):
         per_expert = 3 * h * Im
         act_r = T * h + 2 * rows * h + 2 * rows * Im + rows * h
         act_w = rows * h + 2 * rows * Im + rows * h + T * h
-        return Cost(tensor_flops=fl, flops_counted=fl, flops_useful=fl,
+        executed, weights = fl, self.touched_experts()
+        if self.kernel == "gather":
+            weights = rows
+        elif self.kernel == "dense":
+            executed, weights = 3 * linear(T * self.experts, h, Im), self.experts
+            act_w += (self.experts - k) * T * h
+        return Cost(tensor_flops=executed, flops_counted=executed, flops_useful=fl,
                     vector_flops=(SILU + 1) * rows * Im + rows * h + T * (k - 1) * h,
-                    bytes_weights=self.touched_experts() * per_expert * self.b,
+                    bytes_weights=weights * per_expert * self.b,
                     bytes_act_read=act_r * self.b, bytes_act_write=act_w * self.b,
                     params=self.experts * per_expert, params_active=k * per_expert)
 

@@ -60,6 +60,10 @@ class ModelAdapter(Protocol):
     cfg: object
     info: dict
 
+    def configure(self, execution) -> dict:
+        """Execute as ``execution`` (``harness.config.ExecutionConfig``) from now on; returns what
+        runs (for the manifest). The weights do not change."""
+
     def routing_counter(self) -> RoutingCounter:
         """A fresh counter of routed-expert tokens for one request."""
 

@@ -15,11 +15,12 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..config import ATTN_IMPLEMENTATIONS, ModelConfig
+from ..config import ATTN_IMPLEMENTATIONS, ExecutionConfig, ModelConfig
 from ..errors import HarnessError
 from .adapter import GenerationResult, Select, StageFn, no_stage
 from .llm import DecoderLayer, KVCache, MoE, RMSNorm
-from .routing import RoutingCounter
+from .routing import DeviceCounts, RoutingCounter
+from .static_cache import StaticKVCache
 from .vision import CLIPEncoder, Projector, SAMEncoder
 
 
@@ -57,6 +58,11 @@ class DeepseekOCR(nn.Module):
         self.model = DeepseekOCRModel(cfg)
         self.lm_head = nn.Linear(cfg.llm.hidden_size, cfg.llm.vocab_size, bias=False)
         self.info: dict = {"adapter": "reference"}
+        self.exec = ExecutionConfig(**cfg.execution())
+        self._decoders: dict = {}          # (batch, cache length) -> execution.StaticDecoder
+        self._prefill_counts: Optional[DeviceCounts] = None
+        self._decode_counts: Optional[DeviceCounts] = None
+        self._run_decoder = None           # the StaticDecoder of the request running now
 
     # ----------------------------------------------------------------- vision
     def encode_view(self, pixels: torch.Tensor, stage: StageFn = no_stage, call: int = 0) -> torch.Tensor:
@@ -109,17 +115,85 @@ class DeepseekOCR(nn.Module):
             h = h[:, -1:]
         return self.lm_head(h).float()
 
-    def prefill(self, input_ids, images_seq_mask, image_embeds, cache: KVCache) -> torch.Tensor:
+    def prefill(self, input_ids, images_seq_mask, image_embeds, cache) -> torch.Tensor:
+        """Logits [B, S, vocab] of the whole prompt; fills positions 0..S-1 of ``cache`` (growing or static)."""
         embeds = self.model.embed_tokens(input_ids)
         if image_embeds is not None:
             embeds = embeds.masked_scatter(images_seq_mask.unsqueeze(-1), image_embeds.to(embeds.dtype))
-        pos = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand(input_ids.shape[0], -1)
-        return self.decoder(embeds, pos, cache)
+        S = input_ids.shape[1]
+        pos = torch.arange(S, device=input_ids.device)
+        static = isinstance(cache, StaticKVCache)
+        if static:
+            cache.begin_step(pos)
+        logits = self.decoder(embeds, pos[None].expand(input_ids.shape[0], -1), cache)
+        if static:
+            cache.advance(S)
+            cache.position.fill_(S)
+        return logits
 
-    def decode_step(self, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """One greedy step: token [B, 1] -> logits [B, 1, vocab] against a cache of length n."""
+    def decode_step(self, token: torch.Tensor, cache) -> torch.Tensor:
+        """One step: token [B, 1] -> logits [B, 1, vocab] against a cache of length n (growing or static)."""
+        if isinstance(cache, StaticKVCache):
+            logits = self.decode_core(token, cache, lambda x: x)
+            cache.advance(1)
+            return logits
         pos = torch.full_like(token, cache.length)
         return self.decoder(self.model.embed_tokens(token), pos, cache)
+
+    def decode_core(self, token: torch.Tensor, cache: StaticKVCache, select: Select) -> torch.Tensor:
+        """The device work of one static-cache step: position from ``cache.position`` (device), the
+        decoder, ``select`` of the logits, the position advanced on the device. Fixed shapes and no
+        host sync: what ``execution.StaticDecoder`` compiles and captures."""
+        pos = cache.position
+        cache.begin_step(pos)
+        logits = self.decoder(self.model.embed_tokens(token), pos.view(1, 1).expand(token.shape[0], 1), cache)
+        out = select(logits)
+        pos.add_(1)
+        return out
+
+    # ------------------------------------------------------- execution variants
+    def configure(self, m: ExecutionConfig) -> dict:
+        """Execute as ``m`` from now on (same weights); returns what runs, for the manifest. Routed
+        experts are stacked once (views: the state_dict is unchanged) the first time ``grouped`` is
+        asked for; set-up per request shape (compile, capture) happens in ``running``."""
+        from .execution import resolve_moe_kernel
+        from .fast_moe import stack_experts
+
+        p = next(self.parameters())
+        kernel, why = resolve_moe_kernel(m, p.device, p.dtype)
+        for mod in self.modules():
+            if isinstance(mod, MoE):
+                if kernel is not None and mod.experts_stacked is None:
+                    mod.experts_stacked = stack_experts(mod)
+                mod.impl, mod.kernel = ("vendor_loop", "torch") if kernel is None else ("grouped", kernel)
+        if m.execution() != self.exec.execution():
+            self._decoders.clear()
+        self.exec = ExecutionConfig(**m.execution())
+        return {**m.execution(), "moe": why, "moe_kernel_resolved": kernel,
+                "kv_cache_is": "static: preallocated, written in place, masked decode attention" if m.kv_cache == "static"
+                else "growing: torch.cat per step"}
+
+    def route_moe(self, target) -> None:
+        """Send every MoE layer's routing to ``target`` (a RoutingCounter, DeviceCounts or None)."""
+        for mod in self.modules():
+            if isinstance(mod, MoE):
+                mod.routing = target
+
+    def _device_counts(self) -> DeviceCounts:
+        L, p = self.cfg.llm, next(self.parameters())
+        return DeviceCounts(L.num_layers, L.n_routed_experts, p.device)
+
+    def static_decoder(self, batch: int, max_len: int):
+        """The ``StaticDecoder`` of (batch, max_len), built (compiled, captured) on first use."""
+        from .adapter import greedy
+        from .execution import StaticDecoder
+
+        key = (batch, max_len)
+        if key not in self._decoders:
+            p = next(self.parameters())
+            self._decoders[key] = StaticDecoder(self, self.exec, batch, max_len, p.device, p.dtype, greedy)
+            self.info.setdefault("setup_s", {})[f"b{batch}-L{max_len}"] = self._decoders[key].setup_s
+        return self._decoders[key]
 
     # ------------------------------------------------------- adapter protocol
     def routing_counter(self) -> RoutingCounter:
@@ -127,22 +201,45 @@ class DeepseekOCR(nn.Module):
 
     @contextlib.contextmanager
     def running(self, request, max_new_tokens: int, counter: RoutingCounter):
-        """A growing KV cache for the request; every MoE layer reports its routing to ``counter``."""
-        moes = [m for m in self.modules() if isinstance(m, MoE)]
-        for m in moes:
-            m.routing = counter
+        """The request's KV cache (growing, or the static decoder's buffers for this batch and cache
+        length, set up on first use). MoE routing goes to ``counter`` (vendor loop: host counts) or to
+        device buffers merged into ``counter`` at the end (grouped: no sync in the step)."""
+        grouped = self.exec.moe_impl == "grouped"
+        self._run_decoder = None
+        if self.exec.kv_cache == "static":
+            self._run_decoder = self.static_decoder(request.batch,
+                                                    self.exec.cache_len(request.prefill_tokens, max_new_tokens))
+            cache = self._run_decoder.begin()
+        else:
+            cache = KVCache(self.cfg.llm.num_layers)
+        if grouped:
+            self._prefill_counts = self._prefill_counts or self._device_counts()
+            self._prefill_counts.zero()
+            if self._run_decoder is None:
+                self._decode_counts = self._decode_counts or self._device_counts()
+                self._decode_counts.zero()
+        self.route_moe(self._prefill_counts if grouped else counter)
         try:
-            yield KVCache(self.cfg.llm.num_layers)
+            yield cache
         finally:
-            for m in moes:
-                m.routing = None
+            if grouped:
+                counter.merge("prefill", self._prefill_counts.buf)
+                dec = self._run_decoder.decode_counts if self._run_decoder is not None else self._decode_counts
+                counter.merge("decode", dec.buf)
+            self.route_moe(None)
+            self._run_decoder = None
 
-    def first_token(self, request, cache: KVCache, stage: StageFn, select: Select) -> torch.Tensor:
+    def first_token(self, request, cache, stage: StageFn, select: Select) -> torch.Tensor:
         img = self.image_embeddings(request.global_views, request.tiles, request.grid, stage)
         with stage("prefill"):
-            return select(self.prefill(request.input_ids, request.images_seq_mask, img, cache))
+            token = select(self.prefill(request.input_ids, request.images_seq_mask, img, cache))
+        if self.exec.moe_impl == "grouped":   # decode steps count into the decode buffers
+            self.route_moe(self._run_decoder.decode_counts if self._run_decoder is not None else self._decode_counts)
+        return token
 
-    def next_token(self, token: torch.Tensor, cache: KVCache, select: Select) -> torch.Tensor:
+    def next_token(self, token: torch.Tensor, cache, select: Select) -> torch.Tensor:
+        if self._run_decoder is not None:
+            return self._run_decoder.step(token)
         return select(self.decode_step(token, cache))
 
     def generate(self, request, max_new_tokens: Optional[int] = None, stage: StageFn = no_stage) -> GenerationResult:

@@ -51,6 +51,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import HarnessError
+from .moe_blocks import (BlockAlignment, TritonMoEConfig, align_rows_to_blocks,  # noqa: F401 (re-exported)
+                         default_triton_config, expert_counts)
 
 IMPLEMENTATIONS = ("torch", "grouped_mm", "triton")
 TORCH_STRATEGIES = ("auto", "gather", "dense")
@@ -273,12 +275,6 @@ def _routed_torch(x, topk_ids, topk_w, weights: ExpertWeights, strategy: str) ->
     raise HarnessError(f"unknown torch strategy {strategy!r}", f"use one of {TORCH_STRATEGIES}")
 
 
-def expert_counts(flat_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """Rows per expert [E] int64, on the device (scatter_add into zeros; bincount would sync)."""
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat_ids.device)
-    return counts.scatter_add_(0, flat_ids, torch.ones_like(flat_ids))
-
-
 def _routed_grouped_mm(x, topk_ids, topk_w, weights: ExpertWeights) -> torch.Tensor:
     T, k = topk_ids.shape
     for name, size in (("hidden", weights.hidden), ("expert width", weights.inter)):
@@ -294,75 +290,6 @@ def _routed_grouped_mm(x, topk_ids, topk_w, weights: ExpertWeights) -> torch.Ten
     y = torch._grouped_mm(h, weights.down.transpose(1, 2), offs=offs)             # [T*k, H]
     rows = torch.empty_like(y).index_copy_(0, order, y)          # back to flat (t, j) order
     return combine_rows(rows, topk_w, x.dtype)
-
-
-@dataclass(frozen=True)
-class BlockAlignment:
-    """Rows sorted by expert and padded per expert to a multiple of ``block_m`` (all on the device).
-
-    - ``sorted_rows`` [max_blocks * block_m] int32: flat row t*k + j at each padded position;
-      padding holds ``num_rows`` (= T*k), which no real row has.
-    - ``block_expert`` [max_blocks] int32: the expert of each block (blocks past the end repeat the
-      last expert; kernels skip them).
-    - ``num_padded`` [1] int32: padded rows in use (sum over experts of ceil(count / block_m) * block_m).
-    - ``max_blocks``: host upper bound T*k // block_m + min(E, T*k) on the blocks in use, from shapes only.
-    """
-
-    sorted_rows: torch.Tensor
-    block_expert: torch.Tensor
-    num_padded: torch.Tensor
-    num_rows: int
-    block_m: int
-    max_blocks: int
-
-
-def align_rows_to_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> BlockAlignment:
-    """Sort the T*k (token, slot) rows by expert and pad each expert's rows to ``block_m``, on the device."""
-    flat_ids = topk_ids.reshape(-1)
-    num_rows = flat_ids.numel()
-    dev = flat_ids.device
-    max_blocks = num_rows // block_m + min(num_experts, num_rows)
-    counts = expert_counts(flat_ids, num_experts)
-    padded = (counts + (block_m - 1)) // block_m * block_m
-    padded_end = padded.cumsum(0)
-    padded_start = padded_end - padded
-    start = counts.cumsum(0) - counts
-    order = torch.argsort(flat_ids, stable=True)
-    sorted_e = flat_ids.index_select(0, order)
-    rank = torch.arange(num_rows, device=dev) - start.index_select(0, sorted_e)
-    dest = padded_start.index_select(0, sorted_e) + rank
-    sorted_rows = torch.full((max_blocks * block_m,), num_rows, dtype=torch.int32, device=dev)
-    sorted_rows.index_copy_(0, dest, order.to(torch.int32))
-    block_first_row = torch.arange(max_blocks, device=dev) * block_m
-    block_expert = torch.searchsorted(padded_end, block_first_row, right=True).clamp_(max=num_experts - 1)
-    return BlockAlignment(sorted_rows=sorted_rows, block_expert=block_expert.to(torch.int32),
-                          num_padded=padded_end[-1:].to(torch.int32), num_rows=num_rows,
-                          block_m=block_m, max_blocks=max_blocks)
-
-
-@dataclass(frozen=True)
-class TritonMoEConfig:
-    """Tile sizes of the Triton kernels (rows x output columns x reduction) and launch options."""
-
-    block_m: int = 16
-    block_n: int = 64
-    block_k: int = 128
-    num_warps: int = 4
-    num_stages: int = 3
-
-
-def default_triton_config(num_rows: int, num_experts: int) -> TritonMoEConfig:
-    """H100-minded defaults from the mean rows per expert (num_rows = T*k).
-
-    Decode-size batches (<= 16 rows per expert) take BLOCK_M=16 so a block wastes little on padding
-    and every touched expert's weights are read once; larger batches take 32 or 64 rows per block.
-    """
-    mean_rows = num_rows / max(num_experts, 1)
-    if mean_rows <= 16:
-        return TritonMoEConfig(block_m=16, block_n=64, block_k=128)
-    if mean_rows <= 32:
-        return TritonMoEConfig(block_m=32, block_n=64, block_k=128)
-    return TritonMoEConfig(block_m=64, block_n=64, block_k=64)
 
 
 def moe_forward(moe: nn.Module, weights: ExpertWeights, x: torch.Tensor, impl: str) -> torch.Tensor:

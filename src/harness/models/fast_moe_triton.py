@@ -5,7 +5,7 @@ before the first import they run in Triton's numpy interpreter on CPU tensors (t
 
 Execution (T tokens, k slots, E experts, hidden H, expert width I; no host sync anywhere):
 
-1. ``fast_moe.align_rows_to_blocks``: the T*k rows sorted by expert, each expert's rows padded to
+1. ``moe_blocks.align_rows_to_blocks``: the T*k rows sorted by expert, each expert's rows padded to
    BLOCK_M; one expert per block of BLOCK_M padded rows. The grid is the host bound
    ``T*k // BLOCK_M + min(E, T*k)`` blocks; a program whose block starts at or past
    ``num_padded`` (read from device memory) returns at once.
@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .fast_moe import ExpertWeights, TritonMoEConfig, align_rows_to_blocks, default_triton_config
+from .moe_blocks import TritonMoEConfig, align_rows_to_blocks, default_triton_config
 
 #: whether the kernels below were defined for Triton's interpreter (TRITON_INTERPRET=1 at import)
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -145,7 +145,7 @@ def _down_weighted_kernel(
 
 
 def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
-                          weights: ExpertWeights, config: TritonMoEConfig | None = None) -> torch.Tensor:
+                          weights, config: TritonMoEConfig | None = None) -> torch.Tensor:
     """Routed-expert output [T, H] in x's dtype; see the module docstring. Inputs as ``fast_moe``."""
     if x.device.type == "cuda" and INTERPRETED:
         raise HarnessError("fast_moe_triton was imported with TRITON_INTERPRET=1; its kernels cannot run on CUDA",

@@ -1,9 +1,13 @@
 """DeepSeek-V2-style decoder as DeepSeek-OCR runs it: MHA + RoPE, dense SwiGLU in layer 0,
 MoE (64 routed experts, top-6 softmax gate, 2 shared) in layers 1-11.
 
-Execution follows the vendor (transformers 4.46.3 LlamaAttention + DeepseekV2MoE.moe_infer):
-fp32 RMSNorm and gate, a per-expert Python loop after a device-to-host copy of the expert
-counts, and a KV cache that grows by concatenation each step. Tensors are [B, S, hidden].
+Execution follows the vendor by default (transformers 4.46.3 LlamaAttention +
+DeepseekV2MoE.moe_infer): fp32 RMSNorm and gate, a per-expert Python loop after a device-to-host
+copy of the expert counts, and a KV cache that grows by concatenation each step. The execution
+variants (``harness.config.ExecutionConfig``) compute the same function differently: a
+``StaticKVCache`` (preallocated, written in place; decode attends over the whole buffer with a
+mask) and sync-free routed experts (``MoE.impl = "grouped"``, ``fast_moe.routed_experts``).
+Tensors are [B, S, hidden].
 """
 from __future__ import annotations
 
@@ -93,12 +97,34 @@ class Attention(nn.Module):
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
+        filled = cache.length                      # host: positions already in the cache
         k, v = cache.update(self.layer_idx, k, v)
         if self.num_kv_heads != self.num_heads:
             rep = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = self.attend(q, k, v)
+        mask = getattr(cache, "mask", None)
+        if mask is None:                           # growing cache: k, v hold exactly the positions so far
+            out = self.attend(q, k, v)
+        elif S > 1:                                # static cache, prefill: the first filled + S positions
+            T = filled + S
+            out = self.attend(q, k[:, :, :T], v[:, :, :T])
+        else:                                      # static cache, decode: the whole buffer, masked
+            out = self.attend_masked(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(B, S, -1))
+
+    def attend_masked(self, q, k, v, mask) -> torch.Tensor:
+        """One query [B, nh, 1, d] against a whole static buffer [B, nh, L, d] with ``mask`` [1, L]
+        (True = a filled position). Same function as ``attend`` over the filled positions: masked
+        keys get weight exactly 0. Fixed shapes, so it can be captured in a CUDA graph."""
+        if self.layer_idx == 0 and not attn_probe.seen_once("llm_decode"):
+            attn_probe.note("llm_decode", "eager:matmul+softmax (masked static cache)" if self.impl == "eager"
+                            else attn_probe.sdpa_choice(q, k, v, mask))
+        if self.impl == "eager":
+            w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)
+            w = w.masked_fill(~mask, torch.finfo(w.dtype).min)
+            w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+            return torch.matmul(w, v)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
     def attend(self, q, k, v) -> torch.Tensor:
         """[B, nh, S, d] x [B, nh, T, d] -> [B, nh, S, d]; causal with the query block at the end of T."""
@@ -175,11 +201,13 @@ class MoEGate(nn.Module):
 class MoE(nn.Module):
     """Routed experts + shared expert. ``moe_infer`` is the vendor's per-expert loop.
 
-    ``routing``: a ``RoutingCounter`` that receives each call's per-expert counts (set by the
-    model for one request). ``uniform_counts``: split the routed rows uniformly over the experts
-    instead of reading the real counts from the device (no host sync, so it runs on ``meta``
-    tensors): the exactness check counts FLOPs that way (``harness.analytic.check``); every
-    routed row still passes exactly one expert's three GEMMs.
+    ``routing``: a ``RoutingCounter`` (or ``DeviceCounts``) that receives each call's routing (set
+    by the model for one request). ``uniform_counts``: split the routed rows uniformly over the
+    experts instead of reading the real counts from the device (no host sync, so it runs on
+    ``meta`` tensors): the exactness check counts FLOPs that way (``harness.analytic.check``);
+    every routed row still passes exactly one expert's three GEMMs. ``impl``: ``vendor_loop`` or
+    ``grouped`` (``fast_moe.routed_experts`` with ``kernel`` over the stacked ``experts_stacked``:
+    no host sync; the routing goes to ``routing.add_device``).
     """
 
     def __init__(self, cfg: LLMConfig, layer_idx: int):
@@ -191,12 +219,20 @@ class MoE(nn.Module):
         self.shared_experts = SwiGLU(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts)
         self.routing = None
         self.uniform_counts = False
+        self.impl, self.kernel, self.experts_stacked = "vendor_loop", "torch", None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         idx, w = self.gate(x)
-        y = self.moe_infer(x.reshape(-1, shape[-1]), idx, w).view(*shape)
-        return y + self.shared_experts(x)
+        if self.impl == "vendor_loop":
+            y = self.moe_infer(x.reshape(-1, shape[-1]), idx, w)
+        else:
+            from .fast_moe import routed_experts
+
+            if self.routing is not None:
+                self.routing.add_device(self.layer_idx, idx)
+            y = routed_experts(x.reshape(-1, shape[-1]), idx, w, self.experts_stacked, self.kernel)
+        return y.view(*shape) + self.shared_experts(x)
 
     def moe_infer(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
         n_exp = len(self.experts)

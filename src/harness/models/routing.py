@@ -50,10 +50,37 @@ class RoutingCounter:
             self._ones = torch.ones(max(idx.numel(), 64), dtype=torch.int64, device=idx.device)
         acc[layer].scatter_add_(0, idx, self._ones[:idx.numel()])
 
+    def merge(self, phase: str, counts: torch.Tensor) -> None:
+        """Add device counts [layers, experts] (a ``DeviceCounts`` buffer) to ``phase``."""
+        acc = self._dev.get(phase)
+        self._dev[phase] = counts.clone() if acc is None else acc + counts
+        self._host.setdefault(phase, np.zeros((self.layers, self.experts), dtype=np.int64))
+
     def result(self) -> dict:
         """{phase: int64 array [layers, experts]} for every phase entered."""
         out = {k: v.copy() for k, v in self._host.items()}
         for k, v in self._dev.items():
+            if v.device.type == "meta":      # shapes only (the FLOP check): no counts to read
+                continue
             arr = v.cpu().numpy().astype(np.int64)
             out[k] = out[k] + arr if k in out else arr
         return out
+
+
+class DeviceCounts:
+    """A persistent device buffer of routed-expert counts [layers, experts] (int64) that MoE layers
+    add to with ``add_device``: fixed addresses, so a captured CUDA graph or a compiled step keeps
+    writing into it on every replay. ``zero()`` before a request; ``RoutingCounter.merge`` after."""
+
+    def __init__(self, layers: int, experts: int, device, max_rows: int = 64):
+        self.buf = torch.zeros((layers, experts), dtype=torch.int64, device=device)
+        self._ones = torch.ones(max(max_rows, 64), dtype=torch.int64, device=device)
+
+    def zero(self) -> None:
+        self.buf.zero_()
+
+    def add_device(self, layer: int, topk_ids: torch.Tensor) -> None:
+        idx = topk_ids.reshape(-1)
+        if idx.numel() > self._ones.numel():     # host shape check; never inside a captured graph
+            self._ones = torch.ones(idx.numel(), dtype=torch.int64, device=idx.device)
+        self.buf[layer].scatter_add_(0, idx, self._ones[:idx.numel()])

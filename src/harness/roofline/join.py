@@ -51,6 +51,7 @@ kernel busy time in the profiled request.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import OrderedDict
 from typing import Optional
@@ -298,23 +299,36 @@ def analytic_for_case(case, cfg, dtype: str, routing: Optional[dict]) -> tuple:
     if routing and case.batch > 1:
         source = "measured (prefill); decode per-step uniform expectation (batch > 1)"
     df["routing"] = source
-    static = workload_costs(case, cfg, dtype, False, routing, kv_cache="static")
+    needed = dataclasses.replace(cfg, kv_cache="growing", moe_impl="vendor_loop")   # no waste of any kernel
+    static = workload_costs(case, needed, dtype, False, routing, kv_cache="static")
     t = static[(static["family"] == "TOTAL") & (static["stage"] == "decode")]
     mbu = float(t["bytes_weights"].iloc[0] + t["bytes_kv_read"].iloc[0]) if len(t) else None
     return df, mbu, notes
 
 
+def case_model_config(cfg, entry: dict):
+    """The model config one manifest case ran: ``cfg`` with the entry's ``execution`` knobs (the
+    resolved MoE kernel included)."""
+    from ..config import ExecutionConfig
+
+    ex = dict(entry.get("execution") or {})
+    if ex.get("moe_kernel_resolved"):
+        ex["moe_kernel"] = ex["moe_kernel_resolved"]
+    known = {f.name for f in dataclasses.fields(ExecutionConfig)}
+    return dataclasses.replace(cfg, **{k: v for k, v in ex.items() if k in known})
+
+
 def analytic_for_run(run: RunData) -> tuple:
     """(analytic DataFrame, {case: MBU bytes}, notes) of a run read back from its directory: its
-    cases from the manifest, MoE routing from routing.csv."""
+    cases (and each one's execution) from the manifest, MoE routing from routing.csv."""
     man = run.manifest
     cfg, note = model_config(man)
     notes = [note] if note else []
     dtype = str(man.get("dtype") or "bf16")
     frames, mbu_bytes = [], {}
-    for case in run_cases(man):
-        frame, mbu_b, n = analytic_for_case(case, cfg, dtype, routing_arrays(run.routing, case.name,
-                                                                             cfg.llm.num_layers))
+    for case, entry in zip(run_cases(man), man.get("cases") or []):
+        frame, mbu_b, n = analytic_for_case(case, case_model_config(cfg, entry), dtype,
+                                            routing_arrays(run.routing, case.name, cfg.llm.num_layers))
         frames.append(frame)
         mbu_bytes[case.name] = mbu_b
         notes += n
