@@ -390,3 +390,26 @@ def test_static_cache_attention_equals_growing_cache():
         got = _attention_step_static(attn, xs[:, t:t + 1], pos, static, table)
         assert rel_err(got, ref) <= 1e-6
     assert torch.equal(static.k[0][:, :, :prompt + steps], growing.k[0])
+
+
+def test_rows_kernel_equals_the_blocked_kernels_for_decode_batches():
+    """A decode-size batch (T*k <= ROWS_KERNEL_MAX) takes the per-row GEMV kernels; forcing the blocked
+    kernels (an explicit TritonMoEConfig) gives the same result in fp32."""
+    ok, why = fm.triton_available("cpu" if not torch.cuda.is_available() else "cuda")
+    if not ok:
+        pytest.skip(why)
+    from harness.models import fast_moe_triton as fmt
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(7)
+    E, H, I, k = 8, 64, 32, 2
+    weights = fm.ExpertWeights(gate_up=(torch.randn(E, 2 * I, H, generator=gen) * 0.1).to(dev),
+                               down=(torch.randn(E, H, I, generator=gen) * 0.1).to(dev))
+    for T in (1, 3, 8):
+        x = torch.randn(T, H, generator=gen).to(dev)
+        ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)]).to(dev)
+        w = torch.rand(T, k, generator=gen).to(dev)
+        assert T * k <= fmt.ROWS_KERNEL_MAX
+        rows = fm.routed_experts(x, ids, w, weights, "triton")
+        blocked = fm.routed_experts(x, ids, w, weights, "triton", triton_config=fm.TritonMoEConfig())
+        torch.testing.assert_close(rows, blocked, rtol=1e-5, atol=1e-6)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import dataclasses
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")   # the Triton MoE kernels run in Triton's interpreter on the CPU
-
 import pytest
 import torch
+
+if not torch.cuda.is_available():   # the Triton MoE kernels run in Triton's interpreter on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from conftest import TINY_MODE, load_tiny_cfg
 from harness import workload as wl
@@ -111,7 +112,7 @@ def test_compiled_static_grouped_decode_matches(tiny):
 def test_counted_flops_equal_analytic_for_the_static_grouped_variant(tiny_cfg):
     from harness.analytic import check, compose
 
-    cfg = dataclasses.replace(tiny_cfg, kv_cache="static", moe_impl="grouped", moe_kernel="torch")
+    cfg = dataclasses.replace(tiny_cfg, kv_cache="static", moe_impl="grouped", moe_kernel="torch", vision_impl="fused")
     model = build_model(cfg, "cpu", torch.float32, seed=0)
     model.configure(cfg)
     cases = [compose.Case(TINY_MODE, (2, 3), decode_tokens=4), compose.Case(TINY_MODE, None, decode_tokens=3)]
@@ -176,3 +177,42 @@ def test_gpu_variant_matches_vendor_style(name, dtype, tol):
     assert agree == 1.0 if dtype == torch.float32 else agree >= 0.5, (info, res.tokens, ref.tokens)
     assert (res.routing["prefill"] == ref.routing["prefill"]).all()
     assert res.routing["decode"].sum() == ref.routing["decode"].sum()
+
+
+@pytest.mark.parametrize("mode,grid", [("t", (2, 3)), ("u", None)])
+def test_fused_vision_matches_vendor_style_fp32(mode, grid):
+    """vision_impl=fused: SAM, CLIP and projector outputs of every view equal the dense-mask path
+    (fp32, CPU: the augmented q.k without the S x S mask; CUDA graphs only on a GPU)."""
+    cfg = load_tiny_cfg()
+    model = build_model(cfg, "cpu", torch.float32, seed=0)
+    crop_mode = dict(TINY_MODE, name=mode, crop=grid is not None)
+    page = wl.Page("p", wl.synthetic_page(0, size=(300, 200) if grid is None else (128, 192)), "s")
+    req = wl.build_request([page], crop_mode, decode_tokens=2)
+    assert req.grid == grid
+
+    def outputs():
+        got = {}
+
+        def hook(name):
+            def f(mod, args, out):
+                got.setdefault(name, []).append(out)
+            return f
+        handles = [getattr(model.model, attr).register_forward_hook(hook(name)) for name, attr in
+                   (("sam", "sam_model"), ("clip", "vision_model"), ("projector", "projector"))]
+        with torch.inference_mode():
+            model.image_embeddings(req.global_views, req.tiles, req.grid)
+        for h in handles:
+            h.remove()
+        return got
+
+    model.configure(ExecutionConfig())
+    ref = outputs()
+    info = model.configure(ExecutionConfig(vision_impl="fused"))
+    assert [b.attn.method for b in model.model.sam_model.blocks] == ["dense", "augmented"]   # block 1 is global
+    assert "augmented" in info["vision"]
+    got = outputs()
+    for name in ("sam", "clip", "projector"):
+        assert len(got[name]) == len(ref[name]) == (2 if grid else 1)
+        for a, b in zip(got[name], ref[name]):
+            assert _rel(a, b) <= 1e-5, (name, _rel(a, b))
+    model.configure(ExecutionConfig())

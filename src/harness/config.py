@@ -121,6 +121,10 @@ class ExecutionConfig:
     * ``compile``: torch.compile the decode step (compile time reported apart from run time).
     * ``static_cache_len``: positions of the static cache; None: prefill + decode tokens rounded up
       to a multiple of 64.
+    * ``vision_impl``: ``vendor`` | ``fused``: SAM's global blocks attend without the dense rel-pos
+      mask (q and k augmented with the decomposed terms, ``models.sam_attention``; exact), and on
+      CUDA each of sam / clip / projector is captured in a CUDA graph per input shape and replayed.
+    * ``prefill_graphs``: capture the prefill forward (static cache, grouped MoE) per request shape.
     """
 
     kv_cache: str = _f("growing", choices=("growing", "static"))
@@ -129,6 +133,8 @@ class ExecutionConfig:
     cuda_graphs: str = _f("none", choices=("none", "decode"))
     compile: bool = False
     static_cache_len: Optional[int] = _f(None, min=1)
+    vision_impl: str = _f("vendor", choices=("vendor", "fused"))
+    prefill_graphs: bool = False
 
     def cache_len(self, prefill_tokens: int, decode_tokens: int) -> int:
         """Positions a static cache holds for a request [tokens]."""
@@ -450,6 +456,9 @@ def check_execution(m: ModelConfig, where: str) -> None:
     if m.cuda_graphs == "decode" and (m.kv_cache != "static" or m.moe_impl != "grouped"):
         raise HarnessError(f"{where}: cuda_graphs=decode needs kv_cache=static and moe_impl=grouped (a growing "
                            "cache changes shapes every step and the vendor MoE loop syncs the host per layer)",
+                           "add model.kv_cache=static model.moe_impl=grouped")
+    if m.prefill_graphs and (m.kv_cache != "static" or m.moe_impl != "grouped"):
+        raise HarnessError(f"{where}: prefill_graphs needs kv_cache=static and moe_impl=grouped",
                            "add model.kv_cache=static model.moe_impl=grouped")
     if m.kv_cache == "static" and m.attn_implementation == "flash_attention_2":
         raise HarnessError(f"{where}: kv_cache=static attends over the whole buffer with a mask, which "

@@ -585,6 +585,7 @@ class Request:
     global_views: torch.Tensor              # [B, 3, Sg, Sg] float32
     tiles: torch.Tensor | None              # [B*cols*rows, 3, T, T] float32, batch-major
     pages: list[str]
+    image_start: int = BOS_TOKENS           # position of the first image placeholder (a contiguous block)
 
     @property
     def mode(self) -> CropMode:
@@ -684,7 +685,7 @@ def build_request(pages: list[Page], mode, decode_tokens: int = 128,
     case = Case(mode, first.grid, batch, len(before) + len(after), decode_tokens, name)
     assert case.image_tokens == first.image_tokens and case.prefill_tokens == len(ids)
     return Request(case=case, input_ids=input_ids, images_seq_mask=seq_mask, global_views=views, tiles=tiles,
-                   pages=[p.name for p in pages])
+                   pages=[p.name for p in pages], image_start=BOS_TOKENS + len(before))
 
 
 def load_tokenizer(path: str | os.PathLike | None, text_tokens: int = 12):

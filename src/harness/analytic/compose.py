@@ -152,8 +152,9 @@ def vision_items(cfg: ModelConfig, view: View, b: int) -> list:
         items.append(Item("sam", F.SAMAttention(n, g, C, s.num_heads, s.window_size, s.window_size, b), win,
                           "window", call))
     if glob:
-        items.append(Item("sam", F.SAMAttention(n, g, C, s.num_heads, 0, s.img_size // s.patch_size, b), len(glob),
-                          "global", call))
+        method = "augmented" if cfg.vision_impl == "fused" else "dense"
+        items.append(Item("sam", F.SAMAttention(n, g, C, s.num_heads, 0, s.img_size // s.patch_size, b, method),
+                          len(glob), "global", call))
     items.append(Item("sam", F.SAMMLP(n * g * g, C, int(C * s.mlp_ratio), b), s.depth, call=call))
     oc = s.out_chans
     c2, c3 = s.downsample_channels

@@ -293,6 +293,14 @@ class SAMAttention(Family):
       write 3*P*C (qkv) + Bw*nh*n*(h+w) (rel_h, rel_w) + Bw*nh*n^2 (dense mask: SDPA needs it
       materialised) + P*C (attention out) + N*g^2*C (proj + residual, real tokens only). All * b.
     * params = 4*C^2 + 4*C + 2*(2*r - 1)*d.
+
+    ``method = "augmented"`` (``vision_impl: fused``, global blocks; ``harness.models.sam_attention``):
+    no S x S mask. q' = [q, rel_h, rel_w, 0] and k' = [k, onehot_h, onehot_w, 0] of head dim
+    d' = d + h + w rounded up to a multiple of 8, one SDPA over (q', k', v). The kernel executes
+    2*Bw*nh*n^2*(d' + d) (flops_counted = tensor_flops = GEMMs + rel-pos einsums + that;
+    flops_useful unchanged); vector: scale + softmax 6 per score. Bytes: the mask terms go; q' and
+    k' are written (Bw*nh*n*d' each) and read by the kernel with v (Bw*nh*n*(2d' + d)); building
+    them reads q, rel_h, rel_w, k and the [n, d' - d] one-hot tail.
     """
 
     family: ClassVar[str] = "sam_attention"
@@ -304,6 +312,7 @@ class SAMAttention(Family):
     window: int
     rel_size: int
     b: int = 2
+    method: str = "dense"         # dense (the vendor's mask) | augmented (global blocks, no mask)
 
     def geometry(self):
         g, ws = self.grid, self.window
@@ -330,6 +339,21 @@ class SAMAttention(Family):
         real = N * g * g * C
         params = 4 * C * C + 4 * C + 2 * (2 * self.rel_size - 1) * d
         relw = bw * nh * n * 2 * side
+        if self.method == "augmented":
+            from ..models.sam_attention import augmented_dim
+
+            dp = augmented_dim(d, side, side)
+            kernel = 2 * bw * nh * n * n * (dp + d)
+            counted = gemm + rel + kernel
+            aug = bw * nh * n * dp
+            return Cost(
+                tensor_flops=counted, flops_counted=counted, flops_useful=useful,
+                vector_flops=4 * P * C + (1 + SOFTMAX) * scores + real,
+                bytes_weights=params * self.b,
+                bytes_act_read=(real + P * C + (P * C + relw) + (P * C + n * (dp - d)) + (2 * aug + P * C)
+                                + P * C + real) * self.b,
+                bytes_act_write=(3 * P * C + relw + 2 * aug + P * C + real) * self.b,
+                params=params, params_active=params)
         return Cost(
             tensor_flops=counted, flops_counted=counted, flops_useful=useful,
             vector_flops=4 * P * C + scores + (1 + 1 + SOFTMAX) * scores + real,

@@ -26,6 +26,7 @@ from ..models.generate import generate
 from .kernels import KERNEL_COLUMNS, KernelCapture, kernel_table
 from .recorder import StageRecorder
 from .summarize import STAGE_COLUMNS, aggregate, stage_rows
+from .syncs import SyncCounter
 
 log = logging.getLogger("harness.measure")
 
@@ -164,19 +165,27 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
         say(f"{case['case']}: profiled request (kernel capture)")
         req = make_request(mcfg.repeats)
         rec = StageRecorder(cuda, nvtx=mcfg.nvtx, events=mcfg.events)
-        with KernelCapture(cuda) as prof, quiet_gc():
-            res = generate(model, req, rec)
+        syncs = SyncCounter(rec)
+        with KernelCapture(cuda) as prof, quiet_gc(), (syncs.counting() if cuda else contextlib.nullcontext()):
+            res = generate(model, req, syncs)
             ranges = rec.finish()
         kern = kernel_table(prof, cuda, ranges)
         kern.insert(0, "case", case["case"])
+        n_steps = int((ranges["range"] == "decode_step").sum())
         for row in stage_rows(ranges, kern, req.batch):
             row.update(case, repeat="profiled", note=note)
+            if cuda:
+                row["host_syncs"] = syncs.counts.get(row["stage"], 0) if row["stage"] != "request" \
+                    else sum(syncs.counts.values()) - syncs.counts.get("decode_step", 0)
+                if row["stage"] == "decode" and n_steps:
+                    row["syncs_per_step"] = syncs.counts.get("decode_step", 0) / n_steps
             prof_rows.append(row)
     df = pd.DataFrame(rows, columns=STAGE_COLUMNS)
     agg = aggregate(df)
     if prof_rows:
         prof = pd.DataFrame(prof_rows, columns=STAGE_COLUMNS)
-        kcols = ["kernels", "busy_ms", "launches_per_step", "unattributed_kernel_ms", "attributed_fraction"]
+        kcols = ["kernels", "busy_ms", "launches_per_step", "unattributed_kernel_ms", "attributed_fraction",
+                 "host_syncs", "syncs_per_step"]
         keyed = prof.set_index(["stage", prof["call"].astype(str)])
         for i, row in agg.iterrows():
             key = (row["stage"], str(row["call"]))

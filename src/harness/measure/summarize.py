@@ -16,6 +16,7 @@ STAGE_COLUMNS = [
     "gpu_ms", "host_ms", "kernels", "busy_ms", "idle_ms", "launches_per_step", "peak_mem_bytes",
     "ttft_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "decode_tok_s", "e2e_ms",
     "stage_sum_ms", "unattributed_kernel_ms", "attributed_fraction", "weight_bytes", "kv_cache_bytes", "note",
+    "host_syncs", "syncs_per_step",
 ]
 NUMERIC = [c for c in STAGE_COLUMNS if c.endswith(("_ms", "_bytes", "_s", "kernels", "_step", "_fraction"))]
 

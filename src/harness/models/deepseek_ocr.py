@@ -63,17 +63,31 @@ class DeepseekOCR(nn.Module):
         self._prefill_counts: Optional[DeviceCounts] = None
         self._decode_counts: Optional[DeviceCounts] = None
         self._run_decoder = None           # the StaticDecoder of the request running now
+        self._vision_graphs: dict = {}     # (stage, input shapes) -> execution.CapturedCall
 
     # ----------------------------------------------------------------- vision
     def encode_view(self, pixels: torch.Tensor, stage: StageFn = no_stage, call: int = 0) -> torch.Tensor:
         """[N, 3, S, S] pixels -> [N, (S/64)^2, hidden] projected image tokens (no separators)."""
         m = self.model
         with stage("sam", call=call):
-            sam_out = m.sam_model(pixels)
+            sam_out = self._vision("sam", m.sam_model, pixels)
         with stage("clip", call=call):
-            clip_out = m.vision_model(sam_out)
+            clip_out = self._vision("clip", m.vision_model, sam_out)
         with stage("projector", call=call):
-            return m.projector(clip_out, sam_out)
+            return self._vision("projector", m.projector, clip_out, sam_out).clone()
+
+    def _vision(self, name: str, module, *args) -> torch.Tensor:
+        """One vision stage: eager, or (``vision_impl=fused`` on CUDA) its CUDA graph for these
+        input shapes, captured on first use."""
+        if self.exec.vision_impl != "fused" or not args[0].is_cuda:
+            return module(*args)
+        from .execution import CapturedCall
+
+        key = (name,) + tuple((tuple(a.shape), a.dtype) for a in args)
+        if key not in self._vision_graphs:
+            self._vision_graphs[key] = CapturedCall(module, args)
+            self.info.setdefault("setup_s", {})[f"{name}{list(args[0].shape)}"] = self._vision_graphs[key].setup_s
+        return self._vision_graphs[key](*args)
 
     def layout_view(self, feats: torch.Tensor, grid=None) -> torch.Tensor:
         """Add ``image_newline`` after each row: [B*(c*r), q*q, D] -> [B, (q*r)*(q*c+1), D]."""
@@ -140,6 +154,21 @@ class DeepseekOCR(nn.Module):
         pos = torch.full_like(token, cache.length)
         return self.decoder(self.model.embed_tokens(token), pos, cache)
 
+    def prefill_core(self, input_ids, image_embeds, cache: StaticKVCache, select: Select, image_start: int):
+        """The device work of a static-cache prefill with the image tokens at ``image_start`` (the
+        contiguous placeholder block of ``workload.build_request``): the same function as ``prefill``
+        (a slice write equals masked_scatter for that layout), ``select`` of the logits, the device
+        position set to S. Fixed shapes, no host sync: what ``StaticDecoder.prefill`` captures."""
+        embeds = self.model.embed_tokens(input_ids)
+        if image_embeds is not None and image_embeds.numel():
+            embeds[:, image_start:image_start + image_embeds.shape[1]] = image_embeds.to(embeds.dtype)
+        S = input_ids.shape[1]
+        pos = torch.arange(S, device=input_ids.device)
+        cache.begin_step(pos)
+        logits = self.decoder(embeds, pos[None].expand(input_ids.shape[0], -1), cache)
+        cache.position.fill_(S)
+        return select(logits)
+
     def decode_core(self, token: torch.Tensor, cache: StaticKVCache, select: Select) -> torch.Tensor:
         """The device work of one static-cache step: position from ``cache.position`` (device), the
         decoder, ``select`` of the logits, the position advanced on the device. Fixed shapes and no
@@ -166,12 +195,21 @@ class DeepseekOCR(nn.Module):
                 if kernel is not None and mod.experts_stacked is None:
                     mod.experts_stacked = stack_experts(mod)
                 mod.impl, mod.kernel = ("vendor_loop", "torch") if kernel is None else ("grouped", kernel)
+        for blk in self.model.sam_model.blocks:   # fused vision: global blocks without the dense mask
+            blk.attn.method = "augmented" if m.vision_impl == "fused" and blk.window_size == 0 else "dense"
+        if m.vision_impl != self.exec.vision_impl:
+            self._vision_graphs.clear()
         if m.execution() != self.exec.execution():
             self._decoders.clear()
         self.exec = ExecutionConfig(**m.execution())
         return {**m.execution(), "moe": why, "moe_kernel_resolved": kernel,
                 "kv_cache_is": "static: preallocated, written in place, masked decode attention" if m.kv_cache == "static"
-                else "growing: torch.cat per step"}
+                else "growing: torch.cat per step",
+                "vision": ("fused: SAM global blocks by augmented q.k (no dense rel-pos mask); sam, clip, projector "
+                           "each a CUDA graph per input shape" + ("" if p.is_cuda else " (no CUDA here: eager)"))
+                if m.vision_impl == "fused" else "vendor: dense rel-pos mask, eager launches",
+                "prefill": ("one CUDA graph per request shape" if p.is_cuda else "eager (no CUDA here)")
+                if m.prefill_graphs else "eager launches"}
 
     def route_moe(self, target) -> None:
         """Send every MoE layer's routing to ``target`` (a RoutingCounter, DeviceCounts or None)."""
@@ -232,7 +270,10 @@ class DeepseekOCR(nn.Module):
     def first_token(self, request, cache, stage: StageFn, select: Select) -> torch.Tensor:
         img = self.image_embeddings(request.global_views, request.tiles, request.grid, stage)
         with stage("prefill"):
-            token = select(self.prefill(request.input_ids, request.images_seq_mask, img, cache))
+            if self._run_decoder is not None and self.exec.prefill_graphs and request.input_ids.is_cuda:
+                token = self._run_decoder.prefill(request, img)
+            else:
+                token = select(self.prefill(request.input_ids, request.images_seq_mask, img, cache))
         if self.exec.moe_impl == "grouped":   # decode steps count into the decode buffers
             self.route_moe(self._run_decoder.decode_counts if self._run_decoder is not None else self._decode_counts)
         return token

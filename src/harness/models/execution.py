@@ -57,6 +57,7 @@ class StaticDecoder:
         self.token_in = torch.zeros((batch, 1), dtype=torch.long, device=device)
         self.token_out: Optional[torch.Tensor] = None
         self.setup_s: dict = {}
+        self.graphs: dict = {}
         self.fn = model.decode_core
         if m.compile:
             self.fn = torch.compile(model.decode_core, dynamic=False)
@@ -94,6 +95,25 @@ class StaticDecoder:
             torch.cuda.synchronize()
             self.setup_s["capture"] = round(time.perf_counter() - t0, 3)
 
+    def prefill(self, request, image_embeds: Optional[torch.Tensor]) -> torch.Tensor:
+        """The first token of ``request`` through the prefill forward captured for its shape (batch,
+        prompt length, image position): ``model.prefill_core`` replayed; the cache holds the prompt after."""
+        S = request.input_ids.shape[1]
+        start, n_img = request.image_start, request.image_tokens
+        key = ("prefill", tuple(request.input_ids.shape), start, n_img)
+        if key not in self.graphs:
+            def fn(ids, img):
+                return self.model.prefill_core(ids, img, self.cache, self.select, start)
+            self.model.prefill_core(request.input_ids, image_embeds, self.cache, self.select, start)   # eager first
+            self.graphs[key] = CapturedCall(fn, (request.input_ids, image_embeds))
+            self.setup_s[f"prefill_capture_S{S}"] = self.graphs[key].setup_s
+            self.cache.length = 0
+            if self.model._prefill_counts is not None:    # the warm-up runs counted routing too
+                self.model._prefill_counts.zero()
+        out = self.graphs[key](request.input_ids, image_embeds).clone()
+        self.cache.advance(S)
+        return out
+
     def begin(self) -> StaticKVCache:
         """A new request: position 0, empty cache bookkeeping, zero decode counts."""
         self.cache.length = 0
@@ -110,3 +130,32 @@ class StaticDecoder:
             out = self.fn(token, self.cache, self.select)
         self.cache.advance(1)
         return out
+
+
+class CapturedCall:
+    """``fn(*inputs)`` captured once in a CUDA graph for fixed input shapes: a call copies its inputs
+    into the graph's static buffers and replays it. The output tensor is the graph's own buffer
+    (overwritten by the next replay): callers that keep it across replays clone it. ``setup_s``:
+    warm-up + capture seconds."""
+
+    def __init__(self, fn: Callable, inputs: tuple, warmup: int = 2):
+        t0 = time.perf_counter()
+        self.fn = fn
+        self.inputs = tuple(t.clone() for t in inputs)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                fn(*self.inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.output = fn(*self.inputs)
+        torch.cuda.synchronize()
+        self.setup_s = round(time.perf_counter() - t0, 3)
+
+    def __call__(self, *inputs):
+        for static, t in zip(self.inputs, inputs):
+            static.copy_(t)
+        self.graph.replay()
+        return self.output

@@ -153,6 +153,8 @@ def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch
     if topk_w.dtype != torch.float32:
         raise HarnessError(f"triton MoE multiplies by fp32 gate weights (as the vendor does); topk_w is {topk_w.dtype}")
     T, k = topk_ids.shape
+    if config is None and T * k <= ROWS_KERNEL_MAX:
+        return routed_experts_rows(x, topk_ids, topk_w, weights)
     E, H, inter = weights.num_experts, weights.hidden, weights.inter
     cfg = config or default_triton_config(T * k, E)
     for name in ("block_m", "block_n", "block_k"):
@@ -182,4 +184,106 @@ def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch
         h.stride(0), h.stride(1), dn.stride(0), dn.stride(1), dn.stride(2), out_rows.stride(0), out_rows.stride(1),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_PRECISION=precision,
         DOT_IN_FP32=dot_in_fp32, EMULATE_BF16_RNE=emulate_rne, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out_rows.view(T, k, H).sum(dim=1).to(x.dtype)
+
+
+# ------------------------------------------------------------------------------ decode-size batches
+#
+# For a few routed rows (T*k <= ROWS_KERNEL_MAX, a decode step at small batch) sorting and padding
+# rows per expert costs more than it saves: a dozen small launches per layer around two GEMMs whose
+# tiles are mostly padding. ``routed_experts_rows`` instead gives every (token, slot) row its own
+# programs: each reads its expert id from ``topk_ids`` on the device and streams that expert's
+# weight tiles once (a GEMV on the CUDA cores, fp32 accumulation), so a batch-1 step reads exactly
+# the k touched experts, in 2 launches plus the sum over k. Rows that share an expert read it again
+# (from L2 when close in time), so the blocked kernels above serve larger batches.
+
+ROWS_KERNEL_MAX = 16
+
+
+@triton.jit
+def _rows_gate_up_silu_kernel(
+    x_ptr, w_ptr, h_ptr, ids_ptr, top_k, hidden, inter,
+    stride_xt, stride_xh, stride_we, stride_wn, stride_wh, stride_hr, stride_hi,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
+):
+    row = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(ids_ptr + row).to(tl.int64)
+    token = (row // top_k).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < inter
+    offs_k = tl.arange(0, BLOCK_K)
+    acc_gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    wg = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wh
+    wu = wg + inter * stride_wn
+    xp = x_ptr + token * stride_xt + offs_k * stride_xh
+    for kb in range(0, tl.cdiv(hidden, BLOCK_K)):
+        k_ok = offs_k < hidden - kb * BLOCK_K
+        xv = tl.load(xp, mask=k_ok, other=0.0).to(tl.float32)
+        m = n_ok[:, None] & k_ok[None, :]
+        acc_gate += tl.sum(tl.load(wg, mask=m, other=0.0).to(tl.float32) * xv[None, :], axis=1)
+        acc_up += tl.sum(tl.load(wu, mask=m, other=0.0).to(tl.float32) * xv[None, :], axis=1)
+        xp += BLOCK_K * stride_xh
+        wg += BLOCK_K * stride_wh
+        wu += BLOCK_K * stride_wh
+    act = h_ptr.dtype.element_ty
+    gate = _rne(acc_gate, EMULATE_BF16_RNE).to(act).to(tl.float32)
+    up = _rne(acc_up, EMULATE_BF16_RNE).to(act).to(tl.float32)
+    silu = _rne(gate / (1.0 + tl.exp(-gate)), EMULATE_BF16_RNE).to(act).to(tl.float32)
+    h = _rne(silu * up, EMULATE_BF16_RNE).to(act)
+    tl.store(h_ptr + row * stride_hr + offs_n * stride_hi, h, mask=n_ok)
+
+
+@triton.jit
+def _rows_down_weighted_kernel(
+    h_ptr, w_ptr, out_ptr, ids_ptr, topk_w_ptr, hidden, inter,
+    stride_hr, stride_hi, stride_we, stride_wn, stride_wi, stride_or, stride_oh,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
+):
+    row = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(ids_ptr + row).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < hidden
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    wp = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wi
+    hp = h_ptr + row * stride_hr + offs_k * stride_hi
+    for kb in range(0, tl.cdiv(inter, BLOCK_K)):
+        k_ok = offs_k < inter - kb * BLOCK_K
+        hv = tl.load(hp, mask=k_ok, other=0.0).to(tl.float32)
+        acc += tl.sum(tl.load(wp, mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32) * hv[None, :],
+                      axis=1)
+        hp += BLOCK_K * stride_hi
+        wp += BLOCK_K * stride_wi
+    gate_w = tl.load(topk_w_ptr + row).to(tl.float32)
+    y = _rne(acc, EMULATE_BF16_RNE).to(h_ptr.dtype.element_ty).to(tl.float32) * gate_w
+    tl.store(out_ptr + row * stride_or + offs_n * stride_oh, y, mask=n_ok)
+
+
+def routed_experts_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor, weights,
+                        block_n: int = 32, block_k: int = 128, num_warps: int = 4) -> torch.Tensor:
+    """Routed-expert output [T, H] for a few rows (decode): one program column per (token, slot) row,
+    no sorting (see the section comment). Same rounding points as the blocked kernels."""
+    if x.device.type == "cuda" and INTERPRETED:
+        raise HarnessError("fast_moe_triton was imported with TRITON_INTERPRET=1; its kernels cannot run on CUDA",
+                           "unset TRITON_INTERPRET in the process that runs on the GPU")
+    T, k = topk_ids.shape
+    H, inter = weights.hidden, weights.inter
+    x = x.contiguous()
+    ids = topk_ids.reshape(-1).contiguous()
+    w32 = topk_w.reshape(-1).contiguous()
+    emulate_rne = INTERPRETED and x.dtype == torch.bfloat16
+    h = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
+    out_rows = torch.empty(T * k, H, dtype=torch.float32, device=x.device)
+    gu, dn = weights.gate_up, weights.down
+    _rows_gate_up_silu_kernel[(T * k, triton.cdiv(inter, block_n))](
+        x, gu, h, ids, k, H, inter, x.stride(0), x.stride(1), gu.stride(0), gu.stride(1), gu.stride(2),
+        h.stride(0), h.stride(1), BLOCK_N=block_n, BLOCK_K=block_k, EMULATE_BF16_RNE=emulate_rne,
+        num_warps=num_warps)
+    _rows_down_weighted_kernel[(T * k, triton.cdiv(H, block_n))](
+        h, dn, out_rows, ids, w32, H, inter, h.stride(0), h.stride(1), dn.stride(0), dn.stride(1), dn.stride(2),
+        out_rows.stride(0), out_rows.stride(1), BLOCK_N=block_n, BLOCK_K=block_k, EMULATE_BF16_RNE=emulate_rne,
+        num_warps=num_warps)
     return out_rows.view(T, k, H).sum(dim=1).to(x.dtype)

@@ -98,6 +98,14 @@ def _write(rd: RunDir, run: RunData, hardware: Optional[dict], plot: bool) -> di
             paths["plot"] = plot_roofline(table, peaks, rd.path / "roofline.png", title)
         except Exception as exc:  # noqa: BLE001 - a plotting failure must not lose the tables
             notes.append(f"roofline.png not written ({exc.__class__.__name__}: {exc})")
+    if plot and len(measured):
+        try:
+            ladder = execution_rows(run, table[table["level"] == "stage"] if len(table) else table, measured)
+            if len(ladder) > 1:
+                from ..roofline.plot import plot_ladder
+                paths["ladder"] = plot_ladder(ladder, rd.path / "ladder.png")
+        except Exception as exc:  # noqa: BLE001 - a plotting failure must not lose the tables
+            notes.append(f"ladder.png not written ({exc.__class__.__name__}: {exc})")
     paths["report"] = rd.write_text("report.md", render(run, peaks, table, analytic, measured, notes))
     rd.manifest["roofline"] = {**peaks.as_dict(), "files": sorted(p.name for p in map(Path, paths.values()))}
     rd.save()
@@ -162,6 +170,7 @@ def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFra
           "touched + KV read. Times are medians of the timed repeats.", ""]
     st = table[table["level"] == "stage"] if len(table) else table
     L += _headline(run, st, measured)
+    L += _execution_table(run, st, measured)
     L += _stage_table(st)
     L += _op_table(table)
     L += _top_kernels(run)
@@ -213,6 +222,78 @@ def _headline(run: RunData, st: pd.DataFrame, measured: pd.DataFrame) -> list:
     L += ["", f"Stage times: {timer} clock ({'CUDA events' if timer == 'GPU' else 'host wall clock, no CUDA'}); "
           "tok/s = decode tokens per second over the decode stage (batch included).", ""]
     return L
+
+
+EXECUTION_SHORT = (("kv_cache", "static", "static KV"), ("moe_impl", "grouped", "grouped MoE"),
+                   ("cuda_graphs", "decode", "decode graph"), ("compile", True, "compiled"),
+                   ("prefill_graphs", True, "prefill graph"), ("vision_impl", "fused", "fused vision"))
+
+
+def execution_label(ex: dict) -> str:
+    """'static KV + grouped MoE (triton) + ...' from a manifest case's execution ('vendor-style' when
+    nothing differs from the vendor's execution)."""
+    parts = []
+    for key, on, text in EXECUTION_SHORT:
+        if ex.get(key) == on:
+            kernel = ex.get("moe_kernel_resolved") if key == "moe_impl" else None
+            parts.append(f"{text} ({kernel})" if kernel else text)
+    return " + ".join(parts) or "vendor-style"
+
+
+def execution_rows(run: RunData, st: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
+    """One row per case: execution label, decode tok/s, TPOT p50/p90/p99, TTFT, kernels and host syncs per
+    decode step, decode idle share and CV, MBU (datasheet / calibrated), speed-up over the first case."""
+    rows = []
+    info = _case_info(run.manifest)
+    stg = run.stages
+    for case in dict.fromkeys(measured["case"]):
+        m = measured[measured["case"] == case].set_index("stage")
+        if "request" not in m.index or "decode" not in m.index:
+            continue
+        req, dec = m.loc["request"], m.loc["decode"]
+        s = st[(st["case"] == case) & (st["stage"] == "decode")] if len(st) else st
+        r = s.iloc[0] if len(s) else {}
+        prof = stg[(stg["case"] == case) & (stg["stage"] == "decode") & (stg["repeat"].astype(str) == "profiled")
+                   & (stg["call"].astype(str) == "all")] if len(stg) and "host_syncs" in stg else stg.iloc[:0]
+        ex = info.get(case, {}).get("execution") or {}
+        setup = ex.get("setup_s") or {}
+        rows.append({"case": case, "execution": execution_label(ex), "batch": info.get(case, {}).get("batch"),
+                     "tok_s": _f(req.get("decode_tok_s")), "tpot_p50_ms": _f(req.get("tpot_p50_ms")),
+                     "tpot_p90_ms": _f(req.get("tpot_p90_ms")), "tpot_p99_ms": _f(req.get("tpot_p99_ms")),
+                     "ttft_ms": _f(req.get("ttft_ms")), "kernels_per_step": _f(dec.get("launches_per_step")),
+                     "syncs_per_step": _f(prof["syncs_per_step"].iloc[0]) if len(prof) else None,
+                     "decode_idle": _f(r.get("idle_fraction")) if len(s) else None,
+                     "decode_cv": _f(dec.get("cv")), "mbu": _f(r.get("mbu")) if len(s) else None,
+                     "mbu_cal": _f(r.get("mbu_cal")) if len(s) else None,
+                     "setup_s": sum(v for d in (setup.values() if isinstance(setup, dict) else [])
+                                    for v in (d.values() if isinstance(d, dict) else [d]) if _f(v) is not None)})
+    df = pd.DataFrame(rows)
+    if len(df) and _f(df["tok_s"].iloc[0]):
+        df["speedup"] = df["tok_s"] / df["tok_s"].iloc[0]
+    return df
+
+
+def _execution_table(run: RunData, st: pd.DataFrame, measured: pd.DataFrame) -> list:
+    if not len(measured) or not any((c.get("execution") or {}) for c in run.manifest.get("cases") or []):
+        return []
+    df = execution_rows(run, st, measured)
+    if len(df) < 2 and (not len(df) or df["execution"].iloc[0] == "vendor-style"):
+        return []
+    L = ["## Execution variants", "",
+         "Same weights, different execution (`harness.config.ExecutionConfig`). tok/s, TPOT and TTFT: measured "
+         "(median of the timed repeats); kernels per step: measured (profiled request); host syncs per step: "
+         "measured (torch sync debug mode, profiled request); idle and MBU: derived (kernel busy / analytic "
+         "bytes over measured time, datasheet / calibrated); speed-up: derived, decode tok/s over the first "
+         "row; set-up s: measured compile + capture time (outside the timed repeats).", ""]
+    rows = [[r["case"], r["execution"], r["batch"], _n(r["tok_s"], "{:,.1f}"), _n(r["tpot_p50_ms"], "{:,.3f}"),
+             _n(r["tpot_p90_ms"], "{:,.3f}"), _n(r["tpot_p99_ms"], "{:,.3f}"), _n(r["ttft_ms"], "{:,.2f}"),
+             _n(r["kernels_per_step"], "{:,.0f}"), _n(r["syncs_per_step"], "{:,.1f}"), _pct(r["decode_idle"]),
+             _pct(r["decode_cv"]), f"{_pct(r['mbu'])} / {_pct(r['mbu_cal'])}",
+             _n(r.get("speedup"), "{:,.1f}x"), _n(r["setup_s"], "{:,.1f}")] for r in df.to_dict("records")]
+    L += _table(["case", "execution", "batch", "tok/s", "TPOT p50 ms", "p90", "p99", "TTFT ms", "kernels/step",
+                 "syncs/step", "decode idle", "decode CV", "MBU (sheet / cal)", "speed-up", "set-up s"], rows,
+                ["---", "---"] + ["---:"] * 13)
+    return L + ["", "Chart: `ladder.png`.", ""]
 
 
 def _stage_table(st: pd.DataFrame) -> list:

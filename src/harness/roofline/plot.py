@@ -84,3 +84,38 @@ def plot_roofline(table: pd.DataFrame, peaks: Peaks, path, title: str = "") -> P
 
 
 __all__ = ["plot_roofline"]
+
+
+def plot_ladder(rows: pd.DataFrame, path, title: str = "") -> Path:
+    """ladder.png: decode tok/s (log scale, bars) and MBU against the calibrated copy bandwidth (dots,
+    right axis) per case, in run order: how far each execution variant gets toward the memory roof.
+    ``rows``: case, tok_s (measured), mbu_cal (derived; NaN where not calibrated)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4.5), dpi=110)
+    x = np.arange(len(rows))
+    tok = pd.to_numeric(rows["tok_s"], errors="coerce").to_numpy(float)
+    ax.bar(x, tok, color="tab:blue", alpha=0.8, label="decode tok/s (measured)")
+    ax.set_yscale("log")
+    ax.set_ylabel("decode tokens / s (log)")
+    ax.set_xticks(x, rows["case"], rotation=30, ha="right")
+    for xi, t in zip(x, tok):
+        if np.isfinite(t):
+            ax.annotate(f"{t:,.0f}", (xi, t), ha="center", va="bottom", fontsize=8)
+    mbu = pd.to_numeric(rows.get("mbu_cal"), errors="coerce").to_numpy(float) * 100
+    if np.isfinite(mbu).any():
+        ax2 = ax.twinx()
+        ax2.plot(x, mbu, "o-", color="tab:red", label="MBU vs calibrated copy (derived)")
+        ax2.set_ylabel("MBU % (calibrated)", color="tab:red")
+        ax2.set_ylim(0, max(100.0, np.nanmax(mbu) * 1.1))
+        ax2.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(title or "execution ladder: decode throughput and bandwidth utilisation")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
