@@ -4,7 +4,7 @@
 # importation of the QDSTRM file" and leaves only a .qdstrm.
 #
 # On a Debian/Ubuntu machine with apt (no root needed), this downloads the .debs into .nsysdeps/debs/
-# and unpacks them with dpkg -x into .nsysdeps/root/ (a few hundred KB; .nsysdeps/ is git-ignored).
+# and unpacks them with dpkg -x into .nsysdeps/root/ (about 2 MB with the .debs; .nsysdeps/ is git-ignored).
 # Carry .nsysdeps/ to the GPU node, into the repository root: `python -m harness profile tool=nsys`
 # puts its library folder on LD_LIBRARY_PATH (or point HARNESS_NSYS_LIBS at .nsysdeps/root).
 #
