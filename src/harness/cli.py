@@ -1,4 +1,4 @@
-"""``python -m harness VERB [hydra overrides]``: run, analyze, graph, calibrate, profile, compare.
+"""``python -m harness VERB [hydra overrides]``: run, analyze, graph, calibrate, profile, compare, summarize.
 
 Hydra verbs compose ``conf/config.yaml`` (schema: ``harness.config.HarnessConfig``) with the
 overrides (``-m`` for multirun works) and get a fresh run directory with its ``.hydra/`` snapshot.
@@ -32,6 +32,7 @@ verbs:
   calibrate  measured GEMM TFLOP/s and copy GB/s of this device
   profile    Nsight Compute / Systems over one stage's NVTX range
   compare    python -m harness compare RUN_A RUN_B
+  summarize  python -m harness summarize runs/multirun-.../   (one table and plot for a sweep)
 
 examples:
   python -m harness run
@@ -114,12 +115,16 @@ def check_overrides(args: list[str]):
 def _task(verb: str):
     def task(cfg) -> None:
         from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
 
         from .config import to_config
 
         logging.getLogger("harness").setLevel(logging.INFO)
         out = Path(HydraConfig.get().runtime.output_dir)
+        multirun = HydraConfig.get().mode == RunMode.MULTIRUN
         try:
+            from .sweep import pin_gpu_for_job
+            pin_gpu_for_job(out)          # a sweep job's own GPU, before anything touches CUDA
             hc = to_config(cfg)
             if verb == "run":
                 from .run import run
@@ -137,6 +142,9 @@ def _task(verb: str):
                 from .external import profile_from_config
                 profile_from_config(hc, out)
         except HarnessError as exc:
+            if multirun:      # fail this job only: Hydra marks it failed and the sweep's other jobs go on
+                print(f"error: {exc}", file=sys.stderr)
+                raise
             _fail(exc)
         except ImportError as exc:
             _fail(HarnessError(f"verb {verb!r} is not available in this build ({exc})",
@@ -150,15 +158,18 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     verb, rest = argv[0], argv[1:]
-    if verb == "compare":
-        from .report.compare import compare_main
+    if verb in ("compare", "summarize"):
+        if verb == "compare":
+            from .report.compare import compare_main as verb_main
+        else:
+            from .report.summarize import summarize_main as verb_main
         try:
-            return compare_main(rest)
+            return verb_main(rest)
         except HarnessError as exc:
             _fail(exc)
     if verb not in HYDRA_VERBS:
-        print(f"error: unknown verb {verb!r}; fix: use one of run, analyze, graph, calibrate, profile, compare",
-              file=sys.stderr)
+        print(f"error: unknown verb {verb!r}; fix: use one of run, analyze, graph, calibrate, profile, compare, "
+              "summarize", file=sys.stderr)
         return 2
     import hydra
 

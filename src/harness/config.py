@@ -249,6 +249,9 @@ class ProfileConfig:
     decode_tokens: int = _f(4, min=1)      # the profiled request's budget unless workload.decode_tokens is given
     launch_count: int = _f(4000, min=1)    # ncu --launch-count bound (kernels profiled in the stage)
     metrics: str = _f("all", choices=("all", "memory"))   # all: time, DRAM, tensor and SASS FLOPs; memory: time, DRAM
+    nsys_range: str = _f("request", choices=("request", "stage"))   # nsys capture: every stage in one, or only `stage`
+    nsys_warmup: int = _f(1, min=0)        # nsys: untimed requests before the captured one
+    cuda_graph_trace: Optional[str] = _f(None, choices=("graph", "node"))   # None: node when model.cuda_graphs is set
 
 
 @dataclass

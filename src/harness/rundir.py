@@ -25,6 +25,8 @@ from typing import Optional
 
 import pandas as pd
 
+from .sweep import job_environment
+
 PACKAGES = ("torch", "transformers", "tokenizers", "hydra-core", "omegaconf", "nvtx", "torchlens", "pandas",
             "numpy", "pillow", "safetensors", "flash-attn", "triton", "matplotlib")
 
@@ -104,7 +106,7 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         self.manifest = {
             "status": "running", "started": _now(), "finished": None,
-            "argv": argv if argv is not None else sys.argv, "cwd": os.getcwd(),
+            "argv": argv if argv is not None else sys.argv, "cwd": os.getcwd(), "launch": job_environment(),
             "config": config, "versions": package_versions(), "git": git_revision(),
             "device": None, "model": None, "attention": None, "cases": [], "warnings": [], "error": None,
         }
