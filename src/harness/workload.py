@@ -20,6 +20,7 @@ import torch
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from .errors import HarnessError
+from .hub import hub_offline, refuse_hub_code
 
 PATCH_SIZE = 16                 # pixels per SAM patch side
 DOWNSAMPLE = 4                  # SAM neck + net_2/net_3 shrink the patch grid 4x per side
@@ -739,23 +740,27 @@ def build_request(pages: list[Page], mode, decode_tokens: int = 128,
 
 
 def load_tokenizer(path: str | os.PathLike | None, text_tokens: int = 12):
-    """(tokenizer or None, reason). Loads only local files; never raises for a missing one."""
+    """(tokenizer or None, reason). Loads only local files (``harness.hub``: offline, and a
+    tokenizer or config whose ``auto_map`` names hub code is a HarnessError); never raises for a
+    missing one."""
     fallback = f"prompt uses {text_tokens} fixed text tokens"
     if path is None:
         return None, f"no tokenizer path given: {fallback}"
     root = Path(path).expanduser()
     if not any((root / f).is_file() for f in ("tokenizer.json", "tokenizer.model")):
         return None, f"no tokenizer files in {root}: {fallback}"
-    try:
-        from transformers import AutoTokenizer
-    except Exception as exc:  # not installed, or a broken install
-        return None, f"transformers unavailable ({type(exc).__name__}): {fallback}"
-    try:
-        tok = AutoTokenizer.from_pretrained(str(root), trust_remote_code=True,
-                                            local_files_only=True)
-    except Exception as exc:
-        msg = str(exc).splitlines()[0] if str(exc) else ""
-        return None, f"tokenizer in {root} failed to load ({type(exc).__name__}: {msg}): {fallback}"
+    refuse_hub_code(root)
+    with hub_offline():
+        try:
+            from transformers import AutoTokenizer
+        except Exception as exc:  # not installed, or a broken install
+            return None, f"transformers unavailable ({type(exc).__name__}): {fallback}"
+        try:
+            tok = AutoTokenizer.from_pretrained(str(root), trust_remote_code=True,
+                                                local_files_only=True)
+        except Exception as exc:
+            msg = str(exc).splitlines()[0] if str(exc) else ""
+            return None, f"tokenizer in {root} failed to load ({type(exc).__name__}: {msg}): {fallback}"
     return tok, f"tokenizer from {root}"
 
 
