@@ -61,7 +61,8 @@ def write_report(run: Union[RunDir, str, Path], data: Optional[RunData] = None, 
 
     ``run``: the live ``RunDir`` of ``harness.run`` with its in-memory ``data``, or the path of a run
     directory (read once). Returns {name: Path}. Unless ``strict``, a failure is recorded as a
-    manifest warning and {} returned (the measurement is never lost to a reporting error).
+    manifest warning and {} returned (the measurement is never lost to a reporting error); an
+    OSError (a full disk, an unwritable directory) always propagates.
     """
     if data is None:
         data = load_run(run.path if isinstance(run, RunDir) else run)
@@ -69,7 +70,7 @@ def write_report(run: Union[RunDir, str, Path], data: Optional[RunData] = None, 
     try:
         return _write(rd, data, hardware, plot)
     except Exception as exc:  # noqa: BLE001 - reporting must not kill a measured run
-        if strict:
+        if strict or isinstance(exc, OSError):
             raise
         log.warning("report not written: %s\n%s", exc, traceback.format_exc())
         try:
@@ -96,6 +97,8 @@ def _write(rd: RunDir, run: RunData, hardware: Optional[dict], plot: bool) -> di
         title = f"{exp}: {rd.path.name}" if exp and exp not in rd.path.name else rd.path.name
         try:
             paths["plot"] = plot_roofline(table, peaks, rd.path / "roofline.png", title)
+        except OSError:
+            raise
         except Exception as exc:  # noqa: BLE001 - a plotting failure must not lose the tables
             notes.append(f"roofline.png not written ({exc.__class__.__name__}: {exc})")
     paths["report"] = rd.write_text("report.md", render(run, peaks, table, analytic, measured, notes))
@@ -345,6 +348,9 @@ def _caveats(run: RunData, p: Peaks, measured: pd.DataFrame, notes: list) -> lis
                    "apart from slow kernels.")
     if man.get("status") == "running":
         out.append(f"Partial: the run is still going (or was interrupted) after {len(man.get('cases') or [])} case(s).")
+    elif man.get("status") in ("failed", "interrupted"):
+        out.append(f"Partial: the run {man['status']} after {len(man.get('cases') or [])} finished case(s): "
+                   f"{man.get('error')}.")
     if len(run.stages) and "unattributed_kernel_ms" in run.stages:
         un = run.stages[(run.stages["stage"] == "request") & (run.stages["repeat"].astype(str) == "profiled")]
         for r in un.to_dict("records"):
