@@ -24,6 +24,13 @@ def child_command(cfg, root: Path, overrides: list[str]) -> list[str]:
     return [sys.executable, "-m", "harness", "run", *keep, *extra]
 
 
+def portable_command(child: list[str]) -> list[str]:
+    """``child`` (``child_command``) as a command to run on another machine: ``python -m harness
+    run`` with the same overrides, without this machine's interpreter path and run folder (no
+    ``run.root``: it writes under ``runs/`` there)."""
+    return ["python", "-m", "harness", "run", *[a for a in child[4:] if not a.startswith("run.root=")]]
+
+
 def find_tool(name: str) -> str | None:
     path = shutil.which(name)
     if path:

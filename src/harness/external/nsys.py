@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import HarnessError
-from . import find_tool, run_logged
+from . import find_tool, portable_command, run_logged
 from .ncu import NVTX_DOMAIN, shell
 
 REPORTS = ("nvtx_gpu_proj_sum", "cuda_gpu_kern_sum")
@@ -48,7 +48,7 @@ def run_nsys(stage: str, child: list[str], out_dir: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     report = out / "report"
     cmd = nsys_command(stage, child, report, nsys or "nsys")
-    portable = shell(nsys_command(stage, ["python", "-m", "harness", "run", *child[4:]], Path("report")))
+    portable = shell(nsys_command(stage, portable_command(child), Path(f"nsys-{stage}")))
     (out / "command.txt").write_text(portable + "\n")
     if nsys is None:
         raise HarnessError("Nsight Systems (nsys) was not found", f"on a machine with Nsight Systems run: {portable}")
