@@ -73,3 +73,35 @@ def test_parse_nsys_stats():
     assert list(df.columns)[:2] == ["Range", "Style"]
     assert df.loc[0, "Range Instances"] == 1
     assert isinstance(df, pd.DataFrame)
+
+
+# ------------------------------------------------- "run it elsewhere" commands (issue 15)
+
+def _child(tmp_path):
+    import sys
+
+    cfg = from_dict(HarnessConfig, {"profile": {"decode_tokens": 4}})
+    child = child_command(cfg, tmp_path / "run" / "child", ["tool=ncu", "stage=decode", "model=tiny"])
+    assert child[0] == sys.executable
+    return cfg, child
+
+
+def test_ncu_missing_gives_a_portable_command(tmp_path, monkeypatch):
+    import sys
+
+    from harness.errors import HarnessError
+    from harness.external import ncu_session
+
+    cfg, child = _child(tmp_path)
+    monkeypatch.setattr(ncu_session, "find_tool", lambda name: None)
+    with pytest.raises(HarnessError) as exc:
+        ncu_session.run_ncu(cfg, "decode", child, tmp_path / "run")
+    cmd = exc.value.fix.removeprefix("install Nsight Compute and run: ")
+    assert cmd.startswith("ncu --nvtx --nvtx-include harness@request/decode/ ")
+    assert " -o ncu-decode " in cmd and cmd.endswith(
+        " python -m harness run model=tiny measure.kernels=false measure.warmup=0 measure.repeats=1 "
+        "measure.nvtx=true workload.decode_tokens=4")
+    assert sys.executable not in cmd and str(tmp_path) not in cmd
+    assert (tmp_path / "run" / "ncu" / "command.txt").read_text() == cmd + "\n"
+
+

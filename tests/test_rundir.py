@@ -1,6 +1,8 @@
-"""RunDir status handling (guard, fail, append) and the run progress printer."""
+"""RunDir status handling (guard, fail, append, stop), one directory per run, failed writes,
+signals during a run, and the run progress printer."""
 import io
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -54,3 +56,105 @@ def test_load_run_reads_what_the_run_wrote(tmp_path):
     assert data.kernels["call"].tolist() == ["0", "1", "all"] and data.kernels["case"].tolist() == ["a", "a", "b"]
     assert data.stages.empty and data.routing.empty and data.analytic is None
     assert data.manifest["status"] == "running"
+
+
+# ------------------------------------------------------------- one directory per run (issue 15)
+
+def test_claim_gives_each_caller_its_own_directory(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from harness.rundir import claim
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        got = list(pool.map(lambda _: claim(tmp_path / "runs" / "20260101-000000-default"), range(8)))
+    assert sorted(p.name for p in got) == sorted(["20260101-000000-default"] +
+                                                 [f"20260101-000000-default-{n}" for n in range(2, 9)])
+
+
+def test_a_directory_holding_a_run_is_never_reused(tmp_path):
+    RunDir(tmp_path / "r", {}, argv=["t"])
+    with pytest.raises(HarnessError, match="already holds a run"):
+        RunDir(tmp_path / "r", {"other": 1}, argv=["t"])
+    assert json.loads((tmp_path / "r" / "manifest.json").read_text())["config"] == {}
+
+
+def test_claim_output_dir_hands_hydra_a_fresh_directory(tmp_path):
+    from harness.cli import _compose_checked, claim_output_dir
+
+    _, dirs = _compose_checked([f"run.root={tmp_path}", "run.name=x"])
+    stamp = Path(dirs["hydra.run.dir"]).name
+    assert Path(dirs["hydra.run.dir"]).parent == tmp_path and len(stamp) == len("20260101-000000-x") \
+        and stamp.endswith("-x")
+    first = claim_output_dir(["model=tiny", "hydra.run.dir=elsewhere"], dirs)   # the same second, twice
+    second = claim_output_dir(["model=tiny"], dirs)
+    assert first == ["model=tiny", f"hydra.run.dir='{tmp_path / stamp}'"]
+    assert second == ["model=tiny", f"hydra.run.dir='{tmp_path / stamp}-2'"]
+    assert claim_output_dir(["-m", "workload.batch=1,2"], dirs)[-1] == f"hydra.sweep.dir='{dirs['hydra.sweep.dir']}'"
+    assert claim_output_dir(["--cfg", "job"], dirs) == ["--cfg", "job"]      # prints only: nothing claimed
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([stamp, f"{stamp}-2",
+                                                                 Path(dirs["hydra.sweep.dir"]).name])
+
+
+# ---------------------------------------------------------------- failed writes (issue 15)
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """HARNESS_FAULT=enospc:<file>[#K] for one test (harness.faults)."""
+    from harness import faults
+
+    monkeypatch.setattr(faults, "_writes", {})
+
+    def set_fault(spec: str):
+        monkeypatch.setenv("HARNESS_FAULT", spec)
+    return set_fault
+
+
+def test_failed_atomic_write_keeps_the_old_file_and_no_tmp(tmp_path, full_disk):
+    rd = RunDir(tmp_path / "r", {}, argv=["t"])
+    rd.write_csv("stages.csv", pd.DataFrame({"a": [1]}))
+    full_disk("enospc:stages.csv")                          # from the next write on
+    with pytest.raises(OSError) as exc:
+        rd.write_csv("stages.csv", pd.DataFrame({"a": [1, 2]}))
+    assert exc.value.errno == 28 and exc.value.filename == str(rd.path / "stages.csv")
+    assert pd.read_csv(rd.path / "stages.csv")["a"].tolist() == [1]
+    assert sorted(p.name for p in rd.path.iterdir()) == ["manifest.json", "stages.csv"]
+
+
+def test_failed_append_is_cut_back(tmp_path, full_disk):
+    rd = RunDir(tmp_path / "r", {}, argv=["t"])
+    full_disk("enospc:kernels.csv#2")
+    rd.append_csv("kernels.csv", pd.DataFrame({"a": [1]}))
+    with pytest.raises(OSError):
+        rd.append_csv("kernels.csv", pd.DataFrame({"a": [2, 3]}))
+    assert (rd.path / "kernels.csv").read_text() == "a\n1\n"
+
+
+def test_stop_renames_marks_and_saves_the_manifest_last(tmp_path):
+    (tmp_path / "r-interrupted").mkdir()                      # the name is taken: the next one
+    rd = RunDir(tmp_path / "r", {}, argv=["t"])
+    rd.stop("interrupted", "interrupted by SIGTERM during the final report", stopped_at={"phase": "report"})
+    assert rd.path.name == "r-interrupted-2" and not (tmp_path / "r").exists()
+    assert json.loads((rd.path / "manifest.json").read_text())["status"] == "running"   # not yet saved
+    assert rd.seal() is None
+    man = json.loads((rd.path / "manifest.json").read_text())
+    assert (man["status"], man["stopped_at"]) == ("interrupted", {"phase": "report"})
+    assert (rd.path / "INTERRUPTED").read_text() == "interrupted by SIGTERM during the final report\n"
+    assert (rd.path / "manifest.json").stat().st_mtime_ns >= (rd.path / "INTERRUPTED").stat().st_mtime_ns
+
+
+def test_signal_guard_defers_inside_a_block_and_ignores_repeats():
+    import os
+    import signal
+
+    from harness.interrupts import RunInterrupted, catch_signals
+
+    before = signal.getsignal(signal.SIGTERM)
+    written = []
+    with pytest.raises(RunInterrupted) as exc:
+        with catch_signals() as guard:
+            with guard.deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signal.SIGHUP)          # a repeat while stopping: ignored
+                written.append("case")                       # the block completes first
+    assert written == ["case"] and exc.value.name == "SIGTERM" and exc.value.exit_code == 143
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -343,3 +343,76 @@ def test_checkpoint_files(tmp_path):
     save_file({"b": torch.zeros(1)}, str(tmp_path / "model-00002-of-00002.safetensors"))
     assert [p.name for p in V.checkpoint_files(tmp_path)] == ["model-00001-of-00002.safetensors",
                                                              "model-00002-of-00002.safetensors"]
+
+
+# --------------------------------------------------------------------------------------------
+# the hub is never contacted (issue 15)
+# --------------------------------------------------------------------------------------------
+
+HUB_REF = "deepseek-ai/DeepSeek-OCR--modeling_deepseekocr.DeepseekOCRForCausalLM"
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any socket use inside the test raises (and is recorded): a test never reaches the network."""
+    import socket
+
+    attempts = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args)
+        raise OSError("network blocked by the test")
+
+    monkeypatch.setattr(socket, "socket", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    return attempts
+
+
+def test_hub_auto_map_is_refused_before_transformers(tmp_path, no_network, monkeypatch):
+    """A config.json mapping AutoModel to a hub repository: refused with one line, before
+    transformers is imported (poisoned here: importing it would fail the test differently) and
+    without a single socket."""
+    path = _fake_vendor_dir(tmp_path)
+    (path / "config.json").write_text(json.dumps({"auto_map": {
+        "AutoConfig": "configuration_deepseek_v2.DeepseekV2Config", "AutoModel": HUB_REF}}))
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    for load in (lambda: V.load_vendor(path, "cpu", torch.float32, "eager"),
+                 lambda: V.vendor_reference_config(path)):
+        with pytest.raises(HarnessError) as exc:
+            load()
+        assert exc.value.problem == (f"{path / 'config.json'} has an auto_map that points at code on the Hugging "
+                                     f"Face hub (AutoModel: {HUB_REF}); the harness runs only local code and never "
+                                     "downloads any")
+        assert exc.value.fix.startswith("put that repository's *.py files in the model directory")
+    assert no_network == []
+
+
+def test_hub_tokenizer_code_is_refused(tmp_path, no_network):
+    from harness.workload import load_tokenizer
+
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"auto_map": {"AutoTokenizer": ["org/repo--tokenization.Slow", None]}}))
+    with pytest.raises(HarnessError, match=r"tokenizer_config.json has an auto_map .* \(AutoTokenizer: "
+                                           r"org/repo--tokenization.Slow\)"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"auto_map": {"AutoTokenizer": ["tokenization.Slow", None]}}))     # local code passes the check
+    from harness.hub import refuse_hub_code
+    refuse_hub_code(tmp_path)
+    assert no_network == []
+
+
+def test_hub_offline_for_the_load_then_restored(monkeypatch):
+    from harness.hub import hub_offline
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "0")
+    constants = types.SimpleNamespace(HF_HUB_OFFLINE=False)
+    monkeypatch.setitem(sys.modules, "huggingface_hub.constants", constants)
+    with hub_offline():
+        assert (os.environ["HF_HUB_OFFLINE"], os.environ["TRANSFORMERS_OFFLINE"]) == ("1", "1")
+        assert constants.HF_HUB_OFFLINE is True
+    assert "HF_HUB_OFFLINE" not in os.environ and os.environ["TRANSFORMERS_OFFLINE"] == "0"
+    assert constants.HF_HUB_OFFLINE is False

@@ -289,6 +289,46 @@ def _page(index: int, size=None) -> wl.Page:
     return wl.Page(f"p{index}", wl.synthetic_page(index, size=size), f"synthetic:{index}")
 
 
+
+def test_sixteen_bit_page_is_scaled_from_its_own_range(tmp_path):
+    """A 16-bit grayscale PNG (values 1000..5000): PIL's plain conversion clips it all to white;
+    here 1000 -> 0, 3000 -> 128 (127.5 rounded half to even: 128), 5000 -> 255, with a note."""
+    arr = np.array([[1000, 3000, 5000, 2000]], dtype=np.uint16)
+    Image.fromarray(arr).save(tmp_path / "deep.png")
+    with Image.open(tmp_path / "deep.png") as im:
+        assert im.mode == "I;16" and (np.asarray(im.convert("RGB")) == 255).all()
+    page = wl.load_pages(str(tmp_path / "deep.png"))[0]
+    assert page.image.mode == "RGB"
+    assert np.asarray(page.image)[0, :, 0].tolist() == [0, 128, 255, 64]
+    assert page.note == "deep.png: I;16 pixels (values 1000..5000) scaled linearly to 8 bits"
+    Image.new("RGB", (4, 1), (9, 9, 9)).save(tmp_path / "plain.png")
+    assert wl.load_pages(str(tmp_path / "plain.png"))[0].note == ""
+
+
+def _sized(*sizes) -> list:
+    return [wl.Page(f"{i:02d}.png", Image.new("RGB", s, (255, 255, 255)), "memory") for i, s in enumerate(sizes)]
+
+
+def test_batch_pages_groups_a_folder_by_layout():
+    """Tiny mode (128 global, 64 tiles): 120x180 -> 2x3, 200x100 -> 4x2, 50x50 -> no tiles. Batches
+    of one layout in name order, a short last batch filled with its own pages, requests ordered
+    by their first page, labels by position in name order."""
+    mode = {"name": "t", "base_size": 128, "image_size": 64, "crop": True}
+    pages = _sized((120, 180), (200, 100), (120, 180), (50, 50), (120, 180), (200, 100))
+    one = wl.batch_pages(pages, mode, 1)
+    assert [(label, [p.name for p in group]) for label, group in one] == [
+        (f"p00{i + 1}", [f"0{i}.png"]) for i in range(6)]
+    two = wl.batch_pages(pages, mode, 2)
+    assert [(label, [p.name for p in group]) for label, group in two] == [
+        ("p001+p003", ["00.png", "02.png"]), ("p002+p006", ["01.png", "05.png"]),
+        ("p004", ["03.png", "03.png"]), ("p005", ["04.png", "04.png"])]
+    three = wl.batch_pages(pages, mode, 3)
+    assert [label for label, _ in three] == ["p001+p003+p005", "p002+p006", "p004"]
+    assert [p.name for p in three[1][1]] == ["01.png", "05.png", "01.png"]
+    for _, group in two + three:   # every request builds: one layout per batch
+        wl.build_request(group, mode, decode_tokens=1)
+
+
 def test_build_request_layout_base():
     req = wl.build_request([_page(0)], "base", decode_tokens=16, text_tokens=12, seed=5)
     ids, mask = req.input_ids, req.images_seq_mask

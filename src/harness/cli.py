@@ -4,8 +4,14 @@ Hydra verbs compose ``conf/config.yaml`` (schema: ``harness.config.HarnessConfig
 overrides (``-m`` for multirun works) and get a fresh run directory with its ``.hydra/`` snapshot.
 Before Hydra starts, the overrides are composed once and validated (``check_overrides``): an
 unknown key, a wrong type or an out-of-range value ends here, before any run directory or model
-exists. Each verb then gets the typed config (``to_config``: the one conversion). Problems a user
-can fix print one line, ``error: <problem>; fix: <fix>``, and exit with status 2.
+exists. The output directory Hydra would use (``hydra.run.dir``, or ``hydra.sweep.dir`` with
+``-m``) is then created by this process alone (``harness.rundir.claim``: a name that exists gets
+``-2``, ``-3``, ...) and handed to Hydra, so two runs started in the same second never share
+one. Each verb then gets the typed config (``to_config``: the one conversion).
+
+Exit codes and the one stderr line: 0 done; 2 a problem the user can fix (``error: <problem>;
+fix: <fix>``); 1 an internal or write error (``error: ...``); 130 / 143 / 129 a run interrupted
+by SIGINT / SIGTERM / SIGHUP (``interrupted: ...``).
 """
 from __future__ import annotations
 
@@ -14,13 +20,15 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import HarnessError
+from .errors import HarnessError, RunStopped
 
 # The Hydra tree ships inside the package (src/harness/conf; `conf/` at the repo root links to it),
 # so wheels and editable installs find it alike; HARNESS_CONF points elsewhere.
 CONF_DIR = Path(os.environ.get("HARNESS_CONF", Path(__file__).resolve().parent / "conf"))
 HYDRA_VERBS = ("run", "analyze", "graph", "calibrate", "profile")
 #: Hydra command-line flags that take a value (the value is not an override)
+#: Hydra flags that print something instead of running the verb (no output directory is made)
+HYDRA_INFO_FLAGS = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc")
 HYDRA_VALUE_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun",
                      "--cfg", "-c", "--package", "-p", "--info", "-i")
 USAGE = """usage: python -m harness VERB [overrides...]
@@ -91,17 +99,28 @@ def _expand(overrides: list[str]) -> list[list[str]]:
 def check_overrides(args: list[str]):
     """Compose the config with ``args``' overrides and validate it (every swept value too);
     returns the typed config of the first composition. Raises HarnessError."""
+    return _compose_checked(args)[0]
+
+
+def _compose_checked(args: list[str]) -> tuple:
+    """(``check_overrides``' config, {``hydra.run.dir``, ``hydra.sweep.dir``: as resolved for the
+    first composition})."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf, open_dict
 
     from .config import config_error, to_config
 
-    first = None
+    first, dirs = None, {}
     for overrides in _expand(_overrides(args)):
         GlobalHydra.instance().clear()
         try:
             with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-                cfg = compose("config", overrides=overrides)
+                cfg = compose("config", overrides=overrides, return_hydra_config=first is None)
+                if first is None:
+                    dirs = {k: str(OmegaConf.select(cfg, k)) for k in ("hydra.run.dir", "hydra.sweep.dir")}
+                    with open_dict(cfg):
+                        del cfg["hydra"]
         except HarnessError:
             raise
         except Exception as exc:  # noqa: BLE001 - Hydra/OmegaConf composition errors
@@ -109,7 +128,25 @@ def check_overrides(args: list[str]):
         hc = to_config(cfg)
         first = first or hc
     GlobalHydra.instance().clear()
-    return first
+    return first, dirs
+
+
+def claim_output_dir(args: list[str], dirs: dict) -> list[str]:
+    """``args`` with the directory Hydra writes into (``hydra.run.dir``, or ``hydra.sweep.dir``
+    under ``-m``; ``dirs`` as ``_compose_checked`` resolved them) replaced by one this process
+    created (``harness.rundir.claim``). Unchanged when a flag only prints (``--cfg``, ``--help``)."""
+    from .rundir import claim
+
+    if any(a.split("=", 1)[0] in HYDRA_INFO_FLAGS for a in args):
+        return list(args)
+    key = "hydra.sweep.dir" if ("-m" in args or "--multirun" in args) else "hydra.run.dir"
+    try:
+        path = str(claim(Path(dirs[key])))
+    except OSError as exc:
+        raise HarnessError(f"cannot create the run directory {dirs[key]} ({exc.strerror or exc})",
+                           "point run.root at a folder you can write to") from None
+    kept = [a for a in args if a.split("=", 1)[0].lstrip("+~") != key]
+    return kept + [f"{key}='" + path.replace("'", "\\'") + "'"]   # quoted: spaces and the like survive
 
 
 def _task(verb: str):
@@ -141,6 +178,9 @@ def _task(verb: str):
             elif verb == "profile":
                 from .external import profile_from_config
                 profile_from_config(hc, out)
+        except RunStopped as exc:   # the run directory is closed; its one line and exit code
+            print(exc.line, file=sys.stderr)
+            sys.exit(exc.exit_code)
         except HarnessError as exc:
             if multirun:      # fail this job only: Hydra marks it failed and the sweep's other jobs go on
                 print(f"error: {exc}", file=sys.stderr)
@@ -153,6 +193,14 @@ def _task(verb: str):
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:   # Ctrl-C outside a run's own handlers (imports, other verbs)
+        print("interrupted: SIGINT", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
@@ -174,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     import hydra
 
     try:
-        check_overrides(rest)
+        _, dirs = _compose_checked(rest)
+        rest = claim_output_dir(rest, dirs)
     except HarnessError as exc:
         _fail(exc)
     sys.argv = [f"harness-{verb}"] + rest

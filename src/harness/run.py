@@ -4,8 +4,10 @@ Steps: resolve device and dtype -> validate every case's pages and layout (befor
 built, so bad input fails fast) -> build the model -> for each case: measure (warm-up, timed
 repeats, optional profiled request), compute its analytic frame with the measured routing ->
 append to stages.csv / kernels.csv / routing.csv, update manifest.json and report.md. Cases are
-written as they finish; an interruption keeps what was measured. The measured tables also stay in
-memory (``RunData``), so the report never reads back what the run just wrote.
+written as they finish, each one whole (a signal waits until its files are written); a signal or
+an error keeps what was measured and closes the run directory (``harness.stopping``). At the end
+the report files are written first and the manifest says ``complete`` last. The measured tables
+also stay in memory (``RunData``), so the report never reads back what the run just wrote.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from .config import HarnessConfig, to_dict
+from .interrupts import catch_signals
 from .measure import host
 from .measure.nvtx_ranges import NvtxRanges
 from .measure.runner import measure_case
@@ -26,6 +29,7 @@ from .report.report import write_report
 from .roofline.join import analytic_for_case
 from .rundir import RunData, RunDir
 from .setup import device_info, load_adapter, prepare_cases, resolve_device, resolve_dtype
+from .stopping import Position, close_run
 
 log = logging.getLogger("harness.run")
 
@@ -41,18 +45,98 @@ def routing_rows(case: str, routing: dict) -> list:
     return rows
 
 
-def _setup_of(model, execution: dict) -> dict:
-    """One-off set-up seconds (compile, graph capture) the adapter recorded for this execution."""
+def _setup_of(model) -> dict:
+    """One-off set-up seconds (compile, graph capture) the adapter recorded so far."""
     setup = (getattr(model, "info", None) or {}).get("setup_s") or {}
     return {"setup_s": dict(setup)} if setup else {}
 
 
+class CaseTables:
+    """The run's tables, grown one finished case at a time (``add``): each file is written first,
+    then the in-memory ``RunData`` and the manifest follow, so memory, manifest and CSVs agree
+    on the cases kept whatever stops the run."""
+
+    def __init__(self, rd: RunDir, data: RunData):
+        self.rd, self.data = rd, data
+        self.stages, self.kernels, self.routing = [], [], []
+
+    def add(self, inputs, warm: dict, stages: pd.DataFrame, kernels: pd.DataFrame, counts: dict,
+            analytic: tuple, execution: dict) -> None:
+        """One case: stages.csv (then the manifest's case entry), kernels.csv, routing.csv, then the
+        manifest is saved. ``analytic`` = ``analytic_for_case``'s (frame, MBU bytes, notes);
+        ``execution``: what the adapter ran (``configure``) with its set-up seconds."""
+        rd, data, case = self.rd, self.data, inputs.case
+        grown = pd.concat(self.stages + [stages], ignore_index=True)
+        rd.write_csv("stages.csv", grown)
+        self.stages.append(stages)
+        data.stages = grown
+        rd.manifest["cases"].append({**case.to_dict(), "pages": [p.name for p in inputs.pages],
+                                     "execution": execution,
+                                     "warmup_ms": [round(t, 3) for t in warm.get("warmup_ms", [])],
+                                     "warmup_steady": warm.get("steady")})
+        frame, mbu, notes = analytic
+        data.analytic = pd.concat([data.analytic, frame], ignore_index=True)
+        data.mbu_bytes[case.name] = mbu
+        data.notes += notes
+        if len(kernels):
+            rd.append_csv("kernels.csv", kernels)
+            self.kernels.append(kernels)
+            data.kernels = pd.concat(self.kernels, ignore_index=True)
+        rows = routing_rows(case.name, counts)
+        if rows:
+            table = pd.DataFrame(self.routing + rows)
+            rd.write_csv("routing.csv", table)
+            self.routing += rows
+            data.routing = table
+        rd.update(attention={k: list(v) for k, v in attn_probe.SEEN.items()})
+
+
 def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
-    """Execute the ``run`` verb for a validated config into ``run_path``."""
-    rd = RunDir(run_path, to_dict(cfg))
+    """Execute the ``run`` verb for a validated config into ``run_path``.
+
+    SIGINT, SIGTERM and SIGHUP end the run as ``interrupted``, any error as ``failed``
+    (``harness.stopping.close_run``): the finished cases stay in the CSVs and the manifest, the
+    report is rewritten, and a ``RunStopped`` carries the one stderr line and the exit code.
+    """
+    where = Position(cases=0)
+    with catch_signals() as signals, _log_errors_quiet():
+        with signals.deferred():
+            rd = RunDir(run_path, to_dict(cfg))
+            data = RunData(rd.path, rd.manifest, analytic=pd.DataFrame())
+        try:
+            _measure(cfg, rd, data, where, signals, progress)
+            where.at("report")
+            rd.complete(save=False)   # report.md says so; the manifest is saved last
+            paths = write_report(rd, data, plot=True, strict=True)
+            with signals.deferred():
+                rd.save()
+        except BaseException as exc:
+            signals.stopping()
+            raise close_run(rd, data, exc, where, lambda r, d: write_report(r, d, plot=True, strict=True)) from exc
+    if paths.get("report"):
+        log.info("report: %s", paths["report"])
+    (progress or print)(f"[harness] wrote {rd.path}")
+    return rd
+
+
+@contextlib.contextmanager
+def _log_errors_quiet():
+    """A log record that cannot be written (a full disk under Hydra's log file) is dropped, not
+    printed with a traceback on stderr: the run's own error says what failed."""
+    saved = logging.raiseExceptions
+    logging.raiseExceptions = False
+    try:
+        yield
+    finally:
+        logging.raiseExceptions = saved
+
+
+def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, signals, progress) -> None:
+    """Set up, then measure and write every case (each case's results written whole: signals wait)."""
     bar = progress is None
     progress = progress or RunProgress()
-    with rd.guard(), contextlib.ExitStack() as stack:
+    with contextlib.ExitStack() as stack:
+        where.at("setup")
         device = resolve_device(cfg.device)
         dtype = resolve_dtype(cfg.dtype, device)
         dtype_name = str(dtype).replace("torch.", "")
@@ -61,8 +145,12 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
         if not cuda:
             rd.warn("no CUDA device: stage times are host clocks, no NVTX consumer, kernels are CPU ops")
         cases, tok_reason = prepare_cases(cfg)
+        where.cases = len(cases)
         if tok_reason:
             rd.warn(tok_reason)
+        for inputs in cases:
+            for note in inputs.notes:
+                rd.warn(note)
         progress(f"[harness] device {device} dtype {dtype}; {len(cases)} case(s): {', '.join(c.name for c in cases)}")
         attn_probe.reset()
         model, info = load_adapter(cfg.model, device, dtype, cfg.seed)
@@ -78,10 +166,10 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
         nv = NvtxRanges(mcfg.nvtx)
         if not nv.available:
             rd.warn(nv.reason)
-        data = RunData(rd.path, rd.manifest, analytic=pd.DataFrame())
-        stages, kernels, routing = [], [], []
+        tables = CaseTables(rd, data)
         for i, inputs in enumerate(cases):
             case = inputs.case
+            where.at("case", case.name, i + 1)
             progress(f"[harness] case {i + 1}/{len(cases)} {case.name}: {case.to_dict()}")
             ident = {"case": case.name, "mode": case.mode.name, "grid": case.to_dict()["grid"], "batch": case.batch}
 
@@ -89,42 +177,26 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
                 return inputs.request_for(r).to(device, dtype)
 
             execution = model.configure(inputs.model)
+
+            def at(request, i=i, name=case.name):
+                where.at("case", name, i + 1, request)
+
             warm = {}
-            st, kt, counts = measure_case(model, make, mcfg, ident, cuda, progress=progress, info=warm)
+            st, kt, counts = measure_case(model, make, mcfg, ident, cuda, progress=progress, info=warm, at=at)
+            at("writing")
+            ran = dataclasses.replace(inputs.model, moe_kernel=execution.get("moe_kernel_resolved")
+                                      or inputs.model.moe_kernel)
+            analytic = analytic_for_case(case, dataclasses.replace(model.cfg, **ran.execution()), dtype_name,
+                                         counts if any(a.sum() for a in counts.values()) else None)
             if warm.get("steady") is False:
                 msg = (f"{case.name}: the last 3 of {len(warm['warmup_ms'])} untimed requests still differ by more "
                        f"than {mcfg.steady_pct}% (host or GPU still settling)")
                 rd.warn(msg)
                 progress(f"[harness] {msg}")
-            stages.append(st)
-            routing += routing_rows(case.name, counts)
-            data.stages = pd.concat(stages, ignore_index=True)
-            rd.write_csv("stages.csv", data.stages)
-            if len(kt):
-                kernels.append(kt)
-                data.kernels = pd.concat(kernels, ignore_index=True)
-                rd.append_csv("kernels.csv", kt)
-            if routing:
-                data.routing = pd.DataFrame(routing)
-                rd.write_csv("routing.csv", data.routing)
-            ran = dataclasses.replace(inputs.model, moe_kernel=execution.get("moe_kernel_resolved")
-                                      or inputs.model.moe_kernel)
-            frame, mbu, notes = analytic_for_case(case, dataclasses.replace(model.cfg, **ran.execution()), dtype_name,
-                                                  counts if any(a.sum() for a in counts.values()) else None)
-            data.analytic = pd.concat([data.analytic, frame], ignore_index=True)
-            data.mbu_bytes[case.name] = mbu
-            data.notes += notes
-            rd.manifest["cases"].append({**case.to_dict(), "pages": [p.name for p in inputs.pages],
-                                         "execution": {**execution, **_setup_of(model, execution)},
-                                         "warmup_ms": [round(t, 3) for t in warm.get("warmup_ms", [])],
-                                         "warmup_steady": warm.get("steady")})
-            rd.update(attention={k: list(v) for k, v in attn_probe.SEEN.items()})
-            if i + 1 < len(cases):  # report.md so far (no plot); the final write follows the last case
-                write_report(rd, data, plot=False)
+            with signals.deferred():   # a case is written whole: a signal waits for the end of the block
+                tables.add(inputs, warm, st, kt, counts, analytic, {**execution, **_setup_of(model)})
+                if i + 1 < len(cases):  # report.md so far (no plot); the final write follows the last case
+                    write_report(rd, data, plot=False)
+                where.request = "done"
+            at("done")
         rd.update(host_steadiness={**rd.manifest["host_steadiness"], "after": host.probe(cuda)})
-        rd.complete()
-        paths = write_report(rd, data, plot=True)
-        if paths.get("report"):
-            log.info("report: %s", paths["report"])
-        progress(f"[harness] wrote {rd.path}")
-        return rd

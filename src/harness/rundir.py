@@ -1,13 +1,18 @@
 """The run directory: manifest.json (status, config, versions, device, git) and incremental CSVs.
 
-``manifest.json`` is written with ``status: running`` first and rewritten as each case finishes;
-it says ``complete`` only at the very end. A failed run is marked ``failed`` (with the error),
-gets a ``FAILED`` file, and its directory is renamed with a ``-failed`` suffix, so no failed
-directory looks complete.
+A run directory belongs to one process: ``claim`` creates it atomically (``os.mkdir``; a name
+that exists gets ``-2``, ``-3``, ...), and ``RunDir`` refuses a directory that already holds a
+``manifest.json``. ``manifest.json`` is written with ``status: running`` first and rewritten as
+each case finishes; it says ``complete`` only at the very end, after every other file. A run
+that ends early is marked ``failed`` or ``interrupted`` (with the error), gets a ``FAILED`` or
+``INTERRUPTED`` file, and its directory is renamed with a ``-failed`` / ``-interrupted`` suffix,
+so no such directory looks complete. Files are replaced atomically (temporary file + rename; the
+temporary file is removed when the write fails), CSV appends are cut back when they fail.
 
 ``RunData`` is what one run measured, in memory: the run verb grows it case by case and hands it
 to the report; ``load_run`` reads a finished run directory into one (each file read once).
-This module sits at the bottom of the package: it imports nothing from it but ``errors``.
+This module sits at the bottom of the package: it imports nothing from it but ``errors`` and
+``faults`` (the test-only write hook).
 """
 from __future__ import annotations
 
@@ -25,6 +30,8 @@ from typing import Optional
 
 import pandas as pd
 
+from . import faults
+from .errors import HarnessError
 from .sweep import job_environment
 
 PACKAGES = ("torch", "transformers", "tokenizers", "hydra-core", "omegaconf", "nvtx", "torchlens", "pandas",
@@ -97,13 +104,35 @@ def load_run(path) -> RunData:
                    read_table(path / "routing.csv"))
 
 
+def claim(path) -> Path:
+    """Create directory ``path`` for this process alone and return it: ``os.mkdir`` is atomic, so
+    of two processes asking for the same name one gets it and the other ``<name>-2`` (then -3,
+    ...). Parent directories are created as needed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while True:
+        candidate = path if n == 1 else path.with_name(f"{path.name}-{n}")
+        try:
+            os.mkdir(candidate)
+            return candidate
+        except FileExistsError:
+            n += 1
+
+
 class RunDir:
     """A run directory under ``runs/``; every write is atomic (tmp file + rename), except
-    ``append_csv``."""
+    ``append_csv`` (cut back to its previous size when it fails)."""
 
     def __init__(self, path: Path, config: dict, argv: list | None = None):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
+        try:   # the manifest is created exclusively: a directory holding a run is never reused
+            with open(self.path / "manifest.json", "x"):
+                pass
+        except FileExistsError:
+            raise HarnessError(f"{self.path} already holds a run (manifest.json)",
+                               "give each run a new directory (leave hydra.run.dir unset)") from None
         self.manifest = {
             "status": "running", "started": _now(), "finished": None,
             "argv": argv if argv is not None else sys.argv, "cwd": os.getcwd(), "launch": job_environment(),
@@ -137,27 +166,36 @@ class RunDir:
             self.save()
 
     def write_csv(self, name: str, df: pd.DataFrame) -> Path:
-        out = self.path / name
-        tmp = out.with_suffix(out.suffix + ".tmp")
-        df.to_csv(tmp, index=False)
-        tmp.replace(out)
-        return out
+        _atomic_write(self.path / name, df.to_csv(index=False))
+        return self.path / name
 
     def append_csv(self, name: str, df: pd.DataFrame) -> Path:
-        """Append rows (header only when the file is new): for large per-case tables."""
+        """Append rows (header only when the file is new): for large per-case tables. A failed
+        append is cut back, so the file never ends in a partial row."""
         out = self.path / name
         text = df.to_csv(index=False)
-        new = not out.exists()
-        with open(out, "a") as f:
-            f.write(text if new else text.split("\n", 1)[1])
+        size = out.stat().st_size if out.exists() else None
+        try:
+            with open(out, "a") as f:
+                f.write(text if size is None else text.split("\n", 1)[1])
+                f.flush()
+                faults.before_write(out)
+        except BaseException as exc:
+            _cut_back(out, size)
+            _name_file(exc, out)
+            raise
         return out
 
     def write_text(self, name: str, text: str) -> Path:
         _atomic_write(self.path / name, text)
         return self.path / name
 
-    def complete(self) -> None:
-        self.update(status="complete", finished=_now())
+    def complete(self, save: bool = True) -> None:
+        """Mark the run complete; ``save=False`` only in memory (the files written before the
+        manifest then say so, and the manifest is saved last)."""
+        self.manifest.update(status="complete", finished=_now())
+        if save:
+            self.save()
 
     @contextlib.contextmanager
     def guard(self):
@@ -165,22 +203,45 @@ class RunDir:
         try:
             yield self
         except BaseException as exc:
-            from .errors import HarnessError
-
             self.fail(str(exc) if isinstance(exc, HarnessError) else f"{exc.__class__.__name__}: {exc}")
             raise
 
     def fail(self, error: str) -> Path:
         """Mark failed, drop a FAILED file and rename the directory to ``<name>-failed``."""
-        self.update(status="failed", finished=_now(), error=error)
-        (self.path / "FAILED").write_text(error + "\n")
-        target = self.path.with_name(self.path.name + "-failed")
+        self.stop("failed", error)
+        self.seal()
+        return self.path
+
+    def stop(self, status: str, error: str, **fields) -> Path:
+        """Mark the run ``failed`` or ``interrupted`` in memory (``seal`` writes the manifest, last)
+        and rename its directory to ``<name>-<status>`` (``-2``, ... when taken). A rename that
+        fails leaves the name and says so in ``rename_error``."""
+        self.manifest.update(status=status, finished=_now(), error=error, **fields)
+        n = 1
+        while True:
+            target = self.path.with_name(f"{self.path.name}-{status}" + (f"-{n}" if n > 1 else ""))
+            if not target.exists():
+                break
+            n += 1
         try:
             self.path.rename(target)
             self.path = target
-        except OSError:
-            pass
+        except OSError as exc:
+            self.manifest["rename_error"] = f"{exc.__class__.__name__}: {exc}"
         return self.path
+
+    def seal(self) -> Optional[str]:
+        """Write the ``FAILED`` / ``INTERRUPTED`` marker, then the manifest (the last file). Returns
+        what could not be written (a full disk), or None."""
+        problems = []
+        for write in (lambda: (self.path / str(self.manifest["status"]).upper()).write_text(
+                          f"{self.manifest.get('error')}\n"),
+                      self.save):
+            try:
+                write()
+            except OSError as exc:
+                problems.append(f"{exc.__class__.__name__}: {exc}")
+        return "; ".join(problems) or None
 
 
 def _now() -> str:
@@ -188,6 +249,30 @@ def _now() -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through ``<path>.tmp`` + rename; the tmp file never outlives a
+    failed write. An OSError names ``path`` when it named no file."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    try:
+        tmp.write_text(text)
+        faults.before_write(path)
+        tmp.replace(path)
+    except BaseException as exc:
+        _cut_back(tmp, None)
+        _name_file(exc, path)
+        raise
+
+
+def _cut_back(path: Path, size: Optional[int]) -> None:
+    """Remove ``path`` (size None) or truncate it to ``size`` bytes; quietly, as a clean-up."""
+    try:
+        if size is None:
+            path.unlink(missing_ok=True)
+        else:
+            os.truncate(path, size)
+    except OSError:
+        pass
+
+
+def _name_file(exc: BaseException, path: Path) -> None:
+    if isinstance(exc, OSError) and exc.filename is None:
+        exc.filename = str(path)

@@ -4,7 +4,9 @@
   (auto: bf16 on CUDA, fp32 on the CPU) with one-line errors for what cannot run here.
 * ``device_info``: name, memory, capability, driver and clocks setting (for manifests, calibration).
 * ``prepare_cases``: the config's cases (``workload`` merged with each ``cases`` entry) with their
-  pages loaded and the first request built, so bad input fails before any model is built.
+  pages loaded and the first request built, so bad input fails before any model is built. A
+  folder of pages (``workload.images=DIR``) is a set of requests, one case each
+  (``workload.batch_pages``: ``batch`` pages of one layout per request, named by their pages).
 * ``load_adapter``: the ``ModelAdapter`` named by ``model.name`` (reference or vendor) on the device.
 """
 from __future__ import annotations
@@ -14,7 +16,8 @@ import platform
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -86,8 +89,9 @@ def device_info(device: torch.device) -> dict:
 @dataclass
 class CaseInputs:
     """One case of a run: its ``case`` (the shape), its workload settings, the model config it runs
-    (``model``: the run's model with the case's execution overrides), its pages and the validated
-    request of repeat 0 (``request``, CPU tensors)."""
+    (``model``: the run's model with the case's execution overrides), its pages, the validated
+    request of repeat 0 (``request``, CPU tensors) and ``notes`` for the run's warnings (pages
+    converted on loading, a batch filled by repeating pages)."""
 
     case: wl.Case
     workload: WorkloadConfig
@@ -95,6 +99,7 @@ class CaseInputs:
     pages: list
     tokenizer: object
     request: wl.Request
+    notes: list = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -112,15 +117,12 @@ class CaseInputs:
 
 
 def pages_for(w: WorkloadConfig, repeat: int) -> list:
-    """Pages of request ``repeat``: the images (files) or ``w.pages`` synthetic pages seeded by the
-    request index, repeated or cut to ``w.batch``."""
-    if w.images:
-        pages = wl.load_pages(w.images, seed=w.seed, max_pixels=w.max_pixels)
-    else:
-        size = tuple(w.page_size) if w.page_size else None
-        seed = w.seed + 1000 * (repeat + 1)
-        pages = [wl.Page(f"synthetic-{i:03d}", wl.synthetic_page(i, seed=seed, size=size), f"synthetic:{seed}")
-                 for i in range(w.pages)]
+    """Synthetic pages of request ``repeat``: ``w.pages`` pages seeded by the request index,
+    repeated or cut to ``w.batch``."""
+    size = tuple(w.page_size) if w.page_size else None
+    seed = w.seed + 1000 * (repeat + 1)
+    pages = [wl.Page(f"synthetic-{i:03d}", wl.synthetic_page(i, seed=seed, size=size), f"synthetic:{seed}")
+             for i in range(w.pages)]
     if w.batch > 1 and len(pages) == 1:
         pages = pages * w.batch
     elif w.batch > 1:
@@ -143,16 +145,37 @@ def case_workloads(cfg: HarnessConfig) -> list:
     return out
 
 
+def request_pages(w: WorkloadConfig) -> list:
+    """[(label, pages)]: the requests of one case's workload. Synthetic pages (``pages_for``) or
+    one image file (repeated to ``w.batch``) make one request, label ""; a folder makes
+    ``workload.batch_pages``' requests, labelled by their pages (``p003+p004``)."""
+    if not w.images:
+        return [("", pages_for(w, 0))]
+    pages = wl.load_pages(w.images, seed=w.seed, max_pixels=w.max_pixels)
+    if Path(w.images).expanduser().is_dir():
+        return wl.batch_pages(pages, w.mode, w.batch)
+    return [("", pages * w.batch)]
+
+
 def prepare_cases(cfg: HarnessConfig) -> tuple:
     """([CaseInputs], tokenizer note): every case validated (pages load, mode known, layout
-    consistent, names distinct) before any model is built."""
+    consistent, names distinct) before any model is built. A case whose requests come from a
+    folder becomes one case per request, named ``<name>-<label>`` (e.g. ``gundam-2x3-p003``,
+    ``gundam-2x3-b2-p003+p004``)."""
     tokenizer, reason = wl.load_tokenizer(cfg.model.path, cfg.workload.text_tokens)
     cases = []
     for name, w, m in case_workloads(cfg):
-        pages = pages_for(w, 0)
-        req = wl.build_request(pages, w.mode, decode_tokens=w.decode_tokens, prompt=w.prompt, tokenizer=tokenizer,
-                               text_tokens=w.text_tokens, seed=w.seed, name=name or "")
-        cases.append(CaseInputs(req.case, w, m, pages, tokenizer, req))
+        for label, pages in request_pages(w):
+            req = wl.build_request(pages, w.mode, decode_tokens=w.decode_tokens, prompt=w.prompt,
+                                   tokenizer=tokenizer, text_tokens=w.text_tokens, seed=w.seed, name=name or "")
+            notes = [p.note for p in {id(p): p for p in pages}.values() if p.note]
+            if label:
+                req = dataclasses.replace(req, case=dataclasses.replace(req.case, name=f"{req.case.name}-{label}"))
+                distinct = label.count("+") + 1
+                if distinct < w.batch:
+                    notes.append(f"{req.case.name}: the last {distinct} page(s) of this tile grid fill a batch of "
+                                 f"{w.batch} by repeating")
+            cases.append(CaseInputs(req.case, w, m, pages, tokenizer, req, notes))
     names = [c.name for c in cases]
     if len(set(names)) != len(names):
         raise HarnessError(f"two cases share a name ({names})", "give each case a distinct `name`")
@@ -191,5 +214,5 @@ def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, se
     return model, info
 
 
-__all__ = ["resolve_device", "resolve_dtype", "device_info", "CaseInputs", "pages_for", "case_workloads",
+__all__ = ["resolve_device", "resolve_dtype", "device_info", "CaseInputs", "pages_for", "request_pages", "case_workloads",
            "prepare_cases", "load_adapter"]

@@ -20,6 +20,7 @@ import torch
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from .errors import HarnessError
+from .hub import hub_offline, refuse_hub_code
 
 PATCH_SIZE = 16                 # pixels per SAM patch side
 DOWNSAMPLE = 4                  # SAM neck + net_2/net_3 shrink the patch grid 4x per side
@@ -248,11 +249,13 @@ def preprocess(image: Image.Image, mode) -> PreparedImage:
 
 @dataclass
 class Page:
-    """One input page; ``source`` is the file path or ``synthetic:<seed>``."""
+    """One input page; ``source`` is the file path or ``synthetic:<seed>``; ``note`` says what was
+    done to it on loading, when that was more than decoding (a 16-bit page scaled to 8 bits)."""
 
     name: str
     image: Image.Image
     source: str
+    note: str = ""
 
 
 # (width, height) pixels, cycled by index: A4 portrait @150 dpi, US letter, A4 landscape,
@@ -359,8 +362,24 @@ def _no_pil_bomb_check():
         Image.MAX_IMAGE_PIXELS = saved
 
 
-def _open_page(path: Path, max_pixels: int) -> Image.Image:
-    """Open, check (header size first, then verify and decode) and convert one image to RGB."""
+#: PIL modes of grayscale pages with more than 8 bits per pixel (16-bit PNG/TIFF, 32-bit int, float)
+WIDE_GRAY_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
+
+
+def to_8bit(image: Image.Image) -> tuple:
+    """(RGB image, note) of a grayscale page with more than 8 bits per pixel (``WIDE_GRAY_MODES``):
+    values scaled linearly from their own range [min, max] to [0, 255] (a constant page becomes
+    black). PIL's plain conversion clips at 255, which turns a 16-bit page almost all white."""
+    arr = np.asarray(image, dtype=np.float64)
+    lo, hi = float(arr.min()), float(arr.max())
+    scaled = (arr - lo) * (255.0 / (hi - lo)) if hi > lo else np.zeros_like(arr)
+    out = Image.fromarray(np.clip(np.rint(scaled), 0, 255).astype(np.uint8), "L").convert("RGB")
+    return out, f"{image.mode} pixels (values {lo:g}..{hi:g}) scaled linearly to 8 bits"
+
+
+def _open_page(path: Path, max_pixels: int) -> tuple:
+    """Open, check (header size first, then verify and decode) and convert one image to RGB.
+    Returns (image, note): the note says how a page wider than 8 bits was converted."""
     try:
         nbytes = path.stat().st_size
     except OSError as exc:
@@ -382,7 +401,10 @@ def _open_page(path: Path, max_pixels: int) -> Image.Image:
             with Image.open(path) as im:
                 im.load()
                 im = ImageOps.exif_transpose(im)
-                return im.convert("RGB")
+                if im.mode in WIDE_GRAY_MODES:
+                    img, note = to_8bit(im)
+                    return img, f"{path.name}: {note}"
+                return im.convert("RGB"), ""
         except HarnessError:
             raise
         except Exception as exc:  # PIL raises many types for bad files
@@ -399,7 +421,8 @@ def load_pages(images: str | os.PathLike | None, pages: int = 1, seed: int = 0,
 
     A directory gives its image files (jpg/jpeg/png/bmp/tif/tiff/webp) sorted by name; other
     files are ignored. Images over ``max_pixels`` pixels are refused from their header, before
-    decoding. Every page is RGB.
+    decoding. Every page is RGB; a grayscale page wider than 8 bits is scaled from its own value
+    range (``to_8bit``; said in ``Page.note``).
     """
     if images is None or (isinstance(images, str) and not images.strip()):
         if isinstance(pages, bool) or not isinstance(pages, int) or pages < 1:
@@ -424,7 +447,11 @@ def load_pages(images: str | os.PathLike | None, pages: int = 1, seed: int = 0,
                                "point workload.images elsewhere")
     else:
         files = [path]
-    return [Page(p.name, _open_page(p, max_pixels), str(p)) for p in files]
+    pages = []
+    for p in files:
+        image, note = _open_page(p, max_pixels)
+        pages.append(Page(p.name, image, str(p), note))
+    return pages
 
 
 # --------------------------------------------------------------------------------------------
@@ -632,6 +659,31 @@ def _filler_ids(count: int, seed: int) -> list[int]:
     return [int(v) for v in rng.integers(1000, 100000, size=count)]
 
 
+def batch_pages(pages: list[Page], mode, batch: int) -> list:
+    """The requests of a folder of pages: [(label, pages)], ``batch`` pages each.
+
+    Rule: the pages, in name order, are grouped by layout in ``mode`` (their tile grid, which fixes
+    the image-token count); each group is cut into consecutive batches of ``batch`` pages; a
+    group's short last batch is filled by repeating its own pages in order, so every request has
+    exactly ``batch`` pages and every page is measured. Requests are ordered by their first page.
+    ``label`` names the distinct pages by their 1-based position in name order: ``p003``,
+    ``p003+p004``.
+    """
+    mode = get_mode(mode)
+    batch = _count(batch, "workload.batch", 1)
+    width = max(3, len(str(len(pages))))
+    groups: dict = {}
+    for number, page in enumerate(pages, 1):
+        groups.setdefault(tile_grid_for(*page.image.size, mode), []).append((number, page))
+    requests = []
+    for members in groups.values():
+        for start in range(0, len(members), batch):
+            chunk = members[start:start + batch]
+            label = "+".join(f"p{number:0{width}d}" for number, _ in chunk)
+            requests.append((chunk[0][0], label, [chunk[j % len(chunk)][1] for j in range(batch)]))
+    return [(label, group) for _, label, group in sorted(requests, key=lambda r: r[0])]
+
+
 def build_request(pages: list[Page], mode, decode_tokens: int = 128,
                   prompt: str = DEFAULT_PROMPT, tokenizer=None, text_tokens: int = 12,
                   seed: int = 0, name: str = "") -> Request:
@@ -689,23 +741,27 @@ def build_request(pages: list[Page], mode, decode_tokens: int = 128,
 
 
 def load_tokenizer(path: str | os.PathLike | None, text_tokens: int = 12):
-    """(tokenizer or None, reason). Loads only local files; never raises for a missing one."""
+    """(tokenizer or None, reason). Loads only local files (``harness.hub``: offline, and a
+    tokenizer or config whose ``auto_map`` names hub code is a HarnessError); never raises for a
+    missing one."""
     fallback = f"prompt uses {text_tokens} fixed text tokens"
     if path is None:
         return None, f"no tokenizer path given: {fallback}"
     root = Path(path).expanduser()
     if not any((root / f).is_file() for f in ("tokenizer.json", "tokenizer.model")):
         return None, f"no tokenizer files in {root}: {fallback}"
-    try:
-        from transformers import AutoTokenizer
-    except Exception as exc:  # not installed, or a broken install
-        return None, f"transformers unavailable ({type(exc).__name__}): {fallback}"
-    try:
-        tok = AutoTokenizer.from_pretrained(str(root), trust_remote_code=True,
-                                            local_files_only=True)
-    except Exception as exc:
-        msg = str(exc).splitlines()[0] if str(exc) else ""
-        return None, f"tokenizer in {root} failed to load ({type(exc).__name__}: {msg}): {fallback}"
+    refuse_hub_code(root)
+    with hub_offline():
+        try:
+            from transformers import AutoTokenizer
+        except Exception as exc:  # not installed, or a broken install
+            return None, f"transformers unavailable ({type(exc).__name__}): {fallback}"
+        try:
+            tok = AutoTokenizer.from_pretrained(str(root), trust_remote_code=True,
+                                                local_files_only=True)
+        except Exception as exc:
+            msg = str(exc).splitlines()[0] if str(exc) else ""
+            return None, f"tokenizer in {root} failed to load ({type(exc).__name__}: {msg}): {fallback}"
     return tok, f"tokenizer from {root}"
 
 
@@ -719,5 +775,5 @@ __all__ = [
     "Case", "as_case", "parse_grid", "grid_text", "default_grid",
     "CropMode", "get_mode", "queries_per_side", "select_grid", "tile_grid_for",
     "image_token_count", "PreparedImage", "to_tensor", "preprocess", "Page", "SYNTHETIC_SIZES",
-    "synthetic_page", "load_pages", "Request", "build_request", "load_tokenizer", "describe",
+    "synthetic_page", "load_pages", "to_8bit", "batch_pages", "Request", "build_request", "load_tokenizer", "describe",
 ]

@@ -26,6 +26,13 @@ def child_command(cfg, root: Path, overrides: list[str], warmup: int = 0) -> lis
     return [sys.executable, "-m", "harness", "run", *keep, *extra]
 
 
+def portable_command(child: list[str]) -> list[str]:
+    """``child`` (``child_command``) as a command to run on another machine: ``python -m harness
+    run`` with the same overrides, without this machine's interpreter path and run folder (no
+    ``run.root``: it writes under ``runs/`` there)."""
+    return ["python", "-m", "harness", "run", *[a for a in child[4:] if not a.startswith("run.root=")]]
+
+
 def find_tool(name: str) -> str | None:
     """``name`` on PATH, else the newest under /opt/nvidia or the CUDA install (nsys: see
     ``nsys.find_nsys``, which also knows the copy inside Nsight Compute)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import HarnessError
-from . import find_tool, run_logged
+from . import find_tool, portable_command, run_logged
 from ..measure.kernels import categorize
 from .ncu import METRIC_SETS, export_command, flops_columns, ncu_command, parse_raw_csv, shell
 
@@ -63,10 +63,12 @@ def run_ncu(cfg, stage: str, child: list[str], out_dir: Path) -> dict:
     report = out / "report"
     cmd = ncu_command(stage, child, report, launch_count=prof.launch_count, metrics=METRIC_SETS[prof.metrics],
                       ncu=ncu or "ncu")
-    (out / "command.txt").write_text(shell(cmd) + "\n")
+    portable = shell(ncu_command(stage, portable_command(child), Path(f"ncu-{stage}"),
+                                 launch_count=prof.launch_count, metrics=METRIC_SETS[prof.metrics]))
+    (out / "command.txt").write_text(portable + "\n")   # the exact local command heads ncu.log
     if ncu is None:
         raise HarnessError("Nsight Compute (ncu) was not found on PATH or under /opt/nvidia",
-                           f"install Nsight Compute and run: {shell(cmd)}")
+                           f"install Nsight Compute and run: {portable}")
     print(f"[harness] ncu over stage {stage}: {shell(cmd)}", flush=True)
     rc = run_logged(cmd, out / "ncu.log")
     rep = report.with_suffix(".ncu-rep")

@@ -109,10 +109,12 @@ def request_ms(model, req, cuda: bool, stage=None, clock: Callable[[], float] = 
 
 
 def warm_up(model, make_request: Callable[[int], object], mcfg: MeasureConfig, cuda: bool,
-            say: Callable[[str], None], label: str, clock: Callable[[], float] = time.perf_counter) -> dict:
+            say: Callable[[str], None], label: str, clock: Callable[[], float] = time.perf_counter,
+            at: Callable[[str], None] = lambda request: None) -> dict:
     """Run ``mcfg.warmup`` warm-up requests; with ``steady_pct`` > 0 keep going (up to
     ``max_warmup``) until ``is_steady`` holds for their wall times (ms, synchronised).
-    Returns {"warmup_ms": [...], "steady": bool or None (not asked)}."""
+    ``at("warmup=I")`` is called before each. Returns {"warmup_ms": [...], "steady": bool or None
+    (not asked)}."""
     times: list[float] = []
     want = mcfg.steady_pct > 0
 
@@ -122,28 +124,32 @@ def warm_up(model, make_request: Callable[[int], object], mcfg: MeasureConfig, c
         return want and len(times) < mcfg.max_warmup and not is_steady(times, mcfg.steady_pct)
 
     while more():
+        at(f"warmup={len(times)}")
         times.append(request_ms(model, make_request(-1 - len(times)), cuda, clock=clock))
         say(f"{label}: warm-up {len(times)} {times[-1]:.1f} ms")
     return {"warmup_ms": times, "steady": is_steady(times, mcfg.steady_pct) if want else None}
 
 
 def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConfig, case: dict,
-                 cuda: bool, progress: Callable[[str], None] | None = None, info: dict | None = None):
+                 cuda: bool, progress: Callable[[str], None] | None = None, info: dict | None = None,
+                 at: Callable[[str], None] = lambda request: None):
     """Run one case. Returns (stages DataFrame [STAGE_COLUMNS], kernels DataFrame, routing dict).
 
     ``make_request(i)`` builds request ``i`` on the model's device (i < 0 for warm-ups).
     ``case`` holds the identifying columns: case, mode, grid, batch. ``info``, if given, receives
-    the warm-up record of ``warm_up``.
+    the warm-up record of ``warm_up``. ``at(request)`` is called before each request with its
+    label: ``warmup=I``, ``repeat=R`` (stages.csv's repeat), ``repeat=profiled``.
     """
     say = progress or (lambda msg: log.info(msg))
     mcfg = mcfg.resolved(cuda)
     wbytes = weight_bytes(model)
     note = "" if cuda else "no CUDA device: gpu_ms/TTFT/TPOT from host clocks; kernel columns are CPU ops"
-    warm = warm_up(model, make_request, mcfg, cuda, say, case["case"])
+    warm = warm_up(model, make_request, mcfg, cuda, say, case["case"], at=at)
     if info is not None:
         info.update(warm)
     rows, routing = [], {}
     for r in range(mcfg.repeats):
+        at(f"repeat={r}")
         req = make_request(r if mcfg.fresh_inputs else 0)
         rec = StageRecorder(cuda, nvtx=mcfg.nvtx, events=mcfg.events)
         with layer_ranges(model, rec, mcfg.layer_ranges), quiet_gc():
@@ -163,6 +169,7 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
     prof_rows = []
     if mcfg.kernels:
         say(f"{case['case']}: profiled request (kernel capture)")
+        at("repeat=profiled")
         req = make_request(mcfg.repeats)
         rec = StageRecorder(cuda, nvtx=mcfg.nvtx, events=mcfg.events)
         syncs = SyncCounter(rec)

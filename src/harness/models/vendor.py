@@ -13,6 +13,11 @@ Hugging Face snapshot: ``config.json``, ``modeling_deepseekocr.py`` and friends,
   (``build_model(cfg, device, dtype, seed)``) are adopted under the shared state_dict names,
   without a copy. Both models then hold the same weights, so they can be compared.
 
+Every transformers call is local-only (``harness.hub``): a ``config.json`` / ``tokenizer_config.json``
+whose ``auto_map`` names a hub repository is refused by ``check_vendor_dir`` before transformers is
+imported, the loads run inside ``hub_offline()`` (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE), and
+``local_files_only=True`` goes to every ``from_pretrained``.
+
 The vendor code supports ``eager`` and ``flash_attention_2`` only (its attention class table has
 no sdpa). What ran is recorded in ``VendorOCR.info``: ``config._attn_implementation`` after the
 load and the class of ``layers[0].self_attn`` (``LlamaAttention`` / ``LlamaFlashAttention2``).
@@ -52,6 +57,7 @@ from torch import nn
 from ..config import CLIPConfig, LLMConfig, ModelConfig, ProjectorConfig, SAMConfig
 from ..dtypes import torch_dtype
 from ..errors import HarnessError
+from ..hub import check_auto_map, hub_offline, refuse_hub_code
 from . import attn_probe
 from .adapter import GenerationResult, Select, StageFn, no_stage
 from .build import build_model
@@ -73,7 +79,8 @@ VENDOR_ATTN = {"eager": "eager", "flash_attention_2": "flash_attention_2"}
 # --------------------------------------------------------------------------------------------
 
 def check_vendor_dir(path) -> Path:
-    """The vendor directory as a Path, or a one-line HarnessError (missing, empty, no code)."""
+    """The vendor directory as a Path, or a one-line HarnessError (missing, empty, no code, code
+    on the hub: ``harness.hub.refuse_hub_code``)."""
     fix_dl = ("download the DeepSeek-OCR snapshot (config.json, *.py, tokenizer files, optionally "
               "*.safetensors) into it, e.g. huggingface-cli download deepseek-ai/DeepSeek-OCR --local-dir DIR")
     if path is None or str(path).strip() == "":
@@ -89,6 +96,7 @@ def check_vendor_dir(path) -> Path:
     missing = [f for f in VENDOR_CODE_FILES if not (p / f).is_file()]
     if missing:
         raise HarnessError(f"{p} has no vendor modeling code (missing {', '.join(missing)})", fix_dl)
+    refuse_hub_code(p)
     return p
 
 
@@ -191,6 +199,7 @@ def _load_config(path: Path, overrides: Optional[dict]):
         if not hasattr(vcfg, key):
             raise HarnessError(f"vendor config has no field {key!r}", "override only fields of config.json")
         setattr(vcfg, key, value)
+    check_auto_map(getattr(vcfg, "auto_map", None), f"the vendor config of {path}")   # what from_config follows
     return vcfg
 
 
@@ -199,10 +208,11 @@ def vendor_reference_config(path, attn_implementation: str = "eager",
     """Our ModelConfig equal to the vendor directory's config (what ``load_vendor`` builds its
     random weights with), e.g. to build the reference model for a comparison."""
     path = check_vendor_dir(path)
-    require_transformers()
-    ensure_torchvision()
-    with _transformers_quiet(True):
-        return reference_config(_load_config(path, config_overrides), attn_implementation)
+    with hub_offline():
+        require_transformers()
+        ensure_torchvision()
+        with _transformers_quiet(True):
+            return reference_config(_load_config(path, config_overrides), attn_implementation)
 
 
 def _skeleton(vcfg, dtype: torch.dtype, vendor_attn: str):
@@ -258,15 +268,16 @@ def load_vendor(path, device="cpu", dtype=torch.bfloat16, attn_implementation: s
     dtype = torch_dtype(dtype)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise HarnessError("device=cuda was requested but no CUDA device is available", "use device=cpu")
-    transformers = require_transformers()
-    torchvision = ensure_torchvision()
     files = checkpoint_files(path)
     if files and config_overrides:
         raise HarnessError("config_overrides apply to random weights only, but the directory has a checkpoint",
                            "drop the overrides or use a directory without *.safetensors")
-    with _transformers_quiet(quiet):
-        return _load(path, files, device, dtype, attn_implementation, vendor_attn, seed, config_overrides,
-                     autocast, quiet, transformers.__version__, torchvision)
+    with hub_offline():
+        transformers = require_transformers()
+        torchvision = ensure_torchvision()
+        with _transformers_quiet(quiet):
+            return _load(path, files, device, dtype, attn_implementation, vendor_attn, seed, config_overrides,
+                         autocast, quiet, transformers.__version__, torchvision)
 
 
 @contextlib.contextmanager

@@ -7,6 +7,11 @@ and end-to-end ms; with the roofline efficiency (datasheet ceilings) where both 
 = B is faster for tok/s). Efficiency uses the datasheet ceilings, the calibrated ones where a run
 has no datasheet peak.
 
+A folder without ``manifest.json`` or ``stages.csv``, or whose stages.csv cannot be read or lacks
+the columns a run writes (``REQUIRED_COLUMNS`` and a time column), is refused with a one-line
+error. A run that did not complete (``failed``, ``interrupted``, still ``running``) or measured
+nothing is compared as far as it goes and flagged first in the notes.
+
 Output: printed as Markdown, and written to a **new** directory, never into either run (run
 directories are never overwritten): ``<parent of RUN_B>/compare-<YYYYmmdd-HHMMSS>-<A>-vs-<B>/``
 with ``compare.md`` and ``compare.csv`` (long form: case, stage, metric, a, b, delta, ratio,
@@ -22,21 +27,49 @@ import pandas as pd
 
 from ..errors import HarnessError
 from ..roofline.join import _f, measured_stages
-from ..rundir import load_run
+from ..rundir import RunData, load_run
 from ..stages import STAGES
 
 REQUEST_METRICS = [("ttft_ms", "TTFT", "ms"), ("tpot_p50_ms", "TPOT p50", "ms"), ("decode_tok_s", "decode tok/s", "tok/s"),
                    ("e2e_ms", "end-to-end", "ms")]
 COLUMNS = ["case", "stage", "metric", "a", "b", "delta", "ratio", "unit"]
+#: stages.csv columns compare reads (and one of TIME_COLUMNS)
+REQUIRED_COLUMNS = ("case", "stage", "repeat", "call")
+TIME_COLUMNS = ("gpu_ms", "host_ms")
 
 
-def _check(path: Path) -> Path:
+def _load(path) -> RunData:
+    """A run directory read back, or a one-line HarnessError when it is not one."""
     path = Path(path)
+    fix = "compare run directories written by `python -m harness run`"
     if not path.is_dir():
         raise HarnessError(f"run directory {str(path)!r} does not exist", "give two run directories under runs/")
-    if not (path / "stages.csv").is_file():
-        raise HarnessError(f"{path} has no stages.csv", "compare run directories written by `python -m harness run`")
-    return path
+    for name in ("manifest.json", "stages.csv"):
+        if not (path / name).is_file():
+            raise HarnessError(f"{path} has no {name}, so it is not a run directory", fix)
+    try:
+        run = load_run(path)
+    except (ValueError, UnicodeDecodeError) as exc:   # JSON, CSV parser and decoding errors
+        raise HarnessError(f"{path} has an unreadable manifest.json or stages.csv ({exc.__class__.__name__}: "
+                           f"{' '.join(str(exc).split())[:200]})", fix) from None
+    cols = set(run.stages.columns)
+    missing = [c for c in REQUIRED_COLUMNS if c not in cols] + ([" or ".join(TIME_COLUMNS)] if len(run.stages.columns)
+                                                                 and not cols & set(TIME_COLUMNS) else [])
+    if len(run.stages.columns) and missing:
+        raise HarnessError(f"{path / 'stages.csv'} lacks the column(s) {', '.join(missing)} a run writes", fix)
+    return run
+
+
+def state_notes(label: str, run: RunData) -> list:
+    """Notes flagging a run that did not complete or measured nothing (``label``: A or B)."""
+    man, notes = run.manifest, []
+    status = man.get("status", "unknown")
+    if status != "complete":
+        error = f": {man['error']}" if man.get("error") else ""
+        notes.append(f"{label} ({run.path.name}) is {status}{error}; only its finished cases are compared")
+    if not len(run.stages):
+        notes.append(f"{label} ({run.path.name}) measured nothing (stages.csv is empty)")
+    return notes
 
 
 def _entry(case, stage, metric, a, b, unit) -> dict:
@@ -51,6 +84,8 @@ def _eff(path: Path) -> dict:
     if not f.is_file():
         return {}
     t = pd.read_csv(f)
+    if not {"level", "case", "stage", "efficiency", "efficiency_cal"} <= set(t.columns):
+        return {}   # not a roofline.csv this harness wrote: no efficiency rows
     t = t[t["level"] == "stage"]
     return {(r.case, r.stage): (r.efficiency if _f(r.efficiency) is not None else r.efficiency_cal)
             for r in t.itertuples()}
@@ -58,12 +93,12 @@ def _eff(path: Path) -> dict:
 
 def compare_runs(run_a, run_b) -> tuple:
     """(long DataFrame [COLUMNS], notes) comparing two run directories."""
-    pa, pb = _check(run_a), _check(run_b)
-    A, B = load_run(pa), load_run(pb)
+    A, B = _load(run_a), _load(run_b)
+    pa, pb = A.path, B.path
     ma, mb = measured_stages(A.stages), measured_stages(B.stages)
-    notes = []
+    notes = state_notes("A", A) + state_notes("B", B)
     ta, tb = set(ma["timer"]), set(mb["timer"])
-    if ta != tb:
+    if ta != tb and ta and tb:
         notes.append(f"timers differ (A: {', '.join(sorted(ta))}; B: {', '.join(sorted(tb))}): host and CUDA-event "
                      "times are not comparable")
     da, db = (A.manifest.get("device") or {}).get("name"), (B.manifest.get("device") or {}).get("name")
@@ -162,4 +197,4 @@ def compare_main(argv) -> int:
     return 0
 
 
-__all__ = ["compare_main", "compare_runs", "render", "default_out"]
+__all__ = ["compare_main", "compare_runs", "state_notes", "render", "default_out"]

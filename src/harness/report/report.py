@@ -61,7 +61,8 @@ def write_report(run: Union[RunDir, str, Path], data: Optional[RunData] = None, 
 
     ``run``: the live ``RunDir`` of ``harness.run`` with its in-memory ``data``, or the path of a run
     directory (read once). Returns {name: Path}. Unless ``strict``, a failure is recorded as a
-    manifest warning and {} returned (the measurement is never lost to a reporting error).
+    manifest warning and {} returned (the measurement is never lost to a reporting error); an
+    OSError (a full disk, an unwritable directory) always propagates.
     """
     if data is None:
         data = load_run(run.path if isinstance(run, RunDir) else run)
@@ -69,7 +70,7 @@ def write_report(run: Union[RunDir, str, Path], data: Optional[RunData] = None, 
     try:
         return _write(rd, data, hardware, plot)
     except Exception as exc:  # noqa: BLE001 - reporting must not kill a measured run
-        if strict:
+        if strict or isinstance(exc, OSError):
             raise
         log.warning("report not written: %s\n%s", exc, traceback.format_exc())
         try:
@@ -96,9 +97,11 @@ def _write(rd: RunDir, run: RunData, hardware: Optional[dict], plot: bool) -> di
         title = f"{exp}: {rd.path.name}" if exp and exp not in rd.path.name else rd.path.name
         try:
             paths["plot"] = plot_roofline(table, peaks, rd.path / "roofline.png", title)
+        except OSError:
+            raise
         except Exception as exc:  # noqa: BLE001 - a plotting failure must not lose the tables
             notes.append(f"roofline.png not written ({exc.__class__.__name__}: {exc})")
-    if plot and len(measured):
+    if plot and len(measured) and has_variants(run):
         try:
             ladder = execution_rows(run, table[table["level"] == "stage"] if len(table) else table, measured)
             if len(ladder) > 1:
@@ -273,12 +276,15 @@ def execution_rows(run: RunData, st: pd.DataFrame, measured: pd.DataFrame) -> pd
     return df
 
 
+def has_variants(run: RunData) -> bool:
+    """True when a case of the run executed otherwise than the vendor's way (an execution ladder)."""
+    return any(execution_label(c.get("execution") or {}) != "vendor-style" for c in run.manifest.get("cases") or [])
+
+
 def _execution_table(run: RunData, st: pd.DataFrame, measured: pd.DataFrame) -> list:
-    if not len(measured) or not any((c.get("execution") or {}) for c in run.manifest.get("cases") or []):
+    if not len(measured) or not has_variants(run):
         return []
     df = execution_rows(run, st, measured)
-    if len(df) < 2 and (not len(df) or df["execution"].iloc[0] == "vendor-style"):
-        return []
     L = ["## Execution variants", "",
          "Same weights, different execution (`harness.config.ExecutionConfig`). tok/s, TPOT and TTFT: measured "
          "(median of the timed repeats); kernels per step: measured (profiled request); host syncs per step: "
@@ -426,6 +432,9 @@ def _caveats(run: RunData, p: Peaks, measured: pd.DataFrame, notes: list) -> lis
                    "apart from slow kernels.")
     if man.get("status") == "running":
         out.append(f"Partial: the run is still going (or was interrupted) after {len(man.get('cases') or [])} case(s).")
+    elif man.get("status") in ("failed", "interrupted"):
+        out.append(f"Partial: the run {man['status']} after {len(man.get('cases') or [])} finished case(s): "
+                   f"{man.get('error')}.")
     if len(run.stages) and "unattributed_kernel_ms" in run.stages:
         un = run.stages[(run.stages["stage"] == "request") & (run.stages["repeat"].astype(str) == "profiled")]
         for r in un.to_dict("records"):

@@ -1,0 +1,109 @@
+"""Where a run is, and how a run that ends early is closed: nothing measured is lost.
+
+``Position`` follows the run verb (setting up, which case and request, writing, the report); each
+step is also a fault-injection point (``harness.faults``). ``close_run`` turns the exception that
+ended a run into its final state:
+
+* a signal (``RunInterrupted``, or KeyboardInterrupt = SIGINT): status ``interrupted``, exit code
+  128 + the signal number (130 SIGINT, 143 SIGTERM, 129 SIGHUP);
+* a ``HarnessError`` (a problem the user can fix): ``failed``, exit code 2;
+* anything else (a full disk, a bug): ``failed``, exit code 1; the traceback goes to the manifest.
+
+Order of the close: status and error in memory, the directory renamed ``<name>-failed`` /
+``<name>-interrupted``, report.md (and its tables and plot) rewritten from the cases kept, the
+``FAILED`` / ``INTERRUPTED`` marker, the manifest last. What could not be written is stated in the
+manifest (where it can be written) and in the one line returned for stderr.
+"""
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from . import faults
+from .errors import HarnessError, RunStopped
+from .interrupts import interrupted_by
+
+
+@dataclass
+class Position:
+    """Where the run is. ``index`` counts cases from 1; ``request`` is ``warmup=I``,
+    ``repeat=R`` (stages.csv's label), ``repeat=profiled``, ``writing`` or None."""
+
+    phase: str = "setup"            # setup | case | report
+    case: Optional[str] = None
+    index: int = 0
+    cases: int = 0
+    request: Optional[str] = None
+
+    def at(self, phase: str, case: Optional[str] = None, index: int = 0, request: Optional[str] = None) -> None:
+        self.phase, self.request = phase, request
+        if case is not None:
+            self.case, self.index = case, index
+        faults.reached(self.point())
+
+    def point(self) -> str:
+        """The fault-injection name of this position (``harness.faults``)."""
+        if self.phase != "case":
+            return self.phase
+        return f"case={self.index}" + (f",{self.request}" if self.request else "")
+
+    def describe(self) -> str:
+        """E.g. ``case t-2x3 (1 of 2), repeat=0``; ``the report``; ``setting up (no case started)``."""
+        if self.phase == "setup":
+            return "setting up (no case started)"
+        if self.phase == "report":
+            return "the final report"
+        text = f"case {self.case} ({self.index} of {self.cases})"
+        words = {"done": "after its results were written", "writing": "while writing its results"}
+        return f"{text}, {words.get(self.request, self.request)}" if self.request else text
+
+    def as_dict(self) -> dict:
+        return {"phase": self.phase, "case": self.case, "case_index": self.index, "cases": self.cases,
+                "request": self.request}
+
+
+def close_run(rd, data, exc: BaseException, where: Position, write_report) -> RunStopped:
+    """Close the run directory ``rd`` (``harness.rundir.RunDir``; ``data`` its ``RunData``) after
+    ``exc``; ``write_report(rd, data)`` rewrites the report. Returns the ``RunStopped`` to raise."""
+    signal = interrupted_by(exc)
+    kept = len(rd.manifest.get("cases") or [])
+    if signal is not None:
+        status, code = "interrupted", signal.exit_code
+        error = f"interrupted by {signal.name} during {where.describe()}"
+    elif isinstance(exc, HarnessError):
+        status, code, error = "failed", 2, str(exc)
+    else:
+        status, code = "failed", 1
+        if isinstance(exc, OSError) and exc.filename:
+            error = f"cannot write {Path(exc.filename).name} ({exc.strerror or exc}) during {where.describe()}"
+        else:
+            error = f"{exc.__class__.__name__}: {exc} (during {where.describe()})"
+        rd.manifest["traceback"] = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    rd.stop(status, error, stopped_at=where.as_dict())
+    data.path, data.manifest = rd.path, rd.manifest
+    problems = []
+    try:
+        write_report(rd, data)
+    except Exception as rexc:  # noqa: BLE001 - stated in the manifest and on stderr instead
+        rd.manifest["report_error"] = f"{rexc.__class__.__name__}: {rexc}"
+        problems.append(f"report.md not rewritten ({rd.manifest['report_error']})")
+    unwritten = rd.seal()
+    if unwritten:
+        problems.append(f"manifest.json not updated ({unwritten})")
+    return RunStopped(_line(status, exc, error, kept, rd.path, problems, signal is not None), code, rd.path)
+
+
+def _line(status: str, exc: BaseException, error: str, kept: int, path, problems: list, interrupted: bool) -> str:
+    """The one stderr line of a run that ended early."""
+    after = f"{kept} finished case(s) kept in {path}" + "".join(f"; {p}" for p in problems)
+    if interrupted:
+        return f"interrupted: {error.removeprefix('interrupted by ')}; {after}"
+    if isinstance(exc, HarnessError):
+        return f"error: {exc}" + "".join(f" ({p})" for p in problems)
+    if isinstance(exc, OSError):
+        return (f"error: {error}; fix: free space on that disk or point run.root at another one, then run again "
+                f"({after})")
+    return (f"error: internal error: {error}; fix: report it as a harness bug with {path}/manifest.json "
+            f"(its traceback field) ({after})")

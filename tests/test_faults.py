@@ -1,0 +1,327 @@
+"""Faults a run must survive, end to end (issue 15): ``python -m harness run`` as a subprocess on
+the tiny model, with a fault injected through ``HARNESS_FAULT`` (``harness.faults``).
+
+* two runs started together into one directory name: both kept, in distinct directories, both
+  complete, neither holding the other's files (these two runs are also the page-folder runs:
+  mixed tile grids at batch 1 and 2, every page measured, names carrying batch and pages);
+* SIGINT / SIGTERM / SIGHUP during a warm-up, a timed repeat, between cases and during the final
+  report: exit 128 + signal, one ``interrupted: ...`` line, status ``interrupted`` naming the case
+  and request, finished cases kept in the CSVs and the manifest, ``-interrupted`` suffix;
+* a full disk (ENOSPC) while a case's stages.csv and while report.md are written: exit 1, one
+  ``error: ...`` line, status ``failed``, no ``*.tmp`` left, ``-failed`` suffix;
+* a vendor config whose ``auto_map`` points at the hub: exit 2 before any model is built;
+* ``compare`` on garbage, a folder without a manifest, a failed and an empty run.
+
+All subprocesses start together from one module-scoped pool (as in tests/test_cli.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_MODE = "workload.mode={name: t, base_size: 128, image_size: 64, crop: true}"
+FAST = ["model=tiny", TINY_MODE, "workload.decode_tokens=3", "measure.repeats=1", "measure.warmup=0"]
+TWO_CASES = "cases=[{name: a}, {name: b}]"
+TIMEOUT_S = 240
+
+#: the page folder: name -> (width, height) in pixels and its tile grid in the tiny mode
+PAGES = {"p001.png": ((120, 180), "2x3"), "p002.png": ((200, 100), "4x2"), "p003.png": ((120, 180), "2x3"),
+         "p004.png": ((200, 100), "4x2"), "p005.png": ((50, 50), None)}
+BATCH1 = ["t-2x3-p001", "t-4x2-p002", "t-2x3-p003", "t-4x2-p004", "t-p005"]
+BATCH2 = ["t-2x3-b2-p001+p003", "t-4x2-b2-p002+p004", "t-b2-p005"]
+
+
+@dataclass
+class Result:
+    rc: int
+    stdout: str
+    stderr: str
+    root: Path
+
+    def dirs(self) -> list:
+        return sorted(p for p in self.root.iterdir() if p.is_dir()) if self.root.exists() else []
+
+    def only_dir(self) -> Path:
+        dirs = self.dirs()
+        assert len(dirs) == 1, (dirs, self.describe())
+        return dirs[0]
+
+    def line(self) -> str:
+        """The one stderr line (asserted to be the only one)."""
+        lines = [ln for ln in self.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1, self.describe()
+        assert "Traceback" not in self.stdout, self.describe()
+        return lines[0]
+
+    def describe(self) -> str:
+        return f"rc={self.rc}\n--- stderr ---\n{self.stderr[-3000:]}\n--- stdout ---\n{self.stdout[-2000:]}"
+
+
+def harness(root: Path, overrides: list, fault: str | None = None) -> Result:
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "HARNESS_FAULT")}
+    if fault:
+        env["HARNESS_FAULT"] = fault
+    cmd = [sys.executable, "-m", "harness", "run", *overrides, f"run.root={root}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    return Result(proc.returncode, proc.stdout, proc.stderr, root)
+
+
+def write_pages(folder: Path) -> Path:
+    """PAGES as PNG files; p004 is 16-bit grayscale with values 0..4000."""
+    from PIL import Image
+
+    folder.mkdir(parents=True)
+    for name, ((w, h), _) in PAGES.items():
+        if name == "p004.png":
+            Image.fromarray((np.arange(w * h).reshape(h, w) % 4001).astype(np.uint16)).save(folder / name)
+        else:
+            Image.new("RGB", (w, h), (250, 250, 250)).save(folder / name)
+    return folder
+
+
+def hub_vendor_dir(path: Path) -> Path:
+    """A vendor directory with every code file, whose config.json maps AutoModel to hub code."""
+    from harness.models.vendor import VENDOR_CODE_FILES
+
+    path.mkdir(parents=True)
+    for f in VENDOR_CODE_FILES:
+        (path / f).write_text("")
+    (path / "config.json").write_text(json.dumps({
+        "model_type": "deepseek_vl_v2",
+        "auto_map": {"AutoConfig": "configuration_deepseek_v2.DeepseekV2Config",
+                     "AutoModel": "someone/elsewhere--modeling_deepseekocr.DeepseekOCRForCausalLM"}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every faulty run started at once (3 at a time); id -> Future[Result]."""
+    tmp = tmp_path_factory.mktemp("faults")
+    pages = write_pages(tmp / "pages")
+    same = tmp / "runs" / "same"
+    jobs = {
+        # the first two run into the same directory name, started together
+        "pages-b1": ([*FAST, f"workload.images={pages}", f"hydra.run.dir={same / 'shared'}"], None),
+        "pages-b2": ([*FAST, f"workload.images={pages}", "workload.batch=2", f"hydra.run.dir={same / 'shared'}"],
+                     None),
+        "sigint-repeat": (FAST, "signal:SIGINT@case=1,repeat=0"),
+        "sigterm-warmup": ([*FAST, "measure.warmup=1"], "signal:SIGTERM@case=1,warmup=0"),
+        "sigterm-between": ([*FAST, TWO_CASES], "signal:SIGTERM@case=1,done"),
+        "sighup-report": (FAST, "signal:SIGHUP@report"),
+        "enospc-stages": ([*FAST, TWO_CASES], "enospc:stages.csv#2"),
+        "enospc-report": (FAST, "enospc:report.md"),
+        "hub-auto-map": (["model=vendor", f"model.path={hub_vendor_dir(tmp / 'vendor-hub')}", TINY_MODE], None),
+    }
+    pool = ThreadPoolExecutor(max_workers=3)
+    futures = {name: pool.submit(harness, same if name.startswith("pages") else tmp / "runs" / name, ov, fault)
+               for name, (ov, fault) in jobs.items()}
+    yield {name: fut for name, fut in futures.items()}
+    pool.shutdown(wait=True)
+
+
+def _manifest(d: Path) -> dict:
+    return json.loads((d / "manifest.json").read_text())
+
+
+def _stages(d: Path) -> pd.DataFrame:
+    return pd.read_csv(d / "stages.csv")
+
+
+def _no_tmp(d: Path) -> None:
+    assert not list(d.rglob("*.tmp")), sorted(p.name for p in d.iterdir())
+
+
+# ---------------------------------------------------------- simultaneous runs, folders of pages
+
+def test_two_runs_into_one_name_keep_both(runs):
+    b1, b2 = runs["pages-b1"].result(), runs["pages-b2"].result()
+    assert b1.rc == 0, b1.describe()
+    assert b2.rc == 0, b2.describe()
+    dirs = b1.dirs()
+    assert [d.name for d in dirs] == ["shared", "shared-2"]
+    by_cases = {}
+    for d in dirs:
+        man = _manifest(d)
+        assert man["status"] == "complete", man.get("error")
+        assert (d / ".hydra" / "config.yaml").is_file() and (d / "report.md").is_file()
+        names = [c["name"] for c in man["cases"]]
+        assert list(dict.fromkeys(_stages(d)["case"])) == names     # this run's cases only, in order
+        by_cases[tuple(names)] = d
+    assert set(by_cases) == {tuple(BATCH1), tuple(BATCH2)}
+    for res in (b1, b2):                                           # each says where it wrote
+        wrote = [ln for ln in res.stdout.splitlines() if ln.startswith("[harness] wrote ")]
+        assert len(wrote) == 1
+    assert {b1.stdout.split("[harness] wrote ")[1].split()[0], b2.stdout.split("[harness] wrote ")[1].split()[0]} \
+        == {str(d) for d in dirs}
+
+
+def test_page_folder_every_page_measured_in_batches_of_one_layout(runs):
+    runs["pages-b1"].result(), runs["pages-b2"].result()
+    root = runs["pages-b1"].result().root
+    for d in root.iterdir():
+        man = _manifest(d)
+        cases = {c["name"]: c for c in man["cases"]}
+        if "t-p005" in cases:                                       # batch 1: one case per page
+            assert {n: (c["batch"], c["grid"], c["pages"]) for n, c in cases.items()} == {
+                "t-2x3-p001": (1, "2x3", ["p001.png"]), "t-4x2-p002": (1, "4x2", ["p002.png"]),
+                "t-2x3-p003": (1, "2x3", ["p003.png"]), "t-4x2-p004": (1, "4x2", ["p004.png"]),
+                "t-p005": (1, None, ["p005.png"])}
+        else:                                                       # batch 2: pages grouped by grid
+            assert {n: (c["batch"], c["grid"], c["pages"]) for n, c in cases.items()} == {
+                "t-2x3-b2-p001+p003": (2, "2x3", ["p001.png", "p003.png"]),
+                "t-4x2-b2-p002+p004": (2, "4x2", ["p002.png", "p004.png"]),
+                "t-b2-p005": (2, None, ["p005.png", "p005.png"])}
+            assert "t-b2-p005: the last 1 page(s) of this tile grid fill a batch of 2 by repeating" in man["warnings"]
+        assert "p004.png: I;16 pixels (values 0..4000) scaled linearly to 8 bits" in man["warnings"]
+        st = _stages(d)
+        req = st[(st["stage"] == "request") & (st["repeat"].astype(str) == "0")]
+        assert sorted(req["case"]) == sorted(cases) and (req["batch"].astype(int) == [cases[c]["batch"]
+                                                                                     for c in req["case"]]).all()
+
+
+# ----------------------------------------------------------------------------------- signals
+
+def _interrupted(res: Result, signame: str, code: int, where: str, kept: int) -> Path:
+    assert res.rc == code, res.describe()
+    d = res.only_dir()
+    assert d.name.endswith("-default-interrupted"), d
+    assert res.line() == (f"interrupted: {signame} during {where}; {kept} finished case(s) kept in {d}")
+    man = _manifest(d)
+    assert man["status"] == "interrupted" and man["finished"]
+    assert man["error"] == f"interrupted by {signame} during {where}"
+    assert (d / "INTERRUPTED").read_text() == man["error"] + "\n"
+    assert len(man["cases"]) == kept
+    md = (d / "report.md").read_text()
+    assert "Status **interrupted**" in md and f"Partial: the run interrupted after {kept} finished case(s)" in md
+    _no_tmp(d)
+    return d
+
+
+def test_sigint_during_a_timed_repeat(runs):
+    d = _interrupted(runs["sigint-repeat"].result(), "SIGINT", 130, "case t-2x3 (1 of 1), repeat=0", 0)
+    assert not (d / "stages.csv").exists()
+    assert _manifest(d)["stopped_at"] == {"phase": "case", "case": "t-2x3", "case_index": 1, "cases": 1,
+                                          "request": "repeat=0"}
+
+
+def test_sigterm_during_a_warmup(runs):
+    d = _interrupted(runs["sigterm-warmup"].result(), "SIGTERM", 143, "case t-2x3 (1 of 1), warmup=0", 0)
+    assert not (d / "stages.csv").exists()
+
+
+def test_sigterm_between_cases_keeps_the_first(runs):
+    d = _interrupted(runs["sigterm-between"].result(), "SIGTERM", 143,
+                     "case a (1 of 2), after its results were written", 1)
+    assert [c["name"] for c in _manifest(d)["cases"]] == ["a"]
+    assert set(_stages(d)["case"]) == {"a"} and set(pd.read_csv(d / "routing.csv")["case"]) == {"a"}
+    assert "| a |" in (d / "report.md").read_text()
+
+
+def test_sighup_during_the_report_keeps_everything(runs):
+    d = _interrupted(runs["sighup-report"].result(), "SIGHUP", 129, "the final report", 1)
+    assert set(_stages(d)["case"]) == {"t-2x3"}
+    for f in ("analytic.csv", "roofline.csv", "roofline.png", "routing.csv"):
+        assert (d / f).is_file(), f
+
+
+# --------------------------------------------------------------------------------- full disk
+
+def test_full_disk_while_writing_the_second_case(runs):
+    res = runs["enospc-stages"].result()
+    assert res.rc == 1, res.describe()
+    d = res.only_dir()
+    assert d.name.endswith("-default-failed") and (d / "FAILED").is_file()
+    error = "cannot write stages.csv (No space left on device) during case b (2 of 2), while writing its results"
+    assert res.line() == (f"error: {error}; fix: free space on that disk or point run.root at another one, then "
+                          f"run again (1 finished case(s) kept in {d})")
+    man = _manifest(d)
+    assert man["status"] == "failed" and man["error"] == error and "traceback" in man
+    assert [c["name"] for c in man["cases"]] == ["a"] and set(_stages(d)["case"]) == {"a"}
+    assert "Status **failed**" in (d / "report.md").read_text()
+    _no_tmp(d)
+
+
+def test_full_disk_while_writing_the_report(runs):
+    res = runs["enospc-report"].result()
+    assert res.rc == 1, res.describe()
+    d = res.only_dir()
+    assert d.name.endswith("-default-failed") and (d / "FAILED").is_file()
+    man = _manifest(d)
+    assert man["status"] == "failed"
+    assert man["error"] == "cannot write report.md (No space left on device) during the final report"
+    assert man["report_error"].startswith("OSError: [Errno 28] No space left on device")
+    line = res.line()
+    assert line.startswith(f"error: {man['error']}; fix: free space") and "report.md not rewritten" in line
+    assert not (d / "report.md").exists() and set(_stages(d)["case"]) == {"t-2x3"}
+    _no_tmp(d)
+
+
+# -------------------------------------------------------------------------------- hub code
+
+def test_hub_auto_map_is_refused_before_anything_runs(runs):
+    res = runs["hub-auto-map"].result()
+    assert res.rc == 2, res.describe()
+    line = res.line()
+    assert line.startswith("error: ") and "config.json has an auto_map that points at code on the Hugging Face " \
+        "hub (AutoModel: someone/elsewhere--modeling_deepseekocr.DeepseekOCRForCausalLM)" in line, line
+    assert "; fix: put that repository's *.py files in the model directory" in line
+    d = res.only_dir()
+    assert d.name.endswith("-failed") and _manifest(d)["model"] is None
+
+
+# ----------------------------------------------------------------------------------- compare
+
+def _compare(capsys, *args) -> tuple:
+    from harness.cli import main
+
+    try:
+        rc = main(["compare", *map(str, args)])
+    except SystemExit as exc:
+        rc = exc.code
+    out = capsys.readouterr()
+    return rc, out.out, [ln for ln in out.err.splitlines() if ln.strip()]
+
+
+def test_compare_refuses_garbage(runs, tmp_path, capsys):
+    good = runs["sighup-report"].result().only_dir()
+    garbage = tmp_path / "garbage"
+    shutil.copytree(good, garbage)
+    (garbage / "stages.csv").write_text("hello,world\n1,2\n")
+    rc, _, err = _compare(capsys, good, garbage)
+    assert rc == 2 and err == [f"error: {garbage / 'stages.csv'} lacks the column(s) case, stage, repeat, call, "
+                               "gpu_ms or host_ms a run writes; fix: compare run directories written by "
+                               "`python -m harness run`"]
+    (garbage / "stages.csv").write_bytes(b"\xff\xfe\x00garbage\x00" * 50)
+    rc, _, err = _compare(capsys, good, garbage)
+    assert rc == 2 and len(err) == 1 and "unreadable manifest.json or stages.csv" in err[0]
+    (garbage / "manifest.json").unlink()
+    rc, _, err = _compare(capsys, garbage, good)
+    assert rc == 2 and err == [f"error: {garbage} has no manifest.json, so it is not a run directory; fix: compare "
+                               "run directories written by `python -m harness run`"]
+
+
+def test_compare_flags_failed_and_empty_runs(runs, tmp_path, capsys):
+    failed = runs["enospc-stages"].result().only_dir()
+    good = runs["sighup-report"].result().only_dir()
+    empty = tmp_path / "empty"
+    shutil.copytree(good, empty)
+    (empty / "stages.csv").write_text("")
+    rc, out, err = _compare(capsys, failed, empty, "--out", tmp_path / "cmp")
+    assert rc == 0 and err == []
+    fail_note = (f"A ({failed.name}) is failed: cannot write stages.csv (No space left on device) during case b "
+                 "(2 of 2), while writing its results; only its finished cases are compared")
+    empty_note = (f"B (empty) is interrupted: interrupted by SIGHUP during the final report; only its finished cases "
+                  "are compared")
+    for note in (fail_note, empty_note, "B (empty) measured nothing (stages.csv is empty)"):
+        assert f"- {note}" in out and f"- {note}" in (tmp_path / "cmp" / "compare.md").read_text()
