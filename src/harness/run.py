@@ -3,8 +3,8 @@
 Steps: resolve device and dtype -> validate every case's pages and layout (before the model is
 built, so bad input fails fast) -> build the model -> for each case: measure (warm-up, timed
 repeats, optional profiled request), compute its analytic frame with the measured routing ->
-append to stages.csv / kernels.csv / routing.csv, update manifest.json and report.md. Cases are
-written as they finish; an interruption keeps what was measured. The measured tables also stay in
+append to stages.csv / kernels.csv / routing.csv / steps.csv, update manifest.json and report.md.
+Cases are written as they finish; an interruption keeps what was measured. The measured tables also stay in
 memory (``RunData``), so the report never reads back what the run just wrote.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from .config import HarnessConfig, to_dict
 from .measure import host
 from .measure.nvtx_ranges import NvtxRanges
 from .measure.runner import measure_case
+from .measure.summarize import STEP_COLUMNS
 from .models import attn_probe
 from .report.progress import RunProgress
 from .report.report import write_report
@@ -59,7 +60,7 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
             rd.warn(tok_reason)
         progress(f"[harness] device {device} dtype {dtype}; {len(cases)} case(s): {', '.join(c.name for c in cases)}")
         attn_probe.reset()
-        model, info = load_adapter(cfg.model, device, dtype, cfg.seed)
+        model, info = load_adapter(cfg.model, device, dtype, cfg.seed, workdir=rd.path / "vendor_infer")
         progress(f"[harness] model {info.get('adapter')} built in {info['build_s']:.1f} s")
         rd.update(model=info)
         mcfg = cfg.measure.resolved(cuda)
@@ -73,7 +74,7 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
         if not nv.available:
             rd.warn(nv.reason)
         data = RunData(rd.path, rd.manifest, analytic=pd.DataFrame())
-        stages, kernels, routing = [], [], []
+        stages, kernels, routing, steps = [], [], [], []
         for i, inputs in enumerate(cases):
             case = inputs.case
             progress(f"[harness] case {i + 1}/{len(cases)} {case.name}: {case.to_dict()}")
@@ -82,8 +83,9 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
             def make(r, inputs=inputs):
                 return inputs.request_for(r).to(device, dtype)
 
-            warm = {}
-            st, kt, counts = measure_case(model, make, mcfg, ident, cuda, progress=progress, info=warm)
+            warm, case_steps = {}, []
+            st, kt, counts = measure_case(model, make, mcfg, ident, cuda, progress=progress, info=warm,
+                                          steps=case_steps)
             if warm.get("steady") is False:
                 msg = (f"{case.name}: the last 3 of {len(warm['warmup_ms'])} untimed requests still differ by more "
                        f"than {mcfg.steady_pct}% (host or GPU still settling)")
@@ -100,6 +102,10 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
             if routing:
                 data.routing = pd.DataFrame(routing)
                 rd.write_csv("routing.csv", data.routing)
+            if case_steps:
+                steps.append(pd.DataFrame(case_steps, columns=STEP_COLUMNS))
+                data.steps = pd.concat(steps, ignore_index=True)
+                rd.append_csv("steps.csv", steps[-1])
             frame, mbu, notes = analytic_for_case(case, model.cfg, dtype_name, counts if any(
                 a.sum() for a in counts.values()) else None)
             data.analytic = pd.concat([data.analytic, frame], ignore_index=True)
@@ -108,7 +114,8 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
             rd.manifest["cases"].append({**case.to_dict(), "pages": [p.name for p in inputs.pages],
                                          "warmup_ms": [round(t, 3) for t in warm.get("warmup_ms", [])],
                                          "warmup_steady": warm.get("steady")})
-            rd.update(attention={k: list(v) for k, v in attn_probe.SEEN.items()})
+            rd.update(attention={k: list(v) for k, v in attn_probe.SEEN.items()},
+                      model={**info, **getattr(model, "info", {})})   # what the model learnt while running
             if i + 1 < len(cases):  # report.md so far (no plot); the final write follows the last case
                 write_report(rd, data, plot=False)
         rd.update(host_steadiness={**rd.manifest["host_steadiness"], "after": host.probe(cuda)})
