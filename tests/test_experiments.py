@@ -7,6 +7,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from harness.config import ModelConfig, from_dict, to_config
+from harness.errors import HarnessError
 from harness.setup import prepare_cases
 from harness.workload import get_mode, image_token_count, select_grid, tile_grid_for
 
@@ -57,7 +58,7 @@ def test_batch_and_decode_len_values():
     assert [c.request.batch for c in cases] == [1, 2, 4, 8]
     assert [c.name for c in cases] == ["base", "base-b2", "base-b4", "base-b8"]
     _, cases = _cases("decode_len")
-    assert [c.request.decode_tokens for c in cases] == [32, 128, 512]
+    assert [c.request.decode_tokens for c in cases] == [128, 512, 1024, 2048]
     assert all(c.request.mode.name == "base" for c in cases)
 
 
@@ -68,3 +69,19 @@ def test_attention_is_a_hydra_sweep():
     for v in values:   # every swept value composes into a valid model config
         c = _compose(["+experiment=attention", f"model.attn_implementation={v}"])
         assert from_dict(ModelConfig, OmegaConf.to_container(c.model, resolve=True)).attn_implementation == v
+
+
+def test_long_decode_and_vendor_paths():
+    _, cases = _cases("decode_len_long")
+    assert [(c.name, c.request.decode_tokens) for c in cases] == [("base-d8192", 8192)]
+    _, cases = _cases("vendor_paths")
+    assert [(c.name, c.request.decode_tokens, c.request.mode.name) for c in cases] == [
+        ("base-d128", 128, "base"), ("base-d2048", 2048, "base")]
+    cfg = _compose(["+experiment=vendor_paths", "model=vendor"], hydra_cfg=True)
+    values = str(cfg.hydra.sweeper.params["model.vendor_loop"]).split(",")
+    assert values == ["ours", "hf_generate"]
+    for v in values:   # the sweep is valid for the vendor model, refused for the reference
+        assert to_config(_compose(["+experiment=vendor_paths", "model=vendor", f"model.vendor_loop={v}"])) \
+            .model.vendor_loop == v
+    with pytest.raises(HarnessError, match="model=vendor only"):
+        to_config(_compose(["+experiment=vendor_paths", "model.vendor_loop=hf_generate"]))

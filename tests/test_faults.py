@@ -321,7 +321,7 @@ def test_compare_flags_failed_and_empty_runs(runs, tmp_path, capsys):
     assert rc == 0 and err == []
     fail_note = (f"A ({failed.name}) is failed: cannot write stages.csv (No space left on device) during case b "
                  "(2 of 2), while writing its results; only its finished cases are compared")
-    empty_note = (f"B (empty) is interrupted: interrupted by SIGHUP during the final report; only its finished cases "
+    empty_note = ("B (empty) is interrupted: interrupted by SIGHUP during the final report; only its finished cases "
                   "are compared")
     for note in (fail_note, empty_note, "B (empty) measured nothing (stages.csv is empty)"):
         assert f"- {note}" in out and f"- {note}" in (tmp_path / "cmp" / "compare.md").read_text()

@@ -159,6 +159,10 @@ class ModelConfig(ExecutionConfig):
     bos_token_id: int = 0
     eos_token_id: int = 1
     init_std: float = 0.02                 # std of the seeded random initialisation
+    # model=vendor only: who drives the decode loop (ours: the harness's greedy loop; hf_generate: the
+    # vendor's own HF generate with infer()'s arguments) and the entry point (infer: its infer() on the page file)
+    vendor_loop: str = _f("ours", choices=("ours", "hf_generate"))
+    vendor_entry: str = _f("generate", choices=("generate", "infer"))
     llm: LLMConfig = field(default_factory=LLMConfig)
     sam: SAMConfig = field(default_factory=SAMConfig)
     clip: CLIPConfig = field(default_factory=CLIPConfig)
@@ -484,7 +488,16 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
     if ps is not None and (len(ps) != 2 or min(ps) < 1):
         raise HarnessError(f"workload.page_size={list(ps)} is not [width, height] in pixels",
                            "write it as [1240, 1754]")
+    check_vendor_knobs(cfg.model)
     return cfg
+
+
+def check_vendor_knobs(m: ModelConfig) -> None:
+    """``vendor_loop`` / ``vendor_entry`` choose how the vendor code runs: refused for another model."""
+    if m.name != "vendor" and (m.vendor_loop != "ours" or m.vendor_entry != "generate"):
+        raise HarnessError(f"model.vendor_loop={m.vendor_loop} / model.vendor_entry={m.vendor_entry} apply to "
+                           f"model=vendor only (model.name={m.name})",
+                           "drop them, or run model=vendor model.path=DIR")
 
 
 register()   # at import, so any Hydra composition of conf/ (the CLI, tests, user code) finds the schema

@@ -3,7 +3,7 @@
 Steps: resolve device and dtype -> validate every case's pages and layout (before the model is
 built, so bad input fails fast) -> build the model -> for each case: measure (warm-up, timed
 repeats, optional profiled request), compute its analytic frame with the measured routing ->
-append to stages.csv / kernels.csv / routing.csv, update manifest.json and report.md. Cases are
+append to stages.csv / kernels.csv / routing.csv / steps.csv, update manifest.json and report.md. Cases are
 written as they finish, each one whole (a signal waits until its files are written); a signal or
 an error keeps what was measured and closes the run directory (``harness.stopping``). At the end
 the report files are written first and the manifest says ``complete`` last. The measured tables
@@ -23,6 +23,7 @@ from .interrupts import catch_signals
 from .measure import host
 from .measure.nvtx_ranges import NvtxRanges
 from .measure.runner import measure_case
+from .measure.summarize import STEP_COLUMNS
 from .models import attn_probe
 from .report.progress import RunProgress
 from .report.report import write_report
@@ -58,10 +59,10 @@ class CaseTables:
 
     def __init__(self, rd: RunDir, data: RunData):
         self.rd, self.data = rd, data
-        self.stages, self.kernels, self.routing = [], [], []
+        self.stages, self.kernels, self.routing, self.steps = [], [], [], []
 
     def add(self, inputs, warm: dict, stages: pd.DataFrame, kernels: pd.DataFrame, counts: dict,
-            analytic: tuple, execution: dict) -> None:
+            analytic: tuple, execution: dict, steps: list = ()) -> None:
         """One case: stages.csv (then the manifest's case entry), kernels.csv, routing.csv, then the
         manifest is saved. ``analytic`` = ``analytic_for_case``'s (frame, MBU bytes, notes);
         ``execution``: what the adapter ran (``configure``) with its set-up seconds."""
@@ -82,6 +83,11 @@ class CaseTables:
             rd.append_csv("kernels.csv", kernels)
             self.kernels.append(kernels)
             data.kernels = pd.concat(self.kernels, ignore_index=True)
+        if steps:
+            frame_steps = pd.DataFrame(list(steps), columns=STEP_COLUMNS)
+            rd.append_csv("steps.csv", frame_steps)
+            self.steps.append(frame_steps)
+            data.steps = pd.concat(self.steps, ignore_index=True)
         rows = routing_rows(case.name, counts)
         if rows:
             table = pd.DataFrame(self.routing + rows)
@@ -153,7 +159,7 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
                 rd.warn(note)
         progress(f"[harness] device {device} dtype {dtype}; {len(cases)} case(s): {', '.join(c.name for c in cases)}")
         attn_probe.reset()
-        model, info = load_adapter(cfg.model, device, dtype, cfg.seed)
+        model, info = load_adapter(cfg.model, device, dtype, cfg.seed, workdir=rd.path / "vendor_infer")
         progress(f"[harness] model {info.get('adapter')} built in {info['build_s']:.1f} s")
         rd.update(model=info)
         mcfg = cfg.measure.resolved(cuda)
@@ -181,8 +187,9 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
             def at(request, i=i, name=case.name):
                 where.at("case", name, i + 1, request)
 
-            warm = {}
-            st, kt, counts = measure_case(model, make, mcfg, ident, cuda, progress=progress, info=warm, at=at)
+            warm, case_steps = {}, []
+            st, kt, counts = measure_case(model, make, mcfg, ident, cuda, progress=progress, info=warm, at=at,
+                                          steps=case_steps)
             at("writing")
             ran = dataclasses.replace(inputs.model, moe_kernel=execution.get("moe_kernel_resolved")
                                       or inputs.model.moe_kernel)
@@ -194,7 +201,8 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
                 rd.warn(msg)
                 progress(f"[harness] {msg}")
             with signals.deferred():   # a case is written whole: a signal waits for the end of the block
-                tables.add(inputs, warm, st, kt, counts, analytic, {**execution, **_setup_of(model)})
+                tables.add(inputs, warm, st, kt, counts, analytic, {**execution, **_setup_of(model)}, case_steps)
+                rd.update(model={**info, **getattr(model, "info", {})})   # what the model learnt while running
                 if i + 1 < len(cases):  # report.md so far (no plot); the final write follows the last case
                     write_report(rd, data, plot=False)
                 where.request = "done"

@@ -77,7 +77,8 @@ class RunData:
     """What one run measured: its manifest and tables (empty frames where nothing was written).
 
     ``stages`` (``harness.measure.summarize.STAGE_COLUMNS``), ``kernels`` (``KERNEL_COLUMNS`` +
-    ``case``), ``routing`` (case, phase, layer, e0..eN); ``analytic`` the analytic frames of its cases
+    ``case``), ``routing`` (case, phase, layer, e0..eN), ``steps`` (``STEP_COLUMNS``: every decode
+    step of the timed repeats); ``analytic`` the analytic frames of its cases
     (``harness.analytic`` COLUMNS + ``routing``) and ``mbu_bytes`` {case: decode bytes that must
     move}, filled by the run as each case finishes, None when the run directory was read back
     (the report then derives them); ``notes`` for the report's caveats.
@@ -91,17 +92,18 @@ class RunData:
     analytic: Optional[pd.DataFrame] = None
     mbu_bytes: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    steps: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def load_run(path) -> RunData:
-    """A finished (or interrupted) run directory read back: manifest.json and the three CSVs."""
+    """A finished (or interrupted) run directory read back: manifest.json and the four CSVs."""
     path = Path(path)
     mpath = path / "manifest.json"
     manifest = json.loads(mpath.read_text()) if mpath.is_file() else {}
     manifest.setdefault("warnings", [])
     manifest.setdefault("cases", [])
     return RunData(path, manifest, read_table(path / "stages.csv"), read_table(path / "kernels.csv"),
-                   read_table(path / "routing.csv"))
+                   read_table(path / "routing.csv"), steps=read_table(path / "steps.csv"))
 
 
 def claim(path) -> Path:

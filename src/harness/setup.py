@@ -184,15 +184,16 @@ def prepare_cases(cfg: HarnessConfig) -> tuple:
 
 # ------------------------------------------------------------------------------------ model
 
-def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int) -> tuple:
+def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int, workdir=None) -> tuple:
     """(adapter, info): the model named by ``mcfg.name`` ready on ``device``. ``info`` says what was
-    loaded (adapter, weights, build seconds, the attention implementation asked for)."""
+    loaded (adapter, weights, build seconds, the attention implementation asked for). ``workdir``:
+    where the vendor's ``infer()`` may write (``model.vendor_entry=infer``; default a temporary directory)."""
     t0 = time.perf_counter()
     if mcfg.name == "vendor":
-        from .models.vendor import load_vendor
+        from .models import vendor_loops
 
-        model = load_vendor(mcfg.path, device=device, dtype=dtype, attn_implementation=mcfg.attn_implementation,
-                            seed=seed)
+        model = vendor_loops.load(mcfg.path, device=device, dtype=dtype, attn_implementation=mcfg.attn_implementation,
+                                  seed=seed, loop=mcfg.vendor_loop, entry=mcfg.vendor_entry, workdir=workdir)
         info = {"adapter": "vendor", **getattr(model, "info", {})}
     else:
         from .models.build import build_model, check_checkpoint, load_weights

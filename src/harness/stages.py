@@ -13,6 +13,11 @@ VISION_STAGES = ("sam", "clip", "projector")
 REQUEST, DECODE_STEP = "request", "decode_step"
 #: ranges that hold work directly (a FLOP counter attributes to these; ``decode_step`` stands for decode)
 LEAF_RANGES = VISION_STAGES + ("prefill", DECODE_STEP)
+#: host preprocessing inside ``request`` before the first forward, where the model does its own (the
+#: vendor's ``infer()``): recorded as its own row, outside STAGES (so not in the stage sum or the roofline)
+PREPROCESS = "preprocess"
+#: every range summarised as a row of its own: the five stages, then ``preprocess``
+RECORDED_STAGES = STAGES + (PREPROCESS,)
 
 STAGE_PREFIXES = {
     "sam": ("model.sam_model",),

@@ -613,6 +613,9 @@ class Request:
     tiles: torch.Tensor | None              # [B*cols*rows, 3, T, T] float32, batch-major
     pages: list[str]
     image_start: int = BOS_TOKENS           # position of the first image placeholder (a contiguous block)
+    #: what it was built from, for a model that preprocesses pages itself (the vendor's infer())
+    source_pages: list = dataclasses.field(default_factory=list, repr=False)   # [Page]
+    prompt: str = ""
 
     @property
     def mode(self) -> CropMode:
@@ -737,31 +740,39 @@ def build_request(pages: list[Page], mode, decode_tokens: int = 128,
     case = Case(mode, first.grid, batch, len(before) + len(after), decode_tokens, name)
     assert case.image_tokens == first.image_tokens and case.prefill_tokens == len(ids)
     return Request(case=case, input_ids=input_ids, images_seq_mask=seq_mask, global_views=views, tiles=tiles,
-                   pages=[p.name for p in pages], image_start=BOS_TOKENS + len(before))
+                   pages=[p.name for p in pages], image_start=BOS_TOKENS + len(before), source_pages=list(pages),
+                   prompt=prompt)
 
 
 def load_tokenizer(path: str | os.PathLike | None, text_tokens: int = 12):
     """(tokenizer or None, reason). Loads only local files (``harness.hub``: offline, and a
     tokenizer or config whose ``auto_map`` names hub code is a HarnessError); never raises for a
     missing one."""
-    fallback = f"prompt uses {text_tokens} fixed text tokens"
+    tok, reason = tokenizer_or_reason(path)
+    if tok is None:
+        return None, f"{reason}: prompt uses {text_tokens} fixed text tokens"
+    return tok, reason
+
+
+def tokenizer_or_reason(path: str | os.PathLike | None):
+    """(tokenizer, "tokenizer from DIR") or (None, why there is none), from local files only."""
     if path is None:
-        return None, f"no tokenizer path given: {fallback}"
+        return None, "no tokenizer path given"
     root = Path(path).expanduser()
     if not any((root / f).is_file() for f in ("tokenizer.json", "tokenizer.model")):
-        return None, f"no tokenizer files in {root}: {fallback}"
+        return None, f"no tokenizer files in {root}"
     refuse_hub_code(root)
     with hub_offline():
         try:
             from transformers import AutoTokenizer
         except Exception as exc:  # not installed, or a broken install
-            return None, f"transformers unavailable ({type(exc).__name__}): {fallback}"
+            return None, f"transformers unavailable ({type(exc).__name__})"
         try:
             tok = AutoTokenizer.from_pretrained(str(root), trust_remote_code=True,
                                                 local_files_only=True)
         except Exception as exc:
-            msg = str(exc).splitlines()[0] if str(exc) else ""
-            return None, f"tokenizer in {root} failed to load ({type(exc).__name__}: {msg}): {fallback}"
+            msg = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+            return None, f"tokenizer in {root} failed to load ({type(exc).__name__}: {msg})"
     return tok, f"tokenizer from {root}"
 
 
@@ -775,5 +786,6 @@ __all__ = [
     "Case", "as_case", "parse_grid", "grid_text", "default_grid",
     "CropMode", "get_mode", "queries_per_side", "select_grid", "tile_grid_for",
     "image_token_count", "PreparedImage", "to_tensor", "preprocess", "Page", "SYNTHETIC_SIZES",
-    "synthetic_page", "load_pages", "to_8bit", "batch_pages", "Request", "build_request", "load_tokenizer", "describe",
+    "synthetic_page", "load_pages", "to_8bit", "batch_pages", "Request", "build_request", "load_tokenizer",
+    "tokenizer_or_reason", "describe",
 ]

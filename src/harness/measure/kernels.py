@@ -123,7 +123,7 @@ class _Spans:
 
     def lookup(self, t_ns: int):
         """(range, stage, call, step) for a host time, or Nones when outside every range."""
-        from ..stages import STAGES
+        from ..stages import RECORDED_STAGES
 
         i = bisect.bisect_right(self.starts, t_ns) - 1
         inner = stage = call = step = None
@@ -134,7 +134,7 @@ class _Spans:
                     inner = name
                 if name == "decode_step" and step is None:
                     step = int(st)
-                if name in STAGES:
+                if name in RECORDED_STAGES:
                     stage = name
                     call = None if pd.isna(c) else int(c)
                     break

@@ -25,7 +25,7 @@ from ..config import MeasureConfig
 from ..models.generate import generate
 from .kernels import KERNEL_COLUMNS, KernelCapture, kernel_table
 from .recorder import StageRecorder
-from .summarize import STAGE_COLUMNS, aggregate, stage_rows
+from .summarize import STAGE_COLUMNS, aggregate, stage_rows, step_rows
 from .syncs import SyncCounter
 
 log = logging.getLogger("harness.measure")
@@ -132,13 +132,14 @@ def warm_up(model, make_request: Callable[[int], object], mcfg: MeasureConfig, c
 
 def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConfig, case: dict,
                  cuda: bool, progress: Callable[[str], None] | None = None, info: dict | None = None,
-                 at: Callable[[str], None] = lambda request: None):
+                 at: Callable[[str], None] = lambda request: None, steps: list | None = None):
     """Run one case. Returns (stages DataFrame [STAGE_COLUMNS], kernels DataFrame, routing dict).
 
     ``make_request(i)`` builds request ``i`` on the model's device (i < 0 for warm-ups).
     ``case`` holds the identifying columns: case, mode, grid, batch. ``info``, if given, receives
     the warm-up record of ``warm_up``. ``at(request)`` is called before each request with its
-    label: ``warmup=I``, ``repeat=R`` (stages.csv's repeat), ``repeat=profiled``.
+    label: ``warmup=I``, ``repeat=R`` (stages.csv's repeat), ``repeat=profiled``. ``steps``, if
+    given, receives one row per decode step of every timed repeat (``STEP_COLUMNS``).
     """
     say = progress or (lambda msg: log.info(msg))
     mcfg = mcfg.resolved(cuda)
@@ -161,6 +162,9 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
             row.update(case, repeat=r, weight_bytes=wbytes if row["stage"] == "request" else None,
                        kv_cache_bytes=res.kv_cache_bytes if row["stage"] == "request" else None, note=note)
             rows.append(row)
+        if steps is not None:
+            prompt = res.prompt_tokens or req.prefill_tokens   # the vendor's infer() builds its own prompt
+            steps += [{"case": case["case"], "repeat": r, **row} for row in step_rows(ranges, prompt)]
         routing = res.routing
         req_row = rows[-1]
         say(f"{case['case']}: repeat {r + 1}/{mcfg.repeats} request {req_row['e2e_ms']:.1f} ms "

@@ -3,13 +3,16 @@
 Units: ms for times, bytes for memory, tokens/s for throughput. ``gpu_ms`` comes from CUDA
 events on the stream; ``host_ms`` from the host clock; ``busy_ms`` is the union of the stage's
 kernel intervals; ``idle_ms`` = ``gpu_ms`` - ``busy_ms`` (launch/host-bound signal).
+A ``preprocess`` range (the vendor's ``infer()`` preprocessing) gets a row of its own; it is in the
+request but not in ``stage_sum_ms`` (the five stages). ``step_rows`` keeps every decode step
+(``STEP_COLUMNS``: TPOT against the KV length).
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from ..stages import STAGES
+from ..stages import DECODE_STEP, RECORDED_STAGES, STAGES
 
 STAGE_COLUMNS = [
     "case", "mode", "grid", "batch", "repeat", "stage", "call", "calls", "timer",
@@ -19,6 +22,8 @@ STAGE_COLUMNS = [
     "host_syncs", "syncs_per_step",
 ]
 NUMERIC = [c for c in STAGE_COLUMNS if c.endswith(("_ms", "_bytes", "_s", "kernels", "_step", "_fraction"))]
+#: steps.csv: one row per decode step of a timed repeat; kv_len = positions its attention reads
+STEP_COLUMNS = ["case", "repeat", "step", "kv_len", "gpu_ms", "host_ms"]
 
 
 def busy_ms(kern: pd.DataFrame | None) -> float:
@@ -49,7 +54,7 @@ def stage_rows(ranges: pd.DataFrame, kernels: pd.DataFrame | None, batch: int) -
     rows = []
     have_k = kernels is not None and len(kernels) > 0
     n_steps = int((ranges["range"] == "decode_step").sum())
-    for st in STAGES:
+    for st in RECORDED_STAGES:
         r = ranges[ranges["range"] == st]
         if not len(r):
             continue
@@ -99,6 +104,16 @@ def stage_rows(ranges: pd.DataFrame, kernels: pd.DataFrame | None, batch: int) -
             row["attributed_fraction"] = float(1 - un["dur_ms"].sum() / total) if total else None
         rows.append(row)
     return rows
+
+
+def step_rows(ranges: pd.DataFrame, prefill_tokens: int) -> list[dict]:
+    """One row per ``decode_step`` range of a request: ``step``, ``kv_len`` = ``prefill_tokens`` +
+    step + 1 (the positions the step's attention reads: the prompt, the first token and one per
+    earlier step), ``gpu_ms`` (CUDA events, None without) and ``host_ms``."""
+    steps = ranges[ranges["range"] == DECODE_STEP]
+    return [{"step": int(r.step), "kv_len": int(prefill_tokens) + int(r.step) + 1,
+             "gpu_ms": None if pd.isna(r.gpu_ms) else float(r.gpu_ms), "host_ms": float(r.host_ms)}
+            for r in steps.itertuples(index=False)]
 
 
 def aggregate(df: pd.DataFrame, repeats_label: str = "repeat") -> pd.DataFrame:

@@ -9,12 +9,19 @@ timed loop) and ``next_token`` (one step, nothing in it makes the host wait).
 Stage ranges enter a model only through ``stage(name, **payload)`` context managers (a
 ``harness.measure.StageRecorder``, a FLOP counter, ``no_stage``): ``first_token`` opens the vision
 stages and ``prefill``; the loop opens ``request``, ``decode`` and ``decode_step``.
+
+An adapter whose decode loop is not ours (the vendor's own Hugging Face ``generate``,
+``harness.models.vendor_generate``) offers ``generate_own``: ``generate`` hands it the request
+(``own_loop``). It must open the same ranges: ``request`` around everything (with, where the
+model preprocesses the page itself, a ``preprocess`` range first), the vision stages and
+``prefill`` for the first forward and the first token, one ``decode_step`` per later token inside
+one ``decode``; and return the same ``GenerationResult``.
 """
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Protocol
+from typing import Callable, ContextManager, Optional, Protocol
 
 import torch
 
@@ -42,12 +49,15 @@ class GenerationResult:
     ``routing[phase]`` is an int64 array [num_layers, n_routed_experts] (rows of dense layers
     are zero); ``phase`` is ``prefill`` or ``decode`` (summed over steps). ``kv_cache_bytes``:
     the cache's size at the end [B]; ``host_ms['request']``: host wall time of the request [ms].
+    ``prompt_tokens``: the prompt length that ran, where the model built its own prompt (the
+    vendor's ``infer()``); None: the request's.
     """
 
     tokens: torch.Tensor
     routing: dict = field(default_factory=dict)
     kv_cache_bytes: int = 0
     host_ms: dict = field(default_factory=dict)
+    prompt_tokens: Optional[int] = None
 
 
 class ModelAdapter(Protocol):
@@ -77,3 +87,14 @@ class ModelAdapter(Protocol):
 
     def next_token(self, token: torch.Tensor, cache, select: Select) -> torch.Tensor:
         """One single-token forward: token [B, 1] -> next token [B, 1]."""
+
+    # optional: ``generate_own`` = None (ours drives: running/first_token/next_token) or a callable
+    # (request, stage, max_new_tokens) -> GenerationResult that runs the whole request itself
+
+
+OwnLoop = Callable[[object, StageFn, int], GenerationResult]
+
+
+def own_loop(adapter) -> Optional[OwnLoop]:
+    """The adapter's own loop (``generate_own``), or None when the harness loop drives it."""
+    return getattr(adapter, "generate_own", None)

@@ -4,7 +4,8 @@
 the model's device) through a ``ModelAdapter``: the adapter's ``first_token`` (vision stages and
 prefill), then ``decode_tokens - 1`` calls of ``next_token`` (one ``decode_step`` range each).
 EOS is ignored: decoding always runs the fixed budget. Routing counts, the KV cache size and the
-request's host time come back in a ``GenerationResult``.
+request's host time come back in a ``GenerationResult``. An adapter that owns its loop
+(``generate_own``, ``harness.models.adapter.own_loop``) runs the request itself instead.
 """
 from __future__ import annotations
 
@@ -13,14 +14,22 @@ from typing import Optional
 
 import torch
 
-from .adapter import GenerationResult, ModelAdapter, StageFn, greedy, no_stage
+from .adapter import GenerationResult, ModelAdapter, StageFn, greedy, no_stage, own_loop
 
 
-@torch.inference_mode()
 def generate(adapter: ModelAdapter, request, stage: StageFn = no_stage,
              max_new_tokens: Optional[int] = None) -> GenerationResult:
     """Run one request end to end; ``max_new_tokens`` overrides ``request.decode_tokens``."""
     n_new = request.decode_tokens if max_new_tokens is None else max_new_tokens
+    own = own_loop(adapter)
+    if own is not None:  # outside inference_mode: the owner decides (HF generate runs under no_grad)
+        return own(request, stage, n_new)
+    return _loop(adapter, request, stage, n_new)
+
+
+@torch.inference_mode()
+def _loop(adapter: ModelAdapter, request, stage: StageFn, n_new: int) -> GenerationResult:
+    """The harness's greedy loop over ``first_token`` / ``next_token``."""
     counter = adapter.routing_counter()
     out = []
     with adapter.running(request, n_new, counter) as cache, stage("request"):

@@ -22,10 +22,15 @@ The vendor code supports ``eager`` and ``flash_attention_2`` only (its attention
 no sdpa). What ran is recorded in ``VendorOCR.info``: ``config._attn_implementation`` after the
 load and the class of ``layers[0].self_attn`` (``LlamaAttention`` / ``LlamaFlashAttention2``).
 
-``VendorOCR`` is a ``ModelAdapter``: ``harness.models.generate.generate`` runs the vendor's own
-forward in the harness's greedy loop (prefill with ``images=[(tiles or zeros, global view)]`` per
-batch element, then single-token forwards with a ``DynamicCache``, attention mask and position
-ids as HF ``generate`` passes them; EOS ignored, no ``no_repeat_ngram_size``). Stages come from forward hooks on ``model.sam_model``,
+``VendorOCR`` is a ``ModelAdapter``: by default (``model.vendor_loop=ours``)
+``harness.models.generate.generate`` runs the vendor's own forward in the harness's greedy loop
+(prefill with ``images=[(tiles or zeros, global view)]`` per batch element, then single-token
+forwards with a ``DynamicCache``, attention mask and position ids as HF ``generate`` passes them;
+EOS ignored, no ``no_repeat_ngram_size``). ``set_loop`` hands every request to the vendor's own
+loop instead (``generate_own``): its HF ``generate`` with ``infer()``'s arguments
+(``harness.models.vendor_generate``) or ``infer()`` itself (``harness.models.vendor_infer``),
+chosen by ``harness.models.vendor_loops``; what runs is ``info["loop"]``. Stages come from
+forward hooks on ``model.sam_model``,
 ``model.vision_model`` and ``model.projector`` (counted calls: Gundam runs each twice, batch
 elements run one after another) and from the loop itself. The vendor forward computes the token
 embedding before its vision encoders, so one request emits, in order::
@@ -72,6 +77,9 @@ VENDOR_CODE_FILES = ("config.json", "modeling_deepseekocr.py", "modeling_deepsee
 
 #: our attn_implementation name -> the vendor's (its ATTENTION_CLASSES has no sdpa)
 VENDOR_ATTN = {"eager": "eager", "flash_attention_2": "flash_attention_2"}
+#: ``info["loop"]`` of the harness loop
+OURS_LOOP = {"loop": "ours", "driver": "harness.models.generate: greedy argmax per forward, EOS ignored, "
+             "no logits processors (no no_repeat_ngram_size), no streamer"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -260,7 +268,8 @@ def load_vendor(path, device="cpu", dtype=torch.bfloat16, attn_implementation: s
     ``{"num_hidden_layers": 2}`` for a shrunken LLM; random weights only). ``autocast``: run the
     forwards under ``torch.autocast('cuda', bfloat16)`` as the vendor's ``infer()`` does; default
     on for CUDA with bf16 weights. ``quiet``: swallow the vendor forward's prints and, while
-    loading, transformers' expected warnings.
+    loading, transformers' expected warnings. The harness loop drives it (``info["loop"]``);
+    ``harness.models.vendor_loops`` loads it with the vendor's own loop or entry instead.
     """
     path = check_vendor_dir(path)
     vendor_attn = vendor_attn_name(attn_implementation)
@@ -420,7 +429,10 @@ class VendorOCR(nn.Module):
         self.quiet = quiet
         info = dict(info)
         info["autocast"] = "cuda bf16 (as the vendor infer())" if self.autocast else "off"
+        info["loop"] = dict(OURS_LOOP)
         self.info = info
+        #: None: the harness loop drives (``harness.models.adapter.own_loop``); else the vendor's own
+        self.generate_own = None
         self._moe = [(i, layer.mlp) for i, layer in enumerate(hf.model.layers)
                      if type(layer.mlp).__name__ == "DeepseekV2MoE" and hasattr(layer.mlp, "gate")]
         self.stage_calls: dict = {}
@@ -431,6 +443,12 @@ class VendorOCR(nn.Module):
     @property
     def attn_implementation(self) -> str:
         return self.hf.config._attn_implementation
+
+    def set_loop(self, driver) -> None:
+        """Let ``driver`` (request, stage, max_new_tokens) -> GenerationResult run every request
+        (``generate_own``); ``info["loop"]`` says what it runs (``driver.describe()``)."""
+        self.generate_own = driver
+        self.info["loop"] = driver.describe()
 
     # ----------------------------------------------------------------- helpers
     def new_cache(self) -> VendorCache:
@@ -546,9 +564,9 @@ class VendorOCR(nn.Module):
         return RoutingCounter(len(self.hf.model.layers), self.hf.config.n_routed_experts)
 
     @contextlib.contextmanager
-    def running(self, request, max_new_tokens: int, counter: RoutingCounter):
-        """A fresh ``DynamicCache``; each MoE gate's chosen experts go to ``counter`` on the device
-        (one scatter_add per layer, no sync) through forward hooks, removed on exit."""
+    def routing_hooks(self, counter: RoutingCounter):
+        """Each MoE gate's chosen experts go to ``counter`` on the device (one scatter_add per layer,
+        no sync) through forward hooks, removed on exit."""
         def make(layer):
             def hook(module, args, output):
                 counter.add_device(layer, output[0])
@@ -556,10 +574,16 @@ class VendorOCR(nn.Module):
 
         handles = [moe.gate.register_forward_hook(make(i)) for i, moe in self._moe]
         try:
-            yield self.new_cache()
+            yield
         finally:
             for h in handles:
                 h.remove()
+
+    @contextlib.contextmanager
+    def running(self, request, max_new_tokens: int, counter: RoutingCounter):
+        """A fresh ``DynamicCache``; routing counted through ``routing_hooks``."""
+        with self.routing_hooks(counter):
+            yield self.new_cache()
 
     def first_token(self, request, cache: VendorCache, stage: StageFn, select: Select) -> torch.Tensor:
         seg = _Segments(stage)

@@ -11,8 +11,9 @@ analytic costs of every measured case (``harness.analytic``), joins them
 * ``roofline.csv``: ``harness.roofline.join.ROOFLINE_COLUMNS``, ``level = stage`` rows (five
   stages + request per case) and ``level = op_family`` rows;
 * ``roofline.png``: log-log roofline, both ceilings, one point per case x stage;
-* ``report.md``: headline table per case, per-stage roofline table, op families, top kernels
-  per stage, ceilings, environment, caveats.
+* ``tpot_vs_position.png``: decode-step time against KV length (``harness.report.steps``);
+* ``report.md``: headline table per case, TPOT against position, per-stage roofline table, op
+  families, top kernels per stage, ceilings, environment, caveats.
 
 ``python -m harness run`` calls it after every case (the report grows with the run) and once at
 the end; it can be re-run on any finished run directory (``write_report(path)``). The manifest
@@ -34,7 +35,8 @@ from ..roofline.join import OP_GROUPS, _f, roofline_table
 from ..roofline.plot import plot_roofline
 from ..roofline.specs import Peaks, device_name_of, hardware_config, resolve_peaks
 from ..rundir import RunData, RunDir, load_run
-from ..stages import STAGES
+from ..stages import PREPROCESS, STAGES
+from . import steps
 
 log = logging.getLogger("harness.report")
 TOP_KERNELS = 5
@@ -101,6 +103,12 @@ def _write(rd: RunDir, run: RunData, hardware: Optional[dict], plot: bool) -> di
             raise
         except Exception as exc:  # noqa: BLE001 - a plotting failure must not lose the tables
             notes.append(f"roofline.png not written ({exc.__class__.__name__}: {exc})")
+        if len(run.steps):
+            try:
+                paths["steps_plot"] = steps.plot_tpot_vs_position(run.steps, rd.path / "tpot_vs_position.png",
+                                                                  f"TPOT against position: {title}")
+            except Exception as exc:  # noqa: BLE001
+                notes.append(f"tpot_vs_position.png not written ({exc.__class__.__name__}: {exc})")
     if plot and len(measured) and has_variants(run):
         try:
             ladder = execution_rows(run, table[table["level"] == "stage"] if len(table) else table, measured)
@@ -174,6 +182,7 @@ def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFra
     st = table[table["level"] == "stage"] if len(table) else table
     L += _headline(run, st, measured)
     L += _execution_table(run, st, measured)
+    L += steps.section(run.steps, _table, _n)
     L += _stage_table(st)
     L += _op_table(table)
     L += _top_kernels(run)
@@ -224,6 +233,11 @@ def _headline(run: RunData, st: pd.DataFrame, measured: pd.DataFrame) -> list:
                 ["---"] * 3 + ["---:"] * 14 + ["---"])
     L += ["", f"Stage times: {timer} clock ({'CUDA events' if timer == 'GPU' else 'host wall clock, no CUDA'}); "
           "tok/s = decode tokens per second over the decode stage (batch included).", ""]
+    pre = measured[measured["stage"] == PREPROCESS]
+    if len(pre):
+        L += ["Preprocess (the vendor's infer() preparing the page itself, before its first forward; in e2e and "
+              "TTFT, not in the stage columns): " + ", ".join(f"{r.case} {_n(r.time_ms)} ms" for r in pre.itertuples())
+              + ".", ""]
     return L
 
 
@@ -401,6 +415,7 @@ def _environment(man: dict) -> list:
         rows.append(["nvidia-smi", ", ".join(f"{k}={v}" for k, v in smi.items()) if isinstance(smi, dict) else str(smi)])
     rows += [["dtype", man.get("dtype", "-")],
              ["model", ", ".join(f"{k}={v}" for k, v in model.items() if not isinstance(v, (dict, list))) or "-"],
+             ["decode loop", ", ".join(f"{k}={v}" for k, v in (model.get("loop") or {}).items()) or "-"],
              ["attention kernels used", "; ".join(f"{k}: {', '.join(v)}" for k, v in (man.get("attention") or {}).items())
               or "-"],
              ["versions", ", ".join(f"{k} {v}" for k, v in ver.items() if v)],

@@ -1,0 +1,51 @@
+"""TPOT p50 over all decode steps, the first 128 and the last 128, for the cases of several run
+directories side by side (markdown), e.g. the vendor's two loops and the best execution variant:
+
+    python scripts/tpot_table.py runs/A runs/B runs/C
+
+Each row names its run by directory, model adapter, decode loop and any execution knobs of the
+manifest's model; times come from the run's steps.csv (``harness.report.steps.tpot_edges``).
+"""
+from __future__ import annotations
+
+import sys
+
+from harness.report.steps import WINDOW, step_time, tpot_edges
+from harness.rundir import load_run
+
+KNOBS = ("kv_cache", "moe_impl", "moe_kernel", "cuda_graphs", "compile", "attn_implementation")
+
+
+def label(manifest: dict) -> str:
+    """adapter, decode loop and the execution knobs that differ from the vendor's defaults."""
+    model = manifest.get("model") or {}
+    cfg = (manifest.get("config") or {}).get("model") or {}
+    loop = (model.get("loop") or {}).get("loop", "ours")
+    knobs = [f"{k}={cfg[k]}" for k in KNOBS if k in cfg and cfg[k] not in (None, False, "growing", "vendor_loop",
+                                                                            "none", "auto")]
+    return ", ".join([str(model.get("adapter", cfg.get("name", "?"))), f"loop {loop}"] + knobs)
+
+
+def main(paths: list) -> int:
+    if not paths:
+        print(__doc__)
+        return 2
+    print(f"| run | model | case | steps | TPOT p50 ms | first {WINDOW} p50 ms | last {WINDOW} p50 ms | last / first "
+          "| timer |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---|")
+    for path in paths:
+        run = load_run(path)
+        if not len(run.steps):
+            print(f"| {run.path.name} | {label(run.manifest)} | (no steps.csv) | | | | | | |")
+            continue
+        timer = step_time(run.steps)[1]
+        for r in tpot_edges(run.steps).itertuples():
+            print(f"| {run.path.name} | {label(run.manifest)} | {r.case} | {r.steps} | {r.tpot_p50_ms:.3f} | "
+                  f"{r.first_p50_ms:.3f} | {r.last_p50_ms:.3f} | {r.last_over_first:.3f} | {timer} |")
+    device = (load_run(paths[0]).manifest.get("device") or {}).get("name")
+    print(f"\ndevice: {device or 'no CUDA device'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,72 @@
+"""Which loop drives the vendor model: ``model.vendor_loop`` and ``model.vendor_entry``.
+
+``load(path, ..., loop, entry, workdir)`` is ``load_vendor`` with the driver the config names:
+
+* ``loop=ours`` (default): the harness's greedy loop (``harness.models.generate``);
+* ``loop=hf_generate``: the vendor's own HF ``generate`` with ``infer()``'s arguments
+  (``vendor_generate.HFGenerate``);
+* ``entry=infer``: the vendor's ``infer()`` on the page file (``vendor_infer.InferEntry``; it calls
+  the vendor's ``generate`` itself, whatever ``loop`` says). It needs the snapshot's tokenizer and
+  torchvision (its preprocessing); both are checked before the model is built, with one-line errors.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import HarnessError
+from .vendor import check_vendor_dir, load_vendor
+from .vendor_compat import ensure_torchvision, require_transformers
+
+VENDOR_LOOPS = ("ours", "hf_generate")
+VENDOR_ENTRIES = ("generate", "infer")
+
+
+def load(path, device="cpu", dtype=torch.bfloat16, attn_implementation: str = "eager", seed: int = 0,
+         loop: str = "ours", entry: str = "generate", workdir=None, **kwargs):
+    """The vendor model (``load_vendor(path, ..., **kwargs)``) driven by ``loop`` / ``entry``;
+    ``workdir``: where ``infer()`` may write (default a new temporary directory)."""
+    if loop not in VENDOR_LOOPS or entry not in VENDOR_ENTRIES:
+        raise HarnessError(f"vendor loop={loop!r} / entry={entry!r} is not one of {VENDOR_LOOPS} / {VENDOR_ENTRIES}",
+                           "use model.vendor_loop=ours|hf_generate and model.vendor_entry=generate|infer")
+    tokenizer = infer_prerequisites(path) if entry == "infer" else None   # before the (slow) build
+    ocr = load_vendor(path, device, dtype, attn_implementation, seed, **kwargs)
+    if entry == "infer":
+        from .vendor_infer import InferEntry
+
+        ocr.set_loop(InferEntry(ocr, *tokenizer, workdir=workdir))
+    elif loop == "hf_generate":
+        from .vendor_generate import HFGenerate
+
+        ocr.set_loop(HFGenerate(ocr))
+    return ocr
+
+
+def infer_prerequisites(path) -> tuple:
+    """(tokenizer, where from) for ``entry=infer``, or a one-line HarnessError naming what is missing:
+    the snapshot's tokenizer, or torchvision (``infer()`` builds torchvision transforms)."""
+    path = check_vendor_dir(path)
+    require_transformers()
+    if ensure_torchvision() == "stub":
+        raise HarnessError("model.vendor_entry=infer runs the vendor's infer(), whose preprocessing needs "
+                           "torchvision.transforms, but torchvision is not importable here",
+                           f"install the torchvision built for torch {torch.__version__}, or use "
+                           "model.vendor_entry=generate")
+    return tokenizer_for_infer(path)
+
+
+def tokenizer_for_infer(path: Path) -> tuple:
+    """(tokenizer, where from) from ``path``, or the HarnessError that says it is missing."""
+    from ..workload import tokenizer_or_reason
+
+    tok, reason = tokenizer_or_reason(path)
+    if tok is None:
+        raise HarnessError(f"model.vendor_entry=infer calls the vendor's infer(), which needs the snapshot's "
+                           f"tokenizer, but there is none: {reason}",
+                           f"put the snapshot's tokenizer.json, tokenizer_config.json and special_tokens_map.json "
+                           f"in {path}, or use model.vendor_entry=generate")
+    return tok, reason
+
+
+__all__ = ["VENDOR_LOOPS", "VENDOR_ENTRIES", "load", "infer_prerequisites", "tokenizer_for_infer"]
