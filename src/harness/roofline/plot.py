@@ -74,6 +74,13 @@ def plot_roofline(table: pd.DataFrame, peaks: Peaks, path, title: str = "") -> P
     ax.legend(handles, labels, fontsize=7, loc="lower right", ncol=2)
     if skipped:
         fig.text(0.01, 0.01, "not plotted (no tensor FLOPs or time): " + ", ".join(skipped)[:180], fontsize=6)
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Lay out, write atomically (tmp file + rename) and close a matplotlib figure; returns ``path``."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.stem + ".tmp.png")
@@ -83,4 +90,4 @@ def plot_roofline(table: pd.DataFrame, peaks: Peaks, path, title: str = "") -> P
     return path
 
 
-__all__ = ["plot_roofline"]
+__all__ = ["plot_roofline", "save_figure"]
