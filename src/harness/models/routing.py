@@ -6,9 +6,11 @@ loop copies them to the host anyway: ``add_host``) or as the device tensor of ch
 ``result()`` reads everything back once, after the request.
 
 Per decode step: the generate loop announces the number of decode steps (``plan_steps``, before
-the request) and the current step (``step(i)``, a host integer); decode counts then also go to a
-[steps, layers, experts] array (host) or tensor (device, allocated when the decode phase starts,
-so no step allocates). ``steps_result()`` reads it back after the request.
+the request) and the current step (``step(i)``, a host integer); decode counts of a step then go
+to a [steps, layers, experts] array (host) or tensor (device, allocated when the decode phase
+starts, so no step allocates) instead of the phase's [layers, experts] one: still one scatter-add
+per MoE layer. ``steps_result()`` reads it back after the request; ``result()['decode']`` includes
+the steps' sum.
 """
 from __future__ import annotations
 
@@ -65,31 +67,37 @@ class RoutingCounter:
         if self.current is None:
             return
         counts = np.asarray(counts, dtype=np.int64)
-        self._host[self.current][layer] += counts
         if self._in_step():
             self._host_steps[self.current_step, layer] += counts
+        else:
+            self._host[self.current][layer] += counts
 
     def add_device(self, layer: int, topk_ids: torch.Tensor) -> None:
         """Add the experts chosen in MoE ``layer`` (any-shaped int tensor of expert ids) on the device."""
         if self.current is None:
             return
-        acc = self._dev.get(self.current)
-        if acc is None:
-            acc = self._dev[self.current] = torch.zeros((self.layers, self.experts), dtype=torch.int64,
-                                                        device=topk_ids.device)
         idx = topk_ids.reshape(-1)
+        if self._in_step():
+            row = self._step_acc(idx.device)[self.current_step, layer]
+        else:
+            acc = self._dev.get(self.current)
+            if acc is None:
+                acc = self._dev[self.current] = torch.zeros((self.layers, self.experts), dtype=torch.int64,
+                                                            device=idx.device)
+            row = acc[layer]
         if self._ones is None or self._ones.numel() < idx.numel() or self._ones.device != idx.device:
             self._ones = torch.ones(max(idx.numel(), 64), dtype=torch.int64, device=idx.device)
-        acc[layer].scatter_add_(0, idx, self._ones[:idx.numel()])
-        if self._in_step():
-            self._step_acc(idx.device)[self.current_step, layer].scatter_add_(0, idx, self._ones[:idx.numel()])
+        row.scatter_add_(0, idx, self._ones[:idx.numel()])
 
     def result(self) -> dict:
-        """{phase: int64 array [layers, experts]} for every phase entered."""
+        """{phase: int64 array [layers, experts]} for every phase entered (decode: with its steps)."""
         out = {k: v.copy() for k, v in self._host.items()}
         for k, v in self._dev.items():
             arr = v.cpu().numpy().astype(np.int64)
             out[k] = out[k] + arr if k in out else arr
+        steps = self.steps_result()
+        if steps is not None and "decode" in out:
+            out["decode"] = out["decode"] + steps.sum(axis=0)
         return out
 
     def steps_result(self) -> Optional[np.ndarray]:
