@@ -232,7 +232,8 @@ def render(cmp_df: pd.DataFrame, kern: pd.DataFrame, stage: str, peaks=None, png
                  "(replayed one by one, caches flushed: not the request timeline)."
              + (f" Decode: {int(r['decode_steps'])} step(s)." if r["decode_steps"] == r["decode_steps"]
                 and r["decode_steps"] is not None else ""),
-             "", "Analytic: `harness.analytic` for the same case with the run's measured MoE routing; measured: "
+             "", "Analytic: `harness.analytic` for the same case (MoE bytes from the run's measured routing unless the "
+                 "note below says otherwise); measured: "
                  "`sm__ops_path_tensor_src_bf16_dst_fp32` (FLOPs), SASS fp32/fp16 add/mul (1) and fma (2), "
                  "`dram__bytes_read`, `dram__bytes_write`.", "", f"L2 and write-back: {L2_CAVEAT}", "",
              "## Gaps", ""]
