@@ -17,6 +17,11 @@ cost is printed by ``scripts/device/range_cost.py``. The profiler's post-process
 request is printed separately (it happens after the request, when the profiler stops).
 
     python scripts/bench_overhead.py --rounds 30 --capture-rounds 8 --mode base --decode-tokens 128
+    python scripts/bench_overhead.py --execution kv_cache=static moe_impl=grouped cuda_graphs=decode compile=true
+
+``--execution KEY=VALUE ...`` runs the model under those execution knobs (``harness.config.ExecutionConfig``),
+e.g. the best variant of the optimize ladder, whose decode step is a CUDA graph near 1 ms: there the
+host does not pace the GPU, so the request ratio measures the instrumentation itself.
 """
 from __future__ import annotations
 
@@ -29,7 +34,9 @@ import numpy as np
 import torch
 
 from harness import workload as wl
-from harness.config import ModelConfig
+import yaml
+
+from harness.config import ExecutionConfig, ModelConfig, from_dict
 from harness.measure.kernels import KernelCapture
 from harness.measure.recorder import StageRecorder
 from harness.measure.runner import quiet_gc, request_ms
@@ -75,11 +82,15 @@ def main() -> None:
     ap.add_argument("--mode", default="base")
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--attn", default="sdpa")
+    ap.add_argument("--execution", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="execution knobs (harness.config.ExecutionConfig), e.g. kv_cache=static moe_impl=grouped")
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     model = build_model(ModelConfig(attn_implementation=args.attn), dev, dtype, seed=0)
+    execution = from_dict(ExecutionConfig, {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.execution)})
+    print(f"execution: {model.configure(execution)}")
     page = wl.Page("p", wl.synthetic_page(0), "synthetic:0")
     req = wl.build_request([page], args.mode, decode_tokens=args.decode_tokens).to(dev, dtype)
     post_ms: list[float] = []

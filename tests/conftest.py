@@ -1,5 +1,10 @@
 """Shared test set-up: markers, the tiny model config and the tiny crop mode.
 
+The calibration cache (``HARNESS_CACHE_DIR``) of the whole session is a fresh temporary directory
+holding a small measured CPU calibration (128^3 GEMM, 4 MiB copy), so runs in tests (and the CLI
+subprocesses, which inherit the environment) find their ceilings cached instead of calibrating at
+full size, and never touch the user's cache. Tests that need an empty cache set their own.
+
 Markers (declared in pyproject.toml, handled here):
 - ``gpu``: needs a CUDA device; skipped when ``torch.cuda.is_available()`` is false.
 - ``vendor``: needs ``HARNESS_VENDOR_DIR`` pointing at a vendor model directory; skipped otherwise.
@@ -23,6 +28,31 @@ def pytest_configure(config):
     # run from elsewhere with another rootdir
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
     config.addinivalue_line("markers", "vendor: needs HARNESS_VENDOR_DIR pointing at a vendor model directory")
+    _session_calibration_cache()
+
+
+_SESSION_CACHE: dict = {}
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    if _SESSION_CACHE.get("dir"):
+        shutil.rmtree(_SESSION_CACHE["dir"], ignore_errors=True)
+
+
+def _session_calibration_cache() -> None:
+    import tempfile
+
+    import torch
+
+    from harness.config import HardwareConfig
+    from harness.roofline.calibrate import calibrate
+
+    d = tempfile.mkdtemp(prefix="harness-test-cache-")
+    os.environ["HARNESS_CACHE_DIR"] = _SESSION_CACHE["dir"] = d
+    hw = HardwareConfig(cache_dir=d, gemm_size=128, copy_mib=4, warmup=0, iters=2)
+    calibrate(torch.device("cpu"), hw, progress=lambda *_: None)
 
 
 def _cuda_available() -> bool:
@@ -70,3 +100,12 @@ def tiny_mode() -> dict:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty calibration cache (``HARNESS_CACHE_DIR``) for one test."""
+    d = tmp_path / "cache"
+    d.mkdir()
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(d))
+    return d

@@ -114,6 +114,15 @@ def _check_case(stages, kernels, routing, timed_col):
     assert len(req) == 2 and (req[timed_col] > 0).all()
     assert set(stages["repeat"].astype(str)) >= {"0", "1", "profiled", "mean", "std", "median", "cv"}
     assert routing["decode"].sum() > 0
+    # issue 14: spread rows, kernels attributed to modules, per-step routing, clipped timed idle
+    assert set(stages["repeat"].astype(str)) >= {"min", "max", "ci95_lo", "ci95_hi"}
+    groups = set(kernels["op_group"].dropna())
+    assert {"matmul", "norm", "kv_cache", "routing/indexing", "rope"} <= groups, groups
+    assert set(kernels.loc[kernels["op_group"] == "norm", "family"]) <= {"layernorm", "layernorm2d", "rmsnorm"}
+    assert (kernels.loc[kernels["op_group"] == "kv_cache", "module"].str.endswith(".self_attn.kv_cache")).all()
+    assert (routing["decode_steps"].sum(axis=0) == routing["decode"]).all() and routing["decode_steps"].shape[0] == 4
+    med = stages[(stages["repeat"] == "median") & stages["busy_ms"].notna()]
+    assert len(med) and (med["idle_ms"] >= 0).all()
 
 
 def test_measure_case_cpu(tiny_model_cfg, tiny_mode):

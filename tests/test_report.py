@@ -17,14 +17,6 @@ DATA = Path(__file__).resolve().parent / "data" / "runs"
 H100_CAL = {"device_name": "NVIDIA H100 80GB HBM3", "gemm_tflops": 790.0, "copy_gbs": 3000.0, "gemm_dtype": "bf16"}
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    d = tmp_path / "cache"
-    d.mkdir()
-    monkeypatch.setenv("HARNESS_CACHE_DIR", str(d))
-    return d
-
-
 def _copy(name, tmp_path) -> Path:
     dst = tmp_path / name
     shutil.copytree(DATA / name, dst)
@@ -37,7 +29,7 @@ def test_report_on_gpu_fixture_exact(tmp_path, cache):
     paths = write_report(run, strict=True)
     for f in ("analytic.csv", "roofline.csv", "roofline.png", "report.md"):
         assert (run / f).is_file() and (run / f).stat().st_size > 0
-    assert set(paths) == {"analytic", "roofline", "plot", "report"}
+    assert set(paths) == {"analytic", "roofline", "plot", "report", "headline", "breakdown"}   # issue 14 adds two
     rl = pd.read_csv(run / "roofline.csv")
     assert list(rl.columns) == ROOFLINE_COLUMNS
     st = rl[rl["level"] == "stage"]
@@ -137,6 +129,7 @@ def test_run_verb_writes_report(tmp_path, cache):
     with initialize_config_dir(config_dir=str(conf), version_base=None):
         cfg = compose("config", overrides=[
             "model=tiny", "workload.decode_tokens=3", "measure.repeats=1", "measure.kernels=true",
+            "hardware.calibrate=false",   # issue 14: a run calibrates on first use; this test checks the uncalibrated run
             "cases=[{mode: {name: t, base_size: 128, image_size: 64, crop: true}}, "
             "{mode: {name: u, base_size: 128, image_size: 64, crop: false}}]"])
     rd = run(to_config(cfg), tmp_path / "run", progress=lambda *_: None)

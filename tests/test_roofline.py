@@ -193,7 +193,9 @@ def test_calibration_measure_and_cache(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------- measured x analytic
 
-def test_measured_stages_uses_median_and_profiled_idle():
+def test_measured_stages_uses_median_span_and_timed_idle():
+    """Issue 14: idle = median span of the timed repeats - kernel busy of the profiled request (the
+    profiled request's own idle, stretched by the profiler, was used before)."""
     run = load_run(DATA / "gpu_tiny_a")
     m = measured_stages(run.stages)
     st = run.stages
@@ -202,7 +204,14 @@ def test_measured_stages_uses_median_and_profiled_idle():
     row = m[(m["case"] == "nc") & (m["stage"] == "decode")].iloc[0]
     assert row["time_ms"] == pytest.approx(float(med["gpu_ms"].iloc[0]))
     assert row["timer"] == "cuda_event" and row["repeats"] == 3
-    assert row["idle_fraction"] == pytest.approx(float(prof["idle_ms"].iloc[0]) / float(prof["gpu_ms"].iloc[0]))
+    busy = float(prof["busy_ms"].iloc[0])
+    assert row["busy_ms"] == pytest.approx(busy)
+    assert row["idle_ms"] == pytest.approx(float(med["gpu_ms"].iloc[0]) - busy)
+    assert row["idle_fraction"] == pytest.approx(row["idle_ms"] / row["time_ms"])
+    # the stages.csv median row carries the same idle (the runner's rule), the profiled row its own
+    assert row["idle_ms"] == pytest.approx(float(med["idle_ms"].iloc[0]))
+    assert row["idle_fraction"] != pytest.approx(float(prof["idle_ms"].iloc[0]) / float(prof["gpu_ms"].iloc[0]))
+    assert row["idle_basis"] == "median span of 3 timed repeats - kernel busy of the profiled request"
     cpu = measured_stages(load_run(DATA / "cpu_tiny").stages)
     assert (cpu["timer"] == "host").all() and cpu["time_ms"].notna().all()
 

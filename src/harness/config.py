@@ -219,6 +219,8 @@ class MeasureConfig:
     nvtx: bool = True
     events: bool = True
     kernels: bool = False
+    trace: bool = True              # with kernels: save the profiled request as traces/<case>/trace.json.gz (Perfetto)
+    module_hooks: bool = True       # with kernels: forward hooks in the profiled request attribute kernels to modules
     layer_ranges: bool = False      # per-layer NVTX ranges (``layer``, payload = index)
     fresh_inputs: bool = True       # a new synthetic page per repeat (same layout)
     settle_ms: float = _f(0.0, min=0)   # GPU kept busy this long (matmuls) right before each timed request
@@ -238,6 +240,7 @@ class HardwareConfig:
     peak_tflops: Optional[float] = _f(None, min=0)   # dense TFLOP/s override for the run's dtype
     mem_bw_gbs: Optional[float] = _f(None, min=0)    # memory bandwidth override, GB/s (1e9 B/s)
     calibration: str = "auto"              # auto: cached record of this device | none | PATH.json
+    calibrate: bool = True                 # run: measure (and cache) the ceilings when `auto` finds no record
     cache_dir: Optional[str] = None        # calibration cache; None -> $HARNESS_CACHE_DIR or ~/.cache/dsocr-harness
     gemm_size: Optional[int] = _f(None, min=1)
     gemm_dtype: Optional[str] = _f(None, choices=("bf16", "fp16", "fp32"))

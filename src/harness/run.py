@@ -1,13 +1,17 @@
 """The ``run`` verb: build the model once, run every case, write the run directory.
 
 Steps: resolve device and dtype -> validate every case's pages and layout (before the model is
-built, so bad input fails fast) -> build the model -> for each case: measure (warm-up, timed
-repeats, optional profiled request), compute its analytic frame with the measured routing ->
-append to stages.csv / kernels.csv / routing.csv / steps.csv, update manifest.json and report.md. Cases are
-written as they finish, each one whole (a signal waits until its files are written); a signal or
-an error keeps what was measured and closes the run directory (``harness.stopping``). At the end
-the report files are written first and the manifest says ``complete`` last. The measured tables
-also stay in memory (``RunData``), so the report never reads back what the run just wrote.
+built, so bad input fails fast) -> build the model -> make sure the device has calibrated ceilings
+(the cached record, or a few seconds of GEMM/copy measurement on first use unless
+``hardware.calibrate=false``) -> for each case: configure the model's execution, measure (warm-up,
+timed repeats with the request's host preparation and copy timed, optional profiled request with
+its trace), compute its analytic frame with the measured routing (per decode step) -> append to
+stages.csv / kernels.csv / routing.csv / routing_steps.csv / steps.csv, update manifest.json and
+report.md. Cases are written as they finish, each one whole (a signal waits until its files are
+written); a signal or an error keeps what was measured and closes the run directory
+(``harness.stopping``). At the end the report files are written first and the manifest says
+``complete`` last. The measured tables also stay in memory (``RunData``), so the report never
+reads back what the run just wrote.
 """
 from __future__ import annotations
 
@@ -27,8 +31,9 @@ from .measure.summarize import STEP_COLUMNS
 from .models import attn_probe
 from .report.progress import RunProgress
 from .report.report import write_report
+from .roofline.calibrate import ensure_calibration
 from .roofline.join import analytic_for_case
-from .rundir import RunData, RunDir
+from .rundir import RunData, RunDir, trace_name
 from .setup import device_info, load_adapter, prepare_cases, resolve_device, resolve_dtype
 from .stopping import Position, close_run
 
@@ -39,9 +44,23 @@ def routing_rows(case: str, routing: dict) -> list:
     """routing.csv rows (case, phase, layer, e0..eN) of one case's ``GenerationResult.routing``."""
     rows = []
     for phase, arr in routing.items():
+        if phase == "decode_steps":
+            continue
         for layer, counts in enumerate(arr):
             if counts.sum():
                 rows.append({"case": case, "phase": phase, "layer": layer,
+                             **{f"e{j}": int(c) for j, c in enumerate(counts)}})
+    return rows
+
+
+def routing_step_rows(case: str, steps) -> list:
+    """routing_steps.csv rows (case, step, layer, experts = distinct experts touched, e0..eN) of a
+    [steps, layers, experts] decode count array; layers that routed nothing are left out."""
+    rows = []
+    for step, arr in enumerate(steps if steps is not None else []):
+        for layer, counts in enumerate(arr):
+            if counts.sum():
+                rows.append({"case": case, "step": step, "layer": layer, "experts": int((counts > 0).sum()),
                              **{f"e{j}": int(c) for j, c in enumerate(counts)}})
     return rows
 
@@ -59,7 +78,7 @@ class CaseTables:
 
     def __init__(self, rd: RunDir, data: RunData):
         self.rd, self.data = rd, data
-        self.stages, self.kernels, self.routing, self.steps = [], [], [], []
+        self.stages, self.kernels, self.routing, self.steps, self.routing_steps = [], [], [], [], []
 
     def add(self, inputs, warm: dict, stages: pd.DataFrame, kernels: pd.DataFrame, counts: dict,
             analytic: tuple, execution: dict, steps: list = ()) -> None:
@@ -74,7 +93,9 @@ class CaseTables:
         rd.manifest["cases"].append({**case.to_dict(), "pages": [p.name for p in inputs.pages],
                                      "execution": execution,
                                      "warmup_ms": [round(t, 3) for t in warm.get("warmup_ms", [])],
-                                     "warmup_steady": warm.get("steady")})
+                                     "warmup_steady": warm.get("steady"),
+                                     "trace": {"file": trace_name(case.name), "bytes": warm["trace"]["bytes"]}
+                                     if warm.get("trace") else None})
         frame, mbu, notes = analytic
         data.analytic = pd.concat([data.analytic, frame], ignore_index=True)
         data.mbu_bytes[case.name] = mbu
@@ -88,6 +109,12 @@ class CaseTables:
             rd.append_csv("steps.csv", frame_steps)
             self.steps.append(frame_steps)
             data.steps = pd.concat(self.steps, ignore_index=True)
+        per_step = routing_step_rows(case.name, counts.get("decode_steps"))
+        if per_step:
+            frame_rs = pd.DataFrame(per_step)
+            rd.append_csv("routing_steps.csv", frame_rs)
+            self.routing_steps.append(frame_rs)
+            data.routing_steps = pd.concat(self.routing_steps, ignore_index=True)
         rows = routing_rows(case.name, counts)
         if rows:
             table = pd.DataFrame(self.routing + rows)
@@ -162,6 +189,7 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
         model, info = load_adapter(cfg.model, device, dtype, cfg.seed, workdir=rd.path / "vendor_infer")
         progress(f"[harness] model {info.get('adapter')} built in {info['build_s']:.1f} s")
         rd.update(model=info)
+        rd.update(calibration=ensure_calibration(device, cfg.hardware, progress=progress))
         mcfg = cfg.measure.resolved(cuda)
         rd.update(measure={**dataclasses.asdict(mcfg), "gc": "Python cyclic GC paused inside each timed request",
                            "kernels_from": "one extra profiled request per case" if mcfg.kernels else None})
@@ -180,7 +208,7 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
             ident = {"case": case.name, "mode": case.mode.name, "grid": case.to_dict()["grid"], "batch": case.batch}
 
             def make(r, inputs=inputs):
-                return inputs.request_for(r).to(device, dtype)
+                return inputs.timed_request(r, device, dtype)
 
             execution = model.configure(inputs.model)
 
@@ -188,13 +216,15 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
                 where.at("case", name, i + 1, request)
 
             warm, case_steps = {}, []
+            trace = rd.path / trace_name(case.name) if (mcfg.kernels and mcfg.trace) else None
             st, kt, counts = measure_case(model, make, mcfg, ident, cuda, progress=progress, info=warm, at=at,
-                                          steps=case_steps)
+                                          steps=case_steps, trace_path=trace)
             at("writing")
             ran = dataclasses.replace(inputs.model, moe_kernel=execution.get("moe_kernel_resolved")
                                       or inputs.model.moe_kernel)
             analytic = analytic_for_case(case, dataclasses.replace(model.cfg, **ran.execution()), dtype_name,
-                                         counts if any(a.sum() for a in counts.values()) else None)
+                                         counts if any(a.sum() for k, a in counts.items() if k != "decode_steps")
+                                         else None)
             if warm.get("steady") is False:
                 msg = (f"{case.name}: the last 3 of {len(warm['warmup_ms'])} untimed requests still differ by more "
                        f"than {mcfg.steady_pct}% (host or GPU still settling)")

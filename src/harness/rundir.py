@@ -21,6 +21,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -77,8 +78,9 @@ class RunData:
     """What one run measured: its manifest and tables (empty frames where nothing was written).
 
     ``stages`` (``harness.measure.summarize.STAGE_COLUMNS``), ``kernels`` (``KERNEL_COLUMNS`` +
-    ``case``), ``routing`` (case, phase, layer, e0..eN), ``steps`` (``STEP_COLUMNS``: every decode
-    step of the timed repeats); ``analytic`` the analytic frames of its cases
+    ``case``), ``routing`` (case, phase, layer, e0..eN), ``routing_steps`` (case, step, layer,
+    experts, e0..eN: decode counts per step), ``steps`` (``STEP_COLUMNS``: every decode step of the
+    timed repeats); ``analytic`` the analytic frames of its cases
     (``harness.analytic`` COLUMNS + ``routing``) and ``mbu_bytes`` {case: decode bytes that must
     move}, filled by the run as each case finishes, None when the run directory was read back
     (the report then derives them); ``notes`` for the report's caveats.
@@ -89,6 +91,7 @@ class RunData:
     stages: pd.DataFrame = field(default_factory=pd.DataFrame)
     kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
     routing: pd.DataFrame = field(default_factory=pd.DataFrame)
+    routing_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     analytic: Optional[pd.DataFrame] = None
     mbu_bytes: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
@@ -96,14 +99,15 @@ class RunData:
 
 
 def load_run(path) -> RunData:
-    """A finished (or interrupted) run directory read back: manifest.json and the four CSVs."""
+    """A finished (or interrupted) run directory read back: manifest.json and the measured CSVs."""
     path = Path(path)
     mpath = path / "manifest.json"
     manifest = json.loads(mpath.read_text()) if mpath.is_file() else {}
     manifest.setdefault("warnings", [])
     manifest.setdefault("cases", [])
     return RunData(path, manifest, read_table(path / "stages.csv"), read_table(path / "kernels.csv"),
-                   read_table(path / "routing.csv"), steps=read_table(path / "steps.csv"))
+                   read_table(path / "routing.csv"), read_table(path / "routing_steps.csv"),
+                   steps=read_table(path / "steps.csv"))
 
 
 def claim(path) -> Path:
@@ -120,6 +124,12 @@ def claim(path) -> Path:
             return candidate
         except FileExistsError:
             n += 1
+
+
+def trace_name(case: str) -> str:
+    """Where a case's profiled-request trace goes, relative to the run directory: one directory
+    per case (``traces/<case>/trace.json.gz``), so each is a Holistic Trace Analysis trace_dir."""
+    return f"traces/{re.sub(r'[^A-Za-z0-9._-]+', '_', case) or 'case'}/trace.json.gz"
 
 
 class RunDir:

@@ -105,15 +105,37 @@ class CaseInputs:
     def name(self) -> str:
         return self.case.name
 
-    def request_for(self, repeat: int) -> wl.Request:
-        """The request of timed repeat ``repeat`` (< 0: warm-ups). Synthetic pages are drawn anew
-        per request (same size, new text: seed offset by the request index) so no repeat reuses
-        the previous one's input; pages from files are the same every time."""
+    def pages_of(self, repeat: int) -> list:
+        """The pages of request ``repeat`` (< 0: warm-ups). Synthetic pages are drawn anew per
+        request (same size, new text: seed offset by the request index) so no repeat reuses the
+        previous one's input; pages from files are the same every time."""
         w = self.workload
-        pages = self.pages if (repeat == 0 or w.images) else pages_for(w, repeat)
+        return self.pages if (repeat == 0 or w.images) else pages_for(w, repeat)
+
+    def build(self, pages: list) -> wl.Request:
+        """The request of ``pages``: preprocessing (resize/pad, normalisation, tiles) and the token layout."""
+        w = self.workload
         return wl.build_request(pages, w.mode, decode_tokens=w.decode_tokens, prompt=w.prompt,
                                 tokenizer=self.tokenizer, text_tokens=w.text_tokens, seed=w.seed,
                                 name=self.case.name)
+
+    def request_for(self, repeat: int) -> wl.Request:
+        """The request of timed repeat ``repeat`` (< 0: warm-ups), CPU tensors."""
+        return self.build(self.pages_of(repeat))
+
+    def timed_request(self, repeat: int, device: torch.device, dtype: torch.dtype) -> tuple:
+        """(request ``repeat`` on ``device``, {"prep_ms", "h2d_ms"}): host ms of building it from its
+        pages (``build``; drawing synthetic pages is not counted) and of copying it to ``device``
+        (``Request.to``, synchronised on CUDA)."""
+        pages = self.pages_of(repeat)
+        t0 = time.perf_counter()
+        req = self.build(pages)
+        t1 = time.perf_counter()
+        req = req.to(device, dtype)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t2 = time.perf_counter()
+        return req, {"prep_ms": (t1 - t0) * 1e3, "h2d_ms": (t2 - t1) * 1e3}
 
 
 def pages_for(w: WorkloadConfig, repeat: int) -> list:

@@ -19,7 +19,11 @@ from typing import Optional
 
 from . import families as F
 
-OP_GROUP_NAMES = ("matmul", "norm", "elementwise", "memory/routing", "other")
+#: roofline op groups (``harness.roofline.ops``): a kernel's group follows the module that launched it
+#: (its family's ``op_group``); ``kv_cache`` (KV-cache update kernels), ``routing/indexing`` (the MoE
+#: container's own kernels), ``elementwise`` (container glue) and ``other`` (outside every module) hold
+#: no family of their own.
+OP_GROUP_NAMES = ("matmul", "kv_cache", "norm", "rope", "elementwise", "memory/routing", "routing/indexing", "other")
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ REGISTRY = (
                 ("norm (reduction + elementwise, fp32)",), "norm"),
     FamilyEntry(F.RoPE, ("RotaryEmbedding",), ("RotaryEmbedding",),
                 ("LlamaRotaryEmbedding", "DeepseekV2RotaryEmbedding"),
-                ("bmm (inv_freq @ positions)", "elementwise (cos, sin, rotate)"), "matmul"),
+                ("bmm (inv_freq @ positions)", "elementwise (cos, sin, rotate)"), "rope"),
     FamilyEntry(F.LLMAttention, ("Attention",), ("Attention",), ("LlamaAttention", "LlamaFlashAttention2"),
                 ("GEMM (mm: q/k/v/o)", "SDPA / flash / eager matmul+softmax", "KV cache cat"), "matmul",
                 r"(^|\.)layers\.\d+\.self_attn$"),

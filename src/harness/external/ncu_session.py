@@ -3,9 +3,12 @@ model for the same case and stage.
 
 Measured FLOPs: ``sm__ops_path_tensor_src_bf16_dst_fp32`` counts tensor-core FLOPs directly
 (checked on an H100: a 2048^3 bf16 GEMM reads 2 * 2048^3); vector FLOPs from the fp32/fp16
-add, mul (1 FLOP) and fma (2 FLOPs) SASS thread-instruction counters. DRAM bytes = read + write.
-ncu replays each kernel, so its durations are per-kernel times with caches flushed between passes,
-not the request's timeline.
+add, mul (1 FLOP) and fma (2 FLOPs) SASS thread-instruction counters. DRAM bytes = read + write,
+and each side on its own against its analytic counterpart: reads = weights + activations read +
+KV read, writes = activations written + KV written (``READ_COLUMNS`` / ``WRITE_COLUMNS``), since a
+total near 1 can hide a read excess cancelling a write deficit. ncu replays each kernel, so its
+durations are per-kernel times with caches flushed between passes, not the request's timeline,
+and ``L2_CAVEAT`` says what that does to reads and writes.
 """
 from __future__ import annotations
 
@@ -21,7 +24,19 @@ from .ncu import METRIC_SETS, export_command, flops_columns, ncu_command, parse_
 
 COMPARE_COLUMNS = ["case", "stage", "kernels", "measured_tensor_flops", "analytic_tensor_flops", "tensor_ratio",
                    "measured_vector_flops", "analytic_vector_flops", "vector_ratio", "measured_dram_bytes",
-                   "analytic_bytes", "bytes_ratio", "kernel_time_ms", "decode_steps", "note"]
+                   "analytic_bytes", "bytes_ratio", "kernel_time_ms", "decode_steps", "note",
+                   "measured_dram_read_bytes", "analytic_read_bytes", "read_ratio",
+                   "measured_dram_write_bytes", "analytic_write_bytes", "write_ratio"]
+#: analytic byte columns (``harness.analytic.compose.COLUMNS``) that a kernel reads / writes
+READ_COLUMNS = ("bytes_weights", "bytes_act_read", "bytes_kv_read")
+WRITE_COLUMNS = ("bytes_act_write", "bytes_kv_write")
+L2_CAVEAT = ("DRAM counters see what crosses between L2 and DRAM while a kernel runs. ncu replays every kernel "
+             "alone and flushes the caches before each replay, so (1) reads start from a cold L2: inputs that the "
+             "previous kernel left in L2 in the real request (50 MB on an H100) are read from DRAM here, so "
+             "measured reads are an upper bound of the request's; (2) outputs that fit in L2 can stay there dirty "
+             "and be written back after the kernel ends, outside its counters, so measured writes are a lower "
+             "bound (decode's small activations mostly never show up as writes). Judge reads and writes "
+             "separately: their sum can match the analytic total while both differ.")
 
 
 def _ratio(a, b):
@@ -31,8 +46,11 @@ def _ratio(a, b):
 def compare_stage(kern: pd.DataFrame, totals: dict, stage: str, case: str, steps: int) -> dict:
     """One row: measured sums over the stage's kernels against the analytic stage totals."""
     t = totals.get(stage, {})
-    m_t, m_v, m_b = (kern[c].sum(min_count=1) for c in ("tensor_flops", "vector_flops", "dram_bytes"))
-    m_t, m_v, m_b = (None if pd.isna(v) else float(v) for v in (m_t, m_v, m_b))  # metric not collected
+    cols = ("tensor_flops", "vector_flops", "dram_bytes", "dram_read_bytes", "dram_write_bytes")
+    m_t, m_v, m_b, m_r, m_w = (kern[c].sum(min_count=1) if c in kern else float("nan") for c in cols)
+    m_t, m_v, m_b, m_r, m_w = (None if pd.isna(v) else float(v) for v in (m_t, m_v, m_b, m_r, m_w))  # not collected
+    a_r = sum(float(t[c]) for c in READ_COLUMNS) if all(c in t for c in READ_COLUMNS) else None
+    a_w = sum(float(t[c]) for c in WRITE_COLUMNS) if all(c in t for c in WRITE_COLUMNS) else None
     return {"case": case, "stage": stage, "kernels": len(kern),
             "measured_tensor_flops": m_t, "analytic_tensor_flops": t.get("tensor_flops"),
             "tensor_ratio": _ratio(m_t, t.get("tensor_flops")),
@@ -40,17 +58,24 @@ def compare_stage(kern: pd.DataFrame, totals: dict, stage: str, case: str, steps
             "vector_ratio": _ratio(m_v, t.get("vector_flops")),
             "measured_dram_bytes": m_b, "analytic_bytes": t.get("bytes"), "bytes_ratio": _ratio(m_b, t.get("bytes")),
             "kernel_time_ms": float(kern["duration_ns"].sum()) / 1e6, "decode_steps": steps if stage == "decode" else None,
-            "note": ""}
+            "note": "", "measured_dram_read_bytes": m_r, "analytic_read_bytes": a_r, "read_ratio": _ratio(m_r, a_r),
+            "measured_dram_write_bytes": m_w, "analytic_write_bytes": a_w, "write_ratio": _ratio(m_w, a_w)}
 
 
 def analytic_totals(child_run: Path) -> tuple:
     """Analytic stage totals of the child run's case (measured routing applied to MoE bytes),
     through the same analytic frames the roofline join uses."""
-    from ..analytic.compose import stage_totals
-    from ..roofline.join import analytic_for_run
     from ..rundir import load_run
 
-    run = load_run(child_run)
+    return analytic_totals_of(load_run(child_run))
+
+
+def analytic_totals_of(run) -> tuple:
+    """(stage totals {stage: {column: value}}, first case entry) of a ``RunData`` (its routing
+    tables, when it has them, set the MoE bytes; else the uniform-routing expectation)."""
+    from ..analytic.compose import stage_totals
+    from ..roofline.join import analytic_for_run
+
     analytic, _, _ = analytic_for_run(run)
     return stage_totals(analytic), run.manifest["cases"][0]
 
@@ -123,7 +148,7 @@ def _fmt(v, scale=1.0, unit=""):
     return f"{v / scale:,.3f}{unit}"
 
 
-TOLERANCE = {"tensor": 0.05, "bytes": 0.15, "vector": 0.15}
+TOLERANCE = {"tensor": 0.05, "bytes": 0.15, "vector": 0.15, "reads": 0.15, "writes": 0.15}
 WHY = {
     "tensor": "tensor-core work the analytic count does not have: GEMM/attention tiles padded to the "
               "kernel's tile shape (partial M/N/K tiles still issue full MMAs), convolutions lowered to "
@@ -135,14 +160,19 @@ WHY = {
     "vector": "the analytic vector count is an estimate of one FLOP per elementwise operation and element; "
               "kernels expand transcendental functions (erf in exact GELU, exp in softmax, rsqrt) into "
               "polynomial FMA sequences and do fp32 accumulation and index arithmetic on the FP pipes",
+    "reads": "reads start from a cold L2 under ncu (upper bound), and unfused intermediates (bias, score and "
+             "probability tensors, permute copies) are read again by the next kernel",
+    "writes": "writes of outputs that fit in L2 can be written back after the kernel ends, outside its counters "
+              "(lower bound); unfused intermediates add writes the analytic model keeps on chip",
 }
 
 
 def gap_notes(r) -> list:
     """One line per quantity whose measured/analytic ratio is outside its tolerance, with the reason."""
     notes = []
-    for q, col in (("tensor", "tensor_ratio"), ("bytes", "bytes_ratio"), ("vector", "vector_ratio")):
-        v = r[col]
+    for q, col in (("tensor", "tensor_ratio"), ("bytes", "bytes_ratio"), ("reads", "read_ratio"),
+                   ("writes", "write_ratio"), ("vector", "vector_ratio")):
+        v = r.get(col) if hasattr(r, "get") else r[col]
         if v is None or v != v:
             continue
         inside = abs(v - 1) <= TOLERANCE[q]
@@ -195,14 +225,20 @@ def render(cmp_df: pd.DataFrame, kern: pd.DataFrame, stage: str, peaks=None, png
              "| quantity | measured (ncu) | analytic | measured / analytic |", "|---|---:|---:|---:|",
              f"| tensor-core FLOPs (G) | {_fmt(r['measured_tensor_flops'], 1e9)} | {_fmt(r['analytic_tensor_flops'], 1e9)} | {_fmt(r['tensor_ratio'])} |",
              f"| vector FLOPs (G, fp32/fp16 SASS) | {_fmt(r['measured_vector_flops'], 1e9)} | {_fmt(r['analytic_vector_flops'], 1e9)} | {_fmt(r['vector_ratio'])} |",
-             f"| DRAM bytes (MB) | {_fmt(r['measured_dram_bytes'], 1e6)} | {_fmt(r['analytic_bytes'], 1e6)} | {_fmt(r['bytes_ratio'])} |",
+             f"| DRAM reads (MB): weights + act read + KV read | {_fmt(r.get('measured_dram_read_bytes'), 1e6)} | "
+             f"{_fmt(r.get('analytic_read_bytes'), 1e6)} | {_fmt(r.get('read_ratio'))} |",
+             f"| DRAM writes (MB): act write + KV write | {_fmt(r.get('measured_dram_write_bytes'), 1e6)} | "
+             f"{_fmt(r.get('analytic_write_bytes'), 1e6)} | {_fmt(r.get('write_ratio'))} |",
+             f"| DRAM bytes (MB), read + write | {_fmt(r['measured_dram_bytes'], 1e6)} | {_fmt(r['analytic_bytes'], 1e6)} | {_fmt(r['bytes_ratio'])} |",
              "", f"{int(r['kernels'])} kernels; sum of ncu kernel durations {r['kernel_time_ms']:.3f} ms "
                  "(replayed one by one, caches flushed: not the request timeline)."
              + (f" Decode: {int(r['decode_steps'])} step(s)." if r["decode_steps"] == r["decode_steps"]
                 and r["decode_steps"] is not None else ""),
-             "", "Analytic: `harness.analytic` for the same case with the run's measured MoE routing; measured: "
+             "", "Analytic: `harness.analytic` for the same case (MoE bytes from the run's measured routing unless the "
+                 "note below says otherwise); measured: "
                  "`sm__ops_path_tensor_src_bf16_dst_fp32` (FLOPs), SASS fp32/fp16 add/mul (1) and fma (2), "
-                 "`dram__bytes_read + dram__bytes_write`.", "", "## Gaps", ""]
+                 "`dram__bytes_read`, `dram__bytes_write`.", "", f"L2 and write-back: {L2_CAVEAT}", "",
+             "## Gaps", ""]
     lines += gap_notes(r) or ["- no quantity collected with an analytic counterpart"]
     if r["note"]:
         lines += ["", f"Note: {r['note']}"]
@@ -245,7 +281,27 @@ def rerender(ncu_dir: Path, child_manifest: Path) -> dict:
         kern.to_csv(ncu_dir / "kernels.csv", index=False)
     cmp_df = pd.read_csv(ncu_dir / "stage_compare.csv").astype(object).where(lambda d: d.notna(), None)
     cmp_df["note"] = cmp_df["note"].fillna("")
-    return write_outputs(ncu_dir, cmp_df, kern, str(cmp_df.iloc[0]["stage"]), json.loads(Path(child_manifest).read_text()))
+    manifest = json.loads(Path(child_manifest).read_text())
+    if "analytic_read_bytes" not in cmp_df or cmp_df["analytic_read_bytes"].isna().all():
+        cmp_df = recompare(kern, cmp_df.iloc[0], manifest, ncu_dir)
+        cmp_df.to_csv(ncu_dir / "stage_compare.csv", index=False)
+    return write_outputs(ncu_dir, cmp_df, kern, str(cmp_df.iloc[0]["stage"]), manifest)
+
+
+def recompare(kern: pd.DataFrame, old, manifest: dict, where: Path) -> pd.DataFrame:
+    """The comparison row of an ncu folder written before reads and writes were compared: the
+    analytic side recomputed from the child run's manifest (uniform-routing expectation for MoE
+    bytes, said in the note: the folder keeps no routing.csv)."""
+    from ..rundir import RunData
+
+    totals, case = analytic_totals_of(RunData(Path(where), manifest))
+    stage = str(old["stage"])
+    row = compare_stage(kern[kern["stage"] == stage] if "stage" in kern else kern, totals, stage, case["name"],
+                        max(int(case["decode_tokens"]) - 1, 0))
+    notes = [str(old.get("note") or ""), "analytic side recomputed from child_manifest.json with the "
+             "uniform-routing expectation for MoE bytes (routing.csv not kept)"]
+    row["note"] = "; ".join(n for n in notes if n)
+    return pd.DataFrame([row], columns=COMPARE_COLUMNS).astype(object).where(lambda d: d.notna(), None)
 
 
 if __name__ == "__main__":

@@ -1,27 +1,36 @@
-"""Kernel capture (torch.profiler over CUPTI) and attribution of each kernel to a stage.
+"""Kernel capture (torch.profiler over CUPTI) and attribution of each kernel to a stage and a module.
 
 A kernel belongs to the innermost StageRecorder range that was open on the host (wall clock,
 the profiler's time domain) when its launch call (cudaLaunchKernel & co., joined by correlation
-id) was made. On a machine without
+id) was made; with a ``harness.measure.modules.ModuleTracker`` also to the innermost module (and
+its analytic family and roofline op group) open at that moment. ``category`` is the kernel-name
+category (``CATEGORIES``), kept for reference beside the module's op group. On a machine without
 CUDA the same code records CPU operators instead (``device`` = cpu, top-level ops only).
-Durations are ns in the raw capture and ms in the table.
+Durations are ns in the raw capture and ms in the table. ``KernelCapture.save_trace`` writes the
+capture as a gzipped Chrome/Perfetto trace.
 """
 from __future__ import annotations
 
 import bisect
 import functools
+import gzip
+import os
 import re
+import shutil
+from pathlib import Path
 
 import pandas as pd
 import torch
 
 
 KERNEL_COLUMNS = ["device", "name", "category", "range", "stage", "call", "step", "start_ms", "dur_ms",
-                  "stream"]
+                  "stream", "module", "family", "op_group"]
 
 CATEGORIES = [  # first match wins; patterns are case-insensitive regexes over the kernel name
     ("memset", r"memset"),
-    ("copy/cast", r"memcpy|copy_|direct_copy|to_copy|(?<!no)cast|convert|unrolled_elementwise_kernel.*copy"),
+    # "LoadWithCast"/"StoreWithCast" are the operand loaders of any mixed-dtype elementwise op (an fp32 +
+    # bf16 add): not a cast kernel
+    ("copy/cast", r"memcpy|copy_|direct_copy|to_copy|(?<!no)(?<!with)cast|convert|unrolled_elementwise_kernel.*copy"),
     ("attention", r"flash|fmha|attention|sdpa|efficient_attention|mem_eff|softmax_warp_forward.*causal"),
     ("conv", r"conv|implicit_gemm|winograd|im2col|cudnn|nchw|nhwc"),
     ("gemm", r"linear|gemm|gemv|sm90_xmma|cutlass|cublas|matmul|\bmm\b|addmm|bmm|nvjet|xmma|splitk|dot_product"),
@@ -88,6 +97,21 @@ class KernelCapture:
             self.kineto_results = self._fallback.profiler.kineto_results
         return False
 
+    def save_trace(self, path) -> int:
+        """Write the capture as a gzipped Chrome trace (opens in Perfetto and Holistic Trace
+        Analysis); returns its size in bytes."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        raw = path.with_name(path.name.removesuffix(".gz") + ".tmp")
+        if self._fallback is not None:
+            self._fallback.export_chrome_trace(str(raw))
+        else:
+            self.kineto_results.save(str(raw))
+        with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst)
+        os.remove(raw)
+        return path.stat().st_size
+
 
 GPU_RUNTIME = re.compile(r"^(cuda|cu)[A-Z]")   # cudaLaunchKernel, cuLaunchKernelEx, cudaMemcpyAsync, ...
 
@@ -142,12 +166,14 @@ class _Spans:
         return inner, stage, call, step
 
 
-def kernel_table(prof, cuda: bool, ranges: pd.DataFrame) -> pd.DataFrame:
+def kernel_table(prof, cuda: bool, ranges: pd.DataFrame, modules=None) -> pd.DataFrame:
     """One row per GPU kernel/memcpy/memset (CUDA) or top-level CPU op (no CUDA).
 
     A GPU activity belongs to the range that was open on the host when its launch call was
     made (joined by correlation id). ``range`` is the innermost harness range (e.g.
-    decode_step), ``stage`` the enclosing top-level stage, empty when unattributed.
+    decode_step), ``stage`` the enclosing top-level stage, empty when unattributed. With
+    ``modules`` (a ``ModuleTracker`` of the same request) ``module`` / ``family`` / ``op_group``
+    name the innermost module open at launch (``ModuleTracker.attribute``); empty otherwise.
     """
     events = prof.kineto_results.events()
     spans = _Spans(ranges)
@@ -160,15 +186,21 @@ def kernel_table(prof, cuda: bool, ranges: pd.DataFrame) -> pd.DataFrame:
         elif k in ("kernel", "memcpy", "memset", "cpu_op"):
             acts.append((k, e))
     device = "cuda" if cuda else "cpu"
-    rows = []
+    rows, hosts = [], []
     for k, e in acts:
         t_host = (launch.get(e.correlation_id()) or launch.get(e.linked_correlation_id())) if cuda else e.start_ns()
         rng, stage, call, step = spans.lookup(t_host) if t_host is not None else (None, None, None, None)
         name = e.name()
+        hosts.append(t_host)
         rows.append((device, name, {"memcpy": "copy/cast", "memset": "memset"}.get(k) or categorize(name),
                      rng, stage, call, step, (e.start_ns() - t0) / 1e6, e.duration_ns() / 1e6,
-                     e.device_resource_id() if cuda else None))
+                     e.device_resource_id() if cuda else None, None, None, None))
     df = pd.DataFrame.from_records(rows, columns=KERNEL_COLUMNS)
+    if modules is not None and len(df):
+        labels = modules.attribute(hosts)
+        df["module"] = [lb.path for lb in labels]
+        df["family"] = [lb.family for lb in labels]
+        df["op_group"] = [lb.op_group for lb in labels]
     if not cuda and len(df):
         df = _cpu_top_level_ops(df)
     return df

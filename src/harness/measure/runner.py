@@ -5,10 +5,19 @@ the last three took times within ``steady_pct`` % of their median, so the timed 
 start while the host or GPU is still speeding up. The warm-up times go to the manifest.
 
 Timed repeats carry only NVTX ranges and CUDA events (no profiler), with Python's cyclic GC
-paused during each request. With ``kernels=True`` one
-extra request runs under torch.profiler (``repeat`` = ``profiled``); its kernel counts, busy and
-idle times fill the kernel columns of the aggregate rows, so profiler overhead never enters the
-timed statistics.
+paused during each request. With ``kernels=True`` one extra request runs under torch.profiler
+(``repeat`` = ``profiled``) with module hooks (``harness.measure.modules.ModuleTracker``: the
+module, family and op group that launched each kernel; ``module_hooks=false`` leaves them out,
+e.g. for compiled modules that hooks would recompile); its kernel counts and busy times fill
+the kernel columns of the ``mean``/``median`` aggregate rows, whose ``idle_ms`` = max(aggregate
+span - profiled busy, 0): idle from the timed repeats, busy from the profiled request (the
+profiler stretches that request's own spans, so its own idle is kept only on its own row).
+Profiler overhead and hooks never enter the timed statistics. With a ``trace_path`` the profiled
+request's trace is saved as a gzipped Chrome/Perfetto trace.
+
+``make_request(i)`` returns the request of repeat ``i`` on the device, or ``(request, prep)`` where
+``prep`` = {"prep_ms": building it on the host, "h2d_ms": copying it to the device}: the request
+rows then carry them and ``ttft_e2e_ms`` = prep + h2d + TTFT.
 """
 from __future__ import annotations
 
@@ -24,6 +33,7 @@ import torch
 from ..config import MeasureConfig
 from ..models.generate import generate
 from .kernels import KERNEL_COLUMNS, KernelCapture, kernel_table
+from .modules import ModuleTracker
 from .recorder import StageRecorder
 from .summarize import STAGE_COLUMNS, aggregate, stage_rows, step_rows
 from .syncs import SyncCounter
@@ -95,6 +105,23 @@ def is_steady(ms: list[float], pct: float, last: int = 3) -> bool:
     return all(abs(t - mid) <= pct / 100 * mid for t in tail)
 
 
+def unpack(made) -> tuple:
+    """(request, prep timings {} or {"prep_ms", "h2d_ms"}) of what ``make_request`` returned."""
+    if isinstance(made, tuple):
+        return made[0], dict(made[1] or {})
+    return made, {}
+
+
+def prep_columns(prep: dict, ttft_ms) -> dict:
+    """prep_ms, h2d_ms and ttft_e2e_ms (= prep + h2d + TTFT) of one request row; {} without timings."""
+    if not prep:
+        return {}
+    out = {"prep_ms": prep.get("prep_ms"), "h2d_ms": prep.get("h2d_ms")}
+    if ttft_ms is not None and out["prep_ms"] is not None and out["h2d_ms"] is not None:
+        out["ttft_e2e_ms"] = out["prep_ms"] + out["h2d_ms"] + ttft_ms
+    return out
+
+
 def request_ms(model, req, cuda: bool, stage=None, clock: Callable[[], float] = time.perf_counter) -> float:
     """Wall ms of one request through ``generate``, synchronised before and after (``stage``: the
     stage function, none by default)."""
@@ -125,21 +152,24 @@ def warm_up(model, make_request: Callable[[int], object], mcfg: MeasureConfig, c
 
     while more():
         at(f"warmup={len(times)}")
-        times.append(request_ms(model, make_request(-1 - len(times)), cuda, clock=clock))
+        times.append(request_ms(model, unpack(make_request(-1 - len(times)))[0], cuda, clock=clock))
         say(f"{label}: warm-up {len(times)} {times[-1]:.1f} ms")
     return {"warmup_ms": times, "steady": is_steady(times, mcfg.steady_pct) if want else None}
 
 
 def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConfig, case: dict,
                  cuda: bool, progress: Callable[[str], None] | None = None, info: dict | None = None,
-                 at: Callable[[str], None] = lambda request: None, steps: list | None = None):
+                 at: Callable[[str], None] = lambda request: None, steps: list | None = None, trace_path=None):
     """Run one case. Returns (stages DataFrame [STAGE_COLUMNS], kernels DataFrame, routing dict).
 
-    ``make_request(i)`` builds request ``i`` on the model's device (i < 0 for warm-ups).
-    ``case`` holds the identifying columns: case, mode, grid, batch. ``info``, if given, receives
-    the warm-up record of ``warm_up``. ``at(request)`` is called before each request with its
-    label: ``warmup=I``, ``repeat=R`` (stages.csv's repeat), ``repeat=profiled``. ``steps``, if
-    given, receives one row per decode step of every timed repeat (``STEP_COLUMNS``).
+    ``make_request(i)`` builds request ``i`` on the model's device (i < 0 for warm-ups), see the
+    module docstring. ``case`` holds the identifying columns: case, mode, grid, batch. ``info``, if
+    given, receives the warm-up record of ``warm_up`` and, with ``trace_path`` (and kernel capture),
+    ``trace`` = {"path", "bytes"}. ``at(request)`` is called before each request with its label:
+    ``warmup=I``, ``repeat=R`` (stages.csv's repeat), ``repeat=profiled``. ``steps``, if given,
+    receives one row per decode step of every timed repeat (``STEP_COLUMNS``). ``routing``: the last
+    timed repeat's {phase: [layers, experts]}, plus ``decode_steps`` [steps, layers, experts] when the
+    model reported per-step counts.
     """
     say = progress or (lambda msg: log.info(msg))
     mcfg = mcfg.resolved(cuda)
@@ -151,7 +181,7 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
     rows, routing = [], {}
     for r in range(mcfg.repeats):
         at(f"repeat={r}")
-        req = make_request(r if mcfg.fresh_inputs else 0)
+        req, prep = unpack(make_request(r if mcfg.fresh_inputs else 0))
         rec = StageRecorder(cuda, nvtx=mcfg.nvtx, events=mcfg.events)
         with layer_ranges(model, rec, mcfg.layer_ranges), quiet_gc():
             if cuda:
@@ -161,11 +191,15 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
         for row in stage_rows(ranges, None, req.batch):
             row.update(case, repeat=r, weight_bytes=wbytes if row["stage"] == "request" else None,
                        kv_cache_bytes=res.kv_cache_bytes if row["stage"] == "request" else None, note=note)
+            if row["stage"] == "request":
+                row.update(prep_columns(prep, row.get("ttft_ms")))
             rows.append(row)
         if steps is not None:
             prompt = res.prompt_tokens or req.prefill_tokens   # the vendor's infer() builds its own prompt
             steps += [{"case": case["case"], "repeat": r, **row} for row in step_rows(ranges, prompt)]
-        routing = res.routing
+        routing = dict(res.routing)
+        if res.routing_steps is not None:
+            routing["decode_steps"] = res.routing_steps
         req_row = rows[-1]
         say(f"{case['case']}: repeat {r + 1}/{mcfg.repeats} request {req_row['e2e_ms']:.1f} ms "
             f"({req_row['timer']})")
@@ -174,17 +208,30 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
     if mcfg.kernels:
         say(f"{case['case']}: profiled request (kernel capture)")
         at("repeat=profiled")
-        req = make_request(mcfg.repeats)
-        rec = StageRecorder(cuda, nvtx=mcfg.nvtx, events=mcfg.events)
+        req, prep = unpack(make_request(mcfg.repeats))
+        rec = StageRecorder(cuda, nvtx=mcfg.nvtx, events=mcfg.events, annotate=True)
         syncs = SyncCounter(rec)
-        with KernelCapture(cuda) as prof, quiet_gc(), (syncs.counting() if cuda else contextlib.nullcontext()):
+        # module hooks would recompile a compiled step and never run inside a captured graph
+        ex = getattr(model, "exec", None)
+        hooks = mcfg.module_hooks and not (ex is not None and (ex.compile or ex.cuda_graphs != "none"
+                                                               or ex.prefill_graphs or ex.vision_impl == "fused"))
+        tracker = ModuleTracker(model) if hooks else contextlib.nullcontext()
+        with tracker as modules, KernelCapture(cuda) as prof, quiet_gc(), \
+                (syncs.counting() if cuda else contextlib.nullcontext()):
             res = generate(model, req, syncs)
             ranges = rec.finish()
-        kern = kernel_table(prof, cuda, ranges)
+        kern = kernel_table(prof, cuda, ranges, modules)
         kern.insert(0, "case", case["case"])
+        if trace_path is not None:
+            size = prof.save_trace(trace_path)
+            if info is not None:
+                info["trace"] = {"path": str(trace_path), "bytes": size}
+            say(f"{case['case']}: trace {trace_path} ({size / 1e6:.1f} MB)")
         n_steps = int((ranges["range"] == "decode_step").sum())
         for row in stage_rows(ranges, kern, req.batch):
             row.update(case, repeat="profiled", note=note)
+            if row["stage"] == "request":
+                row.update(prep_columns(prep, row.get("ttft_ms")))
             if cuda:
                 row["host_syncs"] = syncs.counts.get(row["stage"], 0) if row["stage"] != "request" \
                     else sum(syncs.counts.values()) - syncs.counts.get("decode_step", 0)
@@ -205,6 +252,6 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
                     agg.at[i, c] = keyed.loc[key, c]
                 span = row["gpu_ms"] if pd.notna(row["gpu_ms"]) else row["host_ms"]
                 if pd.notna(keyed.loc[key, "busy_ms"]):
-                    agg.at[i, "idle_ms"] = span - keyed.loc[key, "busy_ms"]
+                    agg.at[i, "idle_ms"] = max(span - keyed.loc[key, "busy_ms"], 0.0)
         df = pd.concat([df, prof], ignore_index=True)
     return pd.concat([df, agg], ignore_index=True), kern, routing

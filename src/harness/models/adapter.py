@@ -23,6 +23,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Optional, Protocol
 
+import numpy as np
 import torch
 
 from .routing import RoutingCounter
@@ -47,7 +48,8 @@ class GenerationResult:
     """Greedy tokens [B, decode_tokens] and per-layer routed-expert token counts.
 
     ``routing[phase]`` is an int64 array [num_layers, n_routed_experts] (rows of dense layers
-    are zero); ``phase`` is ``prefill`` or ``decode`` (summed over steps). ``kv_cache_bytes``:
+    are zero); ``phase`` is ``prefill`` or ``decode`` (summed over steps); ``routing_steps`` the
+    decode counts per step, int64 [steps, layers, experts] (None when not kept). ``kv_cache_bytes``:
     the cache's size at the end [B]; ``host_ms['request']``: host wall time of the request [ms].
     ``prompt_tokens``: the prompt length that ran, where the model built its own prompt (the
     vendor's ``infer()``); None: the request's.
@@ -55,6 +57,7 @@ class GenerationResult:
 
     tokens: torch.Tensor
     routing: dict = field(default_factory=dict)
+    routing_steps: Optional[np.ndarray] = None
     kv_cache_bytes: int = 0
     host_ms: dict = field(default_factory=dict)
     prompt_tokens: Optional[int] = None

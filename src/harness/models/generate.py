@@ -3,9 +3,10 @@
 ``generate(adapter, request, stage)`` runs ``request`` (a ``harness.workload.Request`` already on
 the model's device) through a ``ModelAdapter``: the adapter's ``first_token`` (vision stages and
 prefill), then ``decode_tokens - 1`` calls of ``next_token`` (one ``decode_step`` range each).
-EOS is ignored: decoding always runs the fixed budget. Routing counts, the KV cache size and the
-request's host time come back in a ``GenerationResult``. An adapter that owns its loop
-(``generate_own``, ``harness.models.adapter.own_loop``) runs the request itself instead.
+EOS is ignored: decoding always runs the fixed budget. Routing counts (per phase, and per decode
+step: ``counter.step(i)`` is a host integer, nothing syncs), the KV cache size and the request's
+host time come back in a ``GenerationResult``. An adapter that owns its loop (``generate_own``,
+``harness.models.adapter.own_loop``) runs the request itself instead.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def generate(adapter: ModelAdapter, request, stage: StageFn = no_stage,
 def _loop(adapter: ModelAdapter, request, stage: StageFn, n_new: int) -> GenerationResult:
     """The harness's greedy loop over ``first_token`` / ``next_token``."""
     counter = adapter.routing_counter()
+    steps = max(n_new - 1, 0)
+    counter.plan_steps(steps)
     out = []
     with adapter.running(request, n_new, counter) as cache, stage("request"):
         t0 = time.perf_counter()
@@ -39,11 +42,14 @@ def _loop(adapter: ModelAdapter, request, stage: StageFn, n_new: int) -> Generat
         counter.phase("decode")
         out.append(token)
         with stage("decode"):
-            for step in range(max(n_new - 1, 0)):
+            for step in range(steps):
+                counter.step(step)
                 with stage("decode_step", step=step):
                     token = adapter.next_token(token, cache, greedy)
                 out.append(token)
+        counter.step(None)
         counter.phase(None)
         host_ms = (time.perf_counter() - t0) * 1e3
     return GenerationResult(tokens=torch.cat(out, dim=1)[:, :n_new], routing=counter.result(),
+                            routing_steps=counter.steps_result(),
                             kv_cache_bytes=cache.nbytes(), host_ms={"request": host_ms})

@@ -3,12 +3,16 @@
 * ``specs``: dense datasheet peaks per dtype and memory bandwidth, device-name matching,
   config overrides -> ``Peaks`` (datasheet + calibrated ceilings of one run).
 * ``calibrate``: ``python -m harness calibrate`` (measured GEMM TFLOP/s, copy GB/s, cached per device).
-* ``join``: stages.csv / kernels.csv / routing.csv x ``harness.analytic`` -> roofline rows
+* ``point``: the math of one row (floor, efficiencies against span and busy time, the bound rule).
+* ``join``: stages.csv / routing csvs x ``harness.analytic`` -> stage roofline rows
   (achieved rates, intensity, ridge, floor, efficiency vs both ceilings, bound, MFU / MBU).
+* ``ops``: kernels.csv (op group of the launching module) x analytic families -> op-family rows.
+* ``table``: ``roofline_table``, both together.
 * ``plot``: roofline.png.
 """
 from .specs import SPECS, DeviceSpec, Peaks, match_device, resolve_peaks
-from .join import OP_GROUPS, ROOFLINE_COLUMNS, load_run, roofline_point, roofline_table
+from .join import OP_GROUPS, ROOFLINE_COLUMNS, load_run, roofline_point
+from .table import roofline_table
 
 __all__ = ["SPECS", "DeviceSpec", "Peaks", "match_device", "resolve_peaks", "OP_GROUPS", "ROOFLINE_COLUMNS",
            "load_run", "roofline_point", "roofline_table"]

@@ -11,8 +11,9 @@
 The record is cached as ``<cache>/calibration-<device-slug>.json`` (cache = ``hardware.cache_dir``,
 else ``$HARNESS_CACHE_DIR``, else ``~/.cache/dsocr-harness``), copied into the verb's output
 directory as ``calibration.json`` and printed. ``python -m harness run`` loads the cached record
-of its device (``hardware.calibration: auto``) and uses it as the second ceiling; without one the
-report says "not calibrated".
+of its device (``hardware.calibration: auto``) and uses it as the second ceiling; when there is
+none it calibrates first (``ensure_calibration``: a few seconds, cached for later runs) unless
+``hardware.calibrate=false``, and the manifest's ``calibration`` entry says which happened.
 """
 from __future__ import annotations
 
@@ -155,6 +156,40 @@ def calibrate(device, hardware=None, progress=print, write_cache: bool = True) -
     return rec
 
 
+#: the calibration fields a run's manifest keeps (the report reads its ceilings from them)
+MANIFEST_KEYS = ("device_name", "gemm_tflops", "gemm_dtype", "gemm_size", "copy_gbs", "copy_bytes_moved", "timer",
+                 "statistic", "iters", "measured", "path")
+
+
+def ensure_calibration(device, hardware=None, progress=print) -> dict:
+    """The calibration entry of a run's manifest: ``status`` 'cached' (this device's record was
+    found), 'measured' (none was: measured now and cached, ``seconds`` it took), or 'not
+    calibrated' (with the ``reason``), plus the record's ``MANIFEST_KEYS``."""
+    import time
+
+    from ..setup import device_info
+
+    hw = hardware_config(hardware)
+    info = device_info(device)
+    name = info.get("name") or cpu_name()
+    how = str(hw.calibration or "auto").lower()
+    rec = load_calibration(name, hw)
+    if rec is not None:
+        return {"status": "cached", **{k: rec.get(k) for k in MANIFEST_KEYS}}
+    if how != "auto":
+        return {"status": "not calibrated", "reason": f"hardware.calibration={hw.calibration} (no record used)"}
+    if not hw.calibrate:
+        return {"status": "not calibrated", "reason": "no cached record and hardware.calibrate=false"}
+    progress(f"[harness] no calibration cached for {name}: measuring GEMM and copy ceilings "
+             f"(hardware.calibrate=false skips this)")
+    t0 = time.perf_counter()
+    rec = calibrate(device, hw, progress=progress)
+    seconds = time.perf_counter() - t0
+    progress(f"[harness] calibrated in {seconds:.1f} s: GEMM {rec['gemm_tflops']:,.4g} TFLOP/s "
+             f"({rec['gemm_dtype']}), copy {rec['copy_gbs']:,.4g} GB/s -> {rec.get('path')}")
+    return {"status": "measured", "seconds": seconds, **{k: rec.get(k) for k in MANIFEST_KEYS}}
+
+
 def summary_lines(rec: dict) -> list:
     """Human lines: measured ceilings and their fraction of the dense datasheet peak."""
     name = rec["device_name"]
@@ -190,5 +225,5 @@ def calibrate_from_config(cfg, out_dir: Path) -> dict:
     return rec
 
 
-__all__ = ["calibrate", "calibrate_from_config", "load_calibration", "measure", "cache_path", "cache_dir",
-           "summary_lines"]
+__all__ = ["calibrate", "calibrate_from_config", "load_calibration", "ensure_calibration", "measure", "cache_path",
+           "cache_dir", "summary_lines", "MANIFEST_KEYS"]

@@ -74,6 +74,13 @@ def plot_roofline(table: pd.DataFrame, peaks: Peaks, path, title: str = "") -> P
     ax.legend(handles, labels, fontsize=7, loc="lower right", ncol=2)
     if skipped:
         fig.text(0.01, 0.01, "not plotted (no tensor FLOPs or time): " + ", ".join(skipped)[:180], fontsize=6)
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Lay out, write atomically (tmp file + rename) and close a matplotlib figure; returns ``path``."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.stem + ".tmp.png")
@@ -81,9 +88,6 @@ def plot_roofline(table: pd.DataFrame, peaks: Peaks, path, title: str = "") -> P
     plt.close(fig)
     tmp.replace(path)
     return path
-
-
-__all__ = ["plot_roofline"]
 
 
 def plot_ladder(rows: pd.DataFrame, path, title: str = "") -> Path:
@@ -115,7 +119,7 @@ def plot_ladder(rows: pd.DataFrame, path, title: str = "") -> Path:
         ax2.legend(loc="upper right", fontsize=8)
     ax.legend(loc="upper left", fontsize=8)
     ax.set_title(title or "execution ladder: decode throughput and bandwidth utilisation")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
+
+
+__all__ = ["plot_roofline", "plot_ladder", "save_figure"]

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# GPU acceptance of the execution variants, numbers, nsys and vendor-path issues (one or more
+# sections per call; results under $OUT). Carry .whl (+ .whl-vendor and models for `vendor`,
+# .nsysdeps for `nsys`).
+#   bash scripts/device/wave2.sh tests opt bench
+#   bash scripts/device/wave2.sh crop ncu nsys vendor
+set -u
+set -o pipefail
+source scripts/device_setup.sh
+export PATH=$PATH:/usr/local/cuda/bin
+OUT=${OUT:-device-out}; mkdir -p "$OUT"
+quiet() { grep -v "^USDT\|UserWarning\|_warn_once\|==PROF==\|warnings.warn\|FutureWarning" ; }
+pack() { (cd "$1" && tar czf "$OUT/$2.tgz" --exclude=kernels.csv --exclude='traces' --exclude='*.ncu-rep' \
+          --exclude='*.nsys-rep' --exclude='*.qdstrm' --exclude='*.sqlite' --exclude='kernels_raw.csv' .) ; }
+BEST="kv_cache=static moe_impl=grouped cuda_graphs=decode compile=true prefill_graphs=true vision_impl=fused"
+for section in "$@"; do
+  echo "== $section $(date +%T)"
+  s=$SECONDS
+  case $section in
+    tests)  timeout 240 python -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tail -6 | tee "$OUT/gputests.log" ;;
+    opt)    timeout 420 python -m harness run +experiment=optimize measure.kernels=true run.root=/tmp/opt 2>&1 | quiet \
+              | grep -v "repeat [0-9]*/\|warm-up [0-9]" | tail -20 | tee "$OUT/opt.log"; pack /tmp/opt opt ;;
+    bench)  timeout 200 python scripts/bench_overhead.py --rounds 20 --capture-rounds 0 --alt-rounds 6 \
+              --execution $BEST 2>&1 | quiet | tail -12 | tee "$OUT/bench.log" ;;
+    crop)   timeout 300 python -m harness run +experiment=crop_mode measure.kernels=true run.root=/tmp/crop 2>&1 | quiet \
+              | tail -3 | tee "$OUT/crop.log"; pack /tmp/crop crop ;;
+    ncu)    for st in sam decode; do
+              m=all; [ $st = decode ] && m=memory
+              timeout 200 python -m harness profile tool=ncu stage=$st profile.metrics=$m workload.decode_tokens=2 \
+                run.root=/tmp/prof 2>&1 | quiet | tail -14 | tee -a "$OUT/ncu.log"
+            done; pack /tmp/prof prof ;;
+    nsys)   HARNESS_NSYS_LIBS=$PWD/.nsysdeps/root timeout 240 python -m harness profile tool=nsys stage=decode \
+              workload.decode_tokens=16 run.root=/tmp/nsys 2>&1 | quiet | tail -20 | tee "$OUT/nsys.log"; pack /tmp/nsys nsys ;;
+    vendor) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite .whl-vendor/*.whl
+            for loop in ours hf_generate; do
+              PYTHONPATH=/tmp/vsite:$PYTHONPATH timeout 300 python -m harness run +experiment=vendor_paths model=vendor \
+                model.path=models/deepseek-ocr model.vendor_loop=$loop measure.warmup=0 measure.repeats=1 \
+                run.root=/tmp/vendor run.name=vendor-$loop 2>&1 | quiet | tail -3 | tee -a "$OUT/vendor.log"
+            done
+            timeout 200 python -m harness run +experiment=vendor_paths $(for kv in $BEST; do echo model.$kv; done) \
+              measure.warmup=1 measure.repeats=3 run.root=/tmp/vendor run.name=best 2>&1 | quiet | tail -3 | tee -a "$OUT/vendor.log"
+            python scripts/tpot_table.py /tmp/vendor/* 2>&1 | tail -20 | tee -a "$OUT/vendor.log"; pack /tmp/vendor vendor ;;
+  esac
+  echo "[$section: $((SECONDS - s)) s]" | tee -a "$OUT/times.txt"
+done

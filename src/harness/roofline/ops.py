@@ -1,0 +1,114 @@
+"""Op-family rows of the roofline (``level = op_family``): kernel busy time per op group against
+the analytic work of the group's families, per case x stage.
+
+Which op group a kernel belongs to follows the module that launched it (``kernels.csv``
+``op_group``, from ``harness.measure.modules.ModuleTracker``; ``attribution = module``):
+
+* ``matmul``: GEMM/conv/attention families (attention, MLPs, projector, gate, experts, lm_head,
+  patch embedding, convs) incl. their own elementwise kernels (bias, activation, residual),
+  less the KV-cache copy traffic;
+* ``kv_cache``: kernels inside the KV cache's ``update`` (the growing cache's ``torch.cat``)
+  against the analytic copy traffic (``bytes_kv_copy_read/write``: growing minus static cache);
+* ``norm`` (layernorm, layernorm2d, rmsnorm), ``rope`` (the cos/sin tables; the rotation itself
+  runs inline in the attention module and is counted there), ``memory/routing`` (token
+  embedding, image layout, CLIP embeddings);
+* ``routing/indexing``: the MoE container's own kernels (argsort, gather, scatter, expert counts
+  and their copy to the host, the weighted sum): no analytic work of their own;
+* ``elementwise``: kernels of container modules (decoder layer, SAM/CLIP block: residual adds,
+  casts); ``other``: kernels launched outside every module (adapter glue, argmax).
+
+Runs whose kernels.csv has no ``op_group`` (written before module attribution) are grouped by
+kernel-name category (``OP_GROUPS`` categories; ``attribution = kernel name``).
+
+``measured_ms`` and ``kernel_busy_ms`` of an op-family row are the union of its kernel intervals
+in the profiled request. A row whose group has no analytic work (zero FLOPs and bytes) is
+``overhead``: no floor, no efficiency.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import pandas as pd
+
+from ..measure.summarize import busy_ms
+from ..stages import STAGES
+from .join import OP_GROUPS, ROOFLINE_COLUMNS, SUM_COLS, _row
+from .specs import Peaks
+
+KV_GROUP = "kv_cache"
+
+
+def _sums(fsub: pd.DataFrame, group: str) -> dict:
+    """Analytic SUM_COLS of a group's family rows; the KV copy traffic moves from matmul to kv_cache."""
+    tot = {c: float(pd.to_numeric(fsub[c], errors="coerce").fillna(0).sum()) if c in fsub else 0.0 for c in SUM_COLS}
+    cr = float(fsub["bytes_kv_copy_read"].fillna(0).sum()) if "bytes_kv_copy_read" in fsub else 0.0
+    cw = float(fsub["bytes_kv_copy_write"].fillna(0).sum()) if "bytes_kv_copy_write" in fsub else 0.0
+    if group == KV_GROUP:
+        return {c: 0.0 for c in SUM_COLS} | {"bytes_kv_read": cr, "bytes_kv_write": cw, "bytes": cr + cw}
+    if group == "matmul":
+        tot.update(bytes_kv_read=tot["bytes_kv_read"] - cr, bytes_kv_write=tot["bytes_kv_write"] - cw,
+                   bytes=tot["bytes"] - cr - cw)
+    return tot
+
+
+def _categories(sub: pd.DataFrame) -> str:
+    """Kernel-name categories of a row's kernels, most busy first ('gemm+activation/elementwise')."""
+    if not len(sub):
+        return ""
+    order = sub.groupby("category")["dur_ms"].sum().sort_values(ascending=False, kind="stable")
+    return "+".join(order.index.astype(str))
+
+
+def _by_module(kernels: pd.DataFrame) -> bool:
+    return "op_group" in kernels and kernels["op_group"].notna().any() and (kernels["op_group"].astype(str) != "").any()
+
+
+def join_op_families(kernels: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks,
+                     timers: Optional[dict] = None) -> pd.DataFrame:
+    """Op-family rows per case x stage x ``OP_GROUPS`` entry (see the module docstring)."""
+    if kernels is None or not len(kernels) or "stage" not in kernels or analytic is None or not len(analytic):
+        return pd.DataFrame(columns=ROOFLINE_COLUMNS)
+    fam = analytic[analytic["family"] != "TOTAL"]
+    kk = kernels[kernels["stage"].notna()]
+    module = _by_module(kk)
+    rows = []
+    for (case, stage), ks in kk.groupby(["case", "stage"], sort=False):
+        af = fam[(fam["case"] == case) & (fam["stage"] == stage)]
+        if stage not in STAGES or not len(af):
+            continue
+        routing = str(af["routing"].iloc[0]) if "routing" in af else ""
+        for group, (cats, fams) in OP_GROUPS.items():
+            if module:
+                sub = ks[ks["op_group"].astype(str) == group]
+                fsub = af[af["family"].isin(("llm_attention",) if group == KV_GROUP else fams)]
+            else:
+                sub = ks[ks["category"].isin(cats)]
+                fsub = af[af["family"].isin(fams)]
+            tot = _sums(fsub, group if module else "")
+            work = tot["tensor_flops"] > 0 or tot["bytes"] > 0
+            if not len(sub) and not work:
+                continue
+            busy = busy_ms(sub) if len(sub) else 0.0
+            present = [f for f in dict.fromkeys(fsub["family"])] if work else []
+            note = ""
+            if not work:
+                note = ("no analytic work: MoE routing and indexing (pure overhead)" if group == "routing/indexing"
+                        else "no analytic work in this group (pure overhead)")
+            elif not len(sub):
+                note = ("analytic work but no kernels of this group were captured" if module else
+                        "no kernel category maps to this group (kernel-name grouping)")
+            m = {"timer": (timers or {}).get(case, ""), "measured_ms": busy if busy > 0 else None,
+                 "kernel_busy_ms": busy, "kernels": len(sub),
+                 "kernel_categories": _categories(sub) if module else "+".join(cats),
+                 "analytic_families": "+".join(present), "attribution": "module" if module else "kernel name"}
+            r = _row(case, stage, "op_family", group, tot, peaks, m, routing, note)
+            if not work:
+                for c in ("floor_ms", "floor_ms_cal", "efficiency", "efficiency_cal", "efficiency_busy",
+                          "efficiency_busy_cal", "intensity"):
+                    r[c] = None
+                r["bound"], r["bound_basis"] = "overhead", "no analytic counterpart"
+            rows.append(r)
+    return pd.DataFrame(rows, columns=ROOFLINE_COLUMNS)
+
+
+__all__ = ["join_op_families", "KV_GROUP"]

@@ -1,0 +1,29 @@
+"""The roofline table of a run: stage rows (``join``) and op-family rows (``ops``) together."""
+from __future__ import annotations
+
+import pandas as pd
+
+from ..rundir import RunData
+from .join import ROOFLINE_COLUMNS, analytic_for_run, join_stages, measured_stages
+from .ops import join_op_families
+from .specs import Peaks
+
+
+def roofline_table(run: RunData, peaks: Peaks) -> tuple:
+    """(roofline DataFrame [ROOFLINE_COLUMNS], analytic DataFrame, measured stages, notes): the
+    run's measured tables joined with its analytic frames (derived here when ``run.analytic`` is
+    None, i.e. for a run read back from disk)."""
+    measured = measured_stages(run.stages)
+    if run.analytic is None:
+        analytic, mbu_bytes, notes = analytic_for_run(run)
+    else:
+        analytic, mbu_bytes, notes = run.analytic, run.mbu_bytes, list(run.notes)
+    st = join_stages(measured, analytic, peaks, mbu_bytes)
+    timers = {c: g["timer"].iloc[0] for c, g in measured.groupby("case")} if len(measured) else {}
+    op = join_op_families(run.kernels, analytic, peaks, timers)
+    frames = [f for f in (st, op) if len(f)]
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=ROOFLINE_COLUMNS)
+    return table, analytic, measured, notes
+
+
+__all__ = ["roofline_table"]
