@@ -2,6 +2,7 @@
 of ``harness.models.fast_moe``, at DeepSeek-OCR's sizes (H=1280, I=896, E=64, top-6, bf16).
 
     python scripts/bench_fast_moe.py [--tokens 1 8 32 64 300] [--reps 50] [--warmup 10] [--csv out.csv]
+    python scripts/bench_fast_moe.py --rows-sweep --tokens 1 2   # tiles of the decode-size kernels
 
 Self-contained: one MoE layer with random weights (std 0.02, the harness's init_std), routing from
 its own fp32 softmax gate on random activations. For each T and implementation it prints:
@@ -157,6 +158,41 @@ def bench_bf16(moe: MoE, weights: fm.ExpertWeights, tokens, reps, warmup, flush)
     return rows
 
 
+ROWS_CANDIDATES = [(4, 256, 2), (8, 128, 4), (8, 256, 4), (8, 512, 4), (16, 128, 4), (16, 256, 4),
+                   (16, 256, 8), (32, 128, 4), (32, 64, 2)]
+
+
+def rows_sweep(moe: MoE, weights: fm.ExpertWeights, tokens, reps, warmup, flush) -> list[dict]:
+    """The per-row decode kernels (``fast_moe_triton.routed_experts_rows``) under each tile candidate:
+    one kernel's tiles varied at a time, the other's at the default; each call graph-captured."""
+    from harness.models import fast_moe_triton as fmt
+    dev = weights.gate_up.device
+    base = fmt.RowsConfig()
+    configs = [("default", base)]
+    configs += [(f"gate_up={c}", fmt.RowsConfig(gate_up=c, down=base.down)) for c in ROWS_CANDIDATES if c != base.gate_up]
+    configs += [(f"down={c}", fmt.RowsConfig(gate_up=base.gate_up, down=c)) for c in ROWS_CANDIDATES if c != base.down]
+    rows = []
+    for T in tokens:
+        gen = torch.Generator(device=dev).manual_seed(T)
+        x = torch.randn(T, weights.hidden, device=dev, generator=gen).to(torch.bfloat16)
+        ids, w = moe.gate(x)
+        if ids.numel() > fmt.ROWS_KERNEL_MAX:
+            continue
+        bytes_touched = torch.unique(ids).numel() * weights.bytes_per_expert()
+        ref = moe.moe_infer(x, ids, w)
+        for label, cfg in configs:
+            def call(cfg=cfg):
+                return fmt.routed_experts_rows(x, ids, w, weights, cfg)
+            try:
+                graph, out = capture(call)
+                spans = time_ms(graph.replay, reps, warmup, flush)
+            except Exception as exc:  # a tile that does not compile: report and go on
+                print(f"skipped: rows {label} at T={T}: {exc.__class__.__name__}: {str(exc).splitlines()[0][:120]}")
+                continue
+            rows.append(row("rows+graph", T, spans, bytes_touched, rel_err(out, ref), "yes", label))
+    return rows
+
+
 def check_fp32(moe32: MoE, weights32: fm.ExpertWeights, tokens) -> None:
     dev = weights32.gate_up.device
     print("\nfp32 parity against the vendor loop (rel_err <= 1e-5):")
@@ -192,6 +228,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--csv", default=None, help="also write the table here")
     ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 parity section")
+    ap.add_argument("--rows-sweep", action="store_true",
+                    help="only time the per-row decode kernels under each tile candidate (T*k <= 16)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("skipped: all: no CUDA device (this is a device script)")
@@ -210,6 +248,9 @@ def main(argv=None) -> int:
     print(f"experts: {weights.num_experts} x (gate_up {tuple(weights.gate_up.shape[1:])} + down "
           f"{tuple(weights.down.shape[1:])}) bf16, {weights.bytes_per_expert() / 1e6:.2f} MB per expert")
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=dev)
+    if args.rows_sweep:
+        print_table(rows_sweep(moe, weights, args.tokens, args.reps, args.warmup, flush))
+        return 0
     rows = bench_bf16(moe, weights, args.tokens, args.reps, args.warmup, flush)
     print_table(rows)
     if args.csv:

@@ -50,6 +50,15 @@ def test_a_bad_swept_value_is_refused_too():
     assert check_overrides(["-m", "workload.batch=1,2"]).workload.batch == 1
 
 
+def test_run_only_selects_cases_by_name_and_refuses_unknown_names():
+    from harness.setup import case_workloads
+    cfg = check_overrides(["+experiment=optimize", "run.only=[best-b32,vendor-style]"])
+    assert [name for name, _, _ in case_workloads(cfg)] == ["vendor-style", "best-b32"]   # the experiment's order
+    assert case_workloads(cfg)[1][1].batch == 32
+    with pytest.raises(HarnessError, match="no case named best-b7.*best-b8"):
+        check_overrides(["+experiment=optimize", "run.only=[best-b7]"])
+
+
 def test_defaults_and_experiments_compose_typed():
     cfg = check_overrides([])
     assert isinstance(cfg, HarnessConfig) and isinstance(cfg.model, ModelConfig)

@@ -413,3 +413,28 @@ def test_rows_kernel_equals_the_blocked_kernels_for_decode_batches():
         rows = fm.routed_experts(x, ids, w, weights, "triton")
         blocked = fm.routed_experts(x, ids, w, weights, "triton", triton_config=fm.TritonMoEConfig())
         torch.testing.assert_close(rows, blocked, rtol=1e-5, atol=1e-6)
+
+
+def test_rows_kernel_tiles_cover_ragged_reduction_lengths():
+    """The per-row kernels unroll over H and I in BLOCK_K steps: with H=72, I=40 (not multiples of the
+    tiles) every tile choice gives the blocked kernels' result; a non-power-of-two tile is refused."""
+    ok, why = fm.triton_available("cpu" if not torch.cuda.is_available() else "cuda")
+    if not ok:
+        pytest.skip(why)
+    from harness.errors import HarnessError
+    from harness.models import fast_moe_triton as fmt
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(3)
+    E, H, I, T, k = 6, 72, 40, 2, 3
+    weights = fm.ExpertWeights(gate_up=(torch.randn(E, 2 * I, H, generator=gen) * 0.1).to(dev),
+                               down=(torch.randn(E, H, I, generator=gen) * 0.1).to(dev))
+    x = torch.randn(T, H, generator=gen).to(dev)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)]).to(dev)
+    w = torch.rand(T, k, generator=gen).to(dev)
+    blocked = fm.routed_experts(x, ids, w, weights, "triton", triton_config=fm.TritonMoEConfig())
+    for cfg in (fmt.RowsConfig(gate_up=(4, 16, 2), down=(8, 16, 1)), fmt.RowsConfig(gate_up=(16, 32, 4), down=(4, 8, 2)),
+                fmt.RowsConfig()):
+        torch.testing.assert_close(fmt.routed_experts_rows(x, ids, w, weights, cfg), blocked, rtol=1e-5, atol=1e-6)
+    with pytest.raises(HarnessError, match="powers of two"):
+        fmt.routed_experts_rows(x, ids, w, weights, fmt.RowsConfig(gate_up=(12, 32, 4)))

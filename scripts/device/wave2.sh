@@ -4,6 +4,7 @@
 # .nsysdeps for `nsys`).
 #   bash scripts/device/wave2.sh tests opt bench
 #   bash scripts/device/wave2.sh crop ncu nsys vendor
+#   bash scripts/device/wave2.sh sweep quick       # decode MoE tiles; vendor-style / compiled / best only
 set -u
 set -o pipefail
 source scripts/device_setup.sh
@@ -22,6 +23,11 @@ for section in "$@"; do
               | grep -v "repeat [0-9]*/\|warm-up [0-9]" | tail -20 | tee "$OUT/opt.log"; pack /tmp/opt opt ;;
     bench)  timeout 200 python scripts/bench_overhead.py --rounds 20 --capture-rounds 0 --alt-rounds 6 \
               --execution $BEST 2>&1 | quiet | tail -12 | tee "$OUT/bench.log" ;;
+    sweep)  timeout 150 python scripts/bench_fast_moe.py --rows-sweep --tokens 1 2 --reps 50 2>&1 | quiet \
+              | tee "$OUT/sweep.log" ;;
+    quick)  timeout 240 python -m harness run +experiment=optimize run.only=[vendor-style,compiled,best] \
+              measure.kernels=true run.root=/tmp/quick 2>&1 | quiet | grep -v "repeat [0-9]*/\|warm-up [0-9]" \
+              | tail -12 | tee "$OUT/quick.log"; pack /tmp/quick quick ;;
     crop)   timeout 300 python -m harness run +experiment=crop_mode measure.kernels=true run.root=/tmp/crop 2>&1 | quiet \
               | tail -3 | tee "$OUT/crop.log"; pack /tmp/crop crop ;;
     ncu)    for st in sam decode; do
@@ -30,7 +36,9 @@ for section in "$@"; do
                 run.root=/tmp/prof 2>&1 | quiet | tail -14 | tee -a "$OUT/ncu.log"
             done; pack /tmp/prof prof ;;
     nsys)   HARNESS_NSYS_LIBS=$PWD/.nsysdeps/root timeout 240 python -m harness profile tool=nsys stage=decode \
-              workload.decode_tokens=16 run.root=/tmp/nsys 2>&1 | quiet | tail -20 | tee "$OUT/nsys.log"; pack /tmp/nsys nsys ;;
+              workload.decode_tokens=16 run.root=/tmp/nsys 2>&1 | quiet | tail -20 | tee "$OUT/nsys.log"; pack /tmp/nsys nsys
+            HARNESS_NSYS_LIBS=$PWD/.nsysdeps/root timeout 150 python -m pytest -q -x -p no:cacheprovider \
+              tests/test_nsys.py -m gpu 2>&1 | tail -40 | tee -a "$OUT/nsys.log" ;;
     vendor) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite .whl-vendor/*.whl
             for loop in ours hf_generate; do
               PYTHONPATH=/tmp/vsite:$PYTHONPATH timeout 300 python -m harness run +experiment=vendor_paths model=vendor \

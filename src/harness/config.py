@@ -265,6 +265,7 @@ class ProfileConfig:
 class RunConfig:
     name: str = "${experiment_name}"                     # run directory suffix
     root: str = "runs"                                   # where run directories are created
+    only: Optional[List[str]] = None   # run only these of the experiment's cases, by name (run.only=[best,best-b32])
 
 
 @dataclass
@@ -492,6 +493,12 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
         raise HarnessError(f"workload.page_size={list(ps)} is not [width, height] in pixels",
                            "write it as [1240, 1754]")
     check_vendor_knobs(cfg.model)
+    if cfg.run.only is not None:
+        names = [c.name for c in cfg.cases or []]
+        unknown = [n for n in cfg.run.only if n not in names]
+        if unknown or not cfg.run.only:
+            raise HarnessError(f"run.only={list(cfg.run.only)}: {'no case named ' + ', '.join(map(str, unknown)) if unknown else 'empty'}",
+                               f"name cases of the experiment: {', '.join(str(n) for n in names) or '(it has none)'}")
     return cfg
 
 

@@ -157,10 +157,12 @@ def pages_for(w: WorkloadConfig, repeat: int) -> list:
 
 def case_workloads(cfg: HarnessConfig) -> list:
     """[(name or None, WorkloadConfig, ModelConfig)]: ``workload`` with each ``cases`` entry's non-None
-    workload fields, ``model`` with its execution overrides."""
+    workload fields, ``model`` with its execution overrides; only the cases named in ``run.only`` when set."""
     out = []
     names = {f.name for f in dataclasses.fields(WorkloadConfig)}
     for ov in cfg.cases or [CaseConfig()]:
+        if cfg.run.only is not None and ov.name not in cfg.run.only:
+            continue
         fields = {f.name: getattr(ov, f.name) for f in dataclasses.fields(ov) if f.name in names}
         w = dataclasses.replace(cfg.workload, **{k: v for k, v in fields.items() if v is not None})
         out.append((ov.name, w, case_model(cfg.model, ov)))

@@ -23,6 +23,7 @@ touched experts, so the weights read are exactly those experts' weights.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -192,19 +193,31 @@ def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch
 # For a few routed rows (T*k <= ROWS_KERNEL_MAX, a decode step at small batch) sorting and padding
 # rows per expert costs more than it saves: a dozen small launches per layer around two GEMMs whose
 # tiles are mostly padding. ``routed_experts_rows`` instead gives every (token, slot) row its own
-# programs: each reads its expert id from ``topk_ids`` on the device and streams that expert's
-# weight tiles once (a GEMV on the CUDA cores, fp32 accumulation), so a batch-1 step reads exactly
-# the k touched experts, in 2 launches plus the sum over k. Rows that share an expert read it again
-# (from L2 when close in time), so the blocked kernels above serve larger batches.
+# programs: each reads its expert id from ``topk_ids`` on the device and streams BLOCK_N rows of that
+# expert's weights once (a GEMV on the CUDA cores, fp32 accumulation), so a batch-1 step reads exactly
+# the k touched experts, in 2 launches plus the sum over k. The reduction length (H for gate/up, I
+# for down) is a compile-time constant and the loop over it is unrolled, so a program issues all its
+# weight loads before the first multiply: a memory-bound GEMV needs many bytes in flight per SM, which
+# a rolled loop of dependent iterations does not give. Rows that share an expert read it again (from
+# L2 when close in time), so the blocked kernels above serve larger batches.
 
 ROWS_KERNEL_MAX = 16
 
 
+@dataclass(frozen=True)
+class RowsConfig:
+    """Tile sizes of the per-row kernels: BLOCK_N output columns per program, BLOCK_K reduction
+    elements per load, num_warps; ``gate_up`` for the first kernel, ``down`` for the second.
+    Defaults: the fastest of ``scripts/bench_fast_moe.py --rows-sweep`` on an H200 (bf16, H=1280, I=896)."""
+    gate_up: tuple[int, int, int] = (8, 256, 4)
+    down: tuple[int, int, int] = (8, 128, 4)
+
+
 @triton.jit
 def _rows_gate_up_silu_kernel(
-    x_ptr, w_ptr, h_ptr, ids_ptr, top_k, hidden, inter,
+    x_ptr, w_ptr, h_ptr, ids_ptr, top_k, inter,
     stride_xt, stride_xh, stride_we, stride_wn, stride_wh, stride_hr, stride_hi,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
+    HIDDEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
 ):
     row = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -215,18 +228,16 @@ def _rows_gate_up_silu_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     acc_gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    wg = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wh
+    wg = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn
     wu = wg + inter * stride_wn
-    xp = x_ptr + token * stride_xt + offs_k * stride_xh
-    for kb in range(0, tl.cdiv(hidden, BLOCK_K)):
-        k_ok = offs_k < hidden - kb * BLOCK_K
-        xv = tl.load(xp, mask=k_ok, other=0.0).to(tl.float32)
+    xp = x_ptr + token * stride_xt
+    for k0 in tl.static_range(0, HIDDEN, BLOCK_K):
+        k_ok = offs_k < HIDDEN - k0
+        xv = tl.load(xp + (k0 + offs_k) * stride_xh, mask=k_ok, other=0.0).to(tl.float32)
         m = n_ok[:, None] & k_ok[None, :]
-        acc_gate += tl.sum(tl.load(wg, mask=m, other=0.0).to(tl.float32) * xv[None, :], axis=1)
-        acc_up += tl.sum(tl.load(wu, mask=m, other=0.0).to(tl.float32) * xv[None, :], axis=1)
-        xp += BLOCK_K * stride_xh
-        wg += BLOCK_K * stride_wh
-        wu += BLOCK_K * stride_wh
+        col = (k0 + offs_k)[None, :] * stride_wh
+        acc_gate += tl.sum(tl.load(wg + col, mask=m, other=0.0).to(tl.float32) * xv[None, :], axis=1)
+        acc_up += tl.sum(tl.load(wu + col, mask=m, other=0.0).to(tl.float32) * xv[None, :], axis=1)
     act = h_ptr.dtype.element_ty
     gate = _rne(acc_gate, EMULATE_BF16_RNE).to(act).to(tl.float32)
     up = _rne(acc_up, EMULATE_BF16_RNE).to(act).to(tl.float32)
@@ -237,9 +248,9 @@ def _rows_gate_up_silu_kernel(
 
 @triton.jit
 def _rows_down_weighted_kernel(
-    h_ptr, w_ptr, out_ptr, ids_ptr, topk_w_ptr, hidden, inter,
+    h_ptr, w_ptr, out_ptr, ids_ptr, topk_w_ptr, hidden,
     stride_hr, stride_hi, stride_we, stride_wn, stride_wi, stride_or, stride_oh,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
+    INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
 ):
     row = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -248,27 +259,29 @@ def _rows_down_weighted_kernel(
     n_ok = offs_n < hidden
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    wp = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wi
-    hp = h_ptr + row * stride_hr + offs_k * stride_hi
-    for kb in range(0, tl.cdiv(inter, BLOCK_K)):
-        k_ok = offs_k < inter - kb * BLOCK_K
-        hv = tl.load(hp, mask=k_ok, other=0.0).to(tl.float32)
-        acc += tl.sum(tl.load(wp, mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32) * hv[None, :],
-                      axis=1)
-        hp += BLOCK_K * stride_hi
-        wp += BLOCK_K * stride_wi
+    wp = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn
+    hp = h_ptr + row * stride_hr
+    for k0 in tl.static_range(0, INTER, BLOCK_K):
+        k_ok = offs_k < INTER - k0
+        hv = tl.load(hp + (k0 + offs_k) * stride_hi, mask=k_ok, other=0.0).to(tl.float32)
+        wv = tl.load(wp + (k0 + offs_k)[None, :] * stride_wi, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.sum(wv.to(tl.float32) * hv[None, :], axis=1)
     gate_w = tl.load(topk_w_ptr + row).to(tl.float32)
     y = _rne(acc, EMULATE_BF16_RNE).to(h_ptr.dtype.element_ty).to(tl.float32) * gate_w
     tl.store(out_ptr + row * stride_or + offs_n * stride_oh, y, mask=n_ok)
 
 
 def routed_experts_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor, weights,
-                        block_n: int = 32, block_k: int = 128, num_warps: int = 4) -> torch.Tensor:
+                        config: RowsConfig = RowsConfig()) -> torch.Tensor:
     """Routed-expert output [T, H] for a few rows (decode): one program column per (token, slot) row,
     no sorting (see the section comment). Same rounding points as the blocked kernels."""
     if x.device.type == "cuda" and INTERPRETED:
         raise HarnessError("fast_moe_triton was imported with TRITON_INTERPRET=1; its kernels cannot run on CUDA",
                            "unset TRITON_INTERPRET in the process that runs on the GPU")
+    for name, (bn, bk, warps) in (("gate_up", config.gate_up), ("down", config.down)):
+        if min(bn, bk) < 1 or bn & (bn - 1) or bk & (bk - 1) or warps not in (1, 2, 4, 8):
+            raise HarnessError(f"RowsConfig.{name}={(bn, bk, warps)}: block sizes must be powers of two, "
+                               "num_warps one of 1, 2, 4, 8")
     T, k = topk_ids.shape
     H, inter = weights.hidden, weights.inter
     x = x.contiguous()
@@ -278,12 +291,13 @@ def routed_experts_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.T
     h = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
     out_rows = torch.empty(T * k, H, dtype=torch.float32, device=x.device)
     gu, dn = weights.gate_up, weights.down
-    _rows_gate_up_silu_kernel[(T * k, triton.cdiv(inter, block_n))](
-        x, gu, h, ids, k, H, inter, x.stride(0), x.stride(1), gu.stride(0), gu.stride(1), gu.stride(2),
-        h.stride(0), h.stride(1), BLOCK_N=block_n, BLOCK_K=block_k, EMULATE_BF16_RNE=emulate_rne,
-        num_warps=num_warps)
-    _rows_down_weighted_kernel[(T * k, triton.cdiv(H, block_n))](
-        h, dn, out_rows, ids, w32, H, inter, h.stride(0), h.stride(1), dn.stride(0), dn.stride(1), dn.stride(2),
-        out_rows.stride(0), out_rows.stride(1), BLOCK_N=block_n, BLOCK_K=block_k, EMULATE_BF16_RNE=emulate_rne,
-        num_warps=num_warps)
+    (bn, bk, warps), (bn_d, bk_d, warps_d) = config.gate_up, config.down
+    _rows_gate_up_silu_kernel[(T * k, triton.cdiv(inter, bn))](
+        x, gu, h, ids, k, inter, x.stride(0), x.stride(1), gu.stride(0), gu.stride(1), gu.stride(2),
+        h.stride(0), h.stride(1), HIDDEN=H, BLOCK_N=bn, BLOCK_K=bk, EMULATE_BF16_RNE=emulate_rne,
+        num_warps=warps)
+    _rows_down_weighted_kernel[(T * k, triton.cdiv(H, bn_d))](
+        h, dn, out_rows, ids, w32, H, h.stride(0), h.stride(1), dn.stride(0), dn.stride(1), dn.stride(2),
+        out_rows.stride(0), out_rows.stride(1), INTER=inter, BLOCK_N=bn_d, BLOCK_K=bk_d,
+        EMULATE_BF16_RNE=emulate_rne, num_warps=warps_d)
     return out_rows.view(T, k, H).sum(dim=1).to(x.dtype)
