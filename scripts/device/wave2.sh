@@ -41,11 +41,11 @@ for section in "$@"; do
               tests/test_nsys.py -m gpu 2>&1 | tail -40 | tee -a "$OUT/nsys.log" ;;
     vendor) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite .whl-vendor/*.whl
             for loop in ours hf_generate; do
-              PYTHONPATH=/tmp/vsite:$PYTHONPATH timeout 300 python -m harness run +experiment=vendor_paths model=vendor \
+              PYTHONPATH=/tmp/vsite:$PYTHONPATH timeout 150 python -m harness run +experiment=vendor_paths model=vendor \
                 model.path=models/deepseek-ocr model.vendor_loop=$loop measure.warmup=0 measure.repeats=1 \
                 run.root=/tmp/vendor run.name=vendor-$loop 2>&1 | quiet | tail -3 | tee -a "$OUT/vendor.log"
             done
-            timeout 200 python -m harness run +experiment=vendor_paths $(for kv in $BEST; do echo model.$kv; done) \
+            timeout 130 python -m harness run +experiment=vendor_paths $(for kv in $BEST; do echo model.$kv; done) \
               measure.warmup=1 measure.repeats=3 run.root=/tmp/vendor run.name=best 2>&1 | quiet | tail -3 | tee -a "$OUT/vendor.log"
             python scripts/tpot_table.py /tmp/vendor/* 2>&1 | tail -20 | tee -a "$OUT/vendor.log"; pack /tmp/vendor vendor ;;
   esac

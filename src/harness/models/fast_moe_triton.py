@@ -208,7 +208,9 @@ ROWS_KERNEL_MAX = 16
 class RowsConfig:
     """Tile sizes of the per-row kernels: BLOCK_N output columns per program, BLOCK_K reduction
     elements per load, num_warps; ``gate_up`` for the first kernel, ``down`` for the second.
-    Defaults: the fastest of ``scripts/bench_fast_moe.py --rows-sweep`` on an H200 (bf16, H=1280, I=896)."""
+    Defaults: the fastest at T=1 of ``scripts/bench_fast_moe.py --rows-sweep`` on an H200 (bf16,
+    H=1280, I=896: 0.0340 ms per graph-captured layer; at T=2 gate_up (4, 256, 2) was faster, 0.0408 ms
+    against 0.0463; runs/examples/h200-optimize-unrolled-moe/bench_rows_sweep.log)."""
     gate_up: tuple[int, int, int] = (8, 256, 4)
     down: tuple[int, int, int] = (8, 128, 4)
 
