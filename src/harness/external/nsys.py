@@ -27,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import HarnessError
+from ..floats import finite as _f
 from ..stages import STAGES
 from .ncu import NVTX_DOMAIN
 
@@ -231,17 +232,10 @@ def projected_by_stage(proj: pd.DataFrame, stages=COMPARE_STAGES) -> dict:
         if text in out and out[text]["domain"] == NVTX_DOMAIN:
             continue
         out[text] = {"range": str(r["Range"]), "domain": domain, "proj_ns": float(r["Total Proj Time (ns)"]),
-                     "range_ns": _num(r.get("Total Range Time (ns)")), "instances": _num(r.get("Range Instances")),
-                     "gpu_ops": _num(r.get("Total GPU Ops"))}
+                     "range_ns": _f(r.get("Total Range Time (ns)")), "instances": _f(r.get("Range Instances")),
+                     "gpu_ops": _f(r.get("Total GPU Ops"))}
     return out
 
-
-def _num(v):
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if x == x else None
 
 
 def harness_stage_ms(stages: pd.DataFrame, repeat: str = "0") -> dict:
@@ -252,8 +246,8 @@ def harness_stage_ms(stages: pd.DataFrame, repeat: str = "0") -> dict:
     df = stages[(stages["repeat"].astype(str) == repeat) & (stages["call"].astype(str).isin(["all", "nan"]))]
     out = {}
     for _, r in df.iterrows():
-        gpu = _num(r.get("gpu_ms"))
-        out[str(r["stage"])] = (gpu, "cuda_event") if gpu is not None else (_num(r.get("host_ms")), "host")
+        gpu = _f(r.get("gpu_ms"))
+        out[str(r["stage"])] = (gpu, "cuda_event") if gpu is not None else (_f(r.get("host_ms")), "host")
     return out
 
 
@@ -325,7 +319,7 @@ def render(cmp: pd.DataFrame, kern: pd.DataFrame, meta: dict) -> str:
         L += ["", "## Kernels with the most GPU time (whole capture)", "", "| kernel | instances | total µs | avg µs |",
               "|---|---:|---:|---:|"]
         for _, r in top.iterrows():
-            avg = _num(r.get("Avg (ns)"))
+            avg = _f(r.get("Avg (ns)"))
             L.append(f"| `{str(r.get('Name', ''))[:90]}` | {int(r.get('Instances', 0))} | "
                      f"{r['Total Time (ns)'] / 1e3:,.1f} | {'–' if avg is None else f'{avg / 1e3:,.2f}'} |")
     return "\n".join(L) + "\n"

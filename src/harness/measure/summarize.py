@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ..stages import DECODE_STEP, RECORDED_STAGES, STAGES
+from ..floats import finite as _f
 from . import stats
 
 STAGE_COLUMNS = [
@@ -202,7 +203,7 @@ def headline(stages: pd.DataFrame, warmups: dict | None = None) -> pd.DataFrame:
                "timer": "cuda_event" if span == "gpu_ms" else "host", "repeat": label, "repeats": len(req),
                "warmup": (warmups or {}).get(case)}
         for c in wide.columns:
-            row[c] = _num(pick[c])
+            row[c] = _f(pick[c])
             col = pd.to_numeric(wide[c], errors="coerce").dropna()
             row[f"{c}_min"], row[f"{c}_max"] = (float(col.min()), float(col.max())) if len(col) else (None, None)
         stage_ms = [row.get(f"{s}_ms") for s in STAGES]
@@ -212,7 +213,3 @@ def headline(stages: pd.DataFrame, warmups: dict | None = None) -> pd.DataFrame:
         rows.append(row)
     return pd.DataFrame(rows, columns=HEADLINE_COLUMNS)
 
-
-def _num(v):
-    x = pd.to_numeric(pd.Series([v]), errors="coerce").iloc[0]
-    return None if pd.isna(x) else float(x)

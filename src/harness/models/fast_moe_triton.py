@@ -62,6 +62,26 @@ def _rne(x, EMULATE_BF16_RNE: tl.constexpr):
 
 
 @triton.jit
+def _swiglu(acc_gate, acc_up, h_ptr, EMULATE_BF16_RNE: tl.constexpr):
+    """silu(gate) * up in h's dtype: gate_proj, up_proj, silu and the product each round to that
+    activation dtype, as the vendor's SwiGLU does."""
+    act = h_ptr.dtype.element_ty
+    gate = _rne(acc_gate, EMULATE_BF16_RNE).to(act).to(tl.float32)
+    up = _rne(acc_up, EMULATE_BF16_RNE).to(act).to(tl.float32)
+    silu = _rne(gate / (1.0 + tl.exp(-gate)), EMULATE_BF16_RNE).to(act).to(tl.float32)
+    return _rne(silu * up, EMULATE_BF16_RNE).to(act)
+
+
+@triton.jit
+def _block_rows(sorted_rows_ptr, block_expert_ptr, pid_m, num_rows, BLOCK_M: tl.constexpr):
+    """(padded row offsets, flat rows t*k + j, row mask, expert) of padded block ``pid_m``."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.load(sorted_rows_ptr + offs_m)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    return offs_m, rows, rows < num_rows, expert
+
+
+@triton.jit
 def _gate_up_silu_kernel(
     x_ptr, w_ptr, h_ptr, sorted_rows_ptr, block_expert_ptr, num_padded_ptr,
     num_rows, top_k, hidden, inter,
@@ -74,11 +94,8 @@ def _gate_up_silu_kernel(
     num_padded = tl.load(num_padded_ptr)
     if pid_m * BLOCK_M >= num_padded:
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows = tl.load(sorted_rows_ptr + offs_m)
-    row_ok = rows < num_rows
+    offs_m, rows, row_ok, expert = _block_rows(sorted_rows_ptr, block_expert_ptr, pid_m, num_rows, BLOCK_M)
     tokens = (rows // top_k).to(tl.int64)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < inter
     offs_k = tl.arange(0, BLOCK_K)
@@ -98,12 +115,7 @@ def _gate_up_silu_kernel(
         x_ptrs += BLOCK_K * stride_xh
         wg_ptrs += BLOCK_K * stride_wh
         wu_ptrs += BLOCK_K * stride_wh
-    act = h_ptr.dtype.element_ty
-    # gate_proj, up_proj, silu and the product each round to the activation dtype, as SwiGLU does
-    gate = _rne(acc_gate, EMULATE_BF16_RNE).to(act).to(tl.float32)
-    up = _rne(acc_up, EMULATE_BF16_RNE).to(act).to(tl.float32)
-    silu = _rne(gate / (1.0 + tl.exp(-gate)), EMULATE_BF16_RNE).to(act).to(tl.float32)
-    h = _rne(silu * up, EMULATE_BF16_RNE).to(act)
+    h = _swiglu(acc_gate, acc_up, h_ptr, EMULATE_BF16_RNE)
     h_ptrs = h_ptr + offs_m[:, None].to(tl.int64) * stride_hm + offs_n[None, :] * stride_hi
     tl.store(h_ptrs, h, mask=row_ok[:, None] & n_ok[None, :])
 
@@ -121,10 +133,7 @@ def _down_weighted_kernel(
     num_padded = tl.load(num_padded_ptr)
     if pid_m * BLOCK_M >= num_padded:
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows = tl.load(sorted_rows_ptr + offs_m)
-    row_ok = rows < num_rows
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    offs_m, rows, row_ok, expert = _block_rows(sorted_rows_ptr, block_expert_ptr, pid_m, num_rows, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < hidden
     offs_k = tl.arange(0, BLOCK_K)
@@ -145,12 +154,17 @@ def _down_weighted_kernel(
     tl.store(out_ptrs, y, mask=row_ok[:, None] & n_ok[None, :])
 
 
-def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
-                          weights, config: TritonMoEConfig | None = None) -> torch.Tensor:
-    """Routed-expert output [T, H] in x's dtype; see the module docstring. Inputs as ``fast_moe``."""
+def _check_runnable(x: torch.Tensor) -> None:
+    """Refuse CUDA inputs when the kernels were defined for the interpreter."""
     if x.device.type == "cuda" and INTERPRETED:
         raise HarnessError("fast_moe_triton was imported with TRITON_INTERPRET=1; its kernels cannot run on CUDA",
                            "unset TRITON_INTERPRET in the process that runs on the GPU")
+
+
+def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
+                          weights, config: TritonMoEConfig | None = None) -> torch.Tensor:
+    """Routed-expert output [T, H] in x's dtype; see the module docstring. Inputs as ``fast_moe``."""
+    _check_runnable(x)
     if topk_w.dtype != torch.float32:
         raise HarnessError(f"triton MoE multiplies by fp32 gate weights (as the vendor does); topk_w is {topk_w.dtype}")
     T, k = topk_ids.shape
@@ -240,11 +254,7 @@ def _rows_gate_up_silu_kernel(
         col = (k0 + offs_k)[None, :] * stride_wh
         acc_gate += tl.sum(tl.load(wg + col, mask=m, other=0.0).to(tl.float32) * xv[None, :], axis=1)
         acc_up += tl.sum(tl.load(wu + col, mask=m, other=0.0).to(tl.float32) * xv[None, :], axis=1)
-    act = h_ptr.dtype.element_ty
-    gate = _rne(acc_gate, EMULATE_BF16_RNE).to(act).to(tl.float32)
-    up = _rne(acc_up, EMULATE_BF16_RNE).to(act).to(tl.float32)
-    silu = _rne(gate / (1.0 + tl.exp(-gate)), EMULATE_BF16_RNE).to(act).to(tl.float32)
-    h = _rne(silu * up, EMULATE_BF16_RNE).to(act)
+    h = _swiglu(acc_gate, acc_up, h_ptr, EMULATE_BF16_RNE)
     tl.store(h_ptr + row * stride_hr + offs_n * stride_hi, h, mask=n_ok)
 
 
@@ -277,9 +287,7 @@ def routed_experts_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.T
                         config: RowsConfig = RowsConfig()) -> torch.Tensor:
     """Routed-expert output [T, H] for a few rows (decode): one program column per (token, slot) row,
     no sorting (see the section comment). Same rounding points as the blocked kernels."""
-    if x.device.type == "cuda" and INTERPRETED:
-        raise HarnessError("fast_moe_triton was imported with TRITON_INTERPRET=1; its kernels cannot run on CUDA",
-                           "unset TRITON_INTERPRET in the process that runs on the GPU")
+    _check_runnable(x)
     for name, (bn, bk, warps) in (("gate_up", config.gate_up), ("down", config.down)):
         if min(bn, bk) < 1 or bn & (bn - 1) or bk & (bk - 1) or warps not in (1, 2, 4, 8):
             raise HarnessError(f"RowsConfig.{name}={(bn, bk, warps)}: block sizes must be powers of two, "

@@ -27,7 +27,7 @@ import pandas as pd
 
 from ..errors import HarnessError
 from ..roofline.join import _f, measured_stages
-from ..rundir import RunData, load_run
+from ..rundir import RunData, claim, load_run
 from ..stages import STAGES
 
 REQUEST_METRICS = [("ttft_ms", "TTFT", "ms"), ("tpot_p50_ms", "TPOT p50", "ms"), ("decode_tok_s", "decode tok/s", "tok/s"),
@@ -170,12 +170,9 @@ def render(df: pd.DataFrame, run_a: Path, run_b: Path, notes: list) -> str:
 
 
 def default_out(run_a: Path, run_b: Path) -> Path:
+    """A new directory ``compare-<time>-A-vs-B`` beside RUN_B, claimed for this process (``rundir.claim``)."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = Path(run_b).resolve().parent / f"compare-{stamp}-{Path(run_a).resolve().name}-vs-{Path(run_b).resolve().name}"
-    out, i = base, 1
-    while out.exists():
-        out, i = base.with_name(f"{base.name}-{i}"), i + 1
-    return out
+    return claim(Path(run_b).resolve().parent / f"compare-{stamp}-{Path(run_a).resolve().name}-vs-{Path(run_b).resolve().name}")
 
 
 def compare_main(argv) -> int:

@@ -38,7 +38,7 @@ import pandas as pd
 from ..errors import HarnessError
 from ..roofline.join import _f, measured_stages
 from ..stages import STAGES
-from ..rundir import read_table
+from ..rundir import claim, read_table
 
 JOB_DIR = re.compile(r"^(\d+)(-failed)?$")
 REQUEST_COLS = ["decode_tok_s", "ttft_ms", "tpot_p50_ms", "e2e_ms"]
@@ -341,14 +341,12 @@ def plot(df: pd.DataFrame, swept: list[str], path: Path) -> Path | None:
 
 
 def default_out(paths, sweep: Path | None) -> Path:
+    """SWEEP/summary (rewritten on each summarize), else a new ``summary-<time>`` beside the first run,
+    claimed for this process (``rundir.claim``)."""
     if sweep is not None:
         return sweep / "summary"
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = Path(paths[0]).resolve().parent / f"summary-{stamp}"
-    out, i = base, 1
-    while out.exists():
-        out, i = base.with_name(f"{base.name}-{i}"), i + 1
-    return out
+    return claim(Path(paths[0]).resolve().parent / f"summary-{stamp}")
 
 
 def summarize_main(argv) -> int:

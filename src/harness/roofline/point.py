@@ -13,22 +13,12 @@ Units: FLOP, bytes (B), ms, TFLOP/s (1e12 FLOP/s), GB/s (1e9 B/s).
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
+from ..floats import finite as _f
 from .specs import Peaks
 
 LAUNCH_BOUND_IDLE = 0.5
-
-
-def _f(x) -> Optional[float]:
-    if x is None:
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
 
 
 def floor_ms(flops, bytes_, peak_tflops, bw_gbs) -> Optional[float]:

@@ -20,7 +20,6 @@ overrides (``hardware.peak_tflops`` / ``hardware.mem_bw_gbs``) are used for it.
 """
 from __future__ import annotations
 
-import math
 import platform
 import re
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Optional
 
 from ..config import HardwareConfig, from_dict
 from ..dtypes import TABLE, canonical
+from ..floats import finite
 
 DTYPES = tuple(TABLE)
 norm_dtype = canonical   # 'bfloat16' / 'torch.bfloat16' / 'bf16' -> 'bf16' (harness.dtypes, the one table)
@@ -261,13 +261,9 @@ class Peaks:
 
 
 def _num(v) -> Optional[float]:
-    if v is None:
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) and f > 0 else None
+    """A ceiling: a finite positive number, else None."""
+    f = finite(v)
+    return f if f is not None and f > 0 else None
 
 
 def resolve_peaks(device_name: Optional[str], dtype="bf16", hardware=None,
