@@ -27,6 +27,9 @@ CPU_VARIANTS = {
     "static+grouped-torch": dict(kv_cache="static", moe_impl="grouped", moe_kernel="torch"),
     "static+grouped-grouped_mm": dict(kv_cache="static", moe_impl="grouped", moe_kernel="grouped_mm"),
     "static+grouped-triton": dict(kv_cache="static", moe_impl="grouped", moe_kernel="triton"),
+    "fused-linears-triton": dict(linear_impl="fused"),
+    "static+grouped-triton+fused-linears-triton": dict(kv_cache="static", moe_impl="grouped", moe_kernel="triton",
+                                                       linear_impl="fused"),
 }
 STEPS = 16
 
@@ -129,6 +132,7 @@ def test_counted_flops_equal_analytic_for_the_static_grouped_variant(tiny_cfg):
 @pytest.mark.parametrize("ex,words", [
     (dict(cuda_graphs="decode"), "kv_cache=static and moe_impl=grouped"),
     (dict(cuda_graphs="decode", kv_cache="static"), "moe_impl=grouped"),
+    (dict(vision_compile=True), "vision_compile needs vision_impl=fused"),
 ])
 def test_impossible_knob_combinations_are_refused(ex, words):
     from harness.config import check_execution
@@ -152,6 +156,8 @@ def test_cuda_graphs_refused_without_cuda(tiny):
 GPU_VARIANTS = {
     "graphs": dict(kv_cache="static", moe_impl="grouped", cuda_graphs="decode"),
     "graphs+compile": dict(kv_cache="static", moe_impl="grouped", cuda_graphs="decode", compile=True),
+    "graphs+compile+fused-linears": dict(kv_cache="static", moe_impl="grouped", cuda_graphs="decode", compile=True,
+                                         linear_impl="fused"),
 }
 
 
@@ -216,3 +222,24 @@ def test_fused_vision_matches_vendor_style_fp32(mode, grid):
         for a, b in zip(got[name], ref[name]):
             assert _rel(a, b) <= 1e-5, (name, _rel(a, b))
     model.configure(ExecutionConfig())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("mode,grid", [("t", (2, 3)), ("u", None)])
+def test_gpu_fused_vision_matches_vendor_style_fp32(mode, grid, compiled):
+    """On CUDA (graphs, and with vision_compile the inductor-compiled blocks): the image embeddings of
+    every view equal the vendor path's in fp32 with TF32 off, on capture and on replay."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = build_model(load_tiny_cfg(), "cuda", torch.float32, seed=0)
+    crop_mode = dict(TINY_MODE, name=mode, crop=grid is not None)
+    page = wl.Page("p", wl.synthetic_page(0, size=(300, 200) if grid is None else (128, 192)), "s")
+    req = wl.build_request([page], crop_mode, decode_tokens=2).to("cuda", torch.float32)
+    with torch.inference_mode():
+        ref = model.image_embeddings(req.global_views, req.tiles, req.grid).clone()
+        info = model.configure(ExecutionConfig(vision_impl="fused", vision_compile=compiled))
+        first = model.image_embeddings(req.global_views, req.tiles, req.grid).clone()
+        again = model.image_embeddings(req.global_views, req.tiles, req.grid).clone()
+    assert ("torch.compile" in info["vision"]) == compiled
+    assert _rel(first, ref) <= 1e-5 and _rel(again, ref) <= 1e-5, (_rel(first, ref), _rel(again, ref))

@@ -125,6 +125,13 @@ class ExecutionConfig:
       mask (q and k augmented with the decomposed terms, ``models.sam_attention``; exact), and on
       CUDA each of sam / clip / projector is captured in a CUDA graph per input shape and replayed.
     * ``prefill_graphs``: capture the prefill forward (static cache, grouped MoE) per request shape.
+    * ``vision_compile``: with ``vision_impl=fused`` on CUDA, each SAM and CLIP block is
+      torch.compile'd (window partition/padding, norms, GELU and residuals fused around the GEMMs and
+      attention) before its stage's CUDA graph is captured; compile time reported apart.
+    * ``linear_impl``: ``vendor`` (each nn.Linear its own GEMM) | ``fused``: q/k/v and each SwiGLU's
+      gate/up held as one weight (views: the state_dict is unchanged) and run as one GEMM; at one
+      token (batch-1 decode) the LLM's linears with K <= 2048 and the router run as Triton GEMV
+      kernels (``models.fused_linear``; the SwiGLU's gate/up/silu/product in one kernel).
     """
 
     kv_cache: str = _f("growing", choices=("growing", "static"))
@@ -135,6 +142,8 @@ class ExecutionConfig:
     static_cache_len: Optional[int] = _f(None, min=1)
     vision_impl: str = _f("vendor", choices=("vendor", "fused"))
     prefill_graphs: bool = False
+    linear_impl: str = _f("vendor", choices=("vendor", "fused"))
+    vision_compile: bool = False
 
     def cache_len(self, prefill_tokens: int, decode_tokens: int) -> int:
         """Positions a static cache holds for a request [tokens]."""
@@ -468,6 +477,9 @@ def check_execution(m: ModelConfig, where: str) -> None:
         raise HarnessError(f"{where}: cuda_graphs=decode needs kv_cache=static and moe_impl=grouped (a growing "
                            "cache changes shapes every step and the vendor MoE loop syncs the host per layer)",
                            "add model.kv_cache=static model.moe_impl=grouped")
+    if m.vision_compile and m.vision_impl != "fused":
+        raise HarnessError(f"{where}: vision_compile needs vision_impl=fused (the compiled blocks are captured in "
+                           "its per-stage CUDA graphs)", f"add {where}.vision_impl=fused")
     if m.prefill_graphs and (m.kv_cache != "static" or m.moe_impl != "grouped"):
         raise HarnessError(f"{where}: prefill_graphs needs kv_cache=static and moe_impl=grouped",
                            "add model.kv_cache=static model.moe_impl=grouped")

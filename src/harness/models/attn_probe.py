@@ -23,13 +23,16 @@ def sdpa_choice(q, k, v, attn_mask=None, is_causal=False) -> str:
 
 
 def note(site: str, backend: str) -> None:
+    if torch.compiler.is_compiling():     # traced code (vision_compile): probes ran in the eager pass
+        return
     lst = SEEN.setdefault(site, [])
     if backend not in lst:
         lst.append(backend)
 
 
 def seen_once(site: str) -> bool:
-    return site in SEEN
+    """True once ``site`` was noted, and inside torch.compile tracing (no probe in compiled code)."""
+    return site in SEEN or torch.compiler.is_compiling()
 
 
 def reset() -> None:

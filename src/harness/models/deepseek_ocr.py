@@ -85,6 +85,9 @@ class DeepseekOCR(nn.Module):
 
         key = (name,) + tuple((tuple(a.shape), a.dtype) for a in args)
         if key not in self._vision_graphs:
+            if self.exec.vision_compile:   # one eager pass first: attention probes and backend choices
+                with torch.compiler.set_stance("force_eager"):
+                    module(*args)
             self._vision_graphs[key] = CapturedCall(module, args)
             self.info.setdefault("setup_s", {})[f"{name}{list(args[0].shape)}"] = self._vision_graphs[key].setup_s
         return self._vision_graphs[key](*args)
@@ -195,9 +198,11 @@ class DeepseekOCR(nn.Module):
                 if kernel is not None and mod.experts_stacked is None:
                     mod.experts_stacked = stack_experts(mod)
                 mod.impl, mod.kernel = ("vendor_loop", "torch") if kernel is None else ("grouped", kernel)
+        linears = self._configure_linears(m.linear_impl, p.device)
         for blk in self.model.sam_model.blocks:   # fused vision: global blocks without the dense mask
             blk.attn.method = "augmented" if m.vision_impl == "fused" and blk.window_size == 0 else "dense"
-        if m.vision_impl != self.exec.vision_impl:
+        vision_compiled = self._configure_vision_compile(m.vision_compile and p.is_cuda)
+        if (m.vision_impl, m.vision_compile) != (self.exec.vision_impl, self.exec.vision_compile):
             self._vision_graphs.clear()
         if m.execution() != self.exec.execution():
             self._decoders.clear()
@@ -207,9 +212,56 @@ class DeepseekOCR(nn.Module):
                 else "growing: torch.cat per step",
                 "vision": ("fused: SAM global blocks by augmented q.k (no dense rel-pos mask); sam, clip, projector "
                            "each a CUDA graph per input shape" + ("" if p.is_cuda else " (no CUDA here: eager)"))
+                + (vision_compiled if m.vision_compile else "")
                 if m.vision_impl == "fused" else "vendor: dense rel-pos mask, eager launches",
                 "prefill": ("one CUDA graph per request shape" if p.is_cuda else "eager (no CUDA here)")
-                if m.prefill_graphs else "eager launches"}
+                if m.prefill_graphs else "eager launches",
+                "linears": linears}
+
+    def _configure_vision_compile(self, on: bool) -> str:
+        """``vision_compile``: torch.compile each SAM and CLIP block (same code for blocks of one
+        kind: parameters are graph inputs, so the blocks share compiled graphs), or undo it."""
+        blocks = list(self.model.sam_model.blocks) + list(self.model.vision_model.transformer.layers)
+        for blk in blocks:
+            if on and blk._compiled_call_impl is None:
+                blk.compile(dynamic=False)
+            elif not on:
+                blk._compiled_call_impl = None
+        if on:   # shapes per view size and batch, windowed and global SAM blocks: more than the default 8
+            import torch._dynamo.config as dcfg
+            for name in ("recompile_limit", "cache_size_limit"):
+                if hasattr(dcfg, name):
+                    setattr(dcfg, name, max(getattr(dcfg, name), 64))
+        return ("; each SAM and CLIP block torch.compile'd (inductor) before capture" if on
+                else "; vision_compile asked for, but no CUDA here: blocks run eager")
+
+    def _configure_linears(self, impl: str, device) -> str:
+        """``linear_impl``: fuse q/k/v and the dense/shared SwiGLU gate/up weights once (views, the
+        state_dict is unchanged) and switch the LLM's linears to ``fused_linear``; returns what runs."""
+        from . import fast_moe, fused_linear
+
+        if impl == "fused":
+            ok, why = fast_moe.triton_available(device)
+            if not ok:
+                raise HarnessError(f"model.linear_impl=fused needs Triton for its GEMV kernels: {why}",
+                                   "use model.linear_impl=vendor")
+        on = impl == "fused"
+        for layer in self.model.layers:
+            attn = layer.self_attn
+            mlps = [layer.mlp.shared_experts] if isinstance(layer.mlp, MoE) else [layer.mlp]
+            if on and getattr(attn, "_qkv_fused", None) is None:
+                attn._qkv_fused = fused_linear.fuse_rows([attn.q_proj, attn.k_proj, attn.v_proj])
+            attn.qkv_weight = attn._qkv_fused if on else None
+            for mlp in mlps:
+                if on and getattr(mlp, "_gate_up_fused", None) is None:
+                    mlp._gate_up_fused = fused_linear.fuse_rows([mlp.gate_proj, mlp.up_proj])
+                mlp.gate_up_weight = mlp._gate_up_fused if on else None
+            if isinstance(layer.mlp, MoE):
+                layer.mlp.gate.fused = on
+        if not on:
+            return "vendor: one GEMM per nn.Linear"
+        return (f"fused: q/k/v and dense/shared gate/up as one weight each; at <= {fused_linear.GEMV_MAX_ROWS} "
+                f"token(s) Triton GEMV kernels for K <= {fused_linear.GEMV_MAX_K} (router fp32 out), cuBLAS otherwise")
 
     def route_moe(self, target) -> None:
         """Send every MoE layer's routing to ``target`` (a RoutingCounter, DeviceCounts or None)."""

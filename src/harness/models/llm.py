@@ -19,7 +19,7 @@ from torch import nn
 
 from ..config import LLMConfig
 from ..errors import HarnessError
-from . import attn_probe
+from . import attn_probe, fused_linear
 
 
 class RMSNorm(nn.Module):
@@ -87,12 +87,18 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h, cfg.num_kv_heads * hd, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * hd, h, bias=False)
         self.rotary_emb = RotaryEmbedding(hd, cfg.rope_theta)
+        self.qkv_weight = None          # linear_impl=fused: q/k/v weights as one tensor (fused_linear)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: "KVCache") -> torch.Tensor:
         B, S, _ = x.shape
-        q = self.q_proj(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if self.qkv_weight is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            kv = self.num_kv_heads * self.head_dim
+            q, k, v = fused_linear.linear(x, self.qkv_weight).split([self.num_heads * self.head_dim, kv, kv], dim=-1)
+        q = q.view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = self.rotary_emb(v, position_ids)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * cos + rotate_half(q) * sin
@@ -110,7 +116,10 @@ class Attention(nn.Module):
             out = self.attend(q, k[:, :, :T], v[:, :, :T])
         else:                                      # static cache, decode: the whole buffer, masked
             out = self.attend_masked(q, k, v, mask)
-        return self.o_proj(out.transpose(1, 2).reshape(B, S, -1))
+        out = out.transpose(1, 2).reshape(B, S, -1)
+        if self.qkv_weight is None:
+            return self.o_proj(out)
+        return fused_linear.linear(out, self.o_proj.weight)
 
     def attend_masked(self, q, k, v, mask) -> torch.Tensor:
         """One query [B, nh, 1, d] against a whole static buffer [B, nh, L, d] with ``mask`` [1, L]
@@ -167,16 +176,20 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """down(silu(gate(x)) * up(x)); names as the vendor's DeepseekV2MLP."""
+    """down(silu(gate(x)) * up(x)); names as the vendor's DeepseekV2MLP. ``gate_up_weight``
+    (linear_impl=fused): gate and up weights as one tensor, run by ``fused_linear.swiglu``."""
 
     def __init__(self, hidden: int, inter: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, inter, bias=False)
         self.up_proj = nn.Linear(hidden, inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.gate_up_weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_weight is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return fused_linear.linear(fused_linear.swiglu(x, self.gate_up_weight), self.down_proj.weight)
 
 
 class MoEGate(nn.Module):
@@ -188,9 +201,13 @@ class MoEGate(nn.Module):
         self.norm_topk_prob = cfg.norm_topk_prob
         self.scale = cfg.routed_scaling_factor
         self.weight = nn.Parameter(torch.empty(cfg.n_routed_experts, cfg.hidden_size))
+        self.fused = False              # linear_impl=fused: fused_linear.linear with fp32 output
 
     def forward(self, x: torch.Tensor):
-        logits = F.linear(x.reshape(-1, x.shape[-1]).float(), self.weight.float())
+        if self.fused:
+            logits = fused_linear.linear(x.reshape(-1, x.shape[-1]), self.weight, torch.float32)
+        else:
+            logits = F.linear(x.reshape(-1, x.shape[-1]).float(), self.weight.float())
         scores = logits.softmax(dim=-1, dtype=torch.float32)
         w, idx = torch.topk(scores, k=self.top_k, dim=-1, sorted=False)
         if self.top_k > 1 and self.norm_topk_prob:

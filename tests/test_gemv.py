@@ -1,0 +1,95 @@
+"""Decode-size GEMV kernels (Triton; the interpreter on the CPU) and linear_impl=fused's weight fusion."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from harness.errors import HarnessError
+from harness.models import fused_linear
+
+triton_ok = pytest.importorskip("harness.models.fast_moe").triton_available("cpu")[0]
+pytestmark = pytest.mark.skipif(not triton_ok and not torch.cuda.is_available(),
+                                reason="Triton cannot run here (not importable or TRITON_INTERPRET unset)")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _rel(a, b) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 96, 300), (2, 33, 128), (1, 64, 1280)])
+def test_gemv_matches_linear(M, N, K):
+    from harness.models.gemv_triton import GemvConfig, gemv
+
+    torch.manual_seed(0)
+    x, w = torch.randn(M, K, device=DEV), torch.randn(N, K, device=DEV) * 0.05
+    for cfg in (GemvConfig(), GemvConfig(4, 128, 2)):      # K not a multiple of BLOCK_K: masked tail
+        assert _rel(gemv(x, w, config=cfg), F.linear(x, w)) <= 1e-6
+    xb, wb = x.bfloat16(), w.bfloat16()
+    ref = F.linear(xb.float(), wb.float())                  # the vendor gate: exact products, fp32 sums
+    assert gemv(xb, wb, torch.float32).dtype == torch.float32
+    assert _rel(gemv(xb, wb, torch.float32), ref) <= 1e-6
+    assert _rel(gemv(xb, wb), ref.bfloat16().float()) <= 8e-3   # one bf16 rounding apart at most
+
+
+def test_gemv_swiglu_rounds_as_the_vendor_swiglu():
+    from harness.models.gemv_triton import gemv_swiglu
+
+    torch.manual_seed(1)
+    x, w = torch.randn(1, 200, device=DEV), torch.randn(2 * 40, 200, device=DEV) * 0.05
+    ref = F.silu(F.linear(x, w[:40])) * F.linear(x, w[40:])
+    assert _rel(gemv_swiglu(x, w), ref) <= 1e-6
+    xb, wb = x.bfloat16(), w.bfloat16()
+    refb = F.silu(F.linear(xb, wb[:40])) * F.linear(xb, wb[40:])
+    assert _rel(gemv_swiglu(xb, wb), refb) <= 1e-2
+
+
+def test_bad_shapes_and_tiles_are_refused():
+    from harness.models.gemv_triton import GemvConfig, gemv, gemv_swiglu
+
+    x = torch.randn(1, 64, device=DEV)
+    with pytest.raises(HarnessError, match=r"x \[M, K\] and w \[N, K\]"):
+        gemv(x, torch.randn(8, 32, device=DEV))
+    with pytest.raises(HarnessError, match="powers of two"):
+        gemv(x, torch.randn(8, 64, device=DEV), config=GemvConfig(3, 64, 4))
+    with pytest.raises(HarnessError, match="2I rows"):
+        gemv_swiglu(x, torch.randn(7, 64, device=DEV))
+
+
+def test_fuse_rows_keeps_the_state_dict_and_shares_storage():
+    torch.manual_seed(2)
+    lins = nn.ModuleList([nn.Linear(16, 8, bias=False), nn.Linear(16, 4, bias=False), nn.Linear(16, 4, bias=False)])
+    before = {k: v.clone() for k, v in lins.state_dict().items()}
+    fused = fused_linear.fuse_rows(list(lins))
+    assert fused.shape == (16, 16) and fused_linear.shares_rows(list(lins), fused)
+    after = lins.state_dict()
+    assert list(after) == list(before) and all(torch.equal(after[k], before[k]) for k in before)
+    with torch.no_grad():
+        lins[1].weight.fill_(3.0)                       # writes through into the fused tensor
+    assert (fused[8:12] == 3.0).all()
+    with pytest.raises(HarnessError, match="cannot share one tensor"):
+        fused_linear.fuse_rows([nn.Linear(16, 8, bias=False), nn.Linear(8, 8, bias=False)])
+
+
+def test_linear_dispatch_uses_cublas_beyond_one_row(monkeypatch):
+    """More rows than GEMV_MAX_ROWS, or K > GEMV_MAX_K, go to F.linear (the GEMV kernel never runs)."""
+    from harness.models import gemv_triton
+
+    calls = []
+    monkeypatch.setattr(gemv_triton, "gemv", lambda x, w, out_dtype=None: calls.append(x.shape) or x.new_zeros(1, 8))
+    w = torch.randn(8, 16)
+    assert (fused_linear.linear(torch.randn(1, 1, 16), w) == 0).all() and calls == [(1, 16)]
+    x2 = torch.randn(2, 1, 16)
+    assert torch.equal(fused_linear.linear(x2, w), F.linear(x2, w)) and len(calls) == 1
+    K = fused_linear.GEMV_MAX_K + 1
+    xw, wide = torch.randn(1, 1, K), torch.randn(8, K)
+    assert torch.equal(fused_linear.linear(xw, wide), F.linear(xw, wide)) and len(calls) == 1
+    assert torch.equal(fused_linear.linear(xw.bfloat16(), wide.bfloat16(), torch.float32),
+                       F.linear(xw.bfloat16().float(), wide.bfloat16().float())) and len(calls) == 1
