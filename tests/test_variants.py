@@ -28,8 +28,8 @@ CPU_VARIANTS = {
     "static+grouped-grouped_mm": dict(kv_cache="static", moe_impl="grouped", moe_kernel="grouped_mm"),
     "static+grouped-triton": dict(kv_cache="static", moe_impl="grouped", moe_kernel="triton"),
     "fused-linears-triton": dict(linear_impl="fused"),
-    "static+grouped-triton+fused-linears-triton": dict(kv_cache="static", moe_impl="grouped", moe_kernel="triton",
-                                                       linear_impl="fused"),
+    "static+grouped-triton+fused-linears-triton+attention-triton": dict(
+        kv_cache="static", moe_impl="grouped", moe_kernel="triton", linear_impl="fused", decode_attention="triton"),
 }
 STEPS = 16
 
@@ -156,8 +156,8 @@ def test_cuda_graphs_refused_without_cuda(tiny):
 GPU_VARIANTS = {
     "graphs": dict(kv_cache="static", moe_impl="grouped", cuda_graphs="decode"),
     "graphs+compile": dict(kv_cache="static", moe_impl="grouped", cuda_graphs="decode", compile=True),
-    "graphs+compile+fused-linears": dict(kv_cache="static", moe_impl="grouped", cuda_graphs="decode", compile=True,
-                                         linear_impl="fused"),
+    "graphs+compile+fused-linears+attention": dict(kv_cache="static", moe_impl="grouped", cuda_graphs="decode",
+                                                   compile=True, linear_impl="fused", decode_attention="triton"),
 }
 
 

@@ -5,6 +5,7 @@
 #   bash scripts/device/wave2.sh tests opt bench
 #   bash scripts/device/wave2.sh crop ncu nsys vendor
 #   bash scripts/device/wave2.sh sweep quick       # decode MoE tiles; vendor-style / compiled / best only
+#   bash scripts/device/wave2.sh gpunew battn ladder rest   # new kernels' GPU tests, attention bench, the ladder
 set -u
 set -o pipefail
 source scripts/device_setup.sh
@@ -13,7 +14,10 @@ OUT=${OUT:-device-out}; mkdir -p "$OUT"
 quiet() { grep -v "^USDT\|UserWarning\|_warn_once\|==PROF==\|warnings.warn\|FutureWarning" ; }
 pack() { (cd "$1" && tar czf "$OUT/$2.tgz" --exclude=kernels.csv --exclude='traces' --exclude='*.ncu-rep' \
           --exclude='*.nsys-rep' --exclude='*.qdstrm' --exclude='*.sqlite' --exclude='kernels_raw.csv' .) ; }
-BEST="kv_cache=static moe_impl=grouped cuda_graphs=decode compile=true prefill_graphs=true vision_impl=fused"
+BEST="kv_cache=static moe_impl=grouped cuda_graphs=decode compile=true prefill_graphs=true vision_impl=fused \
+linear_impl=fused vision_compile=true decode_attention=triton"
+LADDER="vendor-style,static,static-grouped,graphs,compiled,best,best-b32"
+kernels() { for f in "$1"/*/kernels.csv "$1"/kernels.csv; do [ -f "$f" ] && gzip -c "$f" > "$OUT/$2-kernels.csv.gz"; done; true; }
 for section in "$@"; do
   echo "== $section $(date +%T)"
   s=$SECONDS
@@ -28,6 +32,20 @@ for section in "$@"; do
     quick)  timeout 240 python -m harness run +experiment=optimize run.only=[vendor-style,compiled,best] \
               measure.kernels=true run.root=/tmp/quick 2>&1 | quiet | grep -v "repeat [0-9]*/\|warm-up [0-9]" \
               | tail -12 | tee "$OUT/quick.log"; pack /tmp/quick quick ;;
+    gpunew) timeout 240 python -m pytest -q -p no:cacheprovider tests/test_gemv.py tests/test_decode_attention_triton.py \
+              "tests/test_variants.py::test_gpu_fused_vision_matches_vendor_style_fp32" \
+              "tests/test_variants.py::test_gpu_variant_matches_vendor_style" 2>&1 | tail -15 \
+              | tee "$OUT/gpunew.log" ;;
+    best)   timeout 240 python -m harness run +experiment=optimize run.only=[vendor-style,best] measure.kernels=true \
+              run.root=/tmp/best 2>&1 | quiet | grep -v "repeat [0-9]*/\|warm-up [0-9]" | tail -12 | tee "$OUT/best.log"
+            kernels /tmp/best/* best; pack /tmp/best best ;;
+    battn)  timeout 120 python scripts/bench_decode_attention.py 2>&1 | quiet | tail -40 | tee "$OUT/battn.log" ;;
+    ladder) timeout ${LADDER_S:-420} python -m harness run +experiment=optimize run.only=[$LADDER] measure.kernels=true \
+              run.root=/tmp/ladder 2>&1 | quiet | grep -v "repeat [0-9]*/\|warm-up [0-9]" | tail -16 | tee "$OUT/ladder.log"
+            kernels /tmp/ladder/* ladder; pack /tmp/ladder ladder ;;
+    rest)   timeout ${REST_S:-300} python -m harness run +experiment=optimize \
+              run.only=[gundam-vendor-style,gundam-best,best-b8,best-b64] measure.kernels=true run.root=/tmp/rest 2>&1 \
+              | quiet | grep -v "repeat [0-9]*/\|warm-up [0-9]" | tail -12 | tee "$OUT/rest.log"; pack /tmp/rest rest ;;
     crop)   timeout 300 python -m harness run +experiment=crop_mode measure.kernels=true run.root=/tmp/crop 2>&1 | quiet \
               | tail -3 | tee "$OUT/crop.log"; pack /tmp/crop crop ;;
     ncu)    for st in sam decode; do

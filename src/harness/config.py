@@ -132,6 +132,10 @@ class ExecutionConfig:
       gate/up held as one weight (views: the state_dict is unchanged) and run as one GEMM; at one
       token (batch-1 decode) the LLM's linears with K <= 2048 and the router run as Triton GEMV
       kernels (``models.fused_linear``; the SwiGLU's gate/up/silu/product in one kernel).
+    * ``decode_attention``: the static cache's decode attention. ``sdpa``: torch SDPA over the whole
+      static buffer with a mask | ``triton``: a split-KV Triton kernel
+      (``models.decode_attention_triton``) that reads only positions 0..pos, the position read on the
+      device; needs ``kv_cache=static`` and a device where Triton runs.
     """
 
     kv_cache: str = _f("growing", choices=("growing", "static"))
@@ -144,6 +148,7 @@ class ExecutionConfig:
     prefill_graphs: bool = False
     linear_impl: str = _f("vendor", choices=("vendor", "fused"))
     vision_compile: bool = False
+    decode_attention: str = _f("sdpa", choices=("sdpa", "triton"))
 
     def cache_len(self, prefill_tokens: int, decode_tokens: int) -> int:
         """Positions a static cache holds for a request [tokens]."""
@@ -483,9 +488,18 @@ def check_execution(m: ModelConfig, where: str) -> None:
     if m.prefill_graphs and (m.kv_cache != "static" or m.moe_impl != "grouped"):
         raise HarnessError(f"{where}: prefill_graphs needs kv_cache=static and moe_impl=grouped",
                            "add model.kv_cache=static model.moe_impl=grouped")
+    check_decode_attention(m, where)
     if m.kv_cache == "static" and m.attn_implementation == "flash_attention_2":
         raise HarnessError(f"{where}: kv_cache=static attends over the whole buffer with a mask, which "
                            "flash_attn_func cannot take", "use attn_implementation=sdpa with the static cache")
+
+
+def check_decode_attention(m: ExecutionConfig, where: str) -> None:
+    """``decode_attention=triton`` reads a static cache up to a device-side position: refused otherwise."""
+    if m.decode_attention == "triton" and m.kv_cache != "static":
+        raise HarnessError(f"{where}: decode_attention=triton needs kv_cache=static (the kernel reads a "
+                           "preallocated cache up to the step's device-side position)",
+                           "add model.kv_cache=static, or use model.decode_attention=sdpa")
 
 
 def validate(cfg: HarnessConfig) -> HarnessConfig:
@@ -525,6 +539,6 @@ def check_vendor_knobs(m: ModelConfig) -> None:
 register()   # at import, so any Hydra composition of conf/ (the CLI, tests, user code) finds the schema
 
 __all__ = ["LLMConfig", "SAMConfig", "CLIPConfig", "ProjectorConfig", "ExecutionConfig", "ExecutionOverrides",
-           "ModelConfig", "WorkloadConfig", "CaseConfig", "case_model", "check_execution",
+           "ModelConfig", "WorkloadConfig", "CaseConfig", "case_model", "check_execution", "check_decode_attention",
            "MeasureConfig", "HardwareConfig", "ProfileConfig", "RunConfig", "HarnessConfig", "ATTN_IMPLEMENTATIONS",
            "register", "from_dict", "to_config", "to_dict", "validate", "config_error", "SCHEMA_NAME"]

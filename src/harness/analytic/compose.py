@@ -271,7 +271,10 @@ def case_items(case, cfg: ModelConfig, dtype="bf16", routing: Optional[dict] = N
     items += llm_items(cfg, "prefill", r.batch, S, 0, b, r.image_tokens, routing.get("prefill"),
                        attn_impl=attn_impl, kv_cache=kv_cache, call="prefill")
     step_routing = _decode_routing(routing.get("decode"), r.decode_steps, r.batch, cfg)
-    keys = cfg.cache_len(S, r.decode_tokens) if (kv_cache or cfg.kv_cache) == "static" and cfg.kv_cache == "static" else 0
+    # a static cache's masked decode attention reads the whole buffer; decode_attention=triton reads
+    # only the filled positions (as the growing cache's attention does)
+    masked = (kv_cache or cfg.kv_cache) == "static" and cfg.kv_cache == "static" and cfg.decode_attention != "triton"
+    keys = cfg.cache_len(S, r.decode_tokens) if masked else 0
     for j in range(r.decode_steps):
         items += llm_items(cfg, "decode", r.batch, 1, S + j, b, 0, step_routing[j], step=j,
                            attn_impl=attn_impl, kv_cache=kv_cache, call=j, keys=keys)

@@ -659,7 +659,8 @@ class LLMAttention(Family):
       writes 2*B*T*kvh*d*b more (``static``: no copy).
     * ``keys`` > 0 (a static cache's decode step): the kernel attends over all ``keys`` positions
       of the preallocated buffer with a mask, so flops_counted, tensor_flops and the KV read use
-      ``keys`` in place of T (flops_useful keeps T: the masked positions are waste).
+      ``keys`` in place of T (flops_useful keeps T: the masked positions are waste). With
+      ``decode_attention=triton`` the kernel reads positions 0..pos only: keys = 0 (T keys).
     * params = h*(nh + 2*kvh)*d + nh*d*h.
     """
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 SEEN: dict = {}
+_ASKED: dict = {}          # "site/path" -> True: see ``first_time``
 _SDPA_NAMES = {0: "sdpa:math", 1: "sdpa:flash_attention", 2: "sdpa:efficient_attention",
                3: "sdpa:cudnn_attention", 4: "sdpa:overrideable"}
 
@@ -35,5 +36,17 @@ def seen_once(site: str) -> bool:
     return site in SEEN or torch.compiler.is_compiling()
 
 
+def first_time(site: str, path: str) -> bool:
+    """True the first time ``site`` is asked about for ``path`` (since ``reset``): a site whose kernel
+    depends on an execution knob notes the backend of each path it takes, where ``seen_once`` would
+    keep only the first. A dict lookup, like ``seen_once``, so a compiled caller guards on one key."""
+    key = f"{site}/{path}"
+    if key in _ASKED or torch.compiler.is_compiling():
+        return False
+    _ASKED[key] = True
+    return True
+
+
 def reset() -> None:
     SEEN.clear()
+    _ASKED.clear()

@@ -188,11 +188,14 @@ class DeepseekOCR(nn.Module):
         """Execute as ``m`` from now on (same weights); returns what runs, for the manifest. Routed
         experts are stacked once (views: the state_dict is unchanged) the first time ``grouped`` is
         asked for; set-up per request shape (compile, capture) happens in ``running``."""
-        from .execution import resolve_moe_kernel
+        from .execution import resolve_decode_attention, resolve_moe_kernel
         from .fast_moe import stack_experts
 
         p = next(self.parameters())
         kernel, why = resolve_moe_kernel(m, p.device, p.dtype)
+        decode_attn = resolve_decode_attention(m, p.device)
+        for layer in self.model.layers:
+            layer.self_attn.decode_attention = m.decode_attention
         for mod in self.modules():
             if isinstance(mod, MoE):
                 if kernel is not None and mod.experts_stacked is None:
@@ -208,8 +211,9 @@ class DeepseekOCR(nn.Module):
             self._decoders.clear()
         self.exec = ExecutionConfig(**m.execution())
         return {**m.execution(), "moe": why, "moe_kernel_resolved": kernel,
-                "kv_cache_is": "static: preallocated, written in place, masked decode attention" if m.kv_cache == "static"
+                "kv_cache_is": "static: preallocated, written in place" if m.kv_cache == "static"
                 else "growing: torch.cat per step",
+                "decode_attention_is": decode_attn,
                 "vision": ("fused: SAM global blocks by augmented q.k (no dense rel-pos mask); sam, clip, projector "
                            "each a CUDA graph per input shape" + ("" if p.is_cuda else " (no CUDA here: eager)"))
                 + (vision_compiled if m.vision_compile else "")

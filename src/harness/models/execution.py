@@ -1,10 +1,11 @@
 """Execution variants of the reference LLM, set up once per request shape outside the timed loop.
 
 ``resolve_moe_kernel`` says which sync-free routed-expert kernel a config gets on this device (or
-why none can run). ``StaticDecoder`` owns, for one (batch, cache length), the static KV cache, the
-device-side position, the decode-phase routing counts and the decode step as it will run: eager,
-compiled (``torch.compile``) and/or captured in a CUDA graph and replayed. Nothing in its
-``step`` makes the host wait; the position advances on the device.
+why none can run), ``resolve_decode_attention`` the same for the static cache's decode attention.
+``StaticDecoder`` owns, for one (batch, cache length), the static KV cache, the device-side
+position, the decode-phase routing counts and the decode step as it will run: eager, compiled
+(``torch.compile``) and/or captured in a CUDA graph and replayed. Nothing in its ``step`` makes
+the host wait; the position advances on the device.
 """
 from __future__ import annotations
 
@@ -37,6 +38,23 @@ def resolve_moe_kernel(m: ExecutionConfig, device: torch.device, dtype: torch.dt
         raise HarnessError(f"model.moe_kernel={want} cannot run here: {why}",
                            "use model.moe_kernel=auto or torch")
     return want, f"{want}: {why}"
+
+
+def resolve_decode_attention(m: ExecutionConfig, device: torch.device) -> str:
+    """What the decode attention runs under ``m`` on ``device`` (for the manifest); a Triton kernel
+    that cannot run here, or without a static cache, is refused, never replaced."""
+    from ..config import check_decode_attention
+    from . import fast_moe
+
+    check_decode_attention(m, "model")
+    if m.kv_cache != "static":
+        return "growing cache: attn_implementation over the positions so far"
+    if m.decode_attention == "sdpa":
+        return "sdpa: attn_implementation (torch SDPA by default) over the whole static buffer with a mask"
+    ok, why = fast_moe.triton_available(device)
+    if not ok:
+        raise HarnessError(f"model.decode_attention=triton cannot run here: {why}", "use model.decode_attention=sdpa")
+    return f"triton: split-KV kernel (decode_attention_triton) over positions 0..pos only; {why}"
 
 
 class StaticDecoder:

@@ -6,7 +6,8 @@ DeepseekV2MoE.moe_infer): fp32 RMSNorm and gate, a per-expert Python loop after 
 copy of the expert counts, and a KV cache that grows by concatenation each step. The execution
 variants (``harness.config.ExecutionConfig``) compute the same function differently: a
 ``StaticKVCache`` (preallocated, written in place; decode attends over the whole buffer with a
-mask) and sync-free routed experts (``MoE.impl = "grouped"``, ``fast_moe.routed_experts``).
+mask, or with ``Attention.decode_attention = "triton"`` over positions 0..pos only) and sync-free
+routed experts (``MoE.impl = "grouped"``, ``fast_moe.routed_experts``).
 Tensors are [B, S, hidden].
 """
 from __future__ import annotations
@@ -82,6 +83,7 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, hd
         self.layer_idx = layer_idx
         self.impl = impl
+        self.decode_attention = "sdpa"   # static-cache decode: sdpa | triton (DeepseekOCR.configure sets it)
         self.q_proj = nn.Linear(h, cfg.num_heads * hd, bias=False)
         self.k_proj = nn.Linear(h, cfg.num_kv_heads * hd, bias=False)
         self.v_proj = nn.Linear(h, cfg.num_kv_heads * hd, bias=False)
@@ -105,29 +107,51 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         filled = cache.length                      # host: positions already in the cache
         k, v = cache.update(self.layer_idx, k, v)
-        if self.num_kv_heads != self.num_heads:
-            rep = self.num_heads // self.num_kv_heads
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         mask = getattr(cache, "mask", None)
-        if mask is None:                           # growing cache: k, v hold exactly the positions so far
-            out = self.attend(q, k, v)
-        elif S > 1:                                # static cache, prefill: the first filled + S positions
-            T = filled + S
-            out = self.attend(q, k[:, :, :T], v[:, :, :T])
-        else:                                      # static cache, decode: the whole buffer, masked
-            out = self.attend_masked(q, k, v, mask)
+        if mask is not None and S == 1:            # static cache, decode: the whole buffer, masked
+            out = self.attend_masked(q, k, v, mask, cache.pos)
+        else:
+            k, v = self.repeat_kv(k, v)
+            if mask is None:                       # growing cache: k, v hold exactly the positions so far
+                out = self.attend(q, k, v)
+            else:                                  # static cache, prefill: the first filled + S positions
+                T = filled + S
+                out = self.attend(q, k[:, :, :T], v[:, :, :T])
         out = out.transpose(1, 2).reshape(B, S, -1)
         if self.qkv_weight is None:
             return self.o_proj(out)
         return fused_linear.linear(out, self.o_proj.weight)
 
-    def attend_masked(self, q, k, v, mask) -> torch.Tensor:
-        """One query [B, nh, 1, d] against a whole static buffer [B, nh, L, d] with ``mask`` [1, L]
+    def repeat_kv(self, k, v):
+        """KV heads repeated to the query heads (GQA; a no-op when they are equal)."""
+        if self.num_kv_heads == self.num_heads:
+            return k, v
+        rep = self.num_heads // self.num_kv_heads
+        return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+
+    def attend_masked(self, q, k, v, mask, pos=None) -> torch.Tensor:
+        """One query [B, nh, 1, d] against a whole static buffer [B, nkv, L, d] with ``mask`` [1, L]
         (True = a filled position). Same function as ``attend`` over the filled positions: masked
-        keys get weight exactly 0. Fixed shapes, so it can be captured in a CUDA graph."""
-        if self.layer_idx == 0 and not attn_probe.seen_once("llm_decode"):
-            attn_probe.note("llm_decode", "eager:matmul+softmax (masked static cache)" if self.impl == "eager"
-                            else attn_probe.sdpa_choice(q, k, v, mask))
+        keys get weight exactly 0. Fixed shapes, so it can be captured in a CUDA graph.
+
+        ``decode_attention`` (set by ``DeepseekOCR.configure``): ``sdpa`` runs over the whole buffer
+        with the mask (or the eager matmuls for ``impl == "eager"``); ``triton`` runs the split-KV
+        kernel of ``decode_attention_triton``, which reads only positions 0..``pos`` (the step's
+        position, int64 [1] on the device: ``StaticKVCache.pos``) and needs no mask."""
+        use_triton = self.decode_attention == "triton"
+        path = "triton" if use_triton else f"masked-{self.impl}"
+        if self.layer_idx == 0 and attn_probe.first_time("llm_decode", path):
+            attn_probe.note("llm_decode",
+                            "triton:decode_attention_triton (split-KV, positions 0..pos only)" if use_triton
+                            else "eager:matmul+softmax (masked static cache)" if self.impl == "eager"
+                            else attn_probe.sdpa_choice(q, *self.repeat_kv(k, v), mask))
+        if use_triton:
+            if pos is None:
+                raise HarnessError("decode_attention=triton needs the step's position", "pass cache.pos")
+            from .decode_attention_triton import decode_attention
+
+            return decode_attention(q, k, v, pos)
+        k, v = self.repeat_kv(k, v)
         if self.impl == "eager":
             w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)
             w = w.masked_fill(~mask, torch.finfo(w.dtype).min)

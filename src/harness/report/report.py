@@ -334,8 +334,8 @@ def _headline(run: RunData, st: pd.DataFrame, measured: pd.DataFrame, head: pd.D
 EXECUTION_SHORT = (("kv_cache", "static", "static KV"), ("moe_impl", "grouped", "grouped MoE"),
                    ("cuda_graphs", "decode", "decode graph"), ("compile", True, "compiled"),
                    ("prefill_graphs", True, "prefill graph"), ("vision_impl", "fused", "fused vision"),
-                   ("linear_impl", "fused", "fused linears"),
-                   ("vision_compile", True, "compiled vision"))
+                   ("linear_impl", "fused", "fused linears"), ("vision_compile", True, "compiled vision"),
+                   ("decode_attention", "triton", "triton decode attention"))
 
 
 def execution_label(ex: dict) -> str:

@@ -1,0 +1,208 @@
+"""Split-KV ("flash-decoding") attention of one query per (batch, head) against a static KV cache (Triton).
+
+``decode_attention(q, k, v, pos)`` computes softmax(q . k_j * scale over keys j = 0..pos) . v for
+q [B, nh, 1, d] against the preallocated buffers k, v [B, nkv, L, d] of a ``StaticKVCache``
+(nkv divides nh: query head h reads KV head h // (nh / nkv)). ``pos`` is the step's position, an
+int64 device tensor [1] read by the kernel itself: no host sync, and a CUDA graph captured once
+replays correctly as the position advances. Keys past ``pos`` are never loaded (weight exactly 0).
+
+Two launches, the grid a function of shapes only (fixed for capture):
+
+1. ``_split_kernel``, grid (B*nh, NUM_SPLITS): the L positions are cut into cdiv(L, BLOCK_N) blocks
+   and each split owns BLOCKS_PER_SPLIT consecutive blocks. A program loops over the blocks of its
+   split that hold a filled position (the trip count is computed from ``pos`` on the device, so
+   blocks wholly past ``pos`` cost nothing), with an online softmax in fp32 in the exp2 domain:
+   s = (q . k) * scale * log2(e), keys past ``pos`` in a partly filled block masked to -inf.
+   It writes the split's unnormalised acc [d], running max m and sum of exp2 l (fp32 scratch); a
+   split with no filled block writes m = -inf, l = 0, acc = 0.
+2. ``_combine_kernel``, grid (B*nh,): M = max_s m_s, w_s = exp2(m_s - M) (0 for empty splits),
+   out = sum_s w_s acc_s / sum_s w_s l_s, rounded once to q's dtype. With NUM_SPLITS == 1 the
+   first kernel normalises and writes the output itself and the combine is not launched.
+
+q . k and p . v are CUDA-core products (one query row: no tensor-core tile to fill), bf16/fp16
+operands converted to fp32. ``DecodeAttentionConfig`` picks BLOCK_N, the splits and num_warps;
+the default aims at about two waves of an H100/H200's 132 SMs (see ``splits``).
+Tested against a float64 reference under TRITON_INTERPRET=1 on the CPU (the interpreter mode is
+that of ``fast_moe_triton``, imported here for its bf16 rounding helper).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ..errors import HarnessError
+from .fast_moe_triton import INTERPRETED, _check_runnable, _rne
+
+LOG2E = 1.4426950408889634
+#: streaming multiprocessors of an H100 / H200 SXM: the default split count aims at 2 waves of them
+SMS = 132
+
+
+@dataclass(frozen=True)
+class DecodeAttentionConfig:
+    """Tiles of ``decode_attention``: ``block_n`` keys per tile (a power of two), ``num_splits``
+    (None: enough splits for about ``target_programs`` programs in all), ``num_warps``.
+
+    For L = 448, BLOCK_N = 64 (7 blocks), nh = 10 the default gives: B = 1 -> 7 splits of one block
+    (70 programs), B = 8 -> 4 splits of 2 blocks (320), B >= 27 -> one split (one launch, no
+    combine; B = 32: 320 programs of 7 blocks).
+    """
+
+    block_n: int = 64
+    num_splits: Optional[int] = None
+    target_programs: int = 2 * SMS
+    num_warps: int = 4
+
+    def splits(self, bh: int, L: int) -> tuple:
+        """(NUM_SPLITS, BLOCKS_PER_SPLIT) for ``bh`` = B*nh programs per split and L cache positions:
+        the wanted count is clamped to [1, cdiv(L, block_n)], then reduced so no split starts past
+        the buffer (every split owns at least one block of it)."""
+        n_blocks = -(-L // self.block_n)
+        want = self.num_splits if self.num_splits is not None else -(-self.target_programs // bh)
+        want = max(1, min(want, n_blocks))
+        per = -(-n_blocks // want)
+        return -(-n_blocks // per), per
+
+    def check(self) -> None:
+        if self.block_n < 1 or self.block_n & (self.block_n - 1):
+            raise HarnessError(f"DecodeAttentionConfig.block_n={self.block_n}: must be a power of two")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise HarnessError(f"DecodeAttentionConfig.num_warps={self.num_warps}: one of 1, 2, 4, 8, 16")
+        if self.num_splits is not None and self.num_splits < 1:
+            raise HarnessError(f"DecodeAttentionConfig.num_splits={self.num_splits}: must be >= 1 (or None)")
+
+
+@triton.jit
+def _split_kernel(Q, K, V, POS, O, ACC, M, LS, scale_log2, heads, group, L,
+                  s_qb, s_qh, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ob, s_oh,
+                  D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS_PER_SPLIT: tl.constexpr,
+                  NUM_SPLITS: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr):
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = (bh // heads).to(tl.int64)
+    h = bh % heads
+    kvh = (h // group).to(tl.int64)
+    n_keys = tl.minimum(tl.load(POS).to(tl.int32) + 1, L)        # keys 0..pos
+    start = split * (BLOCKS_PER_SPLIT * BLOCK_N)
+    n_blocks = tl.minimum(tl.maximum((n_keys - start + BLOCK_N - 1) // BLOCK_N, 0), BLOCKS_PER_SPLIT)
+    offs_d = tl.arange(0, D)
+    offs_n = tl.arange(0, BLOCK_N)
+    q = tl.load(Q + b * s_qb + h * s_qh + offs_d).to(tl.float32) * scale_log2
+    k_tile = K + b * s_kb + kvh * s_kh + offs_n[:, None] * s_kn + offs_d[None, :]
+    v_tile = V + b * s_vb + kvh * s_vh + offs_n[:, None] * s_vn + offs_d[None, :]
+    m_i = tl.full([1], float("-inf"), tl.float32)
+    l_i = tl.zeros([1], tl.float32)
+    acc = tl.zeros([D], tl.float32)
+    for i in range(0, n_blocks):
+        first = start + i * BLOCK_N
+        ok = first + offs_n < n_keys
+        k = tl.load(k_tile + first * s_kn, mask=ok[:, None], other=0.0).to(tl.float32)
+        s = tl.where(ok, tl.sum(k * q[None, :], 1), float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new)                                    # exactly 0 for masked keys
+        v = tl.load(v_tile + first * s_vn, mask=ok[:, None], other=0.0).to(tl.float32)
+        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        m_i = m_new
+    if NUM_SPLITS == 1:
+        out = _rne(acc / l_i, EMULATE_BF16_RNE)
+        tl.store(O + b * s_ob + h * s_oh + offs_d, out.to(O.dtype.element_ty))
+    else:
+        row = bh.to(tl.int64) * NUM_SPLITS + split
+        tl.store(ACC + row * D + offs_d, acc)
+        zero = tl.arange(0, 1)
+        tl.store(M + row + zero, m_i)
+        tl.store(LS + row + zero, l_i)
+
+
+@triton.jit
+def _combine_kernel(ACC, M, LS, O, heads, s_ob, s_oh,
+                    D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+                    EMULATE_BF16_RNE: tl.constexpr):
+    bh = tl.program_id(0)
+    b = (bh // heads).to(tl.int64)
+    h = bh % heads
+    offs_s = tl.arange(0, SPLITS_P2)
+    offs_d = tl.arange(0, D)
+    s_ok = offs_s < NUM_SPLITS
+    rows = bh.to(tl.int64) * NUM_SPLITS + offs_s
+    m = tl.load(M + rows, mask=s_ok, other=float("-inf"))
+    ls = tl.load(LS + rows, mask=s_ok, other=0.0)
+    w = tl.exp2(m - tl.max(m, 0))                                 # 0 for empty and padded splits
+    acc = tl.load(ACC + rows[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(ls * w, 0)
+    tl.store(O + b * s_ob + h * s_oh + offs_d, _rne(out, EMULATE_BF16_RNE).to(O.dtype.element_ty))
+
+
+def _check_inputs(q, k, v, pos) -> None:
+    """Shape/dtype/device checks; host metadata only, never reads device memory."""
+    if q.dim() != 4 or q.shape[2] != 1 or k.dim() != 4 or v.shape != k.shape:
+        raise HarnessError(f"decode_attention needs q [B, nh, 1, d] and k, v [B, nkv, L, d] of one shape; got "
+                           f"q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}")
+    B, nh, _, D = q.shape
+    if k.shape[0] != B or k.shape[3] != D or nh % k.shape[1]:
+        raise HarnessError(f"decode_attention: k, v {tuple(k.shape)} do not match q {tuple(q.shape)} (same B "
+                           "and d, KV heads dividing the query heads)")
+    if D & (D - 1):
+        raise HarnessError(f"decode_attention needs a power-of-two head dim, got {D}")
+    if k.dtype != q.dtype or v.dtype != q.dtype or not q.is_floating_point():
+        raise HarnessError(f"decode_attention: q, k, v must share one float dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if pos.dtype != torch.int64 or pos.numel() != 1:
+        raise HarnessError(f"decode_attention: pos must be int64 [1] (the step's position), got "
+                           f"{pos.dtype} {tuple(pos.shape)}")
+    for name, t in (("k", k), ("v", v), ("pos", pos)):
+        if t.device != q.device:
+            raise HarnessError(f"decode_attention: {name} is on {t.device}, q on {q.device}")
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
+                     scale: Optional[float] = None,
+                     config: DecodeAttentionConfig = DecodeAttentionConfig()) -> torch.Tensor:
+    """[B, nh, 1, d] in q's dtype: attention of q over positions 0..pos of k, v [B, nkv, L, d]
+    (module docstring). ``scale`` defaults to 1/sqrt(d), as SDPA. Callable under torch.compile."""
+    _check_runnable(q)
+    _check_inputs(q, k, v, pos)
+    config.check()
+    B, nh, _, D = q.shape
+    nkv, L = k.shape[1], k.shape[2]
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k.stride(-1) != 1 or v.stride(-1) != 1:
+        k, v = k.contiguous(), v.contiguous()
+    scale_log2 = (D ** -0.5 if scale is None else scale) * LOG2E
+    splits, per = config.splits(B * nh, L)
+    rne = INTERPRETED and q.dtype == torch.bfloat16
+    out = torch.empty((B, nh, 1, D), dtype=q.dtype, device=q.device)
+    acc = torch.empty((B * nh * splits, D) if splits > 1 else (1, D), dtype=torch.float32, device=q.device)
+    m = torch.empty(B * nh * splits if splits > 1 else 1, dtype=torch.float32, device=q.device)
+    ls = torch.empty_like(m)
+    _split_kernel[(B * nh, splits)](
+        q, k, v, pos, out, acc, m, ls, scale_log2, nh, nh // nkv, L,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1),
+        D=D, BLOCK_N=config.block_n, BLOCKS_PER_SPLIT=per, NUM_SPLITS=splits, EMULATE_BF16_RNE=rne,
+        num_warps=config.num_warps)
+    if splits > 1:
+        _combine_kernel[(B * nh,)](
+            acc, m, ls, out, nh, out.stride(0), out.stride(1),
+            D=D, NUM_SPLITS=splits, SPLITS_P2=1 << (splits - 1).bit_length(), EMULATE_BF16_RNE=rne,
+            num_warps=4 if D >= 128 else 1)
+    return out
+
+
+def bench_configs() -> list:
+    """A small sweep for scripts/bench_decode_attention.py: the default, then block_n x split counts
+    at 4 warps, then 2 and 8 warps at the default splits. Compiled offline for sm90 (Triton 3.9,
+    bf16, d=128) none of these spill registers; block_n=128 with 2 warps would."""
+    out = [DecodeAttentionConfig()]
+    for bn in (32, 64, 128):
+        for splits in (None, 1, 2, 4, 8, 14):
+            out.append(DecodeAttentionConfig(block_n=bn, num_splits=splits))
+        for warps in (2, 8) if bn < 128 else (8,):
+            out.append(DecodeAttentionConfig(block_n=bn, num_warps=warps))
+    return list(dict.fromkeys(out))

@@ -1,0 +1,278 @@
+"""The split-KV Triton decode attention equals softmax(q.k * scale over keys 0..pos).v, and the
+``decode_attention=triton`` knob runs the tiny model to the same logits as SDPA over the masked buffer.
+
+Without a GPU the kernels run in Triton's interpreter: TRITON_INTERPRET=1 is set below, before
+``fast_moe_triton`` / ``decode_attention_triton`` are first imported (the interpreter is chosen when
+the kernels are defined; the setting then holds for the rest of the pytest process). References are
+float64 on the CPU. Positions past ``pos`` hold NaN: a kernel that read them would return NaN.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from conftest import TINY_MODE, load_tiny_cfg  # noqa: E402
+from harness import workload as wl  # noqa: E402
+from harness.config import ExecutionConfig, LLMConfig, ModelConfig, check_execution  # noqa: E402
+from harness.errors import HarnessError  # noqa: E402
+from harness.models import attn_probe  # noqa: E402
+from harness.models import decode_attention_triton as dat  # noqa: E402
+from harness.models.build import build_model  # noqa: E402
+from harness.models.fast_moe import triton_available  # noqa: E402
+from harness.models.llm import Attention, KVCache  # noqa: E402
+from harness.models.static_cache import StaticKVCache  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+Cfg = dat.DecodeAttentionConfig
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b).abs().max() / b.abs().max()).item()
+
+
+def draw(B, nh, nkv, L, d, pos, seed=0):
+    """q [B, nh, 1, d], k, v [B, nkv, L, d] ~ N(0, 1) (fp32, CPU); positions past ``pos`` are NaN."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, nh, 1, d, generator=g)
+    k, v = torch.randn(B, nkv, L, d, generator=g), torch.randn(B, nkv, L, d, generator=g)
+    k[:, :, pos + 1:] = float("nan")
+    v[:, :, pos + 1:] = float("nan")
+    return q, k, v
+
+
+def reference(q, k, v, pos, scale=None):
+    """float64 softmax(q.k^T * scale over keys 0..pos).v with the KV heads repeated to the query heads."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = (t.double().repeat_interleave(rep, 1)[:, :, :pos + 1] for t in (k, v))
+    s = q.double() @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    return s.softmax(-1) @ v
+
+
+CASES = {  # name: (B, nh, nkv, L, d, pos, config, scale)
+    "pos0": (2, 4, 4, 96, 32, 0, Cfg(block_n=16), None),                      # 6 splits, 5 of them empty
+    "last-partial-block": (2, 4, 4, 100, 32, 99, Cfg(block_n=16), None),      # L not a multiple of block_n
+    "mid-block-gqa": (2, 4, 2, 100, 16, 40, Cfg(block_n=16), None),           # block 2 holds 9 of 16 keys
+    "gqa-4to1": (1, 4, 1, 64, 16, 33, Cfg(block_n=16, num_splits=2), 0.3),     # 2 blocks per split, own scale
+    "splits>filled": (1, 2, 2, 128, 32, 20, Cfg(block_n=16, num_splits=8), None),  # 2 filled blocks, 8 splits
+    "one-split": (3, 2, 2, 100, 32, 77, Cfg(block_n=16, num_splits=1), None),  # direct write, no combine
+    "uneven-splits": (1, 2, 2, 100, 16, 60, Cfg(block_n=16, num_splits=3), None),  # 7 blocks in 3 splits
+    "model-shape": (1, 10, 10, 448, 128, 413, Cfg(), None),                   # default: 7 splits of 64 keys
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_kernel_matches_float64_reference(name, dtype):
+    B, nh, nkv, L, d, pos, cfg, scale = CASES[name]
+    q, k, v = (t.to(dtype) for t in draw(B, nh, nkv, L, d, pos, seed=len(name)))
+    ref = reference(q, k, v, pos, scale)             # from the dtype-rounded inputs
+    out = dat.decode_attention(*(t.to(DEV) for t in (q, k, v)), torch.tensor([pos], device=DEV), scale, cfg).cpu()
+    assert out.shape == (B, nh, 1, d) and out.dtype == dtype
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref) <= TOL[dtype], (name, dtype, rel_err(out, ref))
+
+
+def test_position_is_read_on_the_device():
+    """The same buffers and the same pos tensor, advanced in place (as a CUDA graph replays): each
+    call attends over the positions up to the tensor's current value."""
+    q, k, v = draw(1, 2, 2, 64, 16, 63)
+    q, k, v = (t.to(DEV) for t in (q, k, v))
+    pos = torch.zeros(1, dtype=torch.int64, device=DEV)
+    cfg = Cfg(block_n=16)
+    for p in (0, 15, 16, 47, 63):
+        pos.fill_(p)
+        out = dat.decode_attention(q, k, v, pos, config=cfg).cpu()
+        assert rel_err(out, reference(q.cpu(), k.cpu(), v.cpu(), p)) <= 1e-5, p
+
+
+@pytest.mark.parametrize("bh,L,block_n,want", [
+    (10, 448, 64, (7, 1)), (80, 448, 64, (4, 2)), (320, 448, 64, (1, 7)), (640, 448, 64, (1, 7)),
+    (10, 384, 32, (12, 1)), (40, 448, 64, (7, 1)), (270, 448, 64, (1, 7)),
+])
+def test_default_splits(bh, L, block_n, want):
+    assert Cfg(block_n=block_n).splits(bh, L) == want
+
+
+def test_every_split_owns_a_block():
+    for bh in (1, 3, 10, 40, 100, 640):
+        for L in (1, 17, 64, 100, 448):
+            for ns in (None, 1, 2, 3, 5, 8, 100):
+                splits, per = Cfg(block_n=16, num_splits=ns).splits(bh, L)
+                n_blocks = -(-L // 16)
+                assert splits >= 1 and per >= 1 and (splits - 1) * per < n_blocks <= splits * per
+
+
+def test_bad_inputs_are_refused():
+    q, k, v = draw(1, 2, 2, 32, 16, 31)
+    with pytest.raises(HarnessError, match="pos must be int64"):
+        dat.decode_attention(q, k, v, torch.tensor([3], dtype=torch.int32))
+    with pytest.raises(HarnessError, match="KV heads dividing"):
+        dat.decode_attention(torch.zeros(1, 3, 1, 16), k, v, torch.tensor([3]))
+    with pytest.raises(HarnessError, match="block_n=48"):
+        dat.decode_attention(q, k, v, torch.tensor([3]), config=Cfg(block_n=48))
+
+
+def test_triton_without_static_cache_is_refused():
+    with pytest.raises(HarnessError) as exc:
+        check_execution(dataclasses.replace(ModelConfig(), decode_attention="triton"), "model")
+    assert str(exc.value) == ("model: decode_attention=triton needs kv_cache=static (the kernel reads a preallocated "
+                              "cache up to the step's device-side position); fix: add model.kv_cache=static, or use "
+                              "model.decode_attention=sdpa")
+    check_execution(dataclasses.replace(ModelConfig(), decode_attention="triton", kv_cache="static"), "model")
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_attention_module_gqa_decode_equals_growing_cache(impl):
+    """Attention.forward with 4 query and 2 KV heads: the static cache with decode_attention=triton
+    (the kernel reads the 2 KV heads itself) against the growing cache (KV heads repeated)."""
+    cfg = LLMConfig(hidden_size=64, num_heads=4, num_kv_heads=2)
+    torch.manual_seed(0)
+    attn = Attention(cfg, layer_idx=0, impl=impl).to(DEV)
+    attn.decode_attention = "triton"
+    B, prompt, steps = 2, 5, 4
+    xs = torch.randn(B, prompt + steps, 64, device=DEV)
+    growing = KVCache(1)
+    static = StaticKVCache(1, B, cfg.num_kv_heads, 16, cfg.head_dim, torch.float32, DEV)
+    attn_probe.reset()
+    with torch.inference_mode():
+        for lo, hi in [(0, prompt)] + [(t, t + 1) for t in range(prompt, prompt + steps)]:
+            pos = torch.arange(lo, hi, device=DEV)
+            ref = attn(xs[:, lo:hi], pos.expand(B, -1), growing)
+            static.begin_step(pos)
+            got = attn(xs[:, lo:hi], pos.expand(B, -1), static)
+            assert rel_err(got, ref.double()) <= 1e-5, (lo, hi)
+    assert attn_probe.SEEN["llm_decode"][-1].startswith("triton:decode_attention_triton")
+    attn_probe.reset()
+
+
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = load_tiny_cfg()
+    model = build_model(cfg, "cpu", torch.float32, seed=0)
+    page = wl.Page("p", wl.synthetic_page(0, size=(300, 200)), "s")
+    req = wl.build_request([page], TINY_MODE, decode_tokens=STEPS + 1)
+    return model, req
+
+
+def _static_logits(model, req, ex: ExecutionConfig):
+    """Prefill logits and STEPS decode steps (fed the greedy tokens) through a static cache."""
+    L = model.cfg.llm
+    cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, ex.cache_len(req.prefill_tokens, STEPS + 1),
+                          L.head_dim, torch.float32, "cpu")
+    cache.position = torch.zeros(1, dtype=torch.int64)
+    with torch.inference_mode():
+        img = model.image_embeddings(req.global_views, req.tiles, req.grid)
+        logits = [model.prefill(req.input_ids, req.images_seq_mask, img, cache)]
+        for _ in range(STEPS):
+            logits.append(model.decode_step(logits[-1][:, -1:].argmax(-1), cache))
+    return logits
+
+
+def test_model_knob_matches_sdpa_fp32(tiny):
+    """Tiny model (fp32, CPU): decode_attention=triton against SDPA over the masked static buffer."""
+    if not triton_available("cpu")[0]:
+        pytest.skip("Triton cannot run on the CPU here (TRITON_INTERPRET unset before import)")
+    model, req = tiny
+    sdpa = ExecutionConfig(kv_cache="static")
+    model.configure(sdpa)
+    ref = _static_logits(model, req, sdpa)
+    triton = ExecutionConfig(kv_cache="static", decode_attention="triton")
+    attn_probe.reset()
+    try:
+        info = model.configure(triton)
+        assert info["decode_attention"] == "triton" and info["decode_attention_is"].startswith("triton: split-KV")
+        assert all(layer.self_attn.decode_attention == "triton" for layer in model.model.layers)
+        got = _static_logits(model, req, triton)
+        assert attn_probe.SEEN["llm_decode"] == ["triton:decode_attention_triton (split-KV, positions 0..pos only)"]
+    finally:
+        model.configure(ExecutionConfig())
+        attn_probe.reset()
+    assert all(layer.self_attn.decode_attention == "sdpa" for layer in model.model.layers)
+    for j, (a, b) in enumerate(zip(got, ref)):
+        assert ((a - b).norm() / b.norm()).item() <= 1e-5, j
+
+
+def test_configure_refuses_triton_without_static_cache(tiny):
+    model, _ = tiny
+    with pytest.raises(HarnessError, match="decode_attention=triton needs kv_cache=static"):
+        model.configure(ExecutionConfig(decode_attention="triton"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 8, 64])
+@pytest.mark.parametrize("pos", [0, 200, 447])
+def test_gpu_matches_sdpa_bf16_at_model_shapes(B, pos):
+    """bf16, nh = 10, d = 128, L = 448: SDPA over the masked buffer against the kernel, eager and
+    replayed from a CUDA graph (the position tensor advanced in place between replays)."""
+    from harness.models.static_cache import attention_mask
+
+    g = torch.Generator(device="cuda").manual_seed(B + pos)
+    q, k, v = (torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16)
+               for shape in ((B, 10, 1, 128), (B, 10, 448, 128), (B, 10, 448, 128)))
+    p = torch.tensor([pos], device="cuda")
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask(p, 448))
+
+    ref = sdpa()
+    assert rel_err(dat.decode_attention(q, k, v, p), ref.double()) <= 2e-2
+    p.fill_(0)
+    dat.decode_attention(q, k, v, p)                      # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = dat.decode_attention(q, k, v, p)
+    p.fill_(pos)
+    graph.replay()
+    assert rel_err(out, ref.double()) <= 2e-2
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_traces_under_torch_compile():
+    """Dynamo traces the user Triton kernels without a graph break (fullgraph) and gives the eager result."""
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+               for shape in ((8, 10, 1, 128), (8, 10, 448, 128), (8, 10, 448, 128)))
+    p = torch.tensor([300], device="cuda")
+    fn = torch.compile(lambda q, k, v, p: dat.decode_attention(q, k, v, p) * 2, fullgraph=True, dynamic=False)
+    assert torch.equal(fn(q, k, v, p), dat.decode_attention(q, k, v, p) * 2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the script's refusal without CUDA")
+def test_bench_script_refuses_without_cuda(repo_root, capsys, monkeypatch):
+    import importlib.util
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))     # the script puts src/ first on sys.path
+
+    spec = importlib.util.spec_from_file_location("bench_decode_attention",
+                                                  repo_root / "scripts" / "bench_decode_attention.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main([]) == 1
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_analytic_decode_attention_reads_only_filled_positions(tiny_cfg):
+    """Static cache: SDPA reads (and multiplies) the whole masked buffer; the kernel the filled positions."""
+    from harness.analytic import compose
+
+    case = compose.Case(TINY_MODE, None, decode_tokens=3)
+
+    def attention(cfg):
+        df = compose.workload_costs(case, cfg)
+        return df[(df.stage == "decode") & (df.family == "llm_attention")].iloc[0]
+
+    static = dataclasses.replace(tiny_cfg, kv_cache="static")
+    sdpa, triton = attention(static), attention(dataclasses.replace(static, decode_attention="triton"))
+    assert triton.bytes_kv_read < sdpa.bytes_kv_read and triton.flops_counted < sdpa.flops_counted
+    assert triton.flops_counted == triton.flops_useful == sdpa.flops_useful
