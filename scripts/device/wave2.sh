@@ -36,7 +36,7 @@ for section in "$@"; do
               "tests/test_variants.py::test_gpu_fused_vision_matches_vendor_style_fp32" \
               "tests/test_variants.py::test_gpu_variant_matches_vendor_style" 2>&1 | tail -15 \
               | tee "$OUT/gpunew.log" ;;
-    best)   timeout 240 python -m harness run +experiment=optimize run.only=[vendor-style,best] measure.kernels=true \
+    best)   timeout 240 python -m harness run +experiment=optimize run.only=[${ONLY:-vendor-style,best}] measure.kernels=true \
               run.root=/tmp/best 2>&1 | quiet | grep -v "repeat [0-9]*/\|warm-up [0-9]" | tail -12 | tee "$OUT/best.log"
             kernels /tmp/best/* best; pack /tmp/best best ;;
     battn)  timeout 120 python scripts/bench_decode_attention.py 2>&1 | quiet | tail -40 | tee "$OUT/battn.log" ;;

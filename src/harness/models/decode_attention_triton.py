@@ -91,7 +91,8 @@ def _split_kernel(Q, K, V, POS, O, ACC, M, LS, scale_log2, heads, group, L,
     n_blocks = tl.minimum(tl.maximum((n_keys - start + BLOCK_N - 1) // BLOCK_N, 0), BLOCKS_PER_SPLIT)
     offs_d = tl.arange(0, D)
     offs_n = tl.arange(0, BLOCK_N)
-    q = tl.load(Q + b * s_qb + h * s_qh + offs_d).to(tl.float32) * scale_log2
+    # fp32 throughout: under torch.compile a Python-float argument arrives as fp64
+    q = (tl.load(Q + b * s_qb + h * s_qh + offs_d).to(tl.float32) * scale_log2).to(tl.float32)
     k_tile = K + b * s_kb + kvh * s_kh + offs_n[:, None] * s_kn + offs_d[None, :]
     v_tile = V + b * s_vb + kvh * s_vh + offs_n[:, None] * s_vn + offs_d[None, :]
     m_i = tl.full([1], float("-inf"), tl.float32)
