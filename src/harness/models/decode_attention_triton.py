@@ -77,10 +77,10 @@ class DecodeAttentionConfig:
 
 
 @triton.jit
-def _split_kernel(Q, K, V, POS, O, ACC, M, LS, scale_log2, heads, group, L,
+def _split_kernel(Q, K, V, POS, O, ACC, M, LS, heads, group, L,
                   s_qb, s_qh, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ob, s_oh,
-                  D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS_PER_SPLIT: tl.constexpr,
-                  NUM_SPLITS: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr):
+                  SCALE_LOG2: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCKS_PER_SPLIT: tl.constexpr, NUM_SPLITS: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr):
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = (bh // heads).to(tl.int64)
@@ -91,8 +91,8 @@ def _split_kernel(Q, K, V, POS, O, ACC, M, LS, scale_log2, heads, group, L,
     n_blocks = tl.minimum(tl.maximum((n_keys - start + BLOCK_N - 1) // BLOCK_N, 0), BLOCKS_PER_SPLIT)
     offs_d = tl.arange(0, D)
     offs_n = tl.arange(0, BLOCK_N)
-    # fp32 throughout: under torch.compile a Python-float argument arrives as fp64
-    q = (tl.load(Q + b * s_qb + h * s_qh + offs_d).to(tl.float32) * scale_log2).to(tl.float32)
+    # the scale is a compile-time constant: as a runtime float argument torch.compile passes it as fp64
+    q = tl.load(Q + b * s_qb + h * s_qh + offs_d).to(tl.float32) * SCALE_LOG2
     k_tile = K + b * s_kb + kvh * s_kh + offs_n[:, None] * s_kn + offs_d[None, :]
     v_tile = V + b * s_vb + kvh * s_vh + offs_n[:, None] * s_vn + offs_d[None, :]
     m_i = tl.full([1], float("-inf"), tl.float32)
@@ -183,10 +183,10 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
     m = torch.empty(B * nh * splits if splits > 1 else 1, dtype=torch.float32, device=q.device)
     ls = torch.empty_like(m)
     _split_kernel[(B * nh, splits)](
-        q, k, v, pos, out, acc, m, ls, scale_log2, nh, nh // nkv, L,
+        q, k, v, pos, out, acc, m, ls, nh, nh // nkv, L,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1),
-        D=D, BLOCK_N=config.block_n, BLOCKS_PER_SPLIT=per, NUM_SPLITS=splits, EMULATE_BF16_RNE=rne,
+        SCALE_LOG2=scale_log2, D=D, BLOCK_N=config.block_n, BLOCKS_PER_SPLIT=per, NUM_SPLITS=splits, EMULATE_BF16_RNE=rne,
         num_warps=config.num_warps)
     if splits > 1:
         _combine_kernel[(B * nh,)](
