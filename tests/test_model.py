@@ -265,3 +265,16 @@ def test_full_size_builds_on_cuda_in_seconds():
     finally:
         del model
         torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("V,chunk", [(129280, 1024), (1000, 128), (64, 64), (10, 1024)])
+def test_greedy_chunked_picks_the_same_token_as_argmax(V, chunk):
+    """Two-stage argmax (per chunk, then across chunks) = argmax, ties to the first index."""
+    from harness.models.adapter import greedy, greedy_chunked
+
+    g = torch.Generator().manual_seed(V)
+    logits = torch.randn(3, 2, V, generator=g)
+    logits[1, -1, :] = 0.0                                # all tied: index 0
+    logits[2, -1, V // 2] = logits[2, -1, V - 1] = 99.0   # a tie across chunks: the first one
+    assert torch.equal(greedy_chunked(logits, chunk), greedy(logits))
+    assert greedy_chunked(logits, chunk)[1, 0] == 0 and greedy_chunked(logits, chunk)[2, 0] == V // 2

@@ -181,7 +181,12 @@ def test_gpu_variant_matches_vendor_style(name, dtype, tol):
     assert torch.equal(res.tokens, res2.tokens)
     agree = (res.tokens == ref.tokens).float().mean().item()
     assert agree == 1.0 if dtype == torch.float32 else agree >= 0.5, (info, res.tokens, ref.tokens)
-    assert (res.routing["prefill"] == ref.routing["prefill"]).all()
+    pre, pre_ref = res.routing["prefill"], ref.routing["prefill"]
+    if dtype == torch.float32:
+        assert (pre == pre_ref).all()
+    else:   # bf16: another GEMM (fused q/k/v, GEMV) rounds differently; near-tied experts may swap
+        moved = int(abs(pre.astype("int64") - pre_ref.astype("int64")).sum())
+        assert pre.sum() == pre_ref.sum() and moved <= 0.02 * pre_ref.sum(), (moved, pre_ref.sum())
     assert res.routing["decode"].sum() == ref.routing["decode"].sum()
 
 

@@ -213,7 +213,10 @@ def llm_items(cfg: ModelConfig, stage: str, B: int, S: int, n: int, b: int, imag
     moe = L.num_layers - dense
     items = [Item(stage, F.TokenEmbedding(B, S, L.vocab_size, h, image_tokens, b), **kw),
              Item(stage, F.RMSNorm(T, h, b), 2 * L.num_layers + 1, **kw),
-             Item(stage, F.RoPE(B, S, L.head_dim, L.num_heads, L.num_kv_heads, b), L.num_layers, **kw),
+             *([Item(stage, F.RoPE(B, S, L.head_dim, L.num_heads, L.num_kv_heads, b, "tables"), **kw),
+                Item(stage, F.RoPE(B, S, L.head_dim, L.num_heads, L.num_kv_heads, b, "apply"), L.num_layers, **kw)]
+               if kv == "static" else
+               [Item(stage, F.RoPE(B, S, L.head_dim, L.num_heads, L.num_kv_heads, b), L.num_layers, **kw)]),
              Item(stage, F.LLMAttention(B, S, n, h, L.num_heads, L.num_kv_heads, L.head_dim, impl, kv, b, keys),
                   L.num_layers, **kw)]
     if dense:

@@ -611,6 +611,9 @@ class RoPE(Family):
       1 negation per half).
     * bytes: act read and write B*S*(nh + kvh)*d*b each (q and k rotated in place of a copy).
     * params = 0 (``inv_freq`` is a buffer).
+    * ``part``: ``both`` (one layer as above) | ``tables`` (the bmm and cos/sin only) | ``apply``
+      (the rotation only). A static-cache step computes the tables once for all layers
+      (``DeepseekOCR.decoder``): one ``tables`` item plus ``apply`` per layer.
     """
 
     family: ClassVar[str] = "rope"
@@ -621,13 +624,15 @@ class RoPE(Family):
     heads: int
     kv_heads: int
     b: int = 2
+    part: str = "both"
 
     def cost(self) -> Cost:
         B, S, d = self.batch, self.seq, self.head_dim
-        fl = 2 * B * (d // 2) * S
-        elems = B * S * (self.heads + self.kv_heads) * d
+        tables, apply = self.part in ("both", "tables"), self.part in ("both", "apply")
+        fl = 2 * B * (d // 2) * S if tables else 0
+        elems = B * S * (self.heads + self.kv_heads) * d if apply else 0
         return Cost(tensor_flops=fl, flops_counted=fl, flops_useful=fl,
-                    vector_flops=2 * B * S * d + ROPE_PER_ELEM_X2 * elems // 2,
+                    vector_flops=(2 * B * S * d if tables else 0) + ROPE_PER_ELEM_X2 * elems // 2,
                     bytes_act_read=elems * self.b, bytes_act_write=elems * self.b)
 
 

@@ -43,6 +43,21 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     return logits[:, -1].argmax(-1, keepdim=True)
 
 
+def greedy_chunked(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """``greedy`` in two reductions: the max of each ``chunk`` of the vocabulary, then the first chunk
+    holding the overall max. Same token (the first index of the max, as argmax). For compiled decode
+    steps: inductor turns one argmax over 129,280 logits into a single-program loop (28 µs per step
+    on an H200); here the first reduction spreads over one program per chunk."""
+    last = logits[:, -1]
+    B, V = last.shape
+    n = -(-V // chunk)
+    if n * chunk != V:
+        last = torch.nn.functional.pad(last, (0, n * chunk - V), value=float("-inf"))
+    vals, idx = last.view(B, n, chunk).max(-1)
+    c = vals.argmax(-1, keepdim=True)
+    return c * chunk + idx.gather(-1, c)
+
+
 @dataclass
 class GenerationResult:
     """Greedy tokens [B, decode_tokens] and per-layer routed-expert token counts.

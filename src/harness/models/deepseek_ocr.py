@@ -125,8 +125,11 @@ class DeepseekOCR(nn.Module):
     def decoder(self, embeds: torch.Tensor, position_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Decoder layers + final norm + lm_head. Returns fp32 logits [B, S, vocab] (or [B, 1, vocab])."""
         h = embeds
+        rope = None
+        if isinstance(cache, StaticKVCache):   # cos/sin once per step for all layers (same values as per layer)
+            rope = self.model.layers[0].self_attn.rotary_emb(h, position_ids)
         for layer in self.model.layers:
-            h = layer(h, position_ids, cache)
+            h = layer(h, position_ids, cache, rope)
         h = self.model.norm(h)
         if not self.cfg.lm_head_all_positions:
             h = h[:, -1:]
@@ -279,13 +282,14 @@ class DeepseekOCR(nn.Module):
 
     def static_decoder(self, batch: int, max_len: int):
         """The ``StaticDecoder`` of (batch, max_len), built (compiled, captured) on first use."""
-        from .adapter import greedy
+        from .adapter import greedy, greedy_chunked
         from .execution import StaticDecoder
 
         key = (batch, max_len)
         if key not in self._decoders:
             p = next(self.parameters())
-            self._decoders[key] = StaticDecoder(self, self.exec, batch, max_len, p.device, p.dtype, greedy)
+            select = greedy_chunked if self.exec.compile else greedy   # same token; see greedy_chunked
+            self._decoders[key] = StaticDecoder(self, self.exec, batch, max_len, p.device, p.dtype, select)
             self.info.setdefault("setup_s", {})[f"b{batch}-L{max_len}"] = self._decoders[key].setup_s
         return self._decoders[key]
 

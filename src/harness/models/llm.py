@@ -91,7 +91,8 @@ class Attention(nn.Module):
         self.rotary_emb = RotaryEmbedding(hd, cfg.rope_theta)
         self.qkv_weight = None          # linear_impl=fused: q/k/v weights as one tensor (fused_linear)
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: "KVCache") -> torch.Tensor:
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: "KVCache", rope=None) -> torch.Tensor:
+        """``rope``: (cos, sin) computed once for all layers by the caller, else from ``position_ids``."""
         B, S, _ = x.shape
         if self.qkv_weight is None:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -101,7 +102,7 @@ class Attention(nn.Module):
         q = q.view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
         k = k.view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = self.rotary_emb(v, position_ids)
+        cos, sin = self.rotary_emb(v, position_ids) if rope is None else rope
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -311,8 +312,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, position_ids, cache):
-        x = x + self.self_attn(self.input_layernorm(x), position_ids, cache)
+    def forward(self, x, position_ids, cache, rope=None):
+        x = x + self.self_attn(self.input_layernorm(x), position_ids, cache, rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
