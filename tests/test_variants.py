@@ -179,15 +179,37 @@ def test_gpu_variant_matches_vendor_style(name, dtype, tol):
     res = generate(model, req)
     res2 = generate(model, req)             # a second request replays the same graph
     assert torch.equal(res.tokens, res2.tokens)
-    agree = (res.tokens == ref.tokens).float().mean().item()
-    assert agree == 1.0 if dtype == torch.float32 else agree >= 0.5, (info, res.tokens, ref.tokens)
-    pre, pre_ref = res.routing["prefill"], ref.routing["prefill"]
-    if dtype == torch.float32:
-        assert (pre == pre_ref).all()
-    else:   # bf16: another GEMM (fused q/k/v, GEMV) rounds differently; near-tied experts may swap
-        moved = int(abs(pre.astype("int64") - pre_ref.astype("int64")).sum())
-        assert pre.sum() == pre_ref.sum() and moved <= 0.02 * pre_ref.sum(), (moved, pre_ref.sum())
     assert res.routing["decode"].sum() == ref.routing["decode"].sum()
+    if dtype == torch.float32:
+        assert torch.equal(res.tokens, ref.tokens), (info, res.tokens, ref.tokens)
+        assert (res.routing["prefill"] == ref.routing["prefill"]).all()
+        return
+    # bf16: greedy tokens of random weights diverge at near-ties once any rounding differs, so the
+    # logits are compared teacher-forced: the variant's own compiled / captured step fed the vendor
+    # path's tokens, prefill and every decode step within the bf16 tolerance
+    ex = ExecutionConfig(**ex)
+    model.configure(ExecutionConfig())
+    ref_logits = _run(model, req, KVCache(model.cfg.llm.num_layers), ref.tokens)
+    model.configure(ex)
+    got = _static_logits(model, req, ex, ref.tokens, dtype)
+    for j, (a, b) in enumerate(zip(got, ref_logits)):
+        assert _rel(a, b[:, -1].float()) <= tol, (name, j, _rel(a, b[:, -1].float()))
+
+
+def _static_logits(model, req, ex, tokens, dtype) -> list:
+    """Last-position logits [B, V] of the prefill and STEPS teacher-forced decode steps through a
+    ``StaticDecoder`` of ``ex`` (compiled and captured as the run's is) whose select keeps the logits."""
+    from harness.models.execution import StaticDecoder
+
+    with torch.inference_mode():
+        img = model.image_embeddings(req.global_views, req.tiles, req.grid)
+        dec = StaticDecoder(model, ex, 1, ex.cache_len(req.prefill_tokens, STEPS + 1), torch.device("cuda"),
+                            dtype, lambda logits: logits[:, -1].float())
+        dec.begin()
+        out = [dec.prefill(req, img).clone()]
+        for j in range(STEPS):
+            out.append(dec.step(tokens[:, j:j + 1]).clone())
+    return out
 
 
 @pytest.mark.parametrize("mode,grid", [("t", (2, 3)), ("u", None)])
