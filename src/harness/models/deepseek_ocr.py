@@ -268,8 +268,8 @@ class DeepseekOCR(nn.Module):
         if not on:
             return "vendor: one GEMM per nn.Linear"
         return (f"fused: q/k/v and dense/shared gate/up as one weight each; at <= {fused_linear.GEMV_MAX_ROWS} "
-                f"token(s) Triton GEMV kernels for K <= {fused_linear.GEMV_MAX_K} and the router (gate GEMV, softmax, "
-                "top-k, scale, routing count) as one Triton kernel, cuBLAS otherwise")
+                f"token(s) Triton GEMV kernels for K <= {fused_linear.GEMV_MAX_K}, the router's softmax, top-k and scale "
+                "one Triton kernel; cuBLAS otherwise")
 
     def route_moe(self, target) -> None:
         """Send every MoE layer's routing to ``target`` (a RoutingCounter, DeviceCounts or None)."""

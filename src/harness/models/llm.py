@@ -21,7 +21,6 @@ from torch import nn
 from ..config import LLMConfig
 from ..errors import HarnessError
 from . import attn_probe, fused_linear
-from .routing import DeviceCounts
 
 
 class RMSNorm(nn.Module):
@@ -230,24 +229,19 @@ class MoEGate(nn.Module):
         self.fused = False              # linear_impl=fused: fused_linear.linear with fp32 output
 
     def routes_in_kernel(self, rows: int) -> bool:
-        """Whether ``forward`` on ``rows`` token rows runs the one-kernel router
-        (``router_triton.route``: linear_impl=fused at decode size); then it also counts."""
+        """Whether ``forward`` on ``rows`` token rows runs the Triton router (``router_triton.route``:
+        linear_impl=fused at decode size)."""
         return self.fused and rows <= fused_linear.GEMV_MAX_ROWS and self.weight.shape[1] <= fused_linear.GEMV_MAX_K
 
-    def forward(self, x: torch.Tensor, counts: torch.Tensor | None = None):
-        """(idx int64 [T, k], weights fp32 [T, k]). ``counts`` (int64 [E]): +1 per routed (token,
-        slot), added by the kernel; only with ``routes_in_kernel`` (the caller counts otherwise)."""
-        rows = x.numel() // x.shape[-1]
-        if self.routes_in_kernel(rows):
-            # gate GEMV, softmax, top-k, renormalisation, scale and routing count in one Triton
-            # kernel. Its k experts come in descending order (ties: lowest index), which may differ
-            # from torch.topk(sorted=False)'s order: the set is the same, and the experts' outputs
-            # are summed over k downstream (equal up to fp32 rounding order).
+    def forward(self, x: torch.Tensor):
+        """(idx int64 [T, k], weights fp32 [T, k])."""
+        if self.routes_in_kernel(x.numel() // x.shape[-1]):
+            # gate GEMV, then softmax, top-k, renormalisation and scale in one Triton kernel. Its k
+            # experts come in descending order (ties: lowest index), which may differ from
+            # torch.topk(sorted=False)'s order: the set is the same, and the experts' outputs are
+            # summed over k downstream (equal up to fp32 rounding order).
             from .router_triton import route
-            return route(x.reshape(-1, x.shape[-1]), self.weight, self.top_k,
-                         self.norm_topk_prob, self.scale, counts)
-        if counts is not None:
-            raise HarnessError("MoEGate: counts are added only by the router kernel (routes_in_kernel)")
+            return route(x.reshape(-1, x.shape[-1]), self.weight, self.top_k, self.norm_topk_prob, self.scale)
         if self.fused:
             logits = fused_linear.linear(x.reshape(-1, x.shape[-1]), self.weight, torch.float32)
         else:
@@ -268,8 +262,7 @@ class MoE(nn.Module):
     ``meta`` tensors): the exactness check counts FLOPs that way (``harness.analytic.check``);
     every routed row still passes exactly one expert's three GEMMs. ``impl``: ``vendor_loop`` or
     ``grouped`` (``fast_moe.routed_experts`` with ``kernel`` over the stacked ``experts_stacked``:
-    no host sync; the routing goes to ``routing.add_device``, or, for a ``DeviceCounts`` with the
-    gate's one-kernel router, is counted by that kernel into ``routing.buf[layer_idx]``).
+    no host sync; the routing goes to ``routing.add_device``).
     """
 
     def __init__(self, cfg: LLMConfig, layer_idx: int):
@@ -285,17 +278,13 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        counted = None          # grouped + DeviceCounts + router kernel: the kernel counts the routing
-        if (self.impl != "vendor_loop" and isinstance(self.routing, DeviceCounts)
-                and self.gate.routes_in_kernel(x.numel() // shape[-1])):
-            counted = self.routing.buf[self.layer_idx]
-        idx, w = self.gate(x) if counted is None else self.gate(x, counted)
+        idx, w = self.gate(x)
         if self.impl == "vendor_loop":
             y = self.moe_infer(x.reshape(-1, shape[-1]), idx, w)
         else:
             from .fast_moe import routed_experts
 
-            if counted is None and self.routing is not None:
+            if self.routing is not None:
                 self.routing.add_device(self.layer_idx, idx)
             y = routed_experts(x.reshape(-1, shape[-1]), idx, w, self.experts_stacked, self.kernel)
         return y.view(*shape) + self.shared_experts(x)
