@@ -73,8 +73,8 @@ def main(argv=None) -> int:
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
     configs = [GemvConfig()]
     if a.sweep:
-        configs += [GemvConfig(bn, bk, w) for bn in (4, 8, 16) for bk in (256, 512) for w in (2, 4)
-                    if (bn, bk, w) != (8, 256, 4)]
+        configs += [GemvConfig(bn, bk, w) for bn in (2, 4, 8) for bk in (128, 256, 512) for w in (4, 8)
+                    if (bn, bk, w) != (GemvConfig().block_n, GemvConfig().block_k, GemvConfig().num_warps)]
     red = torch.compile(lambda x, w: (x.unsqueeze(-2).float() * w.float()).sum(-1).to(x.dtype), dynamic=False)
     print(f"{'shape':32} {'rows':>4} {'method':28} {'us':>8} {'GB/s':>7} {'rel_err':>9}")
     for name, (N, K) in SHAPES.items():

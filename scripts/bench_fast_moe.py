@@ -158,8 +158,9 @@ def bench_bf16(moe: MoE, weights: fm.ExpertWeights, tokens, reps, warmup, flush)
     return rows
 
 
-ROWS_CANDIDATES = [(4, 256, 2), (8, 128, 4), (8, 256, 4), (8, 512, 4), (16, 128, 4), (16, 256, 4),
-                   (16, 256, 8), (32, 128, 4), (32, 64, 2)]
+ROWS_CANDIDATES = [(2, 256, 4), (2, 512, 4), (4, 128, 4), (4, 256, 2), (4, 256, 4), (4, 256, 8), (4, 512, 4),
+                   (8, 128, 4), (8, 256, 4), (8, 512, 4), (16, 128, 4), (16, 256, 4), (16, 256, 8), (32, 128, 4),
+                   (32, 64, 2)]
 
 
 def rows_sweep(moe: MoE, weights: fm.ExpertWeights, tokens, reps, warmup, flush) -> list[dict]:
