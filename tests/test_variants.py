@@ -270,3 +270,21 @@ def test_gpu_fused_vision_matches_vendor_style_fp32(mode, grid, compiled):
         again = model.image_embeddings(req.global_views, req.tiles, req.grid).clone()
     assert ("torch.compile" in info["vision"]) == compiled
     assert _rel(first, ref) <= 1e-5 and _rel(again, ref) <= 1e-5, (_rel(first, ref), _rel(again, ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["base", "gundam"])
+def test_gpu_fused_vision_full_size_fp32(mode):
+    """Full-size SAM / CLIP / projector (random weights, fp32, TF32 off) on a GPU: the fused vision
+    (augmented global attention, compiled blocks, CUDA graphs) gives the vendor path's image
+    embeddings within 1e-5, for a base page and a Gundam page (tiles, then the global view)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = build_model(ModelConfig(), "cuda", torch.float32, seed=0)
+    req = wl.build_request([wl.Page("p", wl.synthetic_page(0), "s")], mode, decode_tokens=2).to("cuda", torch.float32)
+    assert (req.grid is not None) == (mode == "gundam")
+    with torch.inference_mode():
+        ref = model.image_embeddings(req.global_views, req.tiles, req.grid).clone()
+        model.configure(ExecutionConfig(vision_impl="fused", vision_compile=True))
+        got = model.image_embeddings(req.global_views, req.tiles, req.grid).clone()
+    assert _rel(got, ref) <= 1e-5, _rel(got, ref)

@@ -22,7 +22,8 @@ for section in "$@"; do
   echo "== $section $(date +%T)"
   s=$SECONDS
   case $section in
-    tests)  timeout 240 python -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tail -6 | tee "$OUT/gputests.log" ;;
+    tests)  HARNESS_NSYS_LIBS=$PWD/.nsysdeps/root timeout ${TESTS_S:-330} python -m pytest -q -m gpu -p no:cacheprovider \
+              tests/ 2>&1 | grep -E "passed|failed|^FAILED|^E  " | tail -20 | tee "$OUT/gputests.log" ;;
     opt)    timeout 420 python -m harness run +experiment=optimize measure.kernels=true run.root=/tmp/opt 2>&1 | quiet \
               | grep -v "repeat [0-9]*/\|warm-up [0-9]" | tail -20 | tee "$OUT/opt.log"; pack /tmp/opt opt ;;
     bench)  timeout 200 python scripts/bench_overhead.py --rounds 20 --capture-rounds 0 --alt-rounds 6 \
@@ -45,7 +46,8 @@ for section in "$@"; do
             kernels /tmp/ladder/* ladder; pack /tmp/ladder ladder ;;
     rest)   timeout ${REST_S:-300} python -m harness run +experiment=optimize \
               run.only=[gundam-vendor-style,gundam-best,best-b8,best-b64] measure.kernels=true run.root=/tmp/rest 2>&1 \
-              | quiet | grep -v "repeat [0-9]*/\|warm-up [0-9]" | tail -12 | tee "$OUT/rest.log"; pack /tmp/rest rest ;;
+              | quiet | grep -v "repeat [0-9]*/\|warm-up [0-9]" | tail -12 | tee "$OUT/rest.log"
+            kernels /tmp/rest/* rest; pack /tmp/rest rest ;;
     crop)   timeout 300 python -m harness run +experiment=crop_mode measure.kernels=true run.root=/tmp/crop 2>&1 | quiet \
               | tail -3 | tee "$OUT/crop.log"; pack /tmp/crop crop ;;
     ncu)    for st in sam decode; do
