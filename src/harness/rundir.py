@@ -62,7 +62,8 @@ def git_revision(root: Path | None = None) -> dict:
         return {"revision": None, "dirty": None, "reason": str(exc)}
 
 
-CSV_DTYPES = {"repeat": str, "call": str, "grid": str}   # mixed numbers and labels: read as text
+CSV_DTYPES = {"repeat": str, "call": str, "grid": str,   # mixed numbers and labels: read as text
+              "module": str, "family": str, "op_group": str}
 
 
 def read_table(src) -> pd.DataFrame:
