@@ -165,3 +165,28 @@ def test_report_on_real_h100_crop_mode(tmp_path, cache):
     assert base_dec["mbu"] == pytest.approx(base_dec["mbu_bytes"] / (base_dec["measured_ms"] * 1e-3) / 3350e9)
     md = (run / "report.md").read_text()
     assert "| gundam-2x3 | gundam | 2x3 |" in md and "No kernel capture" in md
+
+
+def test_ladder_speedup_is_over_the_vendor_style_row_of_the_same_mode(tmp_path, cache):
+    """Checked-in H200 runs: the execution table's speed-up divides by the vendor-style case of the
+    same mode (any batch), and is '–' where the run has no such case."""
+    examples = Path(__file__).resolve().parents[1] / "runs" / "examples"
+    got = {}
+    for name in ("h200-optimize", "h200-optimize-gundam-batch"):
+        run = tmp_path / name
+        shutil.copytree(examples / name, run)
+        write_report(run)
+        md = (run / "report.md").read_text()
+        table = md[md.index("## Execution variants"):md.index("## TPOT against position")]
+        got.update({line.split("|")[1].strip(): line.split("|")[14].strip()
+                    for line in table.splitlines() if line.startswith("| ") and "x |" in line or "| – |" in line})
+    head = pd.read_csv(examples / "h200-optimize" / "headline.csv")
+    tok = dict(zip(head["case"], head["decode_tok_s"]))
+    assert got["vendor-style"] == "1.0x" and got["static"] == "0.8x"
+    assert got["best"] == f"{tok['best'] / tok['vendor-style']:.1f}x" == "22.5x"
+    assert got["best-b32"] == f"{tok['best-b32'] / tok['vendor-style']:,.1f}x"       # throughput over batch 1
+    gh = pd.read_csv(examples / "h200-optimize-gundam-batch" / "headline.csv")
+    gtok = dict(zip(gh["case"], gh["decode_tok_s"]))
+    assert got["gundam-best"] == f"{gtok['gundam-best'] / gtok['gundam-vendor-style']:.1f}x" == "28.5x"
+    assert got["gundam-vendor-style"] == "1.0x"                                       # over its own mode
+    assert got["best-b8"] == "–" and got["best-b64"] == "–"                           # no base vendor-style there
