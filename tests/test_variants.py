@@ -273,11 +273,11 @@ def test_gpu_fused_vision_matches_vendor_style_fp32(mode, grid, compiled):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["base", "gundam"])
+@pytest.mark.parametrize("mode", list(wl.MODES))
 def test_gpu_fused_vision_full_size_fp32(mode):
     """Full-size SAM / CLIP / projector (random weights, fp32, TF32 off) on a GPU: the fused vision
     (augmented global attention, compiled blocks, CUDA graphs) gives the vendor path's image
-    embeddings within 1e-5, for a base page and a Gundam page (tiles, then the global view)."""
+    embeddings within 1e-5 in every crop mode (gundam: tiles, then the global view)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     model = build_model(ModelConfig(), "cuda", torch.float32, seed=0)
