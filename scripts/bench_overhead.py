@@ -7,7 +7,9 @@ Two estimators, each the median over rounds with a bootstrap 95% interval:
 - request: instrumented wall ms / bare wall ms of the same round (synchronised host clock);
 - step: median decode-step host ms instrumented / bare in the same round. Every decode step
   synchronises with the GPU 11 times (MoE routing), so host step time tracks GPU step time; the
-  median over 127 steps ignores the host stalls that swing whole requests on a noisy host.
+  median over 127 steps ignores the host stalls that swing whole requests on a noisy host. With
+  ``moe_impl=grouped`` no step syncs, the host runs ahead of the GPU, and the line says so: there the
+  request ratio is the measure.
 - alternating steps: within one request every decode step is timed by the host clock and only
   the even steps also open a StageRecorder range; the difference of the medians (even - odd) is
   the cost of one range in place, free of drift between requests. The implied request ratio is
@@ -91,6 +93,10 @@ def main() -> None:
     model = build_model(ModelConfig(attn_implementation=args.attn), dev, dtype, seed=0)
     execution = from_dict(ExecutionConfig, {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.execution)})
     print(f"execution: {model.configure(execution)}")
+    # a decode step without host syncs (grouped MoE) lets the host run ahead of the GPU: its host-timed
+    # step is the launch time, not the GPU's, and the step ratio says nothing about the GPU's time
+    host_ahead = ("  [host-timed: this execution does not sync per step, so the host runs ahead of the GPU; "
+                  "the request ratio is the measure]" if execution.moe_impl == "grouped" else "")
     page = wl.Page("p", wl.synthetic_page(0), "synthetic:0")
     req = wl.build_request([page], args.mode, decode_tokens=args.decode_tokens).to(dev, dtype)
     post_ms: list[float] = []
@@ -142,7 +148,8 @@ def main() -> None:
         for est, ratios in (("request", np.array(req_r)), ("step", np.array(step_r))):
             med, lo, hi = median_ci(ratios)
             print(f"{name:15s} {est:8s} ratio median {med:6.3f}  95% CI [{lo:.3f}, {hi:.3f}]  "
-                  f"(rounds {rounds}, min {ratios.min():.3f}, max {ratios.max():.3f})")
+                  f"(rounds {rounds}, min {ratios.min():.3f}, max {ratios.max():.3f})"
+                  + (host_ahead if est == "step" else ""))
         print(f"{name:15s} request median {statistics.median(inst_ms):9.1f} ms")
     if bare_ms:
         print(f"{'bare':15s} request median {statistics.median(bare_ms):9.1f} ms")
