@@ -14,9 +14,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_fast_moe import capture  # noqa: E402   (side-stream warm-up, then the graph)
 
 SHAPES = {          # name: (N, K); the fused ones concatenate weights the model holds apart
     "q|k|v|o": (1280, 1280),
@@ -33,16 +37,7 @@ L2_BYTES = 128 * 2**20
 
 def graph_us(call, copies: int, replays: int) -> float:
     """Median µs per call of ``copies`` calls (call(i) uses copy i) captured in one CUDA graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(copies):
-            call(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(copies):
-            call(i)
+    g, _ = capture(lambda: [call(i) for i in range(copies)])
     for _ in range(3):
         g.replay()
     times = []

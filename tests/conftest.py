@@ -8,6 +8,10 @@ full size, and never touch the user's cache. Tests that need an empty cache set 
 Markers (declared in pyproject.toml, handled here):
 - ``gpu``: needs a CUDA device; skipped when ``torch.cuda.is_available()`` is false.
 - ``vendor``: needs ``HARNESS_VENDOR_DIR`` pointing at a vendor model directory; skipped otherwise.
+
+Triton: without a CUDA device ``TRITON_INTERPRET=1`` is set here, before any test module imports a
+Triton kernel module (the interpreter is chosen at that import), so the kernels run on CPU tensors;
+``DEV`` is the device the kernel tests use, ``needs_triton`` skips a test where Triton cannot run.
 """
 from __future__ import annotations
 
@@ -15,6 +19,24 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+#: where the Triton kernel tests run: the GPU, else Triton's interpreter on the CPU
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def triton_runs() -> bool:
+    """Whether Triton kernels run on ``DEV`` (compiled on CUDA, else the interpreter)."""
+    from harness.models.fast_moe import triton_available
+
+    return triton_available(DEV)[0]
+
+
+needs_triton = pytest.mark.skipif(not triton_runs(), reason="Triton cannot run here (not importable, or "
+                                  "TRITON_INTERPRET unset before the first import)")
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL_YAML = ROOT / "conf" / "model" / "tiny.yaml"

@@ -1,7 +1,7 @@
 """The split-KV Triton decode attention equals softmax(q.k * scale over keys 0..pos).v, and the
 ``decode_attention=triton`` knob runs the tiny model to the same logits as SDPA over the masked buffer.
 
-Without a GPU the kernels run in Triton's interpreter: TRITON_INTERPRET=1 is set below, before
+Without a GPU the kernels run in Triton's interpreter: TRITON_INTERPRET=1 is set in conftest.py, before
 ``fast_moe_triton`` / ``decode_attention_triton`` are first imported (the interpreter is chosen when
 the kernels are defined; the setting then holds for the rest of the pytest process). References are
 float64 on the CPU. Positions past ``pos`` hold NaN: a kernel that read them would return NaN.
@@ -9,27 +9,23 @@ float64 on the CPU. Positions past ``pos`` hold NaN: a kernel that read them wou
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from conftest import TINY_MODE, load_tiny_cfg  # noqa: E402
-from harness import workload as wl  # noqa: E402
-from harness.config import ExecutionConfig, LLMConfig, ModelConfig, check_execution  # noqa: E402
-from harness.errors import HarnessError  # noqa: E402
-from harness.models import attn_probe  # noqa: E402
-from harness.models import decode_attention_triton as dat  # noqa: E402
-from harness.models.build import build_model  # noqa: E402
-from harness.models.fast_moe import triton_available  # noqa: E402
-from harness.models.llm import Attention, KVCache  # noqa: E402
-from harness.models.static_cache import StaticKVCache  # noqa: E402
+from conftest import DEV, TINY_MODE, load_tiny_cfg
+from harness import workload as wl
+from harness.config import ExecutionConfig, LLMConfig, ModelConfig, check_execution
+from harness.errors import HarnessError
+from harness.models import attn_probe
+from harness.models import decode_attention_triton as dat
+from harness.models.build import build_model
+from harness.models.fast_moe import triton_available
+from harness.models.llm import Attention, KVCache
+from harness.models.static_cache import StaticKVCache
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 Cfg = dat.DecodeAttentionConfig
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 

@@ -2,31 +2,26 @@
 
 Every routed-expert implementation is compared with ``MoE.moe_infer`` (the vendor loop) of the
 same module in fp32 (relative error <= 1e-5) and bf16 (<= 2e-2). Without a GPU the Triton kernels
-run in Triton's interpreter: TRITON_INTERPRET=1 is set below, before ``fast_moe_triton`` is first
+run in Triton's interpreter: TRITON_INTERPRET=1 is set in conftest.py, before ``fast_moe_triton`` is first
 imported (the interpreter is chosen when the kernels are defined). Sync-freedom is checked on the
 CPU by running the code on meta tensors (no data: any op that needs values on the host raises).
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from harness.config import LLMConfig  # noqa: E402
-from harness.errors import HarnessError  # noqa: E402
-from harness.models import fast_moe as fm  # noqa: E402
-from harness.models import static_cache as sc  # noqa: E402
-from harness.models.llm import Attention, KVCache, MoE, RotaryEmbedding, rotate_half  # noqa: E402
+from conftest import DEV as TRITON_DEVICE
+from harness.config import LLMConfig
+from harness.errors import HarnessError
+from harness.models import fast_moe as fm
+from harness.models import static_cache as sc
+from harness.models.llm import Attention, KVCache, MoE, RotaryEmbedding, rotate_half
 
 #: (hidden, expert width, experts, top-k): the tiny model's routing, and DeepSeek-OCR's 64 x top-6
 SHAPES = {"tiny": (64, 32, 8, 2), "e64k6": (64, 32, 64, 6)}
 TOKENS = (1, 3, 17, 40)
-TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -1,23 +1,16 @@
 """Decode-size GEMV kernels (Triton; the interpreter on the CPU) and linear_impl=fused's weight fusion."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
+from conftest import DEV, needs_triton
 from harness.errors import HarnessError
 from harness.models import fused_linear
 
-triton_ok = pytest.importorskip("harness.models.fast_moe").triton_available("cpu")[0]
-pytestmark = pytest.mark.skipif(not triton_ok and not torch.cuda.is_available(),
-                                reason="Triton cannot run here (not importable or TRITON_INTERPRET unset)")
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = needs_triton
 
 
 def _rel(a, b) -> float:

@@ -2,23 +2,17 @@
 against MoEGate's torch math."""
 from __future__ import annotations
 
-import os
 import types
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
+from conftest import DEV, needs_triton
 from harness.errors import HarnessError
 from harness.models.llm import MoE, MoEGate
 from harness.models.routing import DeviceCounts
 
-triton_ok = pytest.importorskip("harness.models.fast_moe").triton_available("cpu")[0]
-pytestmark = pytest.mark.skipif(not triton_ok and not torch.cuda.is_available(),
-                                reason="Triton cannot run here (not importable or TRITON_INTERPRET unset)")
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = needs_triton
 
 # (E, k, H, norm, scale)
 CASES = [(64, 6, 1280, False, 1.0), (8, 2, 96, True, 2.5), (16, 1, 200, True, 1.0)]

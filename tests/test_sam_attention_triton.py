@@ -6,15 +6,12 @@ References are computed on the CPU in fp32; sizes are small. Every check draws f
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
+from conftest import DEV  # noqa: E402
 from harness.errors import HarnessError  # noqa: E402
 from harness.models import sam_attention as sa  # noqa: E402
 from harness.models import sam_attention_triton as st  # noqa: E402
@@ -22,7 +19,6 @@ from harness.models import sam_attention_triton as st  # noqa: E402
 from test_sam_attention import draw, no_bias, rel_err  # noqa: E402
 
 TOL = 1e-5
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize("H, W, kw", [

@@ -4,15 +4,11 @@ variant, and the knobs the config refuses. CUDA graphs run on the GPU only (mark
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():   # the Triton MoE kernels run in Triton's interpreter on the CPU
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from conftest import TINY_MODE, load_tiny_cfg
+from conftest import TINY_MODE, load_tiny_cfg, triton_runs
 from harness import workload as wl
 from harness.config import ExecutionConfig, ModelConfig
 from harness.errors import HarnessError
@@ -32,11 +28,6 @@ CPU_VARIANTS = {
         kv_cache="static", moe_impl="grouped", moe_kernel="triton", linear_impl="fused", decode_attention="triton"),
 }
 STEPS = 16
-
-
-def _triton_ok() -> bool:
-    from harness.models.fast_moe import triton_available
-    return triton_available("cpu")[0]
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +62,7 @@ def _rel(a, b) -> float:
 
 @pytest.mark.parametrize("name", list(CPU_VARIANTS))
 def test_variant_matches_vendor_style_fp32(tiny, name):
-    if "triton" in name and not _triton_ok():
+    if "triton" in name and not triton_runs():
         pytest.skip("Triton cannot run here (not importable or TRITON_INTERPRET unset before import)")
     model, req = tiny
     model.configure(ExecutionConfig())

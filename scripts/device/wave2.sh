@@ -18,6 +18,13 @@ BEST="kv_cache=static moe_impl=grouped cuda_graphs=decode compile=true prefill_g
 linear_impl=fused vision_compile=true decode_attention=triton"
 LADDER="vendor-style,static,static-grouped,graphs,compiled,best,best-b32"
 kernels() { for f in "$1"/*/kernels.csv "$1"/kernels.csv; do [ -f "$f" ] && gzip -c "$f" > "$OUT/$2-kernels.csv.gz"; done; true; }
+# optimize LABEL CASES SECONDS: the optimize experiment's CASES (comma list) with kernel capture under
+# /tmp/LABEL; the log, kernels.csv.gz and the run folder (without large files) go to $OUT
+optimize() {
+  timeout "$3" python -m harness run +experiment=optimize run.only=["$2"] measure.kernels=true run.root=/tmp/$1 2>&1 \
+    | quiet | grep -v "repeat [0-9]*/\|warm-up [0-9]" | tail -16 | tee "$OUT/$1.log"
+  kernels /tmp/$1/* "$1"; pack /tmp/$1 "$1"
+}
 for section in "$@"; do
   echo "== $section $(date +%T)"
   s=$SECONDS
@@ -30,24 +37,15 @@ for section in "$@"; do
               --execution $BEST 2>&1 | quiet | tail -12 | tee "$OUT/bench.log" ;;
     sweep)  timeout 150 python scripts/bench_fast_moe.py --rows-sweep --tokens 1 2 --reps 50 2>&1 | quiet \
               | tee "$OUT/sweep.log" ;;
-    quick)  timeout 240 python -m harness run +experiment=optimize run.only=[vendor-style,compiled,best] \
-              measure.kernels=true run.root=/tmp/quick 2>&1 | quiet | grep -v "repeat [0-9]*/\|warm-up [0-9]" \
-              | tail -12 | tee "$OUT/quick.log"; pack /tmp/quick quick ;;
+    quick)  optimize quick vendor-style,compiled,best 240 ;;
     gpunew) timeout 240 python -m pytest -q -p no:cacheprovider tests/test_gemv.py tests/test_decode_attention_triton.py \
               "tests/test_variants.py::test_gpu_fused_vision_matches_vendor_style_fp32" \
               "tests/test_variants.py::test_gpu_variant_matches_vendor_style" 2>&1 | tail -15 \
               | tee "$OUT/gpunew.log" ;;
-    best)   timeout 240 python -m harness run +experiment=optimize run.only=[${ONLY:-vendor-style,best}] measure.kernels=true \
-              run.root=/tmp/best 2>&1 | quiet | grep -v "repeat [0-9]*/\|warm-up [0-9]" | tail -12 | tee "$OUT/best.log"
-            kernels /tmp/best/* best; pack /tmp/best best ;;
+    best)   optimize best "${ONLY:-vendor-style,best}" 240 ;;
     battn)  timeout 120 python scripts/bench_decode_attention.py 2>&1 | quiet | tail -40 | tee "$OUT/battn.log" ;;
-    ladder) timeout ${LADDER_S:-420} python -m harness run +experiment=optimize run.only=[$LADDER] measure.kernels=true \
-              run.root=/tmp/ladder 2>&1 | quiet | grep -v "repeat [0-9]*/\|warm-up [0-9]" | tail -16 | tee "$OUT/ladder.log"
-            kernels /tmp/ladder/* ladder; pack /tmp/ladder ladder ;;
-    rest)   timeout ${REST_S:-300} python -m harness run +experiment=optimize \
-              run.only=[gundam-vendor-style,gundam-best,best-b8,best-b64] measure.kernels=true run.root=/tmp/rest 2>&1 \
-              | quiet | grep -v "repeat [0-9]*/\|warm-up [0-9]" | tail -12 | tee "$OUT/rest.log"
-            kernels /tmp/rest/* rest; pack /tmp/rest rest ;;
+    ladder) optimize ladder "$LADDER" "${LADDER_S:-420}" ;;
+    rest)   optimize rest gundam-vendor-style,gundam-best,best-b8,best-b64 "${REST_S:-300}" ;;
     crop)   timeout 300 python -m harness run +experiment=crop_mode measure.kernels=true run.root=/tmp/crop 2>&1 | quiet \
               | tail -3 | tee "$OUT/crop.log"; pack /tmp/crop crop ;;
     ncu)    for st in sam decode; do

@@ -54,15 +54,16 @@ def shares_rows(linears: list, fused: torch.Tensor) -> bool:
     return start == fused.shape[0]
 
 
-def _gemv_rows(x2: torch.Tensor, w: torch.Tensor) -> bool:
-    return x2.shape[0] <= GEMV_MAX_ROWS and w.shape[1] <= GEMV_MAX_K
+def gemv_fits(rows: int, k: int) -> bool:
+    """Whether ``rows`` token rows against a reduction length ``k`` run the Triton GEMV kernels."""
+    return rows <= GEMV_MAX_ROWS and k <= GEMV_MAX_K
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [..., K] @ w[N, K]^T -> [..., N] in ``out_dtype`` (x's by default). ``out_dtype=float32`` is
     the vendor gate's F.linear(x.float(), w.float()): exact products, fp32 sums."""
     x2 = x.reshape(-1, x.shape[-1])
-    if _gemv_rows(x2, w):
+    if gemv_fits(x2.shape[0], w.shape[1]):
         from .gemv_triton import gemv
         y = gemv(x2, w, out_dtype)
     elif out_dtype == torch.float32:
@@ -76,7 +77,7 @@ def swiglu(x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor:
     """silu(x @ gate^T) * (x @ up^T) with ``w_gate_up`` [2I, K] = gate rows then up rows -> [..., I]."""
     x2 = x.reshape(-1, x.shape[-1])
     inter = w_gate_up.shape[0] // 2
-    if _gemv_rows(x2, w_gate_up):
+    if gemv_fits(x2.shape[0], w_gate_up.shape[1]):
         from .gemv_triton import gemv_swiglu
         h = gemv_swiglu(x2, w_gate_up)
     else:

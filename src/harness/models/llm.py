@@ -231,7 +231,7 @@ class MoEGate(nn.Module):
     def routes_in_kernel(self, rows: int) -> bool:
         """Whether ``forward`` on ``rows`` token rows runs the Triton router (``router_triton.route``:
         linear_impl=fused at decode size)."""
-        return self.fused and rows <= fused_linear.GEMV_MAX_ROWS and self.weight.shape[1] <= fused_linear.GEMV_MAX_K
+        return self.fused and fused_linear.gemv_fits(rows, self.weight.shape[1])
 
     def forward(self, x: torch.Tensor):
         """(idx int64 [T, k], weights fp32 [T, k])."""
