@@ -12,7 +12,8 @@ CUDA events after a 256 MiB write that flushes L2 (``bench_fast_moe.capture`` / 
 ``us`` is the replay's time / layers. Columns:
 
 - ``us_med`` / ``us_p10`` / ``us_p90`` (measured): per call, over ``--reps`` replays.
-- ``splits`` x ``per``: the kernel's grid split count and blocks per split (from the config).
+- ``splits`` x ``per``: the kernel's grid split count and blocks per split (from the config);
+  ``last-split``: the splits combined by the last one to finish (``sem``) instead of a second launch.
 - ``GB/s`` (derived): K/V bytes the implementation reads (SDPA: all L positions; the kernel:
   positions 0..pos) / us_med.
 - ``rel_err`` (measured): max |out - sdpa| / max |sdpa| of one call; ``ok`` when <= 2e-2.
@@ -52,6 +53,7 @@ def bench(B: int, args, configs, flush) -> list:
            torch.randn(B, nh, L, d, generator=g, device="cuda", dtype=torch.bfloat16)) for _ in range(layers)]
     pos = torch.tensor([args.pos], device="cuda")
     mask = attention_mask(pos, L)
+    sem = torch.zeros(B * nh, dtype=torch.int32, device="cuda")
     kv_bytes = 2 * B * nh * d * q.element_size()          # K and V bytes of one position
     ref = F.scaled_dot_product_attention(q, *kv[0], attn_mask=mask).float()
     rows = []
@@ -74,6 +76,9 @@ def bench(B: int, args, configs, flush) -> list:
         name = f"triton bn={cfg.block_n} w={cfg.num_warps}" + ("" if cfg.num_splits is None else f" s={cfg.num_splits}")
         add(name + (" (default)" if cfg == dat.DecodeAttentionConfig() else ""),
             lambda k, v, cfg=cfg: dat.decode_attention(q, k, v, pos, config=cfg), args.pos + 1, splits, per)
+        if splits > 1:                                    # the last split combines (one launch)
+            add(name + " last-split",
+                lambda k, v, cfg=cfg: dat.decode_attention(q, k, v, pos, config=cfg, sem=sem), args.pos + 1, splits, per)
     return rows
 
 

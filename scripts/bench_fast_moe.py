@@ -3,6 +3,7 @@ of ``harness.models.fast_moe``, at DeepSeek-OCR's sizes (H=1280, I=896, E=64, to
 
     python scripts/bench_fast_moe.py [--tokens 1 8 32 64 300] [--reps 50] [--warmup 10] [--csv out.csv]
     python scripts/bench_fast_moe.py --rows-sweep --tokens 1 2   # tiles of the decode-size kernels
+    python scripts/bench_fast_moe.py --rows-sweep --shared --tokens 1   # ... with the shared expert folded in
 
 Self-contained: one MoE layer with random weights (std 0.02, the harness's init_std), routing from
 its own fp32 softmax gate on random activations. For each T and implementation it prints:
@@ -163,11 +164,16 @@ ROWS_CANDIDATES = [(2, 256, 4), (2, 512, 4), (4, 128, 4), (4, 256, 2), (4, 256, 
                    (32, 64, 2)]
 
 
-def rows_sweep(moe: MoE, weights: fm.ExpertWeights, tokens, reps, warmup, flush) -> list[dict]:
+def rows_sweep(moe: MoE, weights: fm.ExpertWeights, tokens, reps, warmup, flush, shared: bool = False) -> list[dict]:
     """The per-row decode kernels (``fast_moe_triton.routed_experts_rows``) under each tile candidate:
-    one kernel's tiles varied at a time, the other's at the default; each call graph-captured."""
+    one kernel's tiles varied at a time, the other's at the default; each call graph-captured.
+    ``shared``: the layer's shared expert runs as extra rows (as with linear_impl=fused); its weight
+    bytes count among those read and the reference adds its output."""
     from harness.models import fast_moe_triton as fmt
     dev = weights.gate_up.device
+    sh = moe.shared_experts
+    fold = (torch.cat([sh.gate_proj.weight, sh.up_proj.weight]).detach(), sh.down_proj.weight.detach()) if shared else None
+    shared_bytes = sum(t.numel() * t.element_size() for t in fold) if shared else 0
     base = fmt.RowsConfig()
     configs = [("default", base)]
     configs += [(f"gate_up={c}", fmt.RowsConfig(gate_up=c, down=base.down)) for c in ROWS_CANDIDATES if c != base.gate_up]
@@ -179,18 +185,20 @@ def rows_sweep(moe: MoE, weights: fm.ExpertWeights, tokens, reps, warmup, flush)
         ids, w = moe.gate(x)
         if ids.numel() > fmt.ROWS_KERNEL_MAX:
             continue
-        bytes_touched = torch.unique(ids).numel() * weights.bytes_per_expert()
-        ref = moe.moe_infer(x, ids, w)
+        bytes_touched = torch.unique(ids).numel() * weights.bytes_per_expert() + shared_bytes
+        with torch.no_grad():
+            ref = moe.moe_infer(x, ids, w) + (sh(x) if shared else 0)
         for label, cfg in configs:
             def call(cfg=cfg):
-                return fmt.routed_experts_rows(x, ids, w, weights, cfg)
+                return fmt.routed_experts_rows(x, ids, w, weights, cfg, shared=fold)
             try:
                 graph, out = capture(call)
                 spans = time_ms(graph.replay, reps, warmup, flush)
             except Exception as exc:  # a tile that does not compile: report and go on
                 print(f"skipped: rows {label} at T={T}: {exc.__class__.__name__}: {str(exc).splitlines()[0][:120]}")
                 continue
-            rows.append(row("rows+graph", T, spans, bytes_touched, rel_err(out, ref), "yes", label))
+            rows.append(row("rows+shared+graph" if shared else "rows+graph", T, spans, bytes_touched,
+                            rel_err(out, ref), "yes", label))
     return rows
 
 
@@ -231,6 +239,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 parity section")
     ap.add_argument("--rows-sweep", action="store_true",
                     help="only time the per-row decode kernels under each tile candidate (T*k <= 16)")
+    ap.add_argument("--shared", action="store_true",
+                    help="with --rows-sweep: the shared expert as extra rows of the kernels (linear_impl=fused)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("skipped: all: no CUDA device (this is a device script)")
@@ -250,7 +260,7 @@ def main(argv=None) -> int:
           f"{tuple(weights.down.shape[1:])}) bf16, {weights.bytes_per_expert() / 1e6:.2f} MB per expert")
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=dev)
     if args.rows_sweep:
-        print_table(rows_sweep(moe, weights, args.tokens, args.reps, args.warmup, flush))
+        print_table(rows_sweep(moe, weights, args.tokens, args.reps, args.warmup, flush, args.shared))
         return 0
     rows = bench_bf16(moe, weights, args.tokens, args.reps, args.warmup, flush)
     print_table(rows)

@@ -60,20 +60,27 @@ CASES = {  # name: (B, nh, nkv, L, d, pos, config, scale)
     "splits>filled": (1, 2, 2, 128, 32, 20, Cfg(block_n=16, num_splits=8), None),  # 2 filled blocks, 8 splits
     "one-split": (3, 2, 2, 100, 32, 77, Cfg(block_n=16, num_splits=1), None),  # direct write, no combine
     "uneven-splits": (1, 2, 2, 100, 16, 60, Cfg(block_n=16, num_splits=3), None),  # 7 blocks in 3 splits
-    "model-shape": (1, 10, 10, 448, 128, 413, Cfg(), None),                   # default: 7 splits of 64 keys
+    "model-shape": (1, 10, 10, 448, 128, 413, Cfg(), None),                   # default: 14 splits of 32 keys
 }
 
 
+@pytest.mark.parametrize("combine", ["launch", "last-split"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_kernel_matches_float64_reference(name, dtype):
+def test_kernel_matches_float64_reference(name, dtype, combine):
+    """Every case against float64, combined by a second launch or by the last split (``sem``), whose
+    counters are back at zero afterwards (the next call relies on it)."""
     B, nh, nkv, L, d, pos, cfg, scale = CASES[name]
     q, k, v = (t.to(dtype) for t in draw(B, nh, nkv, L, d, pos, seed=len(name)))
     ref = reference(q, k, v, pos, scale)             # from the dtype-rounded inputs
-    out = dat.decode_attention(*(t.to(DEV) for t in (q, k, v)), torch.tensor([pos], device=DEV), scale, cfg).cpu()
+    sem = torch.zeros(B * nh + 3, dtype=torch.int32, device=DEV) if combine == "last-split" else None
+    out = dat.decode_attention(*(t.to(DEV) for t in (q, k, v)), torch.tensor([pos], device=DEV), scale, cfg,
+                               sem=sem).cpu()
     assert out.shape == (B, nh, 1, d) and out.dtype == dtype
     assert torch.isfinite(out).all()
     assert rel_err(out, ref) <= TOL[dtype], (name, dtype, rel_err(out, ref))
+    if sem is not None:
+        assert int(sem.count_nonzero()) == 0
 
 
 def test_position_is_read_on_the_device():
@@ -114,6 +121,8 @@ def test_bad_inputs_are_refused():
         dat.decode_attention(torch.zeros(1, 3, 1, 16), k, v, torch.tensor([3]))
     with pytest.raises(HarnessError, match="block_n=48"):
         dat.decode_attention(q, k, v, torch.tensor([3]), config=Cfg(block_n=48))
+    with pytest.raises(HarnessError, match="sem must be int32"):
+        dat.decode_attention(q, k, v, torch.tensor([3]), sem=torch.zeros(1, dtype=torch.int32))
 
 
 def test_triton_without_static_cache_is_refused():
@@ -136,7 +145,7 @@ def test_attention_module_gqa_decode_equals_growing_cache(impl):
     B, prompt, steps = 2, 5, 4
     xs = torch.randn(B, prompt + steps, 64, device=DEV)
     growing = KVCache(1)
-    static = StaticKVCache(1, B, cfg.num_kv_heads, 16, cfg.head_dim, torch.float32, DEV)
+    static = StaticKVCache(1, B, cfg.num_kv_heads, 16, cfg.head_dim, torch.float32, DEV, query_heads=cfg.num_heads)
     attn_probe.reset()
     with torch.inference_mode():
         for lo, hi in [(0, prompt)] + [(t, t + 1) for t in range(prompt, prompt + steps)]:
@@ -222,15 +231,19 @@ def test_gpu_matches_sdpa_bf16_at_model_shapes(B, pos):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask(p, 448))
 
     ref = sdpa()
-    assert rel_err(dat.decode_attention(q, k, v, p), ref.double()) <= 2e-2
-    p.fill_(0)
-    dat.decode_attention(q, k, v, p)                      # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = dat.decode_attention(q, k, v, p)
-    p.fill_(pos)
-    graph.replay()
-    assert rel_err(out, ref.double()) <= 2e-2
+    sem = torch.zeros(B * 10, dtype=torch.int32, device="cuda")
+    for s in (None, sem):
+        assert rel_err(dat.decode_attention(q, k, v, p, sem=s), ref.double()) <= 2e-2
+        p.fill_(0)
+        dat.decode_attention(q, k, v, p, sem=s)           # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = dat.decode_attention(q, k, v, p, sem=s)
+        p.fill_(pos)
+        for _ in range(3):                                # the last split leaves the counters at 0
+            graph.replay()
+        assert rel_err(out, ref.double()) <= 2e-2
+    assert int(sem.count_nonzero()) == 0
 
 
 @pytest.mark.gpu
@@ -241,6 +254,13 @@ def test_gpu_kernel_traces_under_torch_compile():
     p = torch.tensor([300], device="cuda")
     fn = torch.compile(lambda q, k, v, p: dat.decode_attention(q, k, v, p) * 2, fullgraph=True, dynamic=False)
     assert torch.equal(fn(q, k, v, p), dat.decode_attention(q, k, v, p) * 2)
+    q1, k1, v1 = q[:1], k[:1], v[:1]                      # batch 1: 7 splits, the last one combines
+    sem = torch.zeros(10, dtype=torch.int32, device="cuda")
+    fn1 = torch.compile(lambda q, k, v, p, s: dat.decode_attention(q, k, v, p, sem=s) * 2, fullgraph=True,
+                        dynamic=False)
+    for _ in range(3):
+        assert torch.equal(fn1(q1, k1, v1, p, sem), dat.decode_attention(q1, k1, v1, p) * 2)
+    assert int(sem.count_nonzero()) == 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the script's refusal without CUDA")

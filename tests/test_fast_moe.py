@@ -433,3 +433,40 @@ def test_rows_kernel_tiles_cover_ragged_reduction_lengths():
         torch.testing.assert_close(fmt.routed_experts_rows(x, ids, w, weights, cfg), blocked, rtol=1e-5, atol=1e-6)
     with pytest.raises(HarnessError, match="powers of two"):
         fmt.routed_experts_rows(x, ids, w, weights, fmt.RowsConfig(gate_up=(12, 32, 4)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_kernels_run_the_shared_expert_as_extra_rows(dtype):
+    """With ``shared``, the per-row kernels return routed + shared(x) (the shared expert, width S = 2I,
+    as the vendor SwiGLU, each rounded to x's dtype before the add): fp32 to 1e-5; bf16 within one
+    rounding of the two-launch path. A width that is no multiple of I, a bigger batch or tiles are refused."""
+    ok, why = fm.triton_available(TRITON_DEVICE)
+    if not ok:
+        pytest.skip(why)
+    from harness.models import fast_moe_triton as fmt
+    from harness.models.llm import SwiGLU
+
+    gen = torch.Generator().manual_seed(5)
+    E, H, I, k = 8, 72, 40, 3
+    weights = fm.ExpertWeights(gate_up=(torch.randn(E, 2 * I, H, generator=gen) * 0.1).to(TRITON_DEVICE, dtype),
+                               down=(torch.randn(E, H, I, generator=gen) * 0.1).to(TRITON_DEVICE, dtype))
+    torch.manual_seed(0)
+    sh = SwiGLU(H, 2 * I).to(TRITON_DEVICE, dtype)
+    gate_up = torch.cat([sh.gate_proj.weight, sh.up_proj.weight]).detach()
+    for T in (1, 2):
+        x = torch.randn(T, H, generator=gen).to(TRITON_DEVICE, dtype)
+        ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)]).to(TRITON_DEVICE)
+        w = torch.rand(T, k, generator=gen).to(TRITON_DEVICE)
+        with torch.no_grad():
+            ref = fm.routed_experts(x, ids, w, weights, "triton") + sh(x)
+            got = fm.routed_experts(x, ids, w, weights, "triton", shared=(gate_up, sh.down_proj.weight))
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        assert float((got.float() - ref.float()).norm() / ref.float().norm()) <= tol
+        assert got.dtype == dtype and got.shape == (T, H)
+    with pytest.raises(HarnessError, match="multiple of the width"):
+        fmt.routed_experts_rows(x, ids, w, weights, shared=(gate_up[:, :H][: 2 * 30], sh.down_proj.weight[:, :30]))
+    x9 = torch.randn(9, H).to(TRITON_DEVICE, dtype)
+    ids9 = torch.stack([torch.randperm(E)[:k] for _ in range(9)]).to(TRITON_DEVICE)
+    with pytest.raises(HarnessError, match="folds into impl=triton"):
+        fm.routed_experts(x9, ids9, torch.rand(9, k).to(TRITON_DEVICE), weights, "triton",
+                          shared=(gate_up, sh.down_proj.weight))

@@ -86,3 +86,45 @@ def test_linear_dispatch_uses_cublas_beyond_one_row(monkeypatch):
     assert torch.equal(fused_linear.linear(xw, wide), F.linear(xw, wide)) and len(calls) == 1
     assert torch.equal(fused_linear.linear(xw.bfloat16(), wide.bfloat16(), torch.float32),
                        F.linear(xw.bfloat16().float(), wide.bfloat16().float())) and len(calls) == 1
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 0.0)])
+@pytest.mark.parametrize("nh,nkv,d", [(4, 4, 16), (4, 2, 8), (10, 10, 128)])
+def test_gemv_qkv_rope_equals_linear_rope_and_cache_write(nh, nkv, d, dtype, tol):
+    """q/k/v GEMV with RoPE and the KV write as its epilogue: q, and the cache rows at ``pos``, equal
+    F.linear, the eager RoPE (each op rounded to the dtype) and index_copy_ (fp32 to summation order;
+    bf16 exactly on inputs whose products and sums are exact in fp32); other cache rows untouched."""
+    from harness.models.gemv_triton import gemv_qkv_rope
+    from harness.models.llm import RotaryEmbedding, rotate_half
+
+    g = torch.Generator().manual_seed(nh * d)
+    K, L, pos = 64, 12, 7
+    x = (torch.randint(-4, 5, (1, K), generator=g) / 4).to(dtype)
+    w = (torch.randint(-8, 9, ((nh + 2 * nkv) * d, K), generator=g) / 64).to(dtype)
+    cos, sin = RotaryEmbedding(d, 10000.0)(x, torch.tensor([[pos]]))
+    k_cache, v_cache = (torch.randn(1, nkv, L, d, generator=g).to(dtype) for _ in range(2))
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    q, k, v = F.linear(x.float(), w.float()).to(dtype).split([nh * d, nkv * d, nkv * d], dim=-1)  # fp32 sums
+    q, k, v = (t.view(1, 1, -1, d).transpose(1, 2) for t in (q, k, v))
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    want_q = q * c + rotate_half(q) * s
+    want_k[:, :, pos] = (k * c + rotate_half(k) * s)[:, :, 0]
+    want_v[:, :, pos] = v[:, :, 0]
+    got_q = gemv_qkv_rope(*(t.to(DEV) for t in (x, w, cos, sin)), torch.tensor([pos], device=DEV),
+                          k_cache := k_cache.to(DEV), v_cache := v_cache.to(DEV), nh)
+    assert got_q.shape == (1, nh, 1, d) and got_q.dtype == dtype
+    for got, want in ((got_q, want_q), (k_cache, want_k), (v_cache, want_v)):
+        assert float((got.cpu().double() - want.double()).abs().max()) <= tol * float(want.double().abs().max())
+
+
+def test_gemv_qkv_rope_refuses_bad_shapes():
+    from harness.models.gemv_triton import gemv_qkv_rope
+
+    x, w = torch.randn(1, 32), torch.randn(3 * 16, 32)
+    cache = torch.zeros(1, 1, 8, 16)
+    with pytest.raises(HarnessError, match="gemv_qkv_rope"):
+        gemv_qkv_rope(torch.randn(2, 32).to(DEV), w.to(DEV), torch.ones(16), torch.zeros(16), torch.tensor([1]),
+                      cache, cache.clone(), 1)
+    with pytest.raises(HarnessError, match="gemv_qkv_rope"):
+        gemv_qkv_rope(x.to(DEV), w[:40].to(DEV), torch.ones(16), torch.zeros(16), torch.tensor([1]), cache,
+                      cache.clone(), 1)

@@ -89,6 +89,26 @@ def test_ties_go_to_the_lowest_index():
     assert idx.tolist() == [[2, 5, 6, 0]]
 
 
+def test_route_counts_the_routing_in_the_kernel():
+    """``counts`` = (buffer, offset): the chosen experts' counters in [offset, offset + E) + 1 per
+    call, nothing else touched; more than one token or a range past the buffer is refused."""
+    from harness.models.router_triton import route
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 96, generator=g).to(DEV)
+    w = (torch.randn(8, 96, generator=g) * 0.1).to(DEV)
+    buf = torch.zeros(3, 8, dtype=torch.int64, device=DEV)
+    for _ in range(2):
+        idx, _ = route(x, w, 3, True, 1.0, (buf, 8))
+    want = torch.zeros(3, 8, dtype=torch.int64)
+    want[1, idx[0].cpu()] = 2
+    assert torch.equal(buf.cpu(), want)
+    with pytest.raises(HarnessError, match="one token"):
+        route(torch.randn(2, 96).to(DEV), w, 3, True, 1.0, (buf, 0))
+    with pytest.raises(HarnessError, match="one token"):
+        route(x, w, 3, True, 1.0, (buf, 20))
+
+
 def test_bad_arguments_are_refused():
     from harness.models.router_triton import route
 

@@ -38,7 +38,8 @@ for section in "$@"; do
     sweep)  timeout 150 python scripts/bench_fast_moe.py --rows-sweep --tokens 1 2 --reps 50 2>&1 | quiet \
               | tee "$OUT/sweep.log" ;;
     quick)  optimize quick vendor-style,compiled,best 240 ;;
-    gpunew) timeout 240 python -m pytest -q -p no:cacheprovider tests/test_gemv.py tests/test_decode_attention_triton.py \
+    gpunew) timeout ${GPUNEW_S:-240} python -m pytest -q -p no:cacheprovider tests/test_gemv.py tests/test_decode_attention_triton.py \
+              tests/test_router_triton.py tests/test_fast_moe.py \
               "tests/test_variants.py::test_gpu_fused_vision_matches_vendor_style_fp32" \
               "tests/test_variants.py::test_gpu_variant_matches_vendor_style" 2>&1 | tail -15 \
               | tee "$OUT/gpunew.log" ;;

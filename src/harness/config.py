@@ -131,8 +131,11 @@ class ExecutionConfig:
     * ``linear_impl``: ``vendor`` (each nn.Linear its own GEMM) | ``fused``: q/k/v and each SwiGLU's
       gate/up held as one weight (views: the state_dict is unchanged) and run as one GEMM; at one
       token (batch-1 decode) the LLM's linears with K <= 2048 run as Triton GEMV kernels
-      (``models.fused_linear``; the SwiGLU's gate/up/silu/product in one kernel), and the router's
-      softmax, top-k and scale one Triton kernel after its fp32 GEMV (``models.router_triton``).
+      (``models.fused_linear``; the SwiGLU's gate/up/silu/product in one kernel), the router's
+      softmax, top-k, scale and routing count one Triton kernel after its fp32 GEMV
+      (``models.router_triton``); with the static cache, q/k/v, RoPE and the KV write one kernel
+      (``gemv_triton.gemv_qkv_rope``); with moe_kernel=triton, the shared expert extra rows of the
+      routed-expert kernels (``fast_moe_triton.routed_experts_rows``).
     * ``decode_attention``: the static cache's decode attention. ``sdpa``: torch SDPA over the whole
       static buffer with a mask | ``triton``: a split-KV Triton kernel
       (``models.decode_attention_triton``) that reads only positions 0..pos, the position read on the

@@ -15,9 +15,14 @@ Two launches, the grid a function of shapes only (fixed for capture):
    s = (q . k) * scale * log2(e), keys past ``pos`` in a partly filled block masked to -inf.
    It writes the split's unnormalised acc [d], running max m and sum of exp2 l (fp32 scratch); a
    split with no filled block writes m = -inf, l = 0, acc = 0.
-2. ``_combine_kernel``, grid (B*nh,): M = max_s m_s, w_s = exp2(m_s - M) (0 for empty splits),
-   out = sum_s w_s acc_s / sum_s w_s l_s, rounded once to q's dtype. With NUM_SPLITS == 1 the
-   first kernel normalises and writes the output itself and the combine is not launched.
+2. the combine, per (batch, head): M = max_s m_s, w_s = exp2(m_s - M) (0 for empty splits),
+   out = sum_s w_s acc_s / sum_s w_s l_s, rounded once to q's dtype. Given ``sem`` (a persistent
+   int32 buffer of zeros, one counter per (batch, head): ``StaticKVCache.split_sem``), the split
+   that finishes last combines: each split stores its partials, then adds 1 to its head's counter
+   (an acquire-release atomic after a CTA barrier); the one that reads NUM_SPLITS - 1 reads the
+   partials back from L2 and writes the output, then resets the counter to 0 for the next call.
+   Without ``sem`` a second launch, ``_combine_kernel`` (grid (B*nh,)), combines. With
+   NUM_SPLITS == 1 the first kernel normalises and writes the output itself.
 
 q . k and p . v are CUDA-core products (one query row: no tensor-core tile to fill), bf16/fp16
 operands converted to fp32. ``DecodeAttentionConfig`` picks BLOCK_N, the splits and num_warps;
@@ -47,12 +52,15 @@ class DecodeAttentionConfig:
     """Tiles of ``decode_attention``: ``block_n`` keys per tile (a power of two), ``num_splits``
     (None: enough splits for about ``target_programs`` programs in all), ``num_warps``.
 
-    For L = 448, BLOCK_N = 64 (7 blocks), nh = 10 the default gives: B = 1 -> 7 splits of one block
-    (70 programs), B = 8 -> 4 splits of 2 blocks (320), B >= 27 -> one split (one launch, no
-    combine; B = 32: 320 programs of 7 blocks).
+    For L = 448, BLOCK_N = 32 (14 blocks), nh = 10 the default gives: B = 1 -> 14 splits of one
+    block (140 programs), B = 8 -> 4 splits of 4 blocks (320), B >= 27 -> one split (one launch, no
+    combine; B = 32: 320 programs of 14 blocks). ``scripts/bench_decode_attention.py --sweep`` on an
+    H200 at B = 1, pos 413 (µs per call): 6.11 for BLOCK_N = 32 with the last split combining, against
+    7.63 for the earlier default BLOCK_N = 64 (7 splits, combine launch) and 7.81 for that one with
+    the last split combining (runs/examples/h200-optimize-shared-rows/bench_decode_attention.log).
     """
 
-    block_n: int = 64
+    block_n: int = 32
     num_splits: Optional[int] = None
     target_programs: int = 2 * SMS
     num_warps: int = 4
@@ -77,10 +85,27 @@ class DecodeAttentionConfig:
 
 
 @triton.jit
-def _split_kernel(Q, K, V, POS, O, ACC, M, LS, heads, group, L,
+def _combine(ACC, M, LS, O, bh, b, h, s_ob, s_oh, D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+             SPLITS_P2: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr):
+    """Weighted sum of the NUM_SPLITS partials of (batch b, head h) -> O, rounded once (L2 loads)."""
+    offs_s = tl.arange(0, SPLITS_P2)
+    offs_d = tl.arange(0, D)
+    s_ok = offs_s < NUM_SPLITS
+    rows = bh.to(tl.int64) * NUM_SPLITS + offs_s
+    m = tl.load(M + rows, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
+    ls = tl.load(LS + rows, mask=s_ok, other=0.0, cache_modifier=".cg")
+    w = tl.exp2(m - tl.max(m, 0))                                 # 0 for empty and padded splits
+    acc = tl.load(ACC + rows[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0, cache_modifier=".cg")
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(ls * w, 0)
+    tl.store(O + b * s_ob + h * s_oh + offs_d, _rne(out, EMULATE_BF16_RNE).to(O.dtype.element_ty))
+
+
+@triton.jit
+def _split_kernel(Q, K, V, POS, O, ACC, M, LS, SEM, heads, group, L,
                   s_qb, s_qh, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ob, s_oh,
                   SCALE_LOG2: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCKS_PER_SPLIT: tl.constexpr, NUM_SPLITS: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr):
+                  BLOCKS_PER_SPLIT: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+                  LAST_COMBINES: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr):
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = (bh // heads).to(tl.int64)
@@ -119,6 +144,12 @@ def _split_kernel(Q, K, V, POS, O, ACC, M, LS, heads, group, L,
         zero = tl.arange(0, 1)
         tl.store(M + row + zero, m_i)
         tl.store(LS + row + zero, l_i)
+        if LAST_COMBINES:
+            tl.debug_barrier()                                    # every thread's partials stored
+            arrived = tl.atomic_add(SEM + bh, 1, sem="acq_rel", scope="gpu")
+            if arrived == NUM_SPLITS - 1:                         # the other splits are done
+                _combine(ACC, M, LS, O, bh, b, h, s_ob, s_oh, D, NUM_SPLITS, SPLITS_P2, EMULATE_BF16_RNE)
+                tl.store(SEM + bh, 0)                             # reset for the next call
 
 
 @triton.jit
@@ -126,18 +157,8 @@ def _combine_kernel(ACC, M, LS, O, heads, s_ob, s_oh,
                     D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
                     EMULATE_BF16_RNE: tl.constexpr):
     bh = tl.program_id(0)
-    b = (bh // heads).to(tl.int64)
-    h = bh % heads
-    offs_s = tl.arange(0, SPLITS_P2)
-    offs_d = tl.arange(0, D)
-    s_ok = offs_s < NUM_SPLITS
-    rows = bh.to(tl.int64) * NUM_SPLITS + offs_s
-    m = tl.load(M + rows, mask=s_ok, other=float("-inf"))
-    ls = tl.load(LS + rows, mask=s_ok, other=0.0)
-    w = tl.exp2(m - tl.max(m, 0))                                 # 0 for empty and padded splits
-    acc = tl.load(ACC + rows[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
-    out = tl.sum(acc * w[:, None], 0) / tl.sum(ls * w, 0)
-    tl.store(O + b * s_ob + h * s_oh + offs_d, _rne(out, EMULATE_BF16_RNE).to(O.dtype.element_ty))
+    _combine(ACC, M, LS, O, bh, (bh // heads).to(tl.int64), bh % heads, s_ob, s_oh, D, NUM_SPLITS, SPLITS_P2,
+             EMULATE_BF16_RNE)
 
 
 def _check_inputs(q, k, v, pos) -> None:
@@ -163,13 +184,19 @@ def _check_inputs(q, k, v, pos) -> None:
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
                      scale: Optional[float] = None,
-                     config: DecodeAttentionConfig = DecodeAttentionConfig()) -> torch.Tensor:
+                     config: DecodeAttentionConfig = DecodeAttentionConfig(),
+                     sem: Optional[torch.Tensor] = None) -> torch.Tensor:
     """[B, nh, 1, d] in q's dtype: attention of q over positions 0..pos of k, v [B, nkv, L, d]
-    (module docstring). ``scale`` defaults to 1/sqrt(d), as SDPA. Callable under torch.compile."""
+    (module docstring). ``scale`` defaults to 1/sqrt(d), as SDPA. ``sem``: int32 zeros, at least B*nh
+    of them, left zero after each call: the last split combines (one launch); None: a combine launch.
+    Callable under torch.compile."""
     _check_runnable(q)
     _check_inputs(q, k, v, pos)
     config.check()
     B, nh, _, D = q.shape
+    if sem is not None and (sem.dtype != torch.int32 or sem.numel() < B * nh or sem.device != q.device):
+        raise HarnessError(f"decode_attention: sem must be int32 with >= {B * nh} counters on {q.device}, got "
+                           f"{sem.dtype} [{sem.numel()}] on {sem.device}")
     nkv, L = k.shape[1], k.shape[2]
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -182,16 +209,18 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
     acc = torch.empty((B * nh * splits, D) if splits > 1 else (1, D), dtype=torch.float32, device=q.device)
     m = torch.empty(B * nh * splits if splits > 1 else 1, dtype=torch.float32, device=q.device)
     ls = torch.empty_like(m)
+    splits_p2 = 1 << (splits - 1).bit_length()
+    last_combines = splits > 1 and sem is not None
     _split_kernel[(B * nh, splits)](
-        q, k, v, pos, out, acc, m, ls, nh, nh // nkv, L,
+        q, k, v, pos, out, acc, m, ls, sem if last_combines else pos, nh, nh // nkv, L,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1),
-        SCALE_LOG2=scale_log2, D=D, BLOCK_N=config.block_n, BLOCKS_PER_SPLIT=per, NUM_SPLITS=splits, EMULATE_BF16_RNE=rne,
-        num_warps=config.num_warps)
-    if splits > 1:
+        SCALE_LOG2=scale_log2, D=D, BLOCK_N=config.block_n, BLOCKS_PER_SPLIT=per, NUM_SPLITS=splits,
+        SPLITS_P2=splits_p2, LAST_COMBINES=last_combines, EMULATE_BF16_RNE=rne, num_warps=config.num_warps)
+    if splits > 1 and not last_combines:
         _combine_kernel[(B * nh,)](
             acc, m, ls, out, nh, out.stride(0), out.stride(1),
-            D=D, NUM_SPLITS=splits, SPLITS_P2=1 << (splits - 1).bit_length(), EMULATE_BF16_RNE=rne,
+            D=D, NUM_SPLITS=splits, SPLITS_P2=splits_p2, EMULATE_BF16_RNE=rne,
             num_warps=4 if D >= 128 else 1)
     return out
 

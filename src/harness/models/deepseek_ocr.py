@@ -268,8 +268,10 @@ class DeepseekOCR(nn.Module):
         if not on:
             return "vendor: one GEMM per nn.Linear"
         return (f"fused: q/k/v and dense/shared gate/up as one weight each; at <= {fused_linear.GEMV_MAX_ROWS} "
-                f"token(s) Triton GEMV kernels for K <= {fused_linear.GEMV_MAX_K}, the router's softmax, top-k and scale "
-                "one Triton kernel; cuBLAS otherwise")
+                f"token(s) Triton GEMV kernels for K <= {fused_linear.GEMV_MAX_K}, the router's softmax, top-k, scale and "
+                "routing count one Triton kernel after its GEMV; with the static cache q/k/v, RoPE and the KV write "
+                "one kernel; with moe_kernel=triton the shared expert as extra rows of the routed-expert kernels; "
+                "cuBLAS otherwise")
 
     def route_moe(self, target) -> None:
         """Send every MoE layer's routing to ``target`` (a RoutingCounter, DeviceCounts or None)."""

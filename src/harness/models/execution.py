@@ -68,7 +68,8 @@ class StaticDecoder:
     def __init__(self, model, m: ExecutionConfig, batch: int, max_len: int, device, dtype, select: Callable):
         L = model.cfg.llm
         self.model, self.select = model, select
-        self.cache = StaticKVCache(L.num_layers, batch, L.num_kv_heads, max_len, L.head_dim, dtype, device)
+        self.cache = StaticKVCache(L.num_layers, batch, L.num_kv_heads, max_len, L.head_dim, dtype, device,
+                                   query_heads=L.num_heads)
         self.cache.position = torch.zeros(1, dtype=torch.int64, device=device)
         self.decode_counts = DeviceCounts(L.num_layers, L.n_routed_experts, device, batch * L.num_experts_per_tok)
         self.graph: Optional[torch.cuda.CUDAGraph] = None

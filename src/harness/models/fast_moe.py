@@ -51,8 +51,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import HarnessError
-from .moe_blocks import (BlockAlignment, TritonMoEConfig, align_rows_to_blocks,  # noqa: F401 (re-exported)
-                         default_triton_config, expert_counts)
+from .moe_blocks import (ROWS_KERNEL_MAX, BlockAlignment, TritonMoEConfig,  # noqa: F401 (re-exported)
+                         align_rows_to_blocks, default_triton_config, expert_counts)
 
 IMPLEMENTATIONS = ("torch", "grouped_mm", "triton")
 TORCH_STRATEGIES = ("auto", "gather", "dense")
@@ -206,15 +206,25 @@ def combine_rows(rows: torch.Tensor, topk_w: torch.Tensor, out_dtype: torch.dtyp
     return rows.view(T, k, -1).to(topk_w.dtype).mul_(topk_w.unsqueeze(-1)).sum(dim=1).to(out_dtype)
 
 
+def folds_shared(impl: str, routed_rows: int) -> bool:
+    """Whether ``routed_experts(..., shared=...)`` can run the shared expert inside the routed kernels:
+    impl triton with ``routed_rows`` = T*k <= ROWS_KERNEL_MAX (the per-row decode kernels)."""
+    return impl == "triton" and routed_rows <= ROWS_KERNEL_MAX
+
+
 def routed_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor, weights: ExpertWeights,
                    impl: str, *, torch_strategy: str = "auto",
-                   triton_config: TritonMoEConfig | None = None) -> torch.Tensor:
+                   triton_config: TritonMoEConfig | None = None, shared: tuple | None = None) -> torch.Tensor:
     """Routed-expert output [T, H] in x's dtype, without a host sync (see the module docstring).
 
     ``torch_strategy`` applies to ``impl="torch"``; ``triton_config`` (a ``TritonMoEConfig``, None
-    for ``default_triton_config``) to ``impl="triton"``.
+    for ``default_triton_config``) to ``impl="triton"``. ``shared`` = (gate_up [2S, H], down [H, S])
+    of the layer's shared expert, only where ``folds_shared``: the output is then routed + shared(x).
     """
     _check_inputs(x, topk_ids, topk_w, weights)
+    if shared is not None and not (folds_shared(impl, topk_ids.numel()) and triton_config is None):
+        raise HarnessError(f"routed_experts: the shared expert folds into impl=triton's per-row kernels only "
+                           f"(T*k <= {ROWS_KERNEL_MAX}, default tiles); got impl={impl}, T*k={topk_ids.numel()}")
     if impl == "torch":
         return _routed_torch(x, topk_ids, topk_w, weights, torch_strategy)
     if impl == "grouped_mm":
@@ -228,7 +238,7 @@ def routed_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
             raise HarnessError(f"moe impl triton is unavailable: {reason}", "use impl=grouped_mm or impl=torch")
         from . import fast_moe_triton
 
-        return fast_moe_triton.routed_experts_triton(x, topk_ids, topk_w, weights, triton_config)
+        return fast_moe_triton.routed_experts_triton(x, topk_ids, topk_w, weights, triton_config, shared)
     raise HarnessError(f"unknown moe impl {impl!r}", f"use one of {IMPLEMENTATIONS}")
 
 

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .moe_blocks import TritonMoEConfig, align_rows_to_blocks, default_triton_config
+from .moe_blocks import ROWS_KERNEL_MAX, TritonMoEConfig, align_rows_to_blocks, default_triton_config  # noqa: F401
 
 #: whether the kernels below were defined for Triton's interpreter (TRITON_INTERPRET=1 at import)
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -162,14 +162,18 @@ def _check_runnable(x: torch.Tensor) -> None:
 
 
 def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
-                          weights, config: TritonMoEConfig | None = None) -> torch.Tensor:
-    """Routed-expert output [T, H] in x's dtype; see the module docstring. Inputs as ``fast_moe``."""
+                          weights, config: TritonMoEConfig | None = None, shared: tuple | None = None) -> torch.Tensor:
+    """Routed-expert output [T, H] in x's dtype; see the module docstring. Inputs as ``fast_moe``.
+    ``shared`` (decode size only, see ``routed_experts_rows``) adds the shared expert's output."""
     _check_runnable(x)
     if topk_w.dtype != torch.float32:
         raise HarnessError(f"triton MoE multiplies by fp32 gate weights (as the vendor does); topk_w is {topk_w.dtype}")
     T, k = topk_ids.shape
     if config is None and T * k <= ROWS_KERNEL_MAX:
-        return routed_experts_rows(x, topk_ids, topk_w, weights)
+        return routed_experts_rows(x, topk_ids, topk_w, weights, shared=shared)
+    if shared is not None:
+        raise HarnessError(f"the shared expert runs inside the routed kernels only at decode size "
+                           f"(T*k <= {ROWS_KERNEL_MAX} with the default tiles); got T*k = {T * k}")
     E, H, inter = weights.num_experts, weights.hidden, weights.inter
     cfg = config or default_triton_config(T * k, E)
     for name in ("block_m", "block_n", "block_k"):
@@ -214,100 +218,140 @@ def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch
 # weight loads before the first multiply: a memory-bound GEMV needs many bytes in flight per SM, which
 # a rolled loop of dependent iterations does not give. Rows that share an expert read it again (from
 # L2 when close in time), so the blocked kernels above serve larger batches.
-
-ROWS_KERNEL_MAX = 16
+#
+# With ``shared`` (the layer's shared expert, width S = P*I) the same two launches also run it: each
+# token gets P more rows. Part p's gate/up row computes the shared h columns [p*I, (p+1)*I) (gate
+# and up rows [p*I, (p+1)*I) of the shared weight); its down row multiplies them by the shared
+# down_proj's columns [p*I, (p+1)*I) into an fp32 partial, unrounded. The P partials are summed and
+# rounded once afterwards, as one fp32-accumulating GEMM over S rounds. Every program has the same
+# reduction length, a batch-1 MoE layer is 2 launches and the sum instead of 4 and the sum, and the
+# shared weights stream alongside the routed ones.
 
 
 @dataclass(frozen=True)
 class RowsConfig:
     """Tile sizes of the per-row kernels: BLOCK_N output columns per program, BLOCK_K reduction
     elements per load, num_warps; ``gate_up`` for the first kernel, ``down`` for the second.
-    Defaults: the fastest at T=1 of ``scripts/bench_fast_moe.py --rows-sweep`` on an H200 (bf16,
-    H=1280, I=896: 0.0340 ms per graph-captured layer; at T=2 gate_up (4, 256, 2) was faster, 0.0408 ms
-    against 0.0463; runs/examples/h200-optimize-unrolled-moe/bench_rows_sweep.log)."""
-    gate_up: tuple[int, int, int] = (8, 256, 4)
-    down: tuple[int, int, int] = (8, 128, 4)
+    Defaults: the fastest at T=1 of ``scripts/bench_fast_moe.py --rows-sweep --shared`` on an H200
+    (bf16, H=1280, I=896, 6 routed rows + the shared expert's 2: gate_up (4, 256, 4) 0.0400 ms and
+    down (8, 256, 4) 0.0402 ms per graph-captured layer, each against 0.0415 for the previous
+    (8, 256, 4) / (8, 128, 4); runs/examples/h200-optimize-shared-rows/bench_rows_shared.log)."""
+    gate_up: tuple[int, int, int] = (4, 256, 4)
+    down: tuple[int, int, int] = (8, 256, 4)
+
+    def check(self) -> None:
+        for name, (bn, bk, warps) in (("gate_up", self.gate_up), ("down", self.down)):
+            if min(bn, bk) < 1 or bn & (bn - 1) or bk & (bk - 1) or warps not in (1, 2, 4, 8):
+                raise HarnessError(f"RowsConfig.{name}={(bn, bk, warps)}: block sizes must be powers of two, "
+                                   "num_warps one of 1, 2, 4, 8")
+
+
+@triton.jit
+def _row_times_tile(xp, wp, stride_xk, stride_wk, n_ok, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
+    """sum_k x[k] * w[n, k] in fp32 for the BLOCK_N weight rows at ``wp`` (pointers [BLOCK_N, 1]);
+    the loop over K is unrolled (K a compile-time constant), so every load is in flight at once."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k0 in tl.static_range(0, K, BLOCK_K):
+        k_ok = offs_k < K - k0
+        xv = tl.load(xp + (k0 + offs_k) * stride_xk, mask=k_ok, other=0.0).to(tl.float32)
+        wv = tl.load(wp + (k0 + offs_k)[None, :] * stride_wk, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.sum(wv.to(tl.float32) * xv[None, :], axis=1)
+    return acc
 
 
 @triton.jit
 def _rows_gate_up_silu_kernel(
-    x_ptr, w_ptr, h_ptr, ids_ptr, top_k, inter,
-    stride_xt, stride_xh, stride_we, stride_wn, stride_wh, stride_hr, stride_hi,
+    x_ptr, w_ptr, sw_ptr, h_ptr, ids_ptr, top_k, slots, inter, shared_inter,
+    stride_xt, stride_xh, stride_we, stride_wn, stride_wh, stride_sn, stride_sh, stride_hr, stride_hi,
     HIDDEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
 ):
-    row = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    expert = tl.load(ids_ptr + row).to(tl.int64)
-    token = (row // top_k).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row = tl.program_id(0)                  # h row t*slots + j: j < top_k routed, else shared part j - top_k
+    token = (row // slots).to(tl.int64)
+    slot = row % slots
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < inter
-    offs_k = tl.arange(0, BLOCK_K)
-    acc_gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    wg = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn
-    wu = wg + inter * stride_wn
     xp = x_ptr + token * stride_xt
-    for k0 in tl.static_range(0, HIDDEN, BLOCK_K):
-        k_ok = offs_k < HIDDEN - k0
-        xv = tl.load(xp + (k0 + offs_k) * stride_xh, mask=k_ok, other=0.0).to(tl.float32)
-        m = n_ok[:, None] & k_ok[None, :]
-        col = (k0 + offs_k)[None, :] * stride_wh
-        acc_gate += tl.sum(tl.load(wg + col, mask=m, other=0.0).to(tl.float32) * xv[None, :], axis=1)
-        acc_up += tl.sum(tl.load(wu + col, mask=m, other=0.0).to(tl.float32) * xv[None, :], axis=1)
+    if slot < top_k:
+        expert = tl.load(ids_ptr + token * top_k + slot).to(tl.int64)
+        wg = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn
+        acc_gate = _row_times_tile(xp, wg, stride_xh, stride_wh, n_ok, HIDDEN, BLOCK_N, BLOCK_K)
+        acc_up = _row_times_tile(xp, wg + inter * stride_wn, stride_xh, stride_wh, n_ok, HIDDEN, BLOCK_N, BLOCK_K)
+    else:
+        wg = sw_ptr + ((slot - top_k) * inter + offs_n[:, None]).to(tl.int64) * stride_sn
+        acc_gate = _row_times_tile(xp, wg, stride_xh, stride_sh, n_ok, HIDDEN, BLOCK_N, BLOCK_K)
+        acc_up = _row_times_tile(xp, wg + shared_inter * stride_sn, stride_xh, stride_sh, n_ok, HIDDEN, BLOCK_N,
+                                 BLOCK_K)
     h = _swiglu(acc_gate, acc_up, h_ptr, EMULATE_BF16_RNE)
-    tl.store(h_ptr + row * stride_hr + offs_n * stride_hi, h, mask=n_ok)
+    tl.store(h_ptr + row.to(tl.int64) * stride_hr + offs_n * stride_hi, h, mask=n_ok)
 
 
 @triton.jit
 def _rows_down_weighted_kernel(
-    h_ptr, w_ptr, out_ptr, ids_ptr, topk_w_ptr, hidden,
-    stride_hr, stride_hi, stride_we, stride_wn, stride_wi, stride_or, stride_oh,
+    h_ptr, w_ptr, sw_ptr, out_ptr, ids_ptr, topk_w_ptr, top_k, slots, hidden,
+    stride_hr, stride_hi, stride_we, stride_wn, stride_wi, stride_sn, stride_si, stride_or, stride_oh,
     INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
 ):
-    row = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    expert = tl.load(ids_ptr + row).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row = tl.program_id(0)                  # row t*slots + j (h and out alike): j < top_k routed, else shared part
+    token = (row // slots).to(tl.int64)
+    slot = row % slots
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < hidden
-    offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    wp = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn
-    hp = h_ptr + row * stride_hr
-    for k0 in tl.static_range(0, INTER, BLOCK_K):
-        k_ok = offs_k < INTER - k0
-        hv = tl.load(hp + (k0 + offs_k) * stride_hi, mask=k_ok, other=0.0).to(tl.float32)
-        wv = tl.load(wp + (k0 + offs_k)[None, :] * stride_wi, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.sum(wv.to(tl.float32) * hv[None, :], axis=1)
-    gate_w = tl.load(topk_w_ptr + row).to(tl.float32)
-    y = _rne(acc, EMULATE_BF16_RNE).to(h_ptr.dtype.element_ty).to(tl.float32) * gate_w
-    tl.store(out_ptr + row * stride_or + offs_n * stride_oh, y, mask=n_ok)
+    hp = h_ptr + row.to(tl.int64) * stride_hr
+    if slot < top_k:
+        flat = token * top_k + slot
+        expert = tl.load(ids_ptr + flat).to(tl.int64)
+        acc = _row_times_tile(hp, w_ptr + expert * stride_we + offs_n[:, None] * stride_wn, stride_hi, stride_wi,
+                              n_ok, INTER, BLOCK_N, BLOCK_K)
+        gate_w = tl.load(topk_w_ptr + flat).to(tl.float32)
+        # down_proj's rounding to the activation dtype, then the vendor's fp32 weighting
+        y = _rne(acc, EMULATE_BF16_RNE).to(h_ptr.dtype.element_ty).to(tl.float32) * gate_w
+    else:                                   # shared part p: columns [p*I, (p+1)*I) of its down_proj, fp32 partial
+        wp = sw_ptr + offs_n[:, None] * stride_sn + ((slot - top_k) * INTER) * stride_si
+        y = _row_times_tile(hp, wp, stride_hi, stride_si, n_ok, INTER, BLOCK_N, BLOCK_K)
+    tl.store(out_ptr + row.to(tl.int64) * stride_or + offs_n * stride_oh, y, mask=n_ok)
 
 
 def routed_experts_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor, weights,
-                        config: RowsConfig = RowsConfig()) -> torch.Tensor:
+                        config: RowsConfig = RowsConfig(), shared: tuple | None = None) -> torch.Tensor:
     """Routed-expert output [T, H] for a few rows (decode): one program column per (token, slot) row,
-    no sorting (see the section comment). Same rounding points as the blocked kernels."""
+    no sorting (see the section comment). Same rounding points as the blocked kernels.
+
+    ``shared``: (gate_up [2S, H] = gate rows then up rows, down [H, S]) of the layer's shared expert,
+    S a multiple of the expert width I; the result is then routed + shared(x), each rounded to x's
+    dtype before the add, as ``MoE.forward`` adds them."""
     _check_runnable(x)
-    for name, (bn, bk, warps) in (("gate_up", config.gate_up), ("down", config.down)):
-        if min(bn, bk) < 1 or bn & (bn - 1) or bk & (bk - 1) or warps not in (1, 2, 4, 8):
-            raise HarnessError(f"RowsConfig.{name}={(bn, bk, warps)}: block sizes must be powers of two, "
-                               "num_warps one of 1, 2, 4, 8")
+    config.check()
     T, k = topk_ids.shape
     H, inter = weights.hidden, weights.inter
+    gu, dn = weights.gate_up, weights.down
+    sgu, sdn = shared if shared is not None else (gu, dn)
+    s_inter = sdn.shape[1] if shared is not None else 0
+    if shared is not None and (s_inter % inter or tuple(sgu.shape) != (2 * s_inter, H) or sdn.shape[0] != H
+                               or sgu.dtype != gu.dtype or sdn.dtype != gu.dtype):
+        raise HarnessError(f"routed_experts_rows: shared weights {tuple(sgu.shape)}, {tuple(sdn.shape)} {sgu.dtype} "
+                           f"do not fit experts of width {inter}, hidden {H}, {gu.dtype} (need [2S, H], [H, S], "
+                           "S a multiple of the width)")
+    slots = k + s_inter // inter                # routed rows, then the shared expert's P parts
     x = x.contiguous()
     ids = topk_ids.reshape(-1).contiguous()
     w32 = topk_w.reshape(-1).contiguous()
     emulate_rne = INTERPRETED and x.dtype == torch.bfloat16
-    h = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
-    out_rows = torch.empty(T * k, H, dtype=torch.float32, device=x.device)
-    gu, dn = weights.gate_up, weights.down
+    h = torch.empty(T * slots, inter, dtype=x.dtype, device=x.device)
+    out_rows = torch.empty(T * slots, H, dtype=torch.float32, device=x.device)
     (bn, bk, warps), (bn_d, bk_d, warps_d) = config.gate_up, config.down
-    _rows_gate_up_silu_kernel[(T * k, triton.cdiv(inter, bn))](
-        x, gu, h, ids, k, inter, x.stride(0), x.stride(1), gu.stride(0), gu.stride(1), gu.stride(2),
-        h.stride(0), h.stride(1), HIDDEN=H, BLOCK_N=bn, BLOCK_K=bk, EMULATE_BF16_RNE=emulate_rne,
-        num_warps=warps)
-    _rows_down_weighted_kernel[(T * k, triton.cdiv(H, bn_d))](
-        h, dn, out_rows, ids, w32, H, h.stride(0), h.stride(1), dn.stride(0), dn.stride(1), dn.stride(2),
-        out_rows.stride(0), out_rows.stride(1), INTER=inter, BLOCK_N=bn_d, BLOCK_K=bk_d,
-        EMULATE_BF16_RNE=emulate_rne, num_warps=warps_d)
-    return out_rows.view(T, k, H).sum(dim=1).to(x.dtype)
+    _rows_gate_up_silu_kernel[(T * slots, triton.cdiv(inter, bn))](
+        x, gu, sgu, h, ids, k, slots, inter, s_inter, x.stride(0), x.stride(1), gu.stride(0), gu.stride(1),
+        gu.stride(2), sgu.stride(0), sgu.stride(1), h.stride(0), h.stride(1), HIDDEN=H, BLOCK_N=bn, BLOCK_K=bk,
+        EMULATE_BF16_RNE=emulate_rne, num_warps=warps)
+    _rows_down_weighted_kernel[(T * slots, triton.cdiv(H, bn_d))](
+        h, dn, sdn, out_rows, ids, w32, k, slots, H, h.stride(0), h.stride(1), dn.stride(0),
+        dn.stride(1), dn.stride(2), sdn.stride(0), sdn.stride(1), out_rows.stride(0), out_rows.stride(1),
+        INTER=inter, BLOCK_N=bn_d, BLOCK_K=bk_d, EMULATE_BF16_RNE=emulate_rne, num_warps=warps_d)
+    out = out_rows.view(T, slots, H)
+    routed = out[:, :k].sum(dim=1).to(x.dtype)
+    if shared is None:
+        return routed
+    # the shared down_proj: its P fp32 partials summed, then rounded once (an fp32 GEMM's rounding)
+    return routed + out[:, k:].sum(dim=1).to(x.dtype)

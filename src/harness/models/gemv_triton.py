@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .fast_moe_triton import INTERPRETED, _check_runnable, _rne, _swiglu
+from .fast_moe_triton import INTERPRETED, _check_runnable, _rne, _row_times_tile, _swiglu
 
 
 @dataclass(frozen=True)
@@ -40,20 +40,6 @@ class GemvConfig:
         if min(bn, bk) < 1 or bn & (bn - 1) or bk & (bk - 1) or w not in (1, 2, 4, 8):
             raise HarnessError(f"GemvConfig{(bn, bk, w)}: block sizes must be powers of two, "
                                "num_warps one of 1, 2, 4, 8")
-
-
-@triton.jit
-def _row_times_tile(xp, wp, stride_xk, stride_wk, n_ok, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr):
-    """sum_k x[k] * w[n, k] in fp32 for the BLOCK_N weight rows at ``wp`` (pointers [BLOCK_N, 1])."""
-    offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for k0 in tl.static_range(0, K, BLOCK_K):
-        k_ok = offs_k < K - k0
-        xv = tl.load(xp + (k0 + offs_k) * stride_xk, mask=k_ok, other=0.0).to(tl.float32)
-        wv = tl.load(wp + (k0 + offs_k)[None, :] * stride_wk, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.sum(wv.to(tl.float32) * xv[None, :], axis=1)
-    return acc
 
 
 @triton.jit
@@ -118,3 +104,85 @@ def gemv_swiglu(x: torch.Tensor, w_gate_up: torch.Tensor, config: GemvConfig = G
         h.stride(0), h.stride(1), K=K, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EMULATE_BF16_RNE=INTERPRETED and x.dtype == torch.bfloat16, num_warps=config.num_warps)
     return h
+
+
+# ------------------------------------------------------------------ q/k/v, RoPE and the KV write
+#
+# A static-cache decode step of one token runs q/k/v as one GEMV, then RoPE on q and k and the
+# write of k and v into the cache at the step's position: two more small kernels per layer. Here
+# they are the GEMV's epilogue. RoPE (rotate_half) pairs dim i with i + d/2 of a head, so each
+# program owns BLOCK_P such pairs (columns a and a + d/2) instead of consecutive columns; the pairs
+# of all heads of q, k and v are numbered one after the other. Roundings are the eager vendor's:
+# the linear's output, then q * cos, rotate_half(q) * sin and their sum each rounded to the
+# activation dtype (a compiled vendor step rounds only the sum: within one rounding of this).
+
+
+@triton.jit
+def _qkv_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, q_cols, kv_cols,
+                     stride_xk, stride_wn, stride_wk, stride_cd, stride_sd, stride_kh, stride_kn, stride_vh, stride_vn,
+                     K: tl.constexpr, HALF: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+                     EMULATE_BF16_RNE: tl.constexpr):
+    offs_j = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)      # pair j: columns a, a + HALF
+    ok = offs_j < (q_cols + 2 * kv_cols) // 2
+    dim = offs_j % HALF
+    col_a = (offs_j // HALF) * (2 * HALF) + dim
+    col_b = col_a + HALF
+    acc_a = _row_times_tile(x_ptr, w_ptr + col_a[:, None].to(tl.int64) * stride_wn, stride_xk, stride_wk, ok, K,
+                            BLOCK_P, BLOCK_K)
+    acc_b = _row_times_tile(x_ptr, w_ptr + col_b[:, None].to(tl.int64) * stride_wn, stride_xk, stride_wk, ok, K,
+                            BLOCK_P, BLOCK_K)
+    act = q_ptr.dtype.element_ty
+    ya = _rne(acc_a, EMULATE_BF16_RNE).to(act).to(tl.float32)           # the linear's output
+    yb = _rne(acc_b, EMULATE_BF16_RNE).to(act).to(tl.float32)
+    cos_a = tl.load(cos_ptr + dim * stride_cd).to(tl.float32)
+    cos_b = tl.load(cos_ptr + (dim + HALF) * stride_cd).to(tl.float32)
+    sin_a = tl.load(sin_ptr + dim * stride_sd).to(tl.float32)
+    sin_b = tl.load(sin_ptr + (dim + HALF) * stride_sd).to(tl.float32)
+    # q * cos + rotate_half(q) * sin, rotate_half(q) = (-q[a + HALF], q[a]) at (a, a + HALF)
+    ra = _rne(_rne(ya * cos_a, EMULATE_BF16_RNE).to(act).to(tl.float32)
+              + _rne(-yb * sin_a, EMULATE_BF16_RNE).to(act).to(tl.float32), EMULATE_BF16_RNE).to(act)
+    rb = _rne(_rne(yb * cos_b, EMULATE_BF16_RNE).to(act).to(tl.float32)
+              + _rne(ya * sin_b, EMULATE_BF16_RNE).to(act).to(tl.float32), EMULATE_BF16_RNE).to(act)
+    pos = tl.load(pos_ptr)
+    is_q = col_a < q_cols
+    is_k = (col_a >= q_cols) & (col_a < q_cols + kv_cols)
+    is_v = col_a >= q_cols + kv_cols
+    tl.store(q_ptr + col_a, ra, mask=ok & is_q)
+    tl.store(q_ptr + col_b, rb, mask=ok & is_q)
+    kc = col_a - q_cols                                                   # k column: head * 2*HALF + dim
+    k_at = k_ptr + (kc // (2 * HALF)) * stride_kh + pos * stride_kn + dim
+    tl.store(k_at, ra, mask=ok & is_k)
+    tl.store(k_at + HALF, rb, mask=ok & is_k)
+    vc = col_a - q_cols - kv_cols
+    v_at = v_ptr + (vc // (2 * HALF)) * stride_vh + pos * stride_vn + dim
+    tl.store(v_at, ya.to(act), mask=ok & is_v)
+    tl.store(v_at + HALF, yb.to(act), mask=ok & is_v)
+
+
+def gemv_qkv_rope(x: torch.Tensor, w_qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int,
+                  config: GemvConfig = GemvConfig()) -> torch.Tensor:
+    """One token's attention input: x [1, K] times ``w_qkv`` [(nh + 2 nkv) d, K] (q rows, k rows, v
+    rows), RoPE (``cos``, ``sin`` [d], the step's) on q and k, k and v written into ``k_cache`` /
+    ``v_cache`` [1, nkv, L, d] at position ``pos`` (int64 [1] on the device); returns q [1, nh, 1, d]
+    in x's dtype. Same function as the static cache's linear, RoPE and ``update`` (section comment)."""
+    _check(x, w_qkv, config)
+    d, nkv = k_cache.shape[-1], k_cache.shape[1]
+    q_cols, kv_cols = num_heads * d, nkv * d
+    if (x.shape[0] != 1 or d % 2 or k_cache.dim() != 4 or k_cache.shape[0] != 1 or v_cache.shape != k_cache.shape
+            or w_qkv.shape[0] != q_cols + 2 * kv_cols or cos.numel() != d or sin.numel() != d
+            or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or pos.dtype != torch.int64 or pos.numel() != 1
+            or k_cache.dtype != x.dtype or v_cache.dtype != x.dtype):
+        raise HarnessError(f"gemv_qkv_rope: one token x [1, K], w [(nh + 2 nkv) d, K], cos/sin [d], pos int64 [1] "
+                           f"and caches [1, nkv, L, d] of x's dtype expected; got x {tuple(x.shape)}, w "
+                           f"{tuple(w_qkv.shape)}, nh {num_heads}, caches {tuple(k_cache.shape)} {k_cache.dtype}, "
+                           f"cos {tuple(cos.shape)}, pos {pos.dtype} {tuple(pos.shape)}")
+    block_p = config.block_n            # pairs per program: two [block_n, block_k] weight tiles, as the GEMV's one
+    q = torch.empty(1, num_heads, 1, d, dtype=x.dtype, device=x.device)
+    cos, sin = cos.reshape(d), sin.reshape(d)
+    _qkv_rope_kernel[(triton.cdiv((q_cols + 2 * kv_cols) // 2, block_p),)](
+        x, w_qkv, cos, sin, pos, q, k_cache, v_cache, q_cols, kv_cols, x.stride(1), w_qkv.stride(0), w_qkv.stride(1),
+        cos.stride(0), sin.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
+        K=x.shape[1], HALF=d // 2, BLOCK_P=block_p, BLOCK_K=config.block_k,
+        EMULATE_BF16_RNE=INTERPRETED and x.dtype == torch.bfloat16, num_warps=config.num_warps)
+    return q

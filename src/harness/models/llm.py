@@ -21,6 +21,7 @@ from torch import nn
 from ..config import LLMConfig
 from ..errors import HarnessError
 from . import attn_probe, fused_linear
+from .static_cache import StaticKVCache
 
 
 class RMSNorm(nn.Module):
@@ -94,6 +95,16 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: "KVCache", rope=None) -> torch.Tensor:
         """``rope``: (cos, sin) computed once for all layers by the caller, else from ``position_ids``."""
         B, S, _ = x.shape
+        static = isinstance(cache, StaticKVCache)
+        if static and self.qkv_weight is not None and fused_linear.gemv_fits(B * S, x.shape[-1]):
+            # one token, static cache: q/k/v GEMV, RoPE and the KV write in one kernel (gemv_triton)
+            from .gemv_triton import gemv_qkv_rope
+
+            cos, sin = self.rotary_emb(x, position_ids) if rope is None else rope
+            q = gemv_qkv_rope(x.reshape(1, -1), self.qkv_weight, cos, sin, cache.pos, cache.k[self.layer_idx],
+                              cache.v[self.layer_idx], self.num_heads)
+            out = self.attend_masked(q, cache.k[self.layer_idx], cache.v[self.layer_idx], cache)
+            return fused_linear.linear(out.transpose(1, 2).reshape(B, S, -1), self.o_proj.weight)
         if self.qkv_weight is None:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         else:
@@ -108,12 +119,11 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         filled = cache.length                      # host: positions already in the cache
         k, v = cache.update(self.layer_idx, k, v)
-        mask = getattr(cache, "mask", None)
-        if mask is not None and S == 1:            # static cache, decode: the whole buffer, masked
-            out = self.attend_masked(q, k, v, mask, cache.pos)
+        if static and S == 1:                      # static cache, decode: the whole buffer, masked
+            out = self.attend_masked(q, k, v, cache)
         else:
             k, v = self.repeat_kv(k, v)
-            if mask is None:                       # growing cache: k, v hold exactly the positions so far
+            if not static:                         # growing cache: k, v hold exactly the positions so far
                 out = self.attend(q, k, v)
             else:                                  # static cache, prefill: the first filled + S positions
                 T = filled + S
@@ -130,28 +140,31 @@ class Attention(nn.Module):
         rep = self.num_heads // self.num_kv_heads
         return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
 
-    def attend_masked(self, q, k, v, mask, pos=None) -> torch.Tensor:
-        """One query [B, nh, 1, d] against a whole static buffer [B, nkv, L, d] with ``mask`` [1, L]
-        (True = a filled position). Same function as ``attend`` over the filled positions: masked
-        keys get weight exactly 0. Fixed shapes, so it can be captured in a CUDA graph.
+    def attend_masked(self, q, k, v, cache: "StaticKVCache") -> torch.Tensor:
+        """One query [B, nh, 1, d] against a whole static buffer [B, nkv, L, d] with ``cache.mask``
+        [1, L] (True = a filled position). Same function as ``attend`` over the filled positions:
+        masked keys get weight exactly 0. Fixed shapes, so it can be captured in a CUDA graph.
 
         ``decode_attention`` (set by ``DeepseekOCR.configure``): ``sdpa`` runs over the whole buffer
         with the mask (or the eager matmuls for ``impl == "eager"``); ``triton`` runs the split-KV
-        kernel of ``decode_attention_triton``, which reads only positions 0..``pos`` (the step's
-        position, int64 [1] on the device: ``StaticKVCache.pos``) and needs no mask."""
+        kernel of ``decode_attention_triton``, which reads only positions 0..``cache.pos`` (the
+        step's position, int64 [1] on the device), needs no mask (none is built) and combines its
+        splits in the last one to finish (``cache.split_sem``)."""
+        pos = cache.pos
         use_triton = self.decode_attention == "triton"
         path = "triton" if use_triton else f"masked-{self.impl}"
         if self.layer_idx == 0 and attn_probe.first_time("llm_decode", path):
             attn_probe.note("llm_decode",
                             "triton:decode_attention_triton (split-KV, positions 0..pos only)" if use_triton
                             else "eager:matmul+softmax (masked static cache)" if self.impl == "eager"
-                            else attn_probe.sdpa_choice(q, *self.repeat_kv(k, v), mask))
+                            else attn_probe.sdpa_choice(q, *self.repeat_kv(k, v), cache.mask))
         if use_triton:
             if pos is None:
                 raise HarnessError("decode_attention=triton needs the step's position", "pass cache.pos")
             from .decode_attention_triton import decode_attention
 
-            return decode_attention(q, k, v, pos)
+            return decode_attention(q, k, v, pos, sem=cache.split_sem)
+        mask = cache.mask
         k, v = self.repeat_kv(k, v)
         if self.impl == "eager":
             w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)
@@ -233,15 +246,22 @@ class MoEGate(nn.Module):
         linear_impl=fused at decode size)."""
         return self.fused and fused_linear.gemv_fits(rows, self.weight.shape[1])
 
-    def forward(self, x: torch.Tensor):
-        """(idx int64 [T, k], weights fp32 [T, k])."""
+    def counts_in_kernel(self, rows: int) -> bool:
+        """Whether ``forward`` can count the routing inside the Triton router (one token)."""
+        return rows == 1 and self.routes_in_kernel(rows)
+
+    def forward(self, x: torch.Tensor, counts: tuple | None = None):
+        """(idx int64 [T, k], weights fp32 [T, k]). ``counts`` (a routing target's ``device_target``):
+        the Triton router also counts the routing there (one token only: ``counts_in_kernel``)."""
+        if counts is not None and not self.counts_in_kernel(x.numel() // x.shape[-1]):
+            raise HarnessError("MoEGate: the routing count runs in the Triton router at one token only")
         if self.routes_in_kernel(x.numel() // x.shape[-1]):
             # gate GEMV, then softmax, top-k, renormalisation and scale in one Triton kernel. Its k
             # experts come in descending order (ties: lowest index), which may differ from
             # torch.topk(sorted=False)'s order: the set is the same, and the experts' outputs are
             # summed over k downstream (equal up to fp32 rounding order).
             from .router_triton import route
-            return route(x.reshape(-1, x.shape[-1]), self.weight, self.top_k, self.norm_topk_prob, self.scale)
+            return route(x.reshape(-1, x.shape[-1]), self.weight, self.top_k, self.norm_topk_prob, self.scale, counts)
         if self.fused:
             logits = fused_linear.linear(x.reshape(-1, x.shape[-1]), self.weight, torch.float32)
         else:
@@ -278,16 +298,32 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        idx, w = self.gate(x)
         if self.impl == "vendor_loop":
+            idx, w = self.gate(x)
             y = self.moe_infer(x.reshape(-1, shape[-1]), idx, w)
         else:
             from .fast_moe import routed_experts
 
-            if self.routing is not None:
-                self.routing.add_device(self.layer_idx, idx)
+            if self.routing is not None and self.gate.counts_in_kernel(x.numel() // shape[-1]):
+                idx, w = self.gate(x, self.routing.device_target(self.layer_idx, x.device))
+            else:
+                idx, w = self.gate(x)
+                if self.routing is not None:
+                    self.routing.add_device(self.layer_idx, idx)
+            sh = self.shared_experts
+            if self.shares_kernels(idx.numel()):
+                return routed_experts(x.reshape(-1, shape[-1]), idx, w, self.experts_stacked, self.kernel,
+                                      shared=(sh.gate_up_weight, sh.down_proj.weight)).view(*shape)
             y = routed_experts(x.reshape(-1, shape[-1]), idx, w, self.experts_stacked, self.kernel)
         return y.view(*shape) + self.shared_experts(x)
+
+    def shares_kernels(self, routed_rows: int) -> bool:
+        """Whether the shared expert runs as extra rows of the routed kernels (``fast_moe.folds_shared``:
+        moe kernel triton at decode size) rather than as its own GEMVs: with linear_impl=fused, whose
+        fused gate/up weight those kernels read."""
+        from .fast_moe import folds_shared
+
+        return self.shared_experts.gate_up_weight is not None and folds_shared(self.kernel, routed_rows)
 
     def moe_infer(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
         n_exp = len(self.experts)

@@ -10,6 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
+#: routed rows (T*k) up to which impl=triton runs the per-row decode kernels
+#: (``fast_moe_triton.routed_experts_rows``) instead of the sorted, blocked ones
+ROWS_KERNEL_MAX = 16
+
 
 def expert_counts(flat_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
     """Rows per expert [E] int64, on the device (scatter_add into zeros; bincount would sync)."""

@@ -12,10 +12,14 @@ then one small kernel, one program per token:
 3. with ``norm`` and k > 1 the k weights are divided by (their sum + 1e-20), then multiplied by
    ``scale`` (both as in ``MoEGate``); idx (int64) and weights (fp32) stored.
 
+4. with ``counts`` (one token only), the routing count: each chosen expert's counter + 1, a plain
+   load and store (one program, k distinct experts: no race, no atomic), instead of the routing
+   target's scatter-add launch.
+
 A first version computed the logits in the same kernel, one program per token: 39 µs per layer on
-an H200 (one SM streaming the 164 KB gate), so the GEMV stays apart. The routing count stays with
-``routing.DeviceCounts.add_device`` (an atomic count inside the kernel miscounted under
-torch.compile + CUDA graphs on the GPU). The float constants (``scale``, 1e-20) are compile-time
+an H200 (one SM streaming the 164 KB gate), so the GEMV stays apart. An atomic routing count in
+that version miscounted under torch.compile + CUDA graphs on the GPU (cause not found; it took a
+view of the counter buffer); ``counts`` here is the whole buffer and an offset. The float constants (``scale``, 1e-20) are compile-time
 constants: under torch.compile a Python float runtime argument reaches a user Triton kernel as
 fp64. No host sync and outputs from ``torch.empty``: callable inside torch.compile and CUDA-graph
 capture. Importing this module imports triton; ``TRITON_INTERPRET=1`` before the first import of
@@ -32,9 +36,10 @@ from .fast_moe_triton import _check_runnable
 
 
 @triton.jit
-def _topk_kernel(logits_ptr, idx_ptr, wt_ptr, n_exp, stride_lt, stride_le, stride_it, stride_ik, stride_ot, stride_ok,
+def _topk_kernel(logits_ptr, idx_ptr, wt_ptr, counts_ptr, counts_offset, n_exp, stride_lt, stride_le, stride_it,
+                 stride_ik, stride_ot, stride_ok,
                  TOP_K: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr, BLOCK_E: tl.constexpr,
-                 BLOCK_TOPK: tl.constexpr):
+                 BLOCK_TOPK: tl.constexpr, HAS_COUNTS: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
     e_ok = offs_e < n_exp
@@ -61,11 +66,15 @@ def _topk_kernel(logits_ptr, idx_ptr, wt_ptr, n_exp, stride_lt, stride_le, strid
     k_ok = offs_k < TOP_K
     tl.store(idx_ptr + tok * stride_it + offs_k * stride_ik, sel_i, mask=k_ok)
     tl.store(wt_ptr + tok * stride_ot + offs_k * stride_ok, sel_w, mask=k_ok)
+    if HAS_COUNTS:                              # 4. one program (one token), k distinct experts
+        at = counts_ptr + counts_offset + sel_i
+        tl.store(at, tl.load(at, mask=k_ok, other=0) + 1, mask=k_ok)
 
 
-def route(x: torch.Tensor, w: torch.Tensor, top_k: int, norm: bool, scale: float):
+def route(x: torch.Tensor, w: torch.Tensor, top_k: int, norm: bool, scale: float, counts: tuple | None = None):
     """x [T, H], gate weight w [E, H] -> (idx int64 [T, k], weights fp32 [T, k]); see the module
-    docstring."""
+    docstring. ``counts`` = (contiguous int64 buffer, offset), T = 1 only: the counters
+    ``buffer.view(-1)[offset:offset + E]`` of the chosen experts + 1 (``RoutingCounter.device_target``)."""
     from .gemv_triton import gemv
 
     _check_runnable(x)
@@ -75,12 +84,20 @@ def route(x: torch.Tensor, w: torch.Tensor, top_k: int, norm: bool, scale: float
     E = w.shape[0]
     if not 1 <= top_k <= E:
         raise HarnessError(f"route: top_k={top_k} needs 1 <= top_k <= E={E}")
+    if counts is not None:
+        buf, offset = counts
+        if (T != 1 or buf.dtype != torch.int64 or not buf.is_contiguous() or buf.device != x.device
+                or not 0 <= offset <= buf.numel() - E):
+            raise HarnessError(f"route: counts need one token and a contiguous int64 buffer on {x.device} holding "
+                               f"[offset, offset + {E}); got T={T}, {buf.dtype} [{buf.numel()}] on {buf.device}, "
+                               f"offset {offset}")
     logits = gemv(x, w, torch.float32)
     idx = torch.empty(T, top_k, dtype=torch.int64, device=x.device)
     weights = torch.empty(T, top_k, dtype=torch.float32, device=x.device)
     _topk_kernel[(T,)](
-        logits, idx, weights, E, logits.stride(0), logits.stride(1), idx.stride(0), idx.stride(1),
-        weights.stride(0), weights.stride(1),
+        logits, idx, weights, counts[0] if counts else idx, counts[1] if counts else 0, E,
+        logits.stride(0), logits.stride(1), idx.stride(0), idx.stride(1), weights.stride(0), weights.stride(1),
         TOP_K=top_k, NORM=bool(norm and top_k > 1), SCALE=float(scale),
-        BLOCK_E=triton.next_power_of_2(E), BLOCK_TOPK=triton.next_power_of_2(top_k), num_warps=1)
+        BLOCK_E=triton.next_power_of_2(E), BLOCK_TOPK=triton.next_power_of_2(top_k), HAS_COUNTS=counts is not None,
+        num_warps=1)
     return idx, weights

@@ -72,22 +72,25 @@ class RoutingCounter:
         else:
             self._host[self.current][layer] += counts
 
+    def device_target(self, layer: int, device) -> Optional[tuple]:
+        """(contiguous int64 buffer, offset): MoE ``layer``'s per-expert counters on ``device`` are
+        ``buffer.view(-1)[offset:offset + experts]`` (the current step's row within a decode step,
+        else the phase's); None while not counting."""
+        if self.current is None:
+            return None
+        if self._in_step():
+            return self._step_acc(device), (self.current_step * self.layers + layer) * self.experts
+        acc = self._dev.get(self.current)
+        if acc is None:
+            acc = self._dev[self.current] = torch.zeros((self.layers, self.experts), dtype=torch.int64, device=device)
+        return acc, layer * self.experts
+
     def add_device(self, layer: int, topk_ids: torch.Tensor) -> None:
         """Add the experts chosen in MoE ``layer`` (any-shaped int tensor of expert ids) on the device."""
-        if self.current is None:
+        target = self.device_target(layer, topk_ids.device)
+        if target is None:
             return
-        idx = topk_ids.reshape(-1)
-        if self._in_step():
-            row = self._step_acc(idx.device)[self.current_step, layer]
-        else:
-            acc = self._dev.get(self.current)
-            if acc is None:
-                acc = self._dev[self.current] = torch.zeros((self.layers, self.experts), dtype=torch.int64,
-                                                            device=idx.device)
-            row = acc[layer]
-        if self._ones is None or self._ones.numel() < idx.numel() or self._ones.device != idx.device:
-            self._ones = torch.ones(max(idx.numel(), 64), dtype=torch.int64, device=idx.device)
-        row.scatter_add_(0, idx, self._ones[:idx.numel()])
+        self._ones = _scatter_count(target, self.experts, topk_ids, self._ones)
 
     def merge(self, phase: str, counts: torch.Tensor) -> None:
         """Add device counts [layers, experts] (a ``DeviceCounts`` buffer) to ``phase``."""
@@ -130,8 +133,20 @@ class DeviceCounts:
     def zero(self) -> None:
         self.buf.zero_()
 
+    def device_target(self, layer: int, device=None) -> tuple:
+        """(buffer, offset) of MoE ``layer``'s counters, as ``RoutingCounter.device_target``."""
+        return self.buf, layer * self.buf.shape[1]
+
     def add_device(self, layer: int, topk_ids: torch.Tensor) -> None:
-        idx = topk_ids.reshape(-1)
-        if idx.numel() > self._ones.numel():     # host shape check; never inside a captured graph
-            self._ones = torch.ones(idx.numel(), dtype=torch.int64, device=idx.device)
-        self.buf[layer].scatter_add_(0, idx, self._ones[:idx.numel()])
+        self._ones = _scatter_count(self.device_target(layer), self.buf.shape[1], topk_ids, self._ones)
+
+
+def _scatter_count(target: tuple, experts: int, topk_ids: torch.Tensor, ones: Optional[torch.Tensor]) -> torch.Tensor:
+    """One scatter-add of 1 per expert id into ``target``'s counters (no host sync); returns the ones
+    buffer to keep (grown on the host when a call has more ids: never inside a captured graph)."""
+    buf, offset = target
+    idx = topk_ids.reshape(-1)
+    if ones is None or ones.numel() < idx.numel() or ones.device != idx.device:
+        ones = torch.ones(max(idx.numel(), 64), dtype=torch.int64, device=idx.device)
+    buf.view(-1)[offset:offset + experts].scatter_add_(0, idx, ones[:idx.numel()])
+    return ones

@@ -25,9 +25,12 @@ class StaticKVCache:
     - ``update(layer, k, v, pos=None)`` writes k, v [B, kv_heads, S, head_dim] at positions ``pos``
       (or the ones given to ``begin_step``) and returns the whole buffers; same call as
       ``llm.KVCache.update`` plus the positions.
-    - ``begin_step(pos)`` stores the step's positions and builds ``mask`` [S, max_len] bool (True =
-      attend) once for all layers. Inside a CUDA graph, call it within the captured step so the
-      mask is recomputed from the positions tensor at every replay.
+    - ``begin_step(pos)`` stores the step's positions; ``mask`` [S, max_len] bool (True = attend) is
+      built from them at its first use in the step, once for all layers (a step whose attention
+      reads ``pos`` itself, the Triton decode kernel, builds none). Inside a CUDA graph, call
+      ``begin_step`` within the captured step so the mask is recomputed at every replay.
+    - ``split_sem`` [batch * query_heads] int32 zeros: the split-KV decode kernel's per-head
+      counters (``decode_attention_triton``), back at zero after every call; one for all layers.
     - ``length`` is host bookkeeping: the number of positions 0..length-1 the caller has filled, as
       told through ``advance(n)`` after each step (prefill S, decode 1). The cache never reads it
       from the device and ``update`` never changes it (a graph replay does not run Python).
@@ -39,19 +42,27 @@ class StaticKVCache:
     """
 
     def __init__(self, num_layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str):
+                 dtype: torch.dtype, device: torch.device | str, query_heads: Optional[int] = None):
         shape = (batch, kv_heads, max_len, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.split_sem = torch.zeros(batch * (query_heads or kv_heads), dtype=torch.int32, device=device)
         self.max_len = max_len
         self.length = 0
         self.pos: Optional[torch.Tensor] = None
-        self.mask: Optional[torch.Tensor] = None
+        self._mask: Optional[torch.Tensor] = None
 
     def begin_step(self, pos: torch.Tensor) -> None:
-        """Positions [S] (int64, device) of the step about to run; builds ``mask`` [S, max_len]."""
+        """Positions [S] (int64, device) of the step about to run (``mask`` follows them)."""
         self.pos = pos
-        self.mask = attention_mask(pos, self.max_len)
+        self._mask = None
+
+    @property
+    def mask(self) -> Optional[torch.Tensor]:
+        """[S, max_len] bool for the current step's positions (None before ``begin_step``)."""
+        if self._mask is None and self.pos is not None:
+            self._mask = attention_mask(self.pos, self.max_len)
+        return self._mask
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, pos: Optional[torch.Tensor] = None):
         """Write k, v [B, kv_heads, S, head_dim] at positions ``pos`` [S]; return the full K, V buffers."""
@@ -74,11 +85,11 @@ class StaticKVCache:
 
     def reset(self) -> None:
         """Zero the buffers and forget positions and length (a new request)."""
-        for t in self.k + self.v:
+        for t in self.k + self.v + [self.split_sem]:
             t.zero_()
         self.length = 0
         self.pos = None
-        self.mask = None
+        self._mask = None
 
     def nbytes(self) -> int:
         """Bytes of the preallocated K and V buffers of all layers."""
