@@ -88,12 +88,16 @@ def test_linear_dispatch_uses_cublas_beyond_one_row(monkeypatch):
                        F.linear(xw.bfloat16().float(), wide.bfloat16().float())) and len(calls) == 1
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 0.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("nh,nkv,d", [(4, 4, 16), (4, 2, 8), (10, 10, 128)])
-def test_gemv_qkv_rope_equals_linear_rope_and_cache_write(nh, nkv, d, dtype, tol):
+def test_gemv_qkv_rope_equals_linear_rope_and_cache_write(nh, nkv, d, dtype):
     """q/k/v GEMV with RoPE and the KV write as its epilogue: q, and the cache rows at ``pos``, equal
-    F.linear, the eager RoPE (each op rounded to the dtype) and index_copy_ (fp32 to summation order;
-    bf16 exactly on inputs whose products and sums are exact in fp32); other cache rows untouched."""
+    F.linear, the eager RoPE (each op rounded to the dtype) and index_copy_: fp32 to summation order;
+    bf16, on inputs whose products and sums are exact in fp32, exactly in Triton's interpreter; on
+    the GPU within one bf16 ulp of the RoPE terms (2^-7 (|q_i| + |q_pair|)): an H200 gave 1-ulp
+    differences in 164 of 1,280 q elements, and more ulps of elements where q cos and rotate_half(q)
+    sin nearly cancel, where torch's eager RoPE on the GPU equals the CPU's (the compiled kernel
+    apparently does not keep every intermediate rounding). Other cache rows untouched."""
     from harness.models.gemv_triton import gemv_qkv_rope
     from harness.models.llm import RotaryEmbedding, rotate_half
 
@@ -103,18 +107,26 @@ def test_gemv_qkv_rope_equals_linear_rope_and_cache_write(nh, nkv, d, dtype, tol
     w = (torch.randint(-8, 9, ((nh + 2 * nkv) * d, K), generator=g) / 64).to(dtype)
     cos, sin = RotaryEmbedding(d, 10000.0)(x, torch.tensor([[pos]]))
     k_cache, v_cache = (torch.randn(1, nkv, L, d, generator=g).to(dtype) for _ in range(2))
-    want_k, want_v = k_cache.clone(), v_cache.clone()
     q, k, v = F.linear(x.float(), w.float()).to(dtype).split([nh * d, nkv * d, nkv * d], dim=-1)  # fp32 sums
     q, k, v = (t.view(1, 1, -1, d).transpose(1, 2) for t in (q, k, v))
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    want_q = q * c + rotate_half(q) * s
-    want_k[:, :, pos] = (k * c + rotate_half(k) * s)[:, :, 0]
-    want_v[:, :, pos] = v[:, :, 0]
+    want = {"q": q * c + rotate_half(q) * s, "k": (k * c + rotate_half(k) * s)[:, :, 0], "v": v[:, :, 0]}
+    terms = {n: (t.double().abs() + rotate_half(t).double().abs()).reshape(want[n].shape) for n, t in (("q", q), ("k", k))}
+    others = [p for p in range(L) if p != pos]
+    before = k_cache[:, :, others].clone(), v_cache[:, :, others].clone()
     got_q = gemv_qkv_rope(*(t.to(DEV) for t in (x, w, cos, sin)), torch.tensor([pos], device=DEV),
                           k_cache := k_cache.to(DEV), v_cache := v_cache.to(DEV), nh)
     assert got_q.shape == (1, nh, 1, d) and got_q.dtype == dtype
-    for got, want in ((got_q, want_q), (k_cache, want_k), (v_cache, want_v)):
-        assert float((got.cpu().double() - want.double()).abs().max()) <= tol * float(want.double().abs().max())
+    got = {"q": got_q.cpu(), "k": k_cache[:, :, pos].cpu(), "v": v_cache[:, :, pos].cpu()}
+    assert torch.equal(k_cache[:, :, others].cpu(), before[0]) and torch.equal(v_cache[:, :, others].cpu(), before[1])
+    for name in ("q", "k", "v"):
+        diff = (got[name].double() - want[name].double()).abs()
+        if dtype == torch.float32:
+            assert float(diff.max()) <= 1e-6 * float(want[name].double().abs().max()), (name, float(diff.max()))
+        elif DEV == "cpu" or name == "v":
+            assert float(diff.max()) == 0.0, (name, float(diff.max()), int((diff > 0).sum()))
+        else:
+            assert bool((diff <= 2.0 ** -7 * terms[name]).all()), (name, float(diff.max()), int((diff > 0).sum()))
 
 
 def test_gemv_qkv_rope_refuses_bad_shapes():
