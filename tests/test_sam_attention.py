@@ -108,6 +108,22 @@ def test_augmented_qk_layout():
     assert torch.allclose(q_aug[0, 0, :, 8:11], rel_h, rtol=1e-6, atol=1e-6)
 
 
+def test_augment_qk_compiles_without_the_lru_cache_warning():
+    """Under torch.compile the key tail is built in the graph (no Dynamo warning about the eager
+    path's lru_cache), and the compiled q', k' equal the eager ones."""
+    import warnings
+
+    H = W = 4
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, H * W, 8, generator=g) for _ in range(2))
+    Rh, Rw = torch.randn(H, H, 8, generator=g), torch.randn(W, W, 8, generator=g)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = torch.compile(lambda q, k: sa.augment_qk(q, k, Rh, Rw, H, W), fullgraph=True)(q, k)
+    assert not [w for w in caught if "lru_cache" in str(w.message)]
+    assert all(torch.equal(a, b) for a, b in zip(got, sa.augment_qk(q, k, Rh, Rw, H, W)))
+
+
 def test_augmented_dim():
     assert sa.augmented_dim(64, 64, 64) == 192      # base global
     assert sa.augmented_dim(64, 14, 14) == 96       # windows (92 padded)

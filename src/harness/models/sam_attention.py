@@ -118,7 +118,12 @@ def augmented_dim(d: int, H: int, W: int, multiple: int = 8) -> int:
 
 @functools.lru_cache(maxsize=32)
 def _key_tail(H: int, W: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """[S, width]: onehot_H(h(j)) | onehot_W(w(j)) | zeros, for j = h * W + w (cached)."""
+    """``_build_key_tail``, cached (eager calls)."""
+    return _build_key_tail(H, W, width, dtype, device)
+
+
+def _build_key_tail(H: int, W: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[S, width]: onehot_H(h(j)) | onehot_W(w(j)) | zeros, for j = h * W + w."""
     S = H * W
     j = torch.arange(S, device=device)
     tail = torch.zeros(S, width, dtype=dtype, device=device)
@@ -145,7 +150,8 @@ def augment_qk(q, k, Rh, Rw, H: int, W: int, multiple: int = 8):
     if dp > d + H + W:
         parts.append(rel_h.new_zeros(()).expand(B * nh, S, dp - d - H - W))
     q_aug = torch.cat(parts, dim=-1).view(B, nh, S, dp)
-    tail = _key_tail(H, W, dp - d, k.dtype, k.device)
+    # under torch.compile the tail is traced into the graph (Dynamo would skip an lru_cache anyway, with a warning)
+    tail = (_build_key_tail if torch.compiler.is_compiling() else _key_tail)(H, W, dp - d, k.dtype, k.device)
     k_aug = torch.cat([k.reshape(B * nh, S, d), tail.expand(B * nh, S, dp - d)], dim=-1).view(B, nh, S, dp)
     return q_aug, k_aug
 
