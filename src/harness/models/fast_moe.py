@@ -222,9 +222,9 @@ def routed_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
     of the layer's shared expert, only where ``folds_shared``: the output is then routed + shared(x).
     """
     _check_inputs(x, topk_ids, topk_w, weights)
-    if shared is not None and not (folds_shared(impl, topk_ids.numel()) and triton_config is None):
-        raise HarnessError(f"routed_experts: the shared expert folds into impl=triton's per-row kernels only "
-                           f"(T*k <= {ROWS_KERNEL_MAX}, default tiles); got impl={impl}, T*k={topk_ids.numel()}")
+    if shared is not None and impl != "triton":     # the size and tile rule: routed_experts_triton
+        raise HarnessError(f"routed_experts: the shared expert folds into impl=triton's per-row kernels only; "
+                           f"got impl={impl}")
     if impl == "torch":
         return _routed_torch(x, topk_ids, topk_w, weights, torch_strategy)
     if impl == "grouped_mm":

@@ -62,13 +62,19 @@ def _rne(x, EMULATE_BF16_RNE: tl.constexpr):
 
 
 @triton.jit
+def _rounded(x, act: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr):
+    """x (fp32) rounded to the activation dtype ``act`` and held in fp32 again: one eager op's rounding."""
+    return _rne(x, EMULATE_BF16_RNE).to(act).to(tl.float32)
+
+
+@triton.jit
 def _swiglu(acc_gate, acc_up, h_ptr, EMULATE_BF16_RNE: tl.constexpr):
     """silu(gate) * up in h's dtype: gate_proj, up_proj, silu and the product each round to that
     activation dtype, as the vendor's SwiGLU does."""
     act = h_ptr.dtype.element_ty
-    gate = _rne(acc_gate, EMULATE_BF16_RNE).to(act).to(tl.float32)
-    up = _rne(acc_up, EMULATE_BF16_RNE).to(act).to(tl.float32)
-    silu = _rne(gate / (1.0 + tl.exp(-gate)), EMULATE_BF16_RNE).to(act).to(tl.float32)
+    gate = _rounded(acc_gate, act, EMULATE_BF16_RNE)
+    up = _rounded(acc_up, act, EMULATE_BF16_RNE)
+    silu = _rounded(gate / (1.0 + tl.exp(-gate)), act, EMULATE_BF16_RNE)
     return _rne(silu * up, EMULATE_BF16_RNE).to(act)
 
 
@@ -149,7 +155,7 @@ def _down_weighted_kernel(
         w_ptrs += BLOCK_K * stride_wi
     gate_w = tl.load(topk_w_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     # down_proj's rounding to the activation dtype, then the vendor's fp32 weighting
-    y = _rne(acc, EMULATE_BF16_RNE).to(h_ptr.dtype.element_ty).to(tl.float32) * gate_w[:, None]
+    y = _rounded(acc, h_ptr.dtype.element_ty, EMULATE_BF16_RNE) * gate_w[:, None]
     out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + offs_n[None, :] * stride_oh
     tl.store(out_ptrs, y, mask=row_ok[:, None] & n_ok[None, :])
 
@@ -172,8 +178,8 @@ def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch
     if config is None and T * k <= ROWS_KERNEL_MAX:
         return routed_experts_rows(x, topk_ids, topk_w, weights, shared=shared)
     if shared is not None:
-        raise HarnessError(f"the shared expert runs inside the routed kernels only at decode size "
-                           f"(T*k <= {ROWS_KERNEL_MAX} with the default tiles); got T*k = {T * k}")
+        raise HarnessError(f"the shared expert folds into impl=triton's per-row kernels only at decode size "
+                           f"(T*k <= {ROWS_KERNEL_MAX}, default tiles); got T*k = {T * k}")
     E, H, inter = weights.num_experts, weights.hidden, weights.inter
     cfg = config or default_triton_config(T * k, E)
     for name in ("block_m", "block_n", "block_k"):
@@ -306,7 +312,7 @@ def _rows_down_weighted_kernel(
                               n_ok, INTER, BLOCK_N, BLOCK_K)
         gate_w = tl.load(topk_w_ptr + flat).to(tl.float32)
         # down_proj's rounding to the activation dtype, then the vendor's fp32 weighting
-        y = _rne(acc, EMULATE_BF16_RNE).to(h_ptr.dtype.element_ty).to(tl.float32) * gate_w
+        y = _rounded(acc, h_ptr.dtype.element_ty, EMULATE_BF16_RNE) * gate_w
     else:                                   # shared part p: columns [p*I, (p+1)*I) of its down_proj, fp32 partial
         wp = sw_ptr + offs_n[:, None] * stride_sn + ((slot - top_k) * INTER) * stride_si
         y = _row_times_tile(hp, wp, stride_hi, stride_si, n_ok, INTER, BLOCK_N, BLOCK_K)

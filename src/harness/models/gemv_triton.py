@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .fast_moe_triton import INTERPRETED, _check_runnable, _rne, _row_times_tile, _swiglu
+from .fast_moe_triton import INTERPRETED, _check_runnable, _rne, _rounded, _row_times_tile, _swiglu
 
 
 @dataclass(frozen=True)
@@ -132,17 +132,17 @@ def _qkv_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_pt
     acc_b = _row_times_tile(x_ptr, w_ptr + col_b[:, None].to(tl.int64) * stride_wn, stride_xk, stride_wk, ok, K,
                             BLOCK_P, BLOCK_K)
     act = q_ptr.dtype.element_ty
-    ya = _rne(acc_a, EMULATE_BF16_RNE).to(act).to(tl.float32)           # the linear's output
-    yb = _rne(acc_b, EMULATE_BF16_RNE).to(act).to(tl.float32)
+    ya = _rounded(acc_a, act, EMULATE_BF16_RNE)                          # the linear's output
+    yb = _rounded(acc_b, act, EMULATE_BF16_RNE)
     cos_a = tl.load(cos_ptr + dim * stride_cd).to(tl.float32)
     cos_b = tl.load(cos_ptr + (dim + HALF) * stride_cd).to(tl.float32)
     sin_a = tl.load(sin_ptr + dim * stride_sd).to(tl.float32)
     sin_b = tl.load(sin_ptr + (dim + HALF) * stride_sd).to(tl.float32)
     # q * cos + rotate_half(q) * sin, rotate_half(q) = (-q[a + HALF], q[a]) at (a, a + HALF)
-    ra = _rne(_rne(ya * cos_a, EMULATE_BF16_RNE).to(act).to(tl.float32)
-              + _rne(-yb * sin_a, EMULATE_BF16_RNE).to(act).to(tl.float32), EMULATE_BF16_RNE).to(act)
-    rb = _rne(_rne(yb * cos_b, EMULATE_BF16_RNE).to(act).to(tl.float32)
-              + _rne(ya * sin_b, EMULATE_BF16_RNE).to(act).to(tl.float32), EMULATE_BF16_RNE).to(act)
+    ra = _rne(_rounded(ya * cos_a, act, EMULATE_BF16_RNE) + _rounded(-yb * sin_a, act, EMULATE_BF16_RNE),
+              EMULATE_BF16_RNE).to(act)
+    rb = _rne(_rounded(yb * cos_b, act, EMULATE_BF16_RNE) + _rounded(ya * sin_b, act, EMULATE_BF16_RNE),
+              EMULATE_BF16_RNE).to(act)
     pos = tl.load(pos_ptr)
     is_q = col_a < q_cols
     is_k = (col_a >= q_cols) & (col_a < q_cols + kv_cols)

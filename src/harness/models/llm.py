@@ -96,11 +96,11 @@ class Attention(nn.Module):
         """``rope``: (cos, sin) computed once for all layers by the caller, else from ``position_ids``."""
         B, S, _ = x.shape
         static = isinstance(cache, StaticKVCache)
+        cos, sin = self.rotary_emb(x, position_ids) if rope is None else rope
         if static and self.qkv_weight is not None and fused_linear.gemv_fits(B * S, x.shape[-1]):
             # one token, static cache: q/k/v GEMV, RoPE and the KV write in one kernel (gemv_triton)
             from .gemv_triton import gemv_qkv_rope
 
-            cos, sin = self.rotary_emb(x, position_ids) if rope is None else rope
             q = gemv_qkv_rope(x.reshape(1, -1), self.qkv_weight, cos, sin, cache.pos, cache.k[self.layer_idx],
                               cache.v[self.layer_idx], self.num_heads)
             out = self.attend_masked(q, cache.k[self.layer_idx], cache.v[self.layer_idx], cache)
@@ -113,7 +113,6 @@ class Attention(nn.Module):
         q = q.view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
         k = k.view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = self.rotary_emb(v, position_ids) if rope is None else rope
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
