@@ -32,6 +32,7 @@ import sys
 import torch
 
 from harness.config import LLMConfig
+from harness.kernels.availability import triton_available
 from harness.models import fast_moe as fm
 from harness.models.llm import MoE
 
@@ -102,7 +103,7 @@ def availability(impl: str, device, dtype) -> tuple[bool, str]:
     if impl == "grouped_mm":
         return fm.grouped_mm_available(device, dtype)
     if impl == "triton":
-        return fm.triton_available(device)
+        return triton_available(device)
     return True, "pure PyTorch"
 
 
@@ -169,7 +170,7 @@ def rows_sweep(moe: MoE, weights: fm.ExpertWeights, tokens, reps, warmup, flush,
     one kernel's tiles varied at a time, the other's at the default; each call graph-captured.
     ``shared``: the layer's shared expert runs as extra rows (as with linear_impl=fused); its weight
     bytes count among those read and the reference adds its output."""
-    from harness.models import fast_moe_triton as fmt
+    from harness.kernels import fast_moe_triton as fmt
     dev = weights.gate_up.device
     sh = moe.shared_experts
     fold = (torch.cat([sh.gate_proj.weight, sh.up_proj.weight]).detach(), sh.down_proj.weight.detach()) if shared else None

@@ -20,9 +20,9 @@ from harness import workload as wl
 from harness.config import ExecutionConfig, LLMConfig, ModelConfig, check_execution
 from harness.errors import HarnessError
 from harness.models import attn_probe
-from harness.models import decode_attention_triton as dat
+from harness.kernels import decode_attention_triton as dat
 from harness.models.build import build_model
-from harness.models.fast_moe import triton_available
+from harness.kernels.availability import triton_available
 from harness.models.llm import Attention, KVCache
 from harness.models.static_cache import StaticKVCache
 

@@ -133,12 +133,12 @@ class ExecutionConfig:
       token (batch-1 decode) the LLM's linears with K <= 2048 run as Triton GEMV kernels
       (``models.fused_linear``; the SwiGLU's gate/up/silu/product in one kernel), the router's
       softmax, top-k, scale and routing count one Triton kernel after its fp32 GEMV
-      (``models.router_triton``); with the static cache, q/k/v, RoPE and the KV write one kernel
+      (``kernels.router_triton``); with the static cache, q/k/v, RoPE and the KV write one kernel
       (``gemv_triton.gemv_qkv_rope``); with moe_kernel=triton, the shared expert extra rows of the
       routed-expert kernels (``fast_moe_triton.routed_experts_rows``).
     * ``decode_attention``: the static cache's decode attention. ``sdpa``: torch SDPA over the whole
       static buffer with a mask | ``triton``: a split-KV Triton kernel
-      (``models.decode_attention_triton``) that reads only positions 0..pos, the position read on the
+      (``kernels.decode_attention_triton``) that reads only positions 0..pos, the position read on the
       device; needs ``kv_cache=static`` and a device where Triton runs.
     """
 

@@ -245,10 +245,11 @@ class DeepseekOCR(nn.Module):
     def _configure_linears(self, impl: str, device) -> str:
         """``linear_impl``: fuse q/k/v and the dense/shared SwiGLU gate/up weights once (views, the
         state_dict is unchanged) and switch the LLM's linears to ``fused_linear``; returns what runs."""
-        from . import fast_moe, fused_linear
+        from ..kernels.availability import triton_available
+        from . import fused_linear
 
         if impl == "fused":
-            ok, why = fast_moe.triton_available(device)
+            ok, why = triton_available(device)
             if not ok:
                 raise HarnessError(f"model.linear_impl=fused needs Triton for its GEMV kernels: {why}",
                                    "use model.linear_impl=vendor")

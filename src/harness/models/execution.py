@@ -24,15 +24,16 @@ def resolve_moe_kernel(m: ExecutionConfig, device: torch.device, dtype: torch.dt
     """(kernel or None for the vendor loop, why): ``moe_kernel=auto`` takes triton on CUDA and the
     torch gather path elsewhere; a kernel that cannot run here is refused, never replaced."""
     from . import fast_moe
+    from ..kernels.availability import triton_available
 
     if m.moe_impl == "vendor_loop":
         return None, "vendor loop: per-expert Python loop, one device-to-host copy per MoE layer"
     want = m.moe_kernel
     if want == "auto":
-        want = "triton" if device.type == "cuda" and fast_moe.triton_available(device)[0] else "torch"
+        want = "triton" if device.type == "cuda" and triton_available(device)[0] else "torch"
     if want == "torch":
         return "torch", "torch: per-row expert gather + bmm (sync-free, reads each routed row's expert)"
-    ok, why = (fast_moe.triton_available(device) if want == "triton"
+    ok, why = (triton_available(device) if want == "triton"
                else fast_moe.grouped_mm_available(device, dtype))
     if not ok:
         raise HarnessError(f"model.moe_kernel={want} cannot run here: {why}",
@@ -44,14 +45,14 @@ def resolve_decode_attention(m: ExecutionConfig, device: torch.device) -> str:
     """What the decode attention runs under ``m`` on ``device`` (for the manifest); a Triton kernel
     that cannot run here, or without a static cache, is refused, never replaced."""
     from ..config import check_decode_attention
-    from . import fast_moe
+    from ..kernels.availability import triton_available
 
     check_decode_attention(m, "model")
     if m.kv_cache != "static":
         return "growing cache: attn_implementation over the positions so far"
     if m.decode_attention == "sdpa":
         return "sdpa: attn_implementation (torch SDPA by default) over the whole static buffer with a mask"
-    ok, why = fast_moe.triton_available(device)
+    ok, why = triton_available(device)
     if not ok:
         raise HarnessError(f"model.decode_attention=triton cannot run here: {why}", "use model.decode_attention=sdpa")
     return f"triton: split-KV kernel (decode_attention_triton) over positions 0..pos only; {why}"

@@ -64,7 +64,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = Non
     the vendor gate's F.linear(x.float(), w.float()): exact products, fp32 sums."""
     x2 = x.reshape(-1, x.shape[-1])
     if gemv_fits(x2.shape[0], w.shape[1]):
-        from .gemv_triton import gemv
+        from ..kernels.gemv_triton import gemv
         y = gemv(x2, w, out_dtype)
     elif out_dtype == torch.float32:
         y = F.linear(x2.float(), w.float())
@@ -78,7 +78,7 @@ def swiglu(x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
     inter = w_gate_up.shape[0] // 2
     if gemv_fits(x2.shape[0], w_gate_up.shape[1]):
-        from .gemv_triton import gemv_swiglu
+        from ..kernels.gemv_triton import gemv_swiglu
         h = gemv_swiglu(x2, w_gate_up)
     else:
         gate, up = F.linear(x2, w_gate_up).split(inter, dim=-1)

@@ -99,7 +99,7 @@ class Attention(nn.Module):
         cos, sin = self.rotary_emb(x, position_ids) if rope is None else rope
         if static and self.qkv_weight is not None and fused_linear.gemv_fits(B * S, x.shape[-1]):
             # one token, static cache: q/k/v GEMV, RoPE and the KV write in one kernel (gemv_triton)
-            from .gemv_triton import gemv_qkv_rope
+            from ..kernels.gemv_triton import gemv_qkv_rope
 
             q = gemv_qkv_rope(x.reshape(1, -1), self.qkv_weight, cos, sin, cache.pos, cache.k[self.layer_idx],
                               cache.v[self.layer_idx], self.num_heads)
@@ -160,7 +160,7 @@ class Attention(nn.Module):
         if use_triton:
             if pos is None:
                 raise HarnessError("decode_attention=triton needs the step's position", "pass cache.pos")
-            from .decode_attention_triton import decode_attention
+            from ..kernels.decode_attention_triton import decode_attention
 
             return decode_attention(q, k, v, pos, sem=cache.split_sem)
         mask = cache.mask
@@ -259,7 +259,7 @@ class MoEGate(nn.Module):
             # experts come in descending order (ties: lowest index), which may differ from
             # torch.topk(sorted=False)'s order: the set is the same, and the experts' outputs are
             # summed over k downstream (equal up to fp32 rounding order).
-            from .router_triton import route
+            from ..kernels.router_triton import route
             return route(x.reshape(-1, x.shape[-1]), self.weight, self.top_k, self.norm_topk_prob, self.scale, counts)
         if self.fused:
             logits = fused_linear.linear(x.reshape(-1, x.shape[-1]), self.weight, torch.float32)

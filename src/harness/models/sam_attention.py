@@ -280,7 +280,7 @@ def forward(module, x: torch.Tensor, Rh, Rw, method: str = "augmented", backend:
     elif method == "augmented":
         out = augmented_attention(q, k, v, Rh, Rw, H, W, backend=backend, site=site)
     else:
-        from . import sam_attention_triton  # needs triton; imported only when asked for
+        from ..kernels import sam_attention_triton  # needs triton; imported only when asked for
         out = sam_attention_triton.rel_bias_attention(q, k, v, Rh, Rw, H, W)
         if site is not None:
             attn_probe.note(site, "triton:sam_attention_triton._rel_bias_fwd")
