@@ -214,7 +214,7 @@ def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, se
     where the vendor's ``infer()`` may write (``model.vendor_entry=infer``; default a temporary directory)."""
     t0 = time.perf_counter()
     if mcfg.name == "vendor":
-        from .models import vendor_loops
+        from .models.vendor import loops as vendor_loops
 
         model = vendor_loops.load(mcfg.path, device=device, dtype=dtype, attn_implementation=mcfg.attn_implementation,
                                   seed=seed, loop=mcfg.vendor_loop, entry=mcfg.vendor_entry, workdir=workdir)

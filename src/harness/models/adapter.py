@@ -11,7 +11,7 @@ Stage ranges enter a model only through ``stage(name, **payload)`` context manag
 stages and ``prefill``; the loop opens ``request``, ``decode`` and ``decode_step``.
 
 An adapter whose decode loop is not ours (the vendor's own Hugging Face ``generate``,
-``harness.models.vendor_generate``) offers ``generate_own``: ``generate`` hands it the request
+``harness.models.vendor.hf_generate``) offers ``generate_own``: ``generate`` hands it the request
 (``own_loop``). It must open the same ranges: ``request`` around everything (with, where the
 model preprocesses the page itself, a ``preprocess`` range first), the vision stages and
 ``prefill`` for the first forward and the first token, one ``decode_step`` per later token inside
