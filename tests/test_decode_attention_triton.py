@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 
 from conftest import DEV, TINY_MODE, load_tiny_cfg
 from harness import workload as wl
-from harness.config import ExecutionConfig, LLMConfig, ModelConfig, check_execution
+from harness.config import ExecutionConfig, LLMConfig, ModelConfig, check_execution, cost_config
 from harness.errors import HarnessError
 from harness.models import attn_probe
 from harness.kernels import decode_attention_triton as dat
@@ -127,11 +127,11 @@ def test_bad_inputs_are_refused():
 
 def test_triton_without_static_cache_is_refused():
     with pytest.raises(HarnessError) as exc:
-        check_execution(dataclasses.replace(ModelConfig(), decode_attention="triton"), "model")
-    assert str(exc.value) == ("model: decode_attention=triton needs kv_cache=static (the kernel reads a preallocated "
-                              "cache up to the step's device-side position); fix: add model.kv_cache=static, or use "
-                              "model.decode_attention=sdpa")
-    check_execution(dataclasses.replace(ModelConfig(), decode_attention="triton", kv_cache="static"), "model")
+        check_execution(ExecutionConfig(decode_attention="triton"), ModelConfig(), "execution")
+    assert str(exc.value) == ("execution.decode_attention=triton needs kv_cache=static (the kernel reads a preallocated "
+                              "cache up to the step's device-side position); fix: add execution.kv_cache=static, or use "
+                              "execution.decode_attention=sdpa")
+    check_execution(ExecutionConfig(decode_attention="triton", kv_cache="static"), ModelConfig(), "execution")
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
@@ -288,7 +288,7 @@ def test_analytic_decode_attention_reads_only_filled_positions(tiny_cfg):
         df = compose.workload_costs(case, cfg)
         return df[(df.stage == "decode") & (df.family == "llm_attention")].iloc[0]
 
-    static = dataclasses.replace(tiny_cfg, kv_cache="static")
+    static = cost_config(tiny_cfg, {"kv_cache": "static"})
     sdpa, triton = attention(static), attention(dataclasses.replace(static, decode_attention="triton"))
     assert triton.bytes_kv_read < sdpa.bytes_kv_read and triton.flops_counted < sdpa.flops_counted
     assert triton.flops_counted == triton.flops_useful == sdpa.flops_useful

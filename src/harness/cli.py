@@ -96,6 +96,18 @@ def _expand(overrides: list[str]) -> list[list[str]]:
     return lists
 
 
+def refuse_moved_knobs(args: list[str]) -> None:
+    """An execution knob given under its old name (``model.kv_cache=static``) is refused before
+    Hydra composes anything, naming ``execution.<knob>``."""
+    from .config import moved_knob
+
+    for text in _overrides(args):
+        key, sep, value = text.partition("=")
+        err = moved_knob(key, value if sep else None)
+        if err is not None:
+            raise err
+
+
 def check_overrides(args: list[str]):
     """Compose the config with ``args``' overrides and validate it (every swept value too);
     returns the typed config of the first composition. Raises HarnessError."""
@@ -111,6 +123,7 @@ def _compose_checked(args: list[str]) -> tuple:
 
     from .config import config_error, to_config
 
+    refuse_moved_knobs(args)
     first, dirs = None, {}
     for overrides in _expand(_overrides(args)):
         GlobalHydra.instance().clear()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .config import HarnessConfig, to_dict
+from .config import HarnessConfig, cost_config, to_dict
 from .interrupts import catch_signals
 from .measure import host
 from .measure.nvtx_ranges import NvtxRanges
@@ -210,7 +210,7 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
             def make(r, inputs=inputs):
                 return inputs.timed_request(r, device, dtype)
 
-            execution = model.configure(inputs.model)
+            execution = model.configure(inputs.execution)
 
             def at(request, i=i, name=case.name):
                 where.at("case", name, i + 1, request)
@@ -220,9 +220,9 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
             st, kt, counts = measure_case(model, make, mcfg, ident, cuda, progress=progress, info=warm, at=at,
                                           steps=case_steps, trace_path=trace)
             at("writing")
-            ran = dataclasses.replace(inputs.model, moe_kernel=execution.get("moe_kernel_resolved")
-                                      or inputs.model.moe_kernel)
-            analytic = analytic_for_case(case, dataclasses.replace(model.cfg, **ran.execution()), dtype_name,
+            ran = dataclasses.replace(inputs.execution, moe_kernel=execution.get("moe_kernel_resolved")
+                                      or inputs.execution.moe_kernel)
+            analytic = analytic_for_case(case, cost_config(model.cfg, ran.execution()), dtype_name,
                                          counts if any(a.sum() for k, a in counts.items() if k != "decode_steps")
                                          else None)
             if warm.get("steady") is False:

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from . import workload as wl
-from .config import CaseConfig, HarnessConfig, ModelConfig, WorkloadConfig, case_model
+from .config import CaseConfig, ExecutionConfig, HarnessConfig, ModelConfig, WorkloadConfig, case_execution
 from .dtypes import torch_dtype
 from .errors import HarnessError
 
@@ -88,14 +88,14 @@ def device_info(device: torch.device) -> dict:
 
 @dataclass
 class CaseInputs:
-    """One case of a run: its ``case`` (the shape), its workload settings, the model config it runs
-    (``model``: the run's model with the case's execution overrides), its pages, the validated
+    """One case of a run: its ``case`` (the shape), its workload settings, the execution it runs
+    (``execution``: the run's with the case's overrides), its pages, the validated
     request of repeat 0 (``request``, CPU tensors) and ``notes`` for the run's warnings (pages
     converted on loading, a batch filled by repeating pages)."""
 
     case: wl.Case
     workload: WorkloadConfig
-    model: ModelConfig
+    execution: ExecutionConfig
     pages: list
     tokenizer: object
     request: wl.Request
@@ -156,8 +156,8 @@ def pages_for(w: WorkloadConfig, repeat: int) -> list:
 
 
 def case_workloads(cfg: HarnessConfig) -> list:
-    """[(name or None, WorkloadConfig, ModelConfig)]: ``workload`` with each ``cases`` entry's non-None
-    workload fields, ``model`` with its execution overrides; only the cases named in ``run.only`` when set."""
+    """[(name or None, WorkloadConfig, ExecutionConfig)]: ``workload`` with each ``cases`` entry's non-None
+    workload fields, ``execution`` with its execution overrides; only the cases named in ``run.only`` when set."""
     out = []
     names = {f.name for f in dataclasses.fields(WorkloadConfig)}
     for ov in cfg.cases or [CaseConfig()]:
@@ -165,7 +165,7 @@ def case_workloads(cfg: HarnessConfig) -> list:
             continue
         fields = {f.name: getattr(ov, f.name) for f in dataclasses.fields(ov) if f.name in names}
         w = dataclasses.replace(cfg.workload, **{k: v for k, v in fields.items() if v is not None})
-        out.append((ov.name, w, case_model(cfg.model, ov)))
+        out.append((ov.name, w, case_execution(cfg.execution, ov)))
     return out
 
 
@@ -230,7 +230,6 @@ def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, se
         info = {"adapter": "reference", "weights": mcfg.weights}
         if mcfg.weights == "path":
             info["loaded"] = load_weights(model, mcfg.path)
-        info["execution"] = model.configure(mcfg)
         model.info.update(info)
     if device.type == "cuda":
         torch.cuda.synchronize()

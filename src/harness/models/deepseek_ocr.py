@@ -58,7 +58,7 @@ class DeepseekOCR(nn.Module):
         self.model = DeepseekOCRModel(cfg)
         self.lm_head = nn.Linear(cfg.llm.hidden_size, cfg.llm.vocab_size, bias=False)
         self.info: dict = {"adapter": "reference"}
-        self.exec = ExecutionConfig(**cfg.execution())
+        self.exec = ExecutionConfig()
         self._decoders: dict = {}          # (batch, cache length) -> execution.StaticDecoder
         self._prefill_counts: Optional[DeviceCounts] = None
         self._decode_counts: Optional[DeviceCounts] = None
@@ -251,8 +251,8 @@ class DeepseekOCR(nn.Module):
         if impl == "fused":
             ok, why = triton_available(device)
             if not ok:
-                raise HarnessError(f"model.linear_impl=fused needs Triton for its GEMV kernels: {why}",
-                                   "use model.linear_impl=vendor")
+                raise HarnessError(f"execution.linear_impl=fused needs Triton for its GEMV kernels: {why}",
+                                   "use execution.linear_impl=vendor")
         on = impl == "fused"
         for layer in self.model.layers:
             attn = layer.self_attn

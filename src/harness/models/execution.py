@@ -36,25 +36,27 @@ def resolve_moe_kernel(m: ExecutionConfig, device: torch.device, dtype: torch.dt
     ok, why = (triton_available(device) if want == "triton"
                else fast_moe.grouped_mm_available(device, dtype))
     if not ok:
-        raise HarnessError(f"model.moe_kernel={want} cannot run here: {why}",
-                           "use model.moe_kernel=auto or torch")
+        raise HarnessError(f"execution.moe_kernel={want} cannot run here: {why}",
+                           "use execution.moe_kernel=auto or torch")
     return want, f"{want}: {why}"
 
 
 def resolve_decode_attention(m: ExecutionConfig, device: torch.device) -> str:
     """What the decode attention runs under ``m`` on ``device`` (for the manifest); a Triton kernel
     that cannot run here, or without a static cache, is refused, never replaced."""
-    from ..config import check_decode_attention
     from ..kernels.availability import triton_available
 
-    check_decode_attention(m, "model")
+    if m.decode_attention == "triton" and m.kv_cache != "static":
+        raise HarnessError("execution.decode_attention=triton needs kv_cache=static (the kernel reads a "
+                           "preallocated cache up to the step's device-side position)",
+                           "add execution.kv_cache=static, or use execution.decode_attention=sdpa")
     if m.kv_cache != "static":
         return "growing cache: attn_implementation over the positions so far"
     if m.decode_attention == "sdpa":
         return "sdpa: attn_implementation (torch SDPA by default) over the whole static buffer with a mask"
     ok, why = triton_available(device)
     if not ok:
-        raise HarnessError(f"model.decode_attention=triton cannot run here: {why}", "use model.decode_attention=sdpa")
+        raise HarnessError(f"execution.decode_attention=triton cannot run here: {why}", "use execution.decode_attention=sdpa")
     return f"triton: split-KV kernel (decode_attention_triton) over positions 0..pos only; {why}"
 
 
@@ -107,7 +109,7 @@ class StaticDecoder:
             self.setup_s["warmup_compile" if m.compile else "warmup"] = round(time.perf_counter() - t0, 3)
         if m.cuda_graphs == "decode":
             if not cuda:
-                raise HarnessError("model.cuda_graphs=decode needs a CUDA device", "use model.cuda_graphs=none")
+                raise HarnessError("execution.cuda_graphs=decode needs a CUDA device", "use execution.cuda_graphs=none")
             t0 = time.perf_counter()
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
