@@ -38,7 +38,7 @@ from bench_fast_moe import FLUSH_BYTES, capture, time_ms  # noqa: E402
 
 from harness.models import attn_probe  # noqa: E402
 from harness.kernels.availability import triton_available  # noqa: E402
-from harness.models.static_cache import attention_mask  # noqa: E402
+from harness.variants.static_kv import attention_mask  # noqa: E402
 
 TOL = 2e-2
 

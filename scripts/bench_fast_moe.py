@@ -1,5 +1,5 @@
 """Routed experts on the GPU: the vendor loop (``MoE.moe_infer``) against each sync-free implementation
-of ``harness.models.fast_moe``, at DeepSeek-OCR's sizes (H=1280, I=896, E=64, top-6, bf16).
+of ``harness.variants.fast_moe``, at DeepSeek-OCR's sizes (H=1280, I=896, E=64, top-6, bf16).
 
     python scripts/bench_fast_moe.py [--tokens 1 8 32 64 300] [--reps 50] [--warmup 10] [--csv out.csv]
     python scripts/bench_fast_moe.py --rows-sweep --tokens 1 2   # tiles of the decode-size kernels
@@ -33,7 +33,7 @@ import torch
 
 from harness.config import LLMConfig
 from harness.kernels.availability import triton_available
-from harness.models import fast_moe as fm
+from harness.variants import fast_moe as fm
 from harness.models.llm import MoE
 
 FLUSH_BYTES = 256 * 2**20

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from harness.errors import HarnessError  # noqa: E402
 from harness.models import attn_probe  # noqa: E402
-from harness.models import sam_attention as sa  # noqa: E402
+from harness.variants import sam_attention as sa  # noqa: E402
 
 CASES = {  # name: (B, H, W)
     "base_global": (1, 64, 64), "large_global": (1, 80, 80), "tiles_global": (6, 40, 40),

@@ -16,8 +16,8 @@ from conftest import DEV as TRITON_DEVICE
 from harness.config import LLMConfig
 from harness.errors import HarnessError
 from harness.kernels.availability import triton_available
-from harness.models import fast_moe as fm
-from harness.models import static_cache as sc
+from harness.variants import fast_moe as fm
+from harness.variants import static_kv as sc
 from harness.models.llm import Attention, KVCache, MoE, RotaryEmbedding, rotate_half
 
 #: (hidden, expert width, experts, top-k): the tiny model's routing, and DeepSeek-OCR's 64 x top-6

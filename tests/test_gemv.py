@@ -8,7 +8,7 @@ from torch import nn
 
 from conftest import DEV, needs_triton
 from harness.errors import HarnessError
-from harness.models import fused_linear
+from harness.variants import fused_linears as fused_linear
 
 pytestmark = needs_triton
 

@@ -132,16 +132,19 @@ def _moe(E=8, k=2, H=64, inter=16):
 def test_moe_gate_dispatch():
     """linear_impl=fused at one token: the Triton router; more rows or fused off: the torch path.
     The grouped path counts the routing with add_device either way."""
-    from harness.models import fast_moe
+    from harness.variants import fast_moe
+    from harness.variants.base import swap
+    from harness.variants.fused_linears import FusedGate
+    from harness.variants.grouped_moe import GroupedMoE
 
     moe = _moe()
-    moe.impl, moe.kernel = "grouped", "torch"
+    moe.kernel = "torch"
     moe.experts_stacked = fast_moe.stack_experts(moe)
+    swap(moe, GroupedMoE)
     x1, x2 = torch.randn(1, 1, 64, device=DEV), torch.randn(1, 2, 64, device=DEV)
-    ref1, ref2 = moe(x1), moe(x2)                      # fused off, no routing target
+    ref1, ref2 = moe(x1), moe(x2)                      # the reference gate, no routing target
     ref_idx, _ = moe.gate(x1)
-    assert not moe.gate.routes_in_kernel(1)
-    moe.gate.fused = True
+    swap(moe.gate, FusedGate)
     assert moe.gate.routes_in_kernel(1) and not moe.gate.routes_in_kernel(2)
     counts = DeviceCounts(3, 8, DEV)
     moe.routing = counts

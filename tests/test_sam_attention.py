@@ -12,7 +12,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness.errors import HarnessError
 from harness.models import attn_probe
-from harness.models import sam_attention as sa
+from harness.variants import sam_attention as sa
 from harness.models.vision import SAMAttention, SAMBlock, rel_pos_table, window_partition
 
 TOL = 1e-5

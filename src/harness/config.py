@@ -157,9 +157,14 @@ class ExecutionConfig:
     vision_compile: bool = False
     decode_attention: str = _f("sdpa", choices=("sdpa", "triton"))
 
+    @staticmethod
+    def positions(prefill_tokens: int, decode_tokens: int) -> int:
+        """Positions a request needs in a static cache [tokens]: prompt + decode tokens (at least 1)."""
+        return prefill_tokens + max(decode_tokens, 1)
+
     def cache_len(self, prefill_tokens: int, decode_tokens: int) -> int:
-        """Positions a static cache holds for a request [tokens]."""
-        need = prefill_tokens + max(decode_tokens, 1)
+        """Positions a static cache holds for a request [tokens] (``positions`` rounded up to 64 by default)."""
+        need = self.positions(prefill_tokens, decode_tokens)
         return self.static_cache_len if self.static_cache_len else -(-need // 64) * 64
 
     def execution(self) -> dict:
@@ -533,27 +538,6 @@ def check_vendor_execution(cfg: "HarnessConfig") -> None:
                                    "model=reference")
 
 
-def check_execution(m: ExecutionConfig, model: ModelConfig, where: str) -> None:
-    """Refuse execution knobs that cannot work together (one-line HarnessError naming ``where``)."""
-    if m.cuda_graphs == "decode" and (m.kv_cache != "static" or m.moe_impl != "grouped"):
-        raise HarnessError(f"{where}.cuda_graphs=decode needs kv_cache=static and moe_impl=grouped (a growing "
-                           "cache changes shapes every step and the vendor MoE loop syncs the host per layer)",
-                           "add execution.kv_cache=static execution.moe_impl=grouped")
-    if m.vision_compile and m.vision_impl != "fused":
-        raise HarnessError(f"{where}.vision_compile needs vision_impl=fused (the compiled blocks are captured in "
-                           "its per-stage CUDA graphs)", f"add {where}.vision_impl=fused")
-    if m.prefill_graphs and (m.kv_cache != "static" or m.moe_impl != "grouped"):
-        raise HarnessError(f"{where}.prefill_graphs needs kv_cache=static and moe_impl=grouped",
-                           "add execution.kv_cache=static execution.moe_impl=grouped")
-    if m.decode_attention == "triton" and m.kv_cache != "static":
-        raise HarnessError(f"{where}.decode_attention=triton needs kv_cache=static (the kernel reads a "
-                           "preallocated cache up to the step's device-side position)",
-                           "add execution.kv_cache=static, or use execution.decode_attention=sdpa")
-    if m.kv_cache == "static" and model.attn_implementation == "flash_attention_2":
-        raise HarnessError(f"{where}.kv_cache=static attends over the whole buffer with a mask, which "
-                           "flash_attn_func cannot take", "use model.attn_implementation=sdpa with the static cache")
-
-
 def validate(cfg: HarnessConfig) -> HarnessConfig:
     """Refuse values the types allow but the harness does not (choices, ranges, the device
     string), with one-line HarnessErrors. Returns ``cfg``."""
@@ -561,9 +545,6 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
     for i, case in enumerate(cfg.cases or []):
         _walk(case, f"cases[{i}].")
     check_vendor_execution(cfg)
-    check_execution(cfg.execution, cfg.model, "execution")
-    for i, case in enumerate(cfg.cases or []):
-        check_execution(case_execution(cfg.execution, case), cfg.model, f"cases[{i}].execution")
     dev = str(cfg.device)
     if dev not in ("auto", "cpu", "cuda") and not (dev.startswith("cuda:") and dev[5:].isdigit()):
         raise HarnessError(f"device={dev!r} is not a device the harness runs on", f"use {DEVICES_HELP}")
@@ -593,6 +574,6 @@ register()   # at import, so any Hydra composition of conf/ (the CLI, tests, use
 
 __all__ = ["LLMConfig", "SAMConfig", "CLIPConfig", "ProjectorConfig", "ExecutionConfig", "ExecutionOverrides",
            "ModelConfig", "CostModelConfig", "cost_config", "EXECUTION_KNOBS", "WorkloadConfig", "CaseConfig",
-           "case_execution", "check_vendor_execution", "check_execution", "moved_knob",
+           "case_execution", "check_vendor_execution", "moved_knob",
            "MeasureConfig", "HardwareConfig", "ProfileConfig", "RunConfig", "HarnessConfig", "ATTN_IMPLEMENTATIONS",
            "register", "from_dict", "to_config", "to_dict", "validate", "config_error", "SCHEMA_NAME"]

@@ -7,6 +7,9 @@
   pages loaded and the first request built, so bad input fails before any model is built. A
   folder of pages (``workload.images=DIR``) is a set of requests, one case each
   (``workload.batch_pages``: ``batch`` pages of one layout per request, named by their pages).
+* ``check_cases``: every case's execution checked as a whole on the device (``harness.variants.check``)
+  before any model is built: refused with one line, or, for a case of an experiment that only this
+  device cannot run, skipped with its reason.
 * ``load_adapter``: the ``ModelAdapter`` named by ``model.name`` (reference or vendor) on the device.
 """
 from __future__ import annotations
@@ -18,6 +21,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -206,6 +210,42 @@ def prepare_cases(cfg: HarnessConfig) -> tuple:
     return cases, reason
 
 
+def check_cases(cfg: HarnessConfig, cases: Optional[list] = None, device: Optional[torch.device] = None,
+                dtype: Optional[torch.dtype] = None) -> dict:
+    """{case name: reason} of the cases to skip: every case's execution (``cases``: prepared
+    ``CaseInputs``, else the config's cases) goes through ``harness.variants.check`` on ``device``
+    (default: ``cfg.device`` resolved). An execution that would not run, or would run as something
+    else, is refused (``HarnessError``, naming the case); one that only this device cannot run
+    (``CannotRunHere``) is skipped where the run has cases of an experiment, unless no case is left.
+    The static cache's length is checked against each request's prompt + decode tokens (the config's
+    cases are prepared for that only when ``static_cache_len`` is set)."""
+    from . import variants
+    from .variants.base import CannotRunHere
+
+    device = device or resolve_device(cfg.device)
+    dtype = dtype or resolve_dtype(cfg.dtype, device)
+    if cases is None and any(ex.static_cache_len is not None for _, _, ex in case_workloads(cfg)):
+        cases, _ = prepare_cases(cfg)
+    entries = ([(c.name, c.execution, c.execution.positions(c.request.prefill_tokens, c.workload.decode_tokens))
+                for c in cases] if cases is not None else
+               [(name, ex, None) for name, _, ex in case_workloads(cfg)])
+    skipped, first = {}, None
+    for name, ex, positions in entries:
+        try:
+            variants.check(ex, device, dtype, model=cfg.model, positions=positions)
+        except CannotRunHere as exc:
+            first = first or (name, exc)
+            if not cfg.cases:
+                raise
+            skipped[name] = str(exc)
+        except HarnessError as exc:
+            raise HarnessError(f"case {name}: {exc.problem}" if cfg.cases else exc.problem, exc.fix) from None
+    if first is not None and len(skipped) == len(entries):
+        name, exc = first
+        raise HarnessError(f"no case of the run can run here; case {name}: {exc.problem}", exc.fix)
+    return skipped
+
+
 # ------------------------------------------------------------------------------------ model
 
 def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int, workdir=None) -> tuple:
@@ -239,4 +279,4 @@ def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, se
 
 
 __all__ = ["resolve_device", "resolve_dtype", "device_info", "CaseInputs", "pages_for", "request_pages", "case_workloads",
-           "prepare_cases", "load_adapter"]
+           "prepare_cases", "check_cases", "load_adapter"]

@@ -230,7 +230,8 @@ def graph_from_config(cfg, out_dir: Path, progress=print) -> dict:
         progress(f"[graph] building {adapter} model on {device} ({dtype_name})")
         model, info = load_adapter(mcfg, device, dtype, cfg.seed)
         if adapter != "vendor":
-            info["execution"] = model.configure(cfg.execution)
+            from .. import variants
+            info["execution"] = variants.apply(model, cfg.execution, device)
         rd.update(model=info)
         request = case.request.to(device, dtype)
         req_desc = request.case.to_dict()

@@ -556,10 +556,6 @@ class VendorOCR(nn.Module):
             attn_probe.note(site, f"{kernel} (vendor {type(self.hf.model.layers[0].self_attn).__name__})")
 
     # -------------------------------------------------------- adapter protocol
-    def configure(self, execution) -> dict:
-        """The vendor code runs as shipped: only the default execution (the config refuses others)."""
-        return {**execution.execution(), "moe": "vendor loop (the vendor's own moe_infer)"}
-
     def routing_counter(self) -> RoutingCounter:
         return RoutingCounter(len(self.hf.model.layers), self.hf.config.n_routed_experts)
 
