@@ -1,5 +1,5 @@
 """Decode attention on the GPU: torch SDPA over the whole static buffer with a mask against the
-split-KV Triton kernel (``harness.models.decode_attention_triton``), at DeepSeek-OCR's decode shapes.
+split-KV Triton kernel (``harness.kernels.decode_attention_triton``), at DeepSeek-OCR's decode shapes.
 
     python scripts/bench_decode_attention.py [--batch 1 8 32 64] [--len 448] [--pos 413] [--reps 300]
     python scripts/bench_decode_attention.py --sweep          # also every config of bench_configs()
@@ -37,14 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_fast_moe import FLUSH_BYTES, capture, time_ms  # noqa: E402
 
 from harness.models import attn_probe  # noqa: E402
-from harness.models.fast_moe import triton_available  # noqa: E402
-from harness.models.static_cache import attention_mask  # noqa: E402
+from harness.kernels.availability import triton_available  # noqa: E402
+from harness.variants.static_kv import attention_mask  # noqa: E402
 
 TOL = 2e-2
 
 
 def bench(B: int, args, configs, flush) -> list:
-    from harness.models import decode_attention_triton as dat
+    from harness.kernels import decode_attention_triton as dat
 
     nh, d, L, layers = args.heads, args.head_dim, args.len, args.layers
     g = torch.Generator(device="cuda").manual_seed(B)
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
         return 1
     import triton
 
-    from harness.models import decode_attention_triton as dat
+    from harness.kernels import decode_attention_triton as dat
 
     dev = torch.device("cuda")
     print(f"device: {torch.cuda.get_device_name(dev)} sm{''.join(map(str, torch.cuda.get_device_capability(dev)))}, "

@@ -1,5 +1,5 @@
 """Decode-size linear layers on the GPU: cuBLAS (F.linear) against the Triton GEMV kernels of
-``harness.models.gemv_triton`` and an inductor reduction, at DeepSeek-OCR's decoder shapes (bf16).
+``harness.kernels.gemv_triton`` and an inductor reduction, at DeepSeek-OCR's decoder shapes (bf16).
 
     python scripts/bench_decode_linear.py [--rows 1 8] [--sweep] [--inductor] [--replays 50]
 
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_decode_linear: no CUDA device here; this benchmark times GPU kernels", file=sys.stderr)
         return 2
-    from harness.models.gemv_triton import GemvConfig, gemv, gemv_swiglu
+    from harness.kernels.gemv_triton import GemvConfig, gemv, gemv_swiglu
 
     dev, dt = torch.device("cuda"), torch.bfloat16
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")

@@ -1,5 +1,5 @@
 """Routed experts on the GPU: the vendor loop (``MoE.moe_infer``) against each sync-free implementation
-of ``harness.models.fast_moe``, at DeepSeek-OCR's sizes (H=1280, I=896, E=64, top-6, bf16).
+of ``harness.variants.fast_moe``, at DeepSeek-OCR's sizes (H=1280, I=896, E=64, top-6, bf16).
 
     python scripts/bench_fast_moe.py [--tokens 1 8 32 64 300] [--reps 50] [--warmup 10] [--csv out.csv]
     python scripts/bench_fast_moe.py --rows-sweep --tokens 1 2   # tiles of the decode-size kernels
@@ -32,7 +32,8 @@ import sys
 import torch
 
 from harness.config import LLMConfig
-from harness.models import fast_moe as fm
+from harness.kernels.availability import triton_available
+from harness.variants import fast_moe as fm
 from harness.models.llm import MoE
 
 FLUSH_BYTES = 256 * 2**20
@@ -102,7 +103,7 @@ def availability(impl: str, device, dtype) -> tuple[bool, str]:
     if impl == "grouped_mm":
         return fm.grouped_mm_available(device, dtype)
     if impl == "triton":
-        return fm.triton_available(device)
+        return triton_available(device)
     return True, "pure PyTorch"
 
 
@@ -169,7 +170,7 @@ def rows_sweep(moe: MoE, weights: fm.ExpertWeights, tokens, reps, warmup, flush,
     one kernel's tiles varied at a time, the other's at the default; each call graph-captured.
     ``shared``: the layer's shared expert runs as extra rows (as with linear_impl=fused); its weight
     bytes count among those read and the reference adds its output."""
-    from harness.models import fast_moe_triton as fmt
+    from harness.kernels import fast_moe_triton as fmt
     dev = weights.gate_up.device
     sh = moe.shared_experts
     fold = (torch.cat([sh.gate_proj.weight, sh.up_proj.weight]).detach(), sh.down_proj.weight.detach()) if shared else None

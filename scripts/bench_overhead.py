@@ -35,6 +35,7 @@ import time
 import numpy as np
 import torch
 
+from harness import variants
 from harness import workload as wl
 import yaml
 
@@ -92,7 +93,7 @@ def main() -> None:
     dtype = torch.bfloat16 if cuda else torch.float32
     model = build_model(ModelConfig(attn_implementation=args.attn), dev, dtype, seed=0)
     execution = from_dict(ExecutionConfig, {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.execution)})
-    print(f"execution: {model.configure(execution)}")
+    print(f"execution: {variants.apply(model, execution)}")
     # a decode step without host syncs (grouped MoE) lets the host run ahead of the GPU: its host-timed
     # step is the launch time, not the GPU's, and the step ratio says nothing about the GPU's time
     host_ahead = ("  [host-timed: this execution does not sync per step, so the host runs ahead of the GPU; "

@@ -19,7 +19,7 @@ attention kernel alone on prebuilt inputs):
                                         cudnn with v padded to 128 (cuDNN's d_qk=192/d_v=128 case)
     flex aug / flex score_mod (--flex)  torch.compile(flex_attention) on (q', k', v), and with the
                                         bias gathered in a score_mod (the issue's 2.85 ms row)
-    triton (--triton)                   harness.models.sam_attention_triton (bias added in-kernel)
+    triton (--triton)                   harness.kernels.sam_attention_triton (bias added in-kernel)
 
 Times: CUDA events around each call, L2 flushed (256 MB write) before each, median and IQR over
 --reps after --warmup; eager launches by default (a small window case can be launch-bound: the
@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from harness.errors import HarnessError  # noqa: E402
 from harness.models import attn_probe  # noqa: E402
-from harness.models import sam_attention as sa  # noqa: E402
+from harness.variants import sam_attention as sa  # noqa: E402
 
 CASES = {  # name: (B, H, W)
     "base_global": (1, 64, 64), "large_global": (1, 80, 80), "tiles_global": (6, 40, 40),
@@ -222,7 +222,7 @@ def bench_flex(name, args, q, k, v, Rh, Rw, q_aug, k_aug, H, W, rows, skipped, a
 
 def bench_triton(name, args, q, k, v, Rh, Rw, H, W, rows, skipped, add, dcost):
     try:
-        from harness.models import sam_attention_triton as st
+        from harness.kernels import sam_attention_triton as st
     except ImportError as exc:
         skipped.append(f"skipped: {name} triton: {exc}")
         return

@@ -19,7 +19,8 @@ KNOBS = ("kv_cache", "moe_impl", "moe_kernel", "cuda_graphs", "compile", "attn_i
 def label(manifest: dict) -> str:
     """adapter, decode loop and the execution knobs that differ from the vendor's defaults."""
     model = manifest.get("model") or {}
-    cfg = (manifest.get("config") or {}).get("model") or {}
+    config = manifest.get("config") or {}
+    cfg = {**(config.get("model") or {}), **(config.get("execution") or {})}   # older runs: knobs under model
     loop = (model.get("loop") or {}).get("loop", "ours")
     knobs = [f"{k}={cfg[k]}" for k in KNOBS if k in cfg and cfg[k] not in (None, False, "growing", "vendor_loop",
                                                                             "none", "auto")]

@@ -30,7 +30,7 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 def triton_runs() -> bool:
     """Whether Triton kernels run on ``DEV`` (compiled on CUDA, else the interpreter)."""
-    from harness.models.fast_moe import triton_available
+    from harness.kernels.availability import triton_available
 
     return triton_available(DEV)[0]
 

@@ -214,7 +214,7 @@ def test_vendor_graph_quick_gelu_visible_and_experts(tmp_path):
         pytest.skip(f"transformers {transformers.__version__}; the vendor code needs 4.46.3")
     from harness import workload as wl
     from harness.callgraph import graph
-    from harness.models.vendor import load_vendor
+    from harness.models.vendor.loader import load_vendor
 
     vm = load_vendor(os.environ["HARNESS_VENDOR_DIR"], device="cpu", dtype=torch.float32,
                      attn_implementation="eager", seed=0, config_overrides={"num_hidden_layers": 2})

@@ -32,6 +32,9 @@ BAD = {   # override -> words the one-line error must contain
     "device=gpu": ["device='gpu'"],
     "model.attn_implementation=fast": ["attn_implementation", "sdpa_flash"],
     "cases=[{mode: base, batch: two}]": ["cases[].batch", "Integer"],
+    "model.kv_cache=static": ["model.kv_cache moved to execution.kv_cache", "fix: use execution.kv_cache=static"],
+    "+model.compile=true": ["model.compile moved to execution.compile", "fix: use execution.compile=true"],
+    "cases=[{mode: base, execution: {kv_cache: stack}}]": ["cases[0].execution.kv_cache='stack'", "growing, static"],
 }
 
 
@@ -48,6 +51,37 @@ def test_a_bad_swept_value_is_refused_too():
     with pytest.raises(HarnessError, match="workload.batch"):
         check_overrides(["-m", "workload.batch=1,two"])
     assert check_overrides(["-m", "workload.batch=1,2"]).workload.batch == 1
+
+
+def test_execution_is_its_own_section():
+    """``execution.*`` holds how the model runs; ``model`` no longer carries the knobs; a case's
+    ``execution`` overrides the run's."""
+    cfg = check_overrides(["execution.kv_cache=static", "+experiment=optimize", "run.only=[vendor-style,static-grouped]"])
+    assert cfg.execution.kv_cache == "static" and not hasattr(cfg.model, "kv_cache")
+    from harness.setup import case_workloads
+    (_, _, first), (_, _, second) = case_workloads(cfg)
+    assert (first.kv_cache, first.moe_impl) == ("static", "vendor_loop")      # the run's execution
+    assert (second.kv_cache, second.moe_impl) == ("static", "grouped")        # the case's own knob on top
+
+
+def test_vendor_model_refuses_execution_knobs_once_naming_them():
+    with pytest.raises(HarnessError) as exc:
+        check_overrides(["model=vendor", "execution.linear_impl=fused"])
+    assert str(exc.value) == ("execution.linear_impl=fused applies to the reference model only; the vendor code runs "
+                              "as shipped; fix: drop execution.linear_impl with model=vendor, or use model=reference")
+    with pytest.raises(HarnessError, match=r"^cases\[1\]\.execution\.kv_cache=static applies"):
+        check_overrides(["model=vendor", "+experiment=optimize"])
+    assert check_overrides(["model=vendor"]).execution == check_overrides([]).execution
+
+
+def test_old_model_knob_is_refused_by_the_cli_main_in_one_line(capsys):
+    from harness.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "model.kv_cache=static"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert exc.value.code == 2
+    assert err == ["error: model.kv_cache moved to execution.kv_cache; fix: use execution.kv_cache=static"]
 
 
 def test_run_only_selects_cases_by_name_and_refuses_unknown_names():

@@ -8,7 +8,7 @@ float64 on the CPU. Positions past ``pos`` hold NaN: a kernel that read them wou
 """
 from __future__ import annotations
 
-import dataclasses
+import copy
 
 import pytest
 import torch
@@ -17,14 +17,17 @@ pytest.importorskip("triton")
 
 from conftest import DEV, TINY_MODE, load_tiny_cfg
 from harness import workload as wl
-from harness.config import ExecutionConfig, LLMConfig, ModelConfig, check_execution
+from harness import variants
+from harness.config import ExecutionConfig, LLMConfig, cost_config
 from harness.errors import HarnessError
 from harness.models import attn_probe
-from harness.models import decode_attention_triton as dat
+from harness.kernels import decode_attention_triton as dat
 from harness.models.build import build_model
-from harness.models.fast_moe import triton_available
+from harness.kernels.availability import triton_available
 from harness.models.llm import Attention, KVCache
-from harness.models.static_cache import StaticKVCache
+from harness.variants.base import swap
+from harness.variants.decode_attention import TritonDecodeAttention
+from harness.variants.static_kv import StaticKVCache
 
 Cfg = dat.DecodeAttentionConfig
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -127,11 +130,11 @@ def test_bad_inputs_are_refused():
 
 def test_triton_without_static_cache_is_refused():
     with pytest.raises(HarnessError) as exc:
-        check_execution(dataclasses.replace(ModelConfig(), decode_attention="triton"), "model")
-    assert str(exc.value) == ("model: decode_attention=triton needs kv_cache=static (the kernel reads a preallocated "
-                              "cache up to the step's device-side position); fix: add model.kv_cache=static, or use "
-                              "model.decode_attention=sdpa")
-    check_execution(dataclasses.replace(ModelConfig(), decode_attention="triton", kv_cache="static"), "model")
+        variants.check(ExecutionConfig(decode_attention="triton"), DEV)
+    assert str(exc.value) == ("execution.decode_attention=triton needs kv_cache=static (the kernel reads a preallocated "
+                              "cache up to the step's device-side position); fix: add execution.kv_cache=static, or use "
+                              "execution.decode_attention=sdpa")
+    variants.check(ExecutionConfig(decode_attention="triton", kv_cache="static"), DEV)
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
@@ -141,7 +144,8 @@ def test_attention_module_gqa_decode_equals_growing_cache(impl):
     cfg = LLMConfig(hidden_size=64, num_heads=4, num_kv_heads=2)
     torch.manual_seed(0)
     attn = Attention(cfg, layer_idx=0, impl=impl).to(DEV)
-    attn.decode_attention = "triton"
+    static_attn = copy.deepcopy(attn)                 # the same weights, as the variant
+    swap(static_attn, TritonDecodeAttention)
     B, prompt, steps = 2, 5, 4
     xs = torch.randn(B, prompt + steps, 64, device=DEV)
     growing = KVCache(1)
@@ -152,7 +156,7 @@ def test_attention_module_gqa_decode_equals_growing_cache(impl):
             pos = torch.arange(lo, hi, device=DEV)
             ref = attn(xs[:, lo:hi], pos.expand(B, -1), growing)
             static.begin_step(pos)
-            got = attn(xs[:, lo:hi], pos.expand(B, -1), static)
+            got = static_attn(xs[:, lo:hi], pos.expand(B, -1), static)
             assert rel_err(got, ref.double()) <= 1e-5, (lo, hi)
     assert attn_probe.SEEN["llm_decode"][-1].startswith("triton:decode_attention_triton")
     attn_probe.reset()
@@ -190,28 +194,29 @@ def test_model_knob_matches_sdpa_fp32(tiny):
         pytest.skip("Triton cannot run on the CPU here (TRITON_INTERPRET unset before import)")
     model, req = tiny
     sdpa = ExecutionConfig(kv_cache="static")
-    model.configure(sdpa)
+    variants.apply(model, sdpa)
     ref = _static_logits(model, req, sdpa)
     triton = ExecutionConfig(kv_cache="static", decode_attention="triton")
     attn_probe.reset()
     try:
-        info = model.configure(triton)
+        info = variants.apply(model, triton)
         assert info["decode_attention"] == "triton" and info["decode_attention_is"].startswith("triton: split-KV")
-        assert all(layer.self_attn.decode_attention == "triton" for layer in model.model.layers)
+        assert all(isinstance(layer.self_attn, TritonDecodeAttention) for layer in model.model.layers)
         got = _static_logits(model, req, triton)
         assert attn_probe.SEEN["llm_decode"] == ["triton:decode_attention_triton (split-KV, positions 0..pos only)"]
     finally:
-        model.configure(ExecutionConfig())
+        variants.apply(model, ExecutionConfig())
         attn_probe.reset()
-    assert all(layer.self_attn.decode_attention == "sdpa" for layer in model.model.layers)
+    assert all(type(layer.self_attn) is Attention for layer in model.model.layers)
     for j, (a, b) in enumerate(zip(got, ref)):
         assert ((a - b).norm() / b.norm()).item() <= 1e-5, j
 
 
-def test_configure_refuses_triton_without_static_cache(tiny):
+def test_apply_refuses_triton_without_static_cache(tiny):
     model, _ = tiny
     with pytest.raises(HarnessError, match="decode_attention=triton needs kv_cache=static"):
-        model.configure(ExecutionConfig(decode_attention="triton"))
+        variants.apply(model, ExecutionConfig(decode_attention="triton"))
+    assert type(model.model.layers[0].self_attn) is Attention      # refused before anything was converted
 
 
 @pytest.mark.gpu
@@ -220,7 +225,7 @@ def test_configure_refuses_triton_without_static_cache(tiny):
 def test_gpu_matches_sdpa_bf16_at_model_shapes(B, pos):
     """bf16, nh = 10, d = 128, L = 448: SDPA over the masked buffer against the kernel, eager and
     replayed from a CUDA graph (the position tensor advanced in place between replays)."""
-    from harness.models.static_cache import attention_mask
+    from harness.variants.static_kv import attention_mask
 
     g = torch.Generator(device="cuda").manual_seed(B + pos)
     q, k, v = (torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16)
@@ -288,7 +293,7 @@ def test_analytic_decode_attention_reads_only_filled_positions(tiny_cfg):
         df = compose.workload_costs(case, cfg)
         return df[(df.stage == "decode") & (df.family == "llm_attention")].iloc[0]
 
-    static = dataclasses.replace(tiny_cfg, kv_cache="static")
-    sdpa, triton = attention(static), attention(dataclasses.replace(static, decode_attention="triton"))
+    static = cost_config(tiny_cfg, {"kv_cache": "static"})
+    sdpa, triton = attention(static), attention(cost_config(static, {"decode_attention": "triton"}))
     assert triton.bytes_kv_read < sdpa.bytes_kv_read and triton.flops_counted < sdpa.flops_counted
     assert triton.flops_counted == triton.flops_useful == sdpa.flops_useful

@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from conftest import DEV as TRITON_DEVICE
 from harness.config import LLMConfig
 from harness.errors import HarnessError
-from harness.models import fast_moe as fm
-from harness.models import static_cache as sc
+from harness.kernels.availability import triton_available
+from harness.variants import fast_moe as fm
+from harness.variants import static_kv as sc
 from harness.models.llm import Attention, KVCache, MoE, RotaryEmbedding, rotate_half
 
 #: (hidden, expert width, experts, top-k): the tiny model's routing, and DeepSeek-OCR's 64 x top-6
@@ -60,7 +61,7 @@ def routed_inputs(moe: MoE, T: int, dtype, device, seed: int = 1):
 
 
 def triton_ready():
-    ok, reason = fm.triton_available(TRITON_DEVICE)
+    ok, reason = triton_available(TRITON_DEVICE)
     if not ok:
         pytest.skip(f"triton impl unavailable: {reason}")
 
@@ -150,7 +151,7 @@ def test_cuda_impl_is_sync_free_and_replays_new_routing(impl):
     """On a GPU: no sync under sync debug mode 'error', and a CUDA graph captured for one routing
     replays another routing (copied into the captured inputs) correctly."""
     ok, reason = (fm.grouped_mm_available("cuda", torch.bfloat16) if impl == "grouped_mm"
-                  else fm.triton_available("cuda"))
+                  else triton_available("cuda"))
     if not ok:
         pytest.skip(f"{impl} unavailable: {reason}")
     moe, weights = make_moe("e64k6", dtype=torch.bfloat16, device="cuda")
@@ -390,10 +391,10 @@ def test_static_cache_attention_equals_growing_cache():
 def test_rows_kernel_equals_the_blocked_kernels_for_decode_batches():
     """A decode-size batch (T*k <= ROWS_KERNEL_MAX) takes the per-row GEMV kernels; forcing the blocked
     kernels (an explicit TritonMoEConfig) gives the same result in fp32."""
-    ok, why = fm.triton_available("cpu" if not torch.cuda.is_available() else "cuda")
+    ok, why = triton_available("cpu" if not torch.cuda.is_available() else "cuda")
     if not ok:
         pytest.skip(why)
-    from harness.models import fast_moe_triton as fmt
+    from harness.kernels import fast_moe_triton as fmt
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(7)
@@ -413,11 +414,11 @@ def test_rows_kernel_equals_the_blocked_kernels_for_decode_batches():
 def test_rows_kernel_tiles_cover_ragged_reduction_lengths():
     """The per-row kernels unroll over H and I in BLOCK_K steps: with H=72, I=40 (not multiples of the
     tiles) every tile choice gives the blocked kernels' result; a non-power-of-two tile is refused."""
-    ok, why = fm.triton_available("cpu" if not torch.cuda.is_available() else "cuda")
+    ok, why = triton_available("cpu" if not torch.cuda.is_available() else "cuda")
     if not ok:
         pytest.skip(why)
     from harness.errors import HarnessError
-    from harness.models import fast_moe_triton as fmt
+    from harness.kernels import fast_moe_triton as fmt
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(3)
@@ -440,10 +441,10 @@ def test_rows_kernels_run_the_shared_expert_as_extra_rows(dtype):
     """With ``shared``, the per-row kernels return routed + shared(x) (the shared expert, width S = 2I,
     as the vendor SwiGLU, each rounded to x's dtype before the add): fp32 to 1e-5; bf16 within one
     rounding of the two-launch path. A width that is no multiple of I, a bigger batch or tiles are refused."""
-    ok, why = fm.triton_available(TRITON_DEVICE)
+    ok, why = triton_available(TRITON_DEVICE)
     if not ok:
         pytest.skip(why)
-    from harness.models import fast_moe_triton as fmt
+    from harness.kernels import fast_moe_triton as fmt
     from harness.models.llm import SwiGLU
 
     gen = torch.Generator().manual_seed(5)

@@ -92,7 +92,7 @@ def write_pages(folder: Path) -> Path:
 
 def hub_vendor_dir(path: Path) -> Path:
     """A vendor directory with every code file, whose config.json maps AutoModel to hub code."""
-    from harness.models.vendor import VENDOR_CODE_FILES
+    from harness.models.vendor.loader import VENDOR_CODE_FILES
 
     path.mkdir(parents=True)
     for f in VENDOR_CODE_FILES:

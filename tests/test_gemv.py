@@ -8,7 +8,7 @@ from torch import nn
 
 from conftest import DEV, needs_triton
 from harness.errors import HarnessError
-from harness.models import fused_linear
+from harness.variants import fused_linears as fused_linear
 
 pytestmark = needs_triton
 
@@ -19,7 +19,7 @@ def _rel(a, b) -> float:
 
 @pytest.mark.parametrize("M,N,K", [(1, 96, 300), (2, 33, 128), (1, 64, 1280)])
 def test_gemv_matches_linear(M, N, K):
-    from harness.models.gemv_triton import GemvConfig, gemv
+    from harness.kernels.gemv_triton import GemvConfig, gemv
 
     torch.manual_seed(0)
     x, w = torch.randn(M, K, device=DEV), torch.randn(N, K, device=DEV) * 0.05
@@ -33,7 +33,7 @@ def test_gemv_matches_linear(M, N, K):
 
 
 def test_gemv_swiglu_rounds_as_the_vendor_swiglu():
-    from harness.models.gemv_triton import gemv_swiglu
+    from harness.kernels.gemv_triton import gemv_swiglu
 
     torch.manual_seed(1)
     x, w = torch.randn(1, 200, device=DEV), torch.randn(2 * 40, 200, device=DEV) * 0.05
@@ -45,7 +45,7 @@ def test_gemv_swiglu_rounds_as_the_vendor_swiglu():
 
 
 def test_bad_shapes_and_tiles_are_refused():
-    from harness.models.gemv_triton import GemvConfig, gemv, gemv_swiglu
+    from harness.kernels.gemv_triton import GemvConfig, gemv, gemv_swiglu
 
     x = torch.randn(1, 64, device=DEV)
     with pytest.raises(HarnessError, match=r"x \[M, K\] and w \[N, K\]"):
@@ -73,7 +73,7 @@ def test_fuse_rows_keeps_the_state_dict_and_shares_storage():
 
 def test_linear_dispatch_uses_cublas_beyond_one_row(monkeypatch):
     """More rows than GEMV_MAX_ROWS, or K > GEMV_MAX_K, go to F.linear (the GEMV kernel never runs)."""
-    from harness.models import gemv_triton
+    from harness.kernels import gemv_triton
 
     calls = []
     monkeypatch.setattr(gemv_triton, "gemv", lambda x, w, out_dtype=None: calls.append(x.shape) or x.new_zeros(1, 8))
@@ -98,7 +98,7 @@ def test_gemv_qkv_rope_equals_linear_rope_and_cache_write(nh, nkv, d, dtype):
     differences in 164 of 1,280 q elements, and more ulps of elements where q cos and rotate_half(q)
     sin nearly cancel, where torch's eager RoPE on the GPU equals the CPU's (the compiled kernel
     apparently does not keep every intermediate rounding). Other cache rows untouched."""
-    from harness.models.gemv_triton import gemv_qkv_rope
+    from harness.kernels.gemv_triton import gemv_qkv_rope
     from harness.models.llm import RotaryEmbedding, rotate_half
 
     g = torch.Generator().manual_seed(nh * d)
@@ -130,7 +130,7 @@ def test_gemv_qkv_rope_equals_linear_rope_and_cache_write(nh, nkv, d, dtype):
 
 
 def test_gemv_qkv_rope_refuses_bad_shapes():
-    from harness.models.gemv_triton import gemv_qkv_rope
+    from harness.kernels.gemv_triton import gemv_qkv_rope
 
     x, w = torch.randn(1, 32), torch.randn(3 * 16, 32)
     cache = torch.zeros(1, 1, 8, 16)

@@ -80,3 +80,33 @@ def test_no_import_cycle_inside_harness():
     graph = {m: _imports(m, p, mods) for m, p in mods.items()}
     assert len(graph) > 40 and graph["harness.run"]
     assert cycles(graph) == []
+
+
+def test_the_reference_model_imports_no_kernel_and_the_kernels_no_model():
+    """``models/llm.py``, ``deepseek_ocr.py`` and ``vision.py`` keep the vendor's single path: no module
+    of ``harness.kernels`` (or ``harness.variants``, which binds them) is imported there; the kernels
+    import nothing from ``harness.models``."""
+    mods = _modules()
+    for name in ("harness.models.llm", "harness.models.deepseek_ocr", "harness.models.vision"):
+        bad = {m for m in _imports(name, mods[name], mods) if m.startswith(("harness.kernels", "harness.variants"))}
+        assert not bad, (name, bad)
+    kernels = [m for m in mods if m.startswith("harness.kernels.")]
+    assert len(kernels) >= 7
+    for name in kernels:
+        bad = {m for m in _imports(name, mods[name], mods) if m.startswith("harness.models")}
+        assert not bad, (name, bad)
+
+
+def test_the_import_finder_sees_function_level_kernel_imports(tmp_path):
+    """The check above would catch a lazy import inside a function (as the model files once had)."""
+    pkg = tmp_path / "harness"
+    (pkg / "models").mkdir(parents=True)
+    (pkg / "kernels").mkdir()
+    for p in (pkg / "__init__.py", pkg / "models" / "__init__.py", pkg / "kernels" / "__init__.py",
+              pkg / "kernels" / "gemv_triton.py"):
+        p.write_text("")
+    (pkg / "models" / "llm.py").write_text("def f():\n    from ..kernels.gemv_triton import gemv\n")
+    mods = {"harness": pkg / "__init__.py", "harness.models": pkg / "models" / "__init__.py",
+            "harness.kernels": pkg / "kernels" / "__init__.py",
+            "harness.kernels.gemv_triton": pkg / "kernels" / "gemv_triton.py", "harness.models.llm": pkg / "models" / "llm.py"}
+    assert "harness.kernels.gemv_triton" in _imports("harness.models.llm", mods["harness.models.llm"], mods)

@@ -118,10 +118,10 @@ def _cfg(data: dict):
 
 def test_settings_from_config():
     assert S.NsysSettings.from_config(_cfg({})) == S.NsysSettings("request", 1, None)
-    graphs = S.NsysSettings.from_config(_cfg({"model": {"cuda_graphs": "decode", "kv_cache": "static",
+    graphs = S.NsysSettings.from_config(_cfg({"execution": {"cuda_graphs": "decode", "kv_cache": "static",
                                                         "moe_impl": "grouped"}}))
     assert graphs.cuda_graph_trace == "node"
-    assert S.NsysSettings.from_config(_cfg({"model": {"cuda_graphs": "none"}})).cuda_graph_trace is None
+    assert S.NsysSettings.from_config(_cfg({"execution": {"cuda_graphs": "none"}})).cuda_graph_trace is None
     assert S.NsysSettings.from_config(_cfg({"profile": {"cuda_graph_trace": "graph"}})).cuda_graph_trace == "graph"
     with pytest.raises(HarnessError, match="nsys_range"):
         S.NsysSettings.from_config(_cfg({"profile": {"nsys_range": "all"}}))

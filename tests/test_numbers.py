@@ -407,6 +407,7 @@ def test_routing_counter_per_decode_step():
 
 def test_batch_decode_bytes_use_measured_experts_per_step(tiny_cfg, tiny_mode):
     """Batch 2, two decode steps: 2 + 4 and 3 + 2 experts touched in MoE layers 1 and 2."""
+    from harness.config import cost_config
     from harness.roofline.join import analytic_for_case, routing_step_array
     from harness.run import routing_step_rows
     from harness.workload import Case
@@ -418,11 +419,11 @@ def test_batch_decode_bytes_use_measured_experts_per_step(tiny_cfg, tiny_mode):
     steps[1, 1, :3] = [1, 1, 2]
     steps[1, 2, :2] = 2
     routing = {"decode": steps.sum(axis=0), "decode_steps": steps}
-    frame, _, notes = analytic_for_case(case, tiny_cfg, "fp32", routing)
+    frame, _, notes = analytic_for_case(case, cost_config(tiny_cfg), "fp32", routing)
     assert not notes and set(frame["routing"]) == {"measured (prefill; decode per step)"}
     moe = frame[(frame["stage"] == "decode") & (frame["family"] == "moe_routed")]
     assert moe["bytes_weights"].sum() == (2 + 4 + 3 + 2) * 3 * 64 * 32 * 4
-    summed, _, _ = analytic_for_case(case, tiny_cfg, "fp32", {"decode": steps.sum(axis=0)})
+    summed, _, _ = analytic_for_case(case, cost_config(tiny_cfg), "fp32", {"decode": steps.sum(axis=0)})
     assert set(summed["routing"]) == {"measured (prefill); decode per-step uniform expectation (batch > 1)"}
     rows = pd.DataFrame(routing_step_rows("b2", steps))                  # routing_steps.csv and back
     assert list(rows["experts"]) == [2, 4, 3, 2]

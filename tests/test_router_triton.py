@@ -41,7 +41,7 @@ def _rel(a, b) -> float:
 @pytest.mark.parametrize("E,k,H,norm,scale", CASES)
 def test_route_matches_moegate(E, k, H, norm, scale, dtype, tol):
     """Same expert set per token as MoEGate (torch), weights within fp32 summation order."""
-    from harness.models.router_triton import route
+    from harness.kernels.router_triton import route
 
     g = torch.Generator().manual_seed(E * 1000 + H)
     x = torch.randn(2, H, generator=g).to(DEV, dtype)
@@ -61,7 +61,7 @@ def test_route_matches_moegate(E, k, H, norm, scale, dtype, tol):
 def test_route_elementwise_when_logits_are_exact(E, k, H, norm, scale):
     """Inputs on a coarse grid (products and sums exact in fp32, so no summation-order error):
     softmax, top-k, renormalisation and scale agree elementwise within 1e-6."""
-    from harness.models.router_triton import route
+    from harness.kernels.router_triton import route
 
     g = torch.Generator().manual_seed(E + k)
     x = (torch.randint(-4, 5, (2, H), generator=g) / 4).to(DEV)
@@ -76,7 +76,7 @@ def test_route_elementwise_when_logits_are_exact(E, k, H, norm, scale):
 
 
 def test_ties_go_to_the_lowest_index():
-    from harness.models.router_triton import route
+    from harness.kernels.router_triton import route
 
     x = torch.randn(1, 32, device=DEV)
     idx, wt = route(x, torch.zeros(16, 32, device=DEV), 4, True, 1.0)      # all logits equal
@@ -92,7 +92,7 @@ def test_ties_go_to_the_lowest_index():
 def test_route_counts_the_routing_in_the_kernel():
     """``counts`` = (buffer, offset): the chosen experts' counters in [offset, offset + E) + 1 per
     call, nothing else touched; more than one token or a range past the buffer is refused."""
-    from harness.models.router_triton import route
+    from harness.kernels.router_triton import route
 
     g = torch.Generator().manual_seed(1)
     x = torch.randn(1, 96, generator=g).to(DEV)
@@ -110,7 +110,7 @@ def test_route_counts_the_routing_in_the_kernel():
 
 
 def test_bad_arguments_are_refused():
-    from harness.models.router_triton import route
+    from harness.kernels.router_triton import route
 
     x = torch.randn(1, 32, device=DEV)
     with pytest.raises(HarnessError, match=r"x \[T, H\] and w \[E, H\]"):
@@ -132,16 +132,19 @@ def _moe(E=8, k=2, H=64, inter=16):
 def test_moe_gate_dispatch():
     """linear_impl=fused at one token: the Triton router; more rows or fused off: the torch path.
     The grouped path counts the routing with add_device either way."""
-    from harness.models import fast_moe
+    from harness.variants import fast_moe
+    from harness.variants.base import swap
+    from harness.variants.fused_linears import FusedGate
+    from harness.variants.grouped_moe import GroupedMoE
 
     moe = _moe()
-    moe.impl, moe.kernel = "grouped", "torch"
+    moe.kernel = "torch"
     moe.experts_stacked = fast_moe.stack_experts(moe)
+    swap(moe, GroupedMoE)
     x1, x2 = torch.randn(1, 1, 64, device=DEV), torch.randn(1, 2, 64, device=DEV)
-    ref1, ref2 = moe(x1), moe(x2)                      # fused off, no routing target
+    ref1, ref2 = moe(x1), moe(x2)                      # the reference gate, no routing target
     ref_idx, _ = moe.gate(x1)
-    assert not moe.gate.routes_in_kernel(1)
-    moe.gate.fused = True
+    swap(moe.gate, FusedGate)
     assert moe.gate.routes_in_kernel(1) and not moe.gate.routes_in_kernel(2)
     counts = DeviceCounts(3, 8, DEV)
     moe.routing = counts
@@ -159,7 +162,7 @@ def test_moe_gate_dispatch():
 def test_gpu_route_under_torch_compile_equals_eager(dtype):
     """Dynamo traces the kernels without a graph break (fullgraph); idx and weights equal the eager
     kernels' bit for bit; a CUDA graph replays them."""
-    from harness.models.router_triton import route
+    from harness.kernels.router_triton import route
 
     x = torch.randn(1, 1280, device="cuda", dtype=dtype)
     w = (torch.randn(64, 1280, device="cuda") * 0.05).to(dtype)

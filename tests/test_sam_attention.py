@@ -12,7 +12,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness.errors import HarnessError
 from harness.models import attn_probe
-from harness.models import sam_attention as sa
+from harness.variants import sam_attention as sa
 from harness.models.vision import SAMAttention, SAMBlock, rel_pos_table, window_partition
 
 TOL = 1e-5
@@ -289,7 +289,7 @@ def test_cuda_bf16_backends_match_fp32(H, W, B):
         ran += 1
         assert rel_err(out.float().cpu(), ref) <= 2 * dense_err + 1e-3, backend
     assert ran >= 1
-    from harness.models import sam_attention_triton as st
+    from harness.kernels import sam_attention_triton as st
 
     out = st.rel_bias_attention(qc, kc, vc, Rhc, Rwc, H, W)
     assert rel_err(out.float().cpu(), ref) <= 2 * dense_err + 1e-3, "triton"

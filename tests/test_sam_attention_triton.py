@@ -13,8 +13,8 @@ pytest.importorskip("triton")
 
 from conftest import DEV  # noqa: E402
 from harness.errors import HarnessError  # noqa: E402
-from harness.models import sam_attention as sa  # noqa: E402
-from harness.models import sam_attention_triton as st  # noqa: E402
+from harness.variants import sam_attention as sa  # noqa: E402
+from harness.kernels import sam_attention_triton as st  # noqa: E402
 
 from test_sam_attention import draw, no_bias, rel_err  # noqa: E402
 

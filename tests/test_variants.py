@@ -3,19 +3,18 @@ logits and 16 teacher-forced decode steps, generate() tokens and routing, the FL
 variant, and the knobs the config refuses. CUDA graphs run on the GPU only (marked ``gpu``)."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from conftest import TINY_MODE, load_tiny_cfg, triton_runs
+from harness import variants
 from harness import workload as wl
-from harness.config import ExecutionConfig, ModelConfig
+from harness.config import ExecutionConfig, ModelConfig, cost_config
 from harness.errors import HarnessError
 from harness.models.build import build_model
 from harness.models.generate import generate
 from harness.models.llm import KVCache
-from harness.models.static_cache import StaticKVCache
+from harness.variants.static_kv import StaticKVCache
 
 CPU_VARIANTS = {
     "static": dict(kv_cache="static"),
@@ -65,11 +64,11 @@ def test_variant_matches_vendor_style_fp32(tiny, name):
     if "triton" in name and not triton_runs():
         pytest.skip("Triton cannot run here (not importable or TRITON_INTERPRET unset before import)")
     model, req = tiny
-    model.configure(ExecutionConfig())
+    variants.apply(model, ExecutionConfig())
     ref = generate(model, req)
     ref_logits = _run(model, req, KVCache(model.cfg.llm.num_layers), ref.tokens)
     ex = ExecutionConfig(**CPU_VARIANTS[name])
-    model.configure(ex)
+    variants.apply(model, ex)
     try:
         if ex.kv_cache == "static":
             L = model.cfg.llm
@@ -86,29 +85,30 @@ def test_variant_matches_vendor_style_fp32(tiny, name):
         for phase in ("prefill", "decode"):
             assert (res.routing[phase] == ref.routing[phase]).all() and res.routing[phase].sum() > 0
     finally:
-        model.configure(ExecutionConfig())
+        variants.apply(model, ExecutionConfig())
 
 
 def test_compiled_static_grouped_decode_matches(tiny):
     model, req = tiny
-    model.configure(ExecutionConfig())
+    variants.apply(model, ExecutionConfig())
     ref = generate(model, req)
-    info = model.configure(ExecutionConfig(kv_cache="static", moe_impl="grouped", moe_kernel="torch", compile=True))
+    info = variants.apply(model, ExecutionConfig(kv_cache="static", moe_impl="grouped", moe_kernel="torch", compile=True))
     try:
         res = generate(model, req)
         assert torch.equal(res.tokens, ref.tokens)
         assert (res.routing["decode"] == ref.routing["decode"]).all()
         assert info["compile"] is True and any("warmup_compile" in v for v in model.info["setup_s"].values())
     finally:
-        model.configure(ExecutionConfig())
+        variants.apply(model, ExecutionConfig())
 
 
 def test_counted_flops_equal_analytic_for_the_static_grouped_variant(tiny_cfg):
     from harness.analytic import check, compose
 
-    cfg = dataclasses.replace(tiny_cfg, kv_cache="static", moe_impl="grouped", moe_kernel="torch", vision_impl="fused")
-    model = build_model(cfg, "cpu", torch.float32, seed=0)
-    model.configure(cfg)
+    ex = ExecutionConfig(kv_cache="static", moe_impl="grouped", moe_kernel="torch", vision_impl="fused")
+    cfg = cost_config(tiny_cfg, variants.cost_knobs(ex))
+    model = build_model(tiny_cfg, "cpu", torch.float32, seed=0)
+    variants.apply(model, ex)
     cases = [compose.Case(TINY_MODE, (2, 3), decode_tokens=4), compose.Case(TINY_MODE, None, decode_tokens=3)]
     df = check.check_cases(cases, cfg, "cpu", model=model)
     assert (df["diff"] == 0).all(), check.format_table(df)
@@ -123,25 +123,20 @@ def test_counted_flops_equal_analytic_for_the_static_grouped_variant(tiny_cfg):
 @pytest.mark.parametrize("ex,words", [
     (dict(cuda_graphs="decode"), "kv_cache=static and moe_impl=grouped"),
     (dict(cuda_graphs="decode", kv_cache="static"), "moe_impl=grouped"),
-    (dict(vision_compile=True), "vision_compile needs vision_impl=fused"),
+    (dict(vision_compile=True), "vision_compile=true needs vision_impl=fused"),
 ])
 def test_impossible_knob_combinations_are_refused(ex, words):
-    from harness.config import check_execution
-
     with pytest.raises(HarnessError, match=words):
-        check_execution(dataclasses.replace(ModelConfig(), **ex), "model")
-    with pytest.raises(HarnessError, match="reference model only"):
-        check_execution(dataclasses.replace(ModelConfig(), name="vendor", kv_cache="static"), "model")
+        variants.check(ExecutionConfig(**ex), "cpu")
 
 
 def test_cuda_graphs_refused_without_cuda(tiny):
+    from harness.variants.base import CannotRunHere
+
     model, req = tiny
-    model.configure(ExecutionConfig(kv_cache="static", moe_impl="grouped", moe_kernel="torch", cuda_graphs="decode"))
-    try:
-        with pytest.raises(HarnessError, match="CUDA"):
-            generate(model, req)
-    finally:
-        model.configure(ExecutionConfig())
+    with pytest.raises(CannotRunHere, match="execution.cuda_graphs=decode needs a CUDA device"):
+        variants.apply(model, ExecutionConfig(kv_cache="static", moe_impl="grouped", moe_kernel="torch",
+                                              cuda_graphs="decode"))
 
 
 GPU_VARIANTS = {
@@ -166,7 +161,7 @@ def test_gpu_variant_matches_vendor_style(name, dtype, tol):
     ex = dict(GPU_VARIANTS[name])
     if dtype == torch.float32:
         ex["moe_kernel"] = "triton"
-    info = model.configure(ExecutionConfig(**ex))
+    info = variants.apply(model, ExecutionConfig(**ex))
     res = generate(model, req)
     res2 = generate(model, req)             # a second request replays the same graph
     assert torch.equal(res.tokens, res2.tokens)
@@ -180,9 +175,9 @@ def test_gpu_variant_matches_vendor_style(name, dtype, tol):
     # logits are compared teacher-forced: the variant's own compiled / captured step fed the vendor
     # path's tokens, prefill and every decode step within the bf16 tolerance
     ex = ExecutionConfig(**ex)
-    model.configure(ExecutionConfig())
+    variants.apply(model, ExecutionConfig())
     ref_logits = _run(model, req, KVCache(model.cfg.llm.num_layers), ref.tokens)
-    model.configure(ex)
+    variants.apply(model, ex)
     got = _static_logits(model, req, ex, ref.tokens, dtype)
     for j, (a, b) in enumerate(zip(got, ref_logits)):
         assert _rel(a, b[:, -1].float()) <= tol, (name, j, _rel(a, b[:, -1].float()))
@@ -191,12 +186,13 @@ def test_gpu_variant_matches_vendor_style(name, dtype, tol):
 def _static_logits(model, req, ex, tokens, dtype) -> list:
     """Last-position logits [B, V] of the prefill and STEPS teacher-forced decode steps through a
     ``StaticDecoder`` of ``ex`` (compiled and captured as the run's is) whose select keeps the logits."""
-    from harness.models.execution import StaticDecoder
+    from harness.variants.static_decoder import StaticDecoder
 
     with torch.inference_mode():
         img = model.image_embeddings(req.global_views, req.tiles, req.grid)
-        dec = StaticDecoder(model, ex, 1, ex.cache_len(req.prefill_tokens, STEPS + 1), torch.device("cuda"),
-                            dtype, lambda logits: logits[:, -1].float())
+        dec = StaticDecoder(model, 1, ex.cache_len(req.prefill_tokens, STEPS + 1), torch.device("cuda"),
+                            dtype, lambda logits: logits[:, -1].float(), compile=ex.compile,
+                            graphs=ex.cuda_graphs == "decode")
         dec.begin()
         out = [dec.prefill(req, img).clone()]
         for j in range(STEPS):
@@ -230,17 +226,17 @@ def test_fused_vision_matches_vendor_style_fp32(mode, grid):
             h.remove()
         return got
 
-    model.configure(ExecutionConfig())
+    variants.apply(model, ExecutionConfig())
     ref = outputs()
-    info = model.configure(ExecutionConfig(vision_impl="fused"))
-    assert [b.attn.method for b in model.model.sam_model.blocks] == ["dense", "augmented"]   # block 1 is global
+    info = variants.apply(model, ExecutionConfig(vision_impl="fused"))
+    assert [type(b.attn).__name__ for b in model.model.sam_model.blocks] == ["SAMAttention", "AugmentedSAMAttention"]
     assert "augmented" in info["vision"]
     got = outputs()
     for name in ("sam", "clip", "projector"):
         assert len(got[name]) == len(ref[name]) == (2 if grid else 1)
         for a, b in zip(got[name], ref[name]):
             assert _rel(a, b) <= 1e-5, (name, _rel(a, b))
-    model.configure(ExecutionConfig())
+    variants.apply(model, ExecutionConfig())
 
 
 @pytest.mark.gpu
@@ -257,7 +253,7 @@ def test_gpu_fused_vision_matches_vendor_style_fp32(mode, grid, compiled):
     req = wl.build_request([page], crop_mode, decode_tokens=2).to("cuda", torch.float32)
     with torch.inference_mode():
         ref = model.image_embeddings(req.global_views, req.tiles, req.grid).clone()
-        info = model.configure(ExecutionConfig(vision_impl="fused", vision_compile=compiled))
+        info = variants.apply(model, ExecutionConfig(vision_impl="fused", vision_compile=compiled))
         first = model.image_embeddings(req.global_views, req.tiles, req.grid).clone()
         again = model.image_embeddings(req.global_views, req.tiles, req.grid).clone()
     assert ("torch.compile" in info["vision"]) == compiled
@@ -277,6 +273,6 @@ def test_gpu_fused_vision_full_size_fp32(mode):
     assert (req.grid is not None) == (mode == "gundam")
     with torch.inference_mode():
         ref = model.image_embeddings(req.global_views, req.tiles, req.grid).clone()
-        model.configure(ExecutionConfig(vision_impl="fused", vision_compile=True))
+        variants.apply(model, ExecutionConfig(vision_impl="fused", vision_compile=True))
         got = model.image_embeddings(req.global_views, req.tiles, req.grid).clone()
     assert _rel(got, ref) <= 1e-5, _rel(got, ref)

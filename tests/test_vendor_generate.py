@@ -178,7 +178,7 @@ class StandIn(nn.Module):
 def standin(tiny_cfg):
     """A real VendorOCR over the stand-in (its harness-loop cache: the reference KVCache)."""
     from harness.models.build import build_model
-    from harness.models.vendor import VendorCache, VendorOCR
+    from harness.models.vendor.loader import VendorCache, VendorOCR
 
     class StandInOCR(VendorOCR):
         def new_cache(self):
@@ -236,7 +236,7 @@ def test_generate_dispatches_to_an_adapter_that_owns_its_loop():
 
 
 def test_hf_generate_on_standin_matches_ours_ranges_routing_kv(standin):
-    from harness.models.vendor_generate import HFGenerate
+    from harness.models.vendor.hf_generate import HFGenerate
 
     req = _request()
     ours, ours_ranges = _ranges(standin, req)
@@ -269,7 +269,7 @@ def test_hf_generate_on_standin_matches_ours_ranges_routing_kv(standin):
 def test_hf_generate_ngram_guard_fires_on_standin(standin):
     """With a test-only guard of 2 the stand-in's repeat is banned: tokens equal the harness loop's up
     to the banned one, then follow the rule exactly; no output token repeats a bigram."""
-    from harness.models.vendor_generate import HFGenerate
+    from harness.models.vendor.hf_generate import HFGenerate
 
     req = _request(steps=16)
     ours = generate(standin, req)
@@ -285,7 +285,7 @@ def test_hf_generate_ngram_guard_fires_on_standin(standin):
 
 
 def test_hf_generate_single_token_has_an_empty_decode(standin):
-    from harness.models.vendor_generate import HFGenerate
+    from harness.models.vendor.hf_generate import HFGenerate
 
     standin.set_loop(HFGenerate(standin))
     res, ranges = _ranges(standin, _request(steps=1), 1)
@@ -303,8 +303,8 @@ def test_infer_entry_on_standin(standin, tmp_path):
     """infer() runs on a PNG of the synthetic page, its preprocessing is a `preprocess` range, its
     8192-token budget becomes the case's (fixed: min_new_tokens), its prints are captured, what it
     gave generate is recorded, and the reset_parameters it replaces is restored."""
-    from harness.models.vendor_generate import HFGenerate
-    from harness.models.vendor_infer import STDOUT_FILE, InferEntry
+    from harness.models.vendor.hf_generate import HFGenerate
+    from harness.models.vendor.infer import STDOUT_FILE, InferEntry
 
     linear_init = nn.Linear.reset_parameters
     entry = InferEntry(standin, _Tok(), "test tokenizer", workdir=tmp_path)
@@ -333,7 +333,7 @@ def test_infer_entry_on_standin(standin, tmp_path):
 
 
 def test_infer_entry_refuses_a_batch(standin, tmp_path):
-    from harness.models.vendor_infer import InferEntry
+    from harness.models.vendor.infer import InferEntry
 
     standin.set_loop(InferEntry(standin, _Tok(), workdir=tmp_path))
     page = W.Page("p", W.synthetic_page(0, size=(120, 90)), "synthetic:0")
@@ -344,7 +344,7 @@ def test_infer_entry_refuses_a_batch(standin, tmp_path):
 
 
 def test_infer_without_a_tokenizer_says_what_is_missing(tmp_path):
-    from harness.models.vendor_loops import tokenizer_for_infer
+    from harness.models.vendor.loops import tokenizer_for_infer
 
     with pytest.raises(HarnessError) as exc:
         tokenizer_for_infer(tmp_path)
@@ -358,10 +358,10 @@ def test_infer_without_a_tokenizer_says_what_is_missing(tmp_path):
 def test_vendor_loops_choose_the_driver_and_check_infer_first(standin, tmp_path, monkeypatch):
     """``vendor_loops.load``: the driver per loop/entry; infer()'s torchvision and tokenizer are
     checked before the model is built."""
-    from harness.models import vendor as V
-    from harness.models import vendor_loops as L
-    from harness.models.vendor_generate import HFGenerate
-    from harness.models.vendor_infer import InferEntry
+    from harness.models.vendor import loader as V
+    from harness.models.vendor import loops as L
+    from harness.models.vendor.hf_generate import HFGenerate
+    from harness.models.vendor.infer import InferEntry
 
     for f in V.VENDOR_CODE_FILES:
         (tmp_path / f).write_text("{}")
@@ -407,7 +407,7 @@ SHRUNK = {"num_hidden_layers": 2, "n_routed_experts": 8, "num_experts_per_tok": 
 
 @pytest.fixture(scope="module")
 def vendor_ocr():
-    from harness.models import vendor as V
+    from harness.models.vendor import loader as V
 
     raw = os.environ.get("HARNESS_VENDOR_DIR")
     try:
@@ -421,7 +421,7 @@ def vendor_ocr():
 
 @pytest.mark.vendor
 def test_vendor_hf_generate_equals_ours_when_the_guard_cannot_fire(vendor_ocr):
-    from harness.models.vendor_generate import HFGenerate
+    from harness.models.vendor.hf_generate import HFGenerate
 
     req = _request()
     vendor_ocr.set_loop(HFGenerate(vendor_ocr))
@@ -440,7 +440,7 @@ def test_vendor_hf_generate_equals_ours_when_the_guard_cannot_fire(vendor_ocr):
 def test_vendor_hf_generate_ngram_guard(vendor_ocr):
     """no_repeat_ngram_size lowered to 2 (test only) makes HF's guard fire on the random model's
     repeats: tokens differ from ours and equal the rule's exactly."""
-    from harness.models.vendor_generate import HFGenerate
+    from harness.models.vendor.hf_generate import HFGenerate
 
     req = _request(steps=16)
     vendor_ocr.generate_own = None
@@ -461,7 +461,7 @@ def _working_transforms(monkeypatch) -> None:
 
     import numpy as np
 
-    from harness.models.vendor_compat import STUB_MARKER
+    from harness.models.vendor.compat import STUB_MARKER
 
     tr = sys.modules["torchvision.transforms"]
     if not getattr(tr, STUB_MARKER, False):
@@ -488,7 +488,7 @@ def _working_transforms(monkeypatch) -> None:
 def test_vendor_infer_entry(vendor_ocr, tmp_path, monkeypatch):  # vendor_ocr: the skip checks
     """The vendor's own infer() on a page PNG with a stand-in tokenizer (the snapshot's may be
     absent): ranges complete with `preprocess`, budget fixed, stdout captured, init restored."""
-    from harness.models.vendor_infer import STDOUT_FILE, InferEntry
+    from harness.models.vendor.infer import STDOUT_FILE, InferEntry
 
     class Tok:
         eos_token_id = 1
@@ -499,7 +499,7 @@ def test_vendor_infer_entry(vendor_ocr, tmp_path, monkeypatch):  # vendor_ocr: t
         def decode(self, ids, **kwargs):
             return " ".join(str(int(i)) for i in (ids.tolist() if hasattr(ids, "tolist") else ids))
 
-    from harness.models import vendor as V
+    from harness.models.vendor import loader as V
 
     _working_transforms(monkeypatch)
     # infer() casts the page to bf16 itself (autocast covers it on CUDA only): a bf16 model on the CPU

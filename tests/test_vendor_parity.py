@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from harness.errors import HarnessError
-from harness.models import vendor as V
+from harness.models.vendor import loader as V
 
 TOL = 1e-4
 DECODE_STEPS = 8

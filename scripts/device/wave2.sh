@@ -64,7 +64,7 @@ for section in "$@"; do
                 model.path=models/deepseek-ocr model.vendor_loop=$loop measure.warmup=0 measure.repeats=1 \
                 run.root=/tmp/vendor run.name=vendor-$loop 2>&1 | quiet | tail -3 | tee -a "$OUT/vendor.log"
             done
-            timeout 130 python -m harness run +experiment=vendor_paths $(for kv in $BEST; do echo model.$kv; done) \
+            timeout 130 python -m harness run +experiment=vendor_paths $(for kv in $BEST; do echo execution.$kv; done) \
               measure.warmup=1 measure.repeats=3 run.root=/tmp/vendor run.name=best 2>&1 | quiet | tail -3 | tee -a "$OUT/vendor.log"
             python scripts/tpot_table.py /tmp/vendor/* 2>&1 | tail -20 | tee -a "$OUT/vendor.log"; pack /tmp/vendor vendor ;;
   esac

@@ -96,13 +96,30 @@ def _expand(overrides: list[str]) -> list[list[str]]:
     return lists
 
 
-def check_overrides(args: list[str]):
-    """Compose the config with ``args``' overrides and validate it (every swept value too);
+def refuse_moved_knobs(args: list[str]) -> None:
+    """An execution knob given under its old name (``model.kv_cache=static``) is refused before
+    Hydra composes anything, naming ``execution.<knob>``."""
+    from .config import moved_knob
+
+    for text in _overrides(args):
+        key, sep, value = text.partition("=")
+        err = moved_knob(key, value if sep else None)
+        if err is not None:
+            raise err
+
+
+#: verbs that run the model: their executions are checked on the device before Hydra starts
+MODEL_VERBS = ("run", "graph", "profile")
+
+
+def check_overrides(args: list[str], verb: str = "run"):
+    """Compose the config with ``args``' overrides and validate it (every swept value too; for a
+    verb that runs the model, every case's execution on the device: ``setup.check_cases``);
     returns the typed config of the first composition. Raises HarnessError."""
-    return _compose_checked(args)[0]
+    return _compose_checked(args, verb)[0]
 
 
-def _compose_checked(args: list[str]) -> tuple:
+def _compose_checked(args: list[str], verb: str = "run") -> tuple:
     """(``check_overrides``' config, {``hydra.run.dir``, ``hydra.sweep.dir``: as resolved for the
     first composition})."""
     from hydra import compose, initialize_config_dir
@@ -111,6 +128,7 @@ def _compose_checked(args: list[str]) -> tuple:
 
     from .config import config_error, to_config
 
+    refuse_moved_knobs(args)
     first, dirs = None, {}
     for overrides in _expand(_overrides(args)):
         GlobalHydra.instance().clear()
@@ -126,6 +144,9 @@ def _compose_checked(args: list[str]) -> tuple:
         except Exception as exc:  # noqa: BLE001 - Hydra/OmegaConf composition errors
             raise config_error(exc) from None
         hc = to_config(cfg)
+        if verb in MODEL_VERBS:
+            from .setup import check_cases
+            check_cases(hc)
         first = first or hc
     GlobalHydra.instance().clear()
     return first, dirs
@@ -222,7 +243,7 @@ def _main(argv: list[str] | None = None) -> int:
     import hydra
 
     try:
-        _, dirs = _compose_checked(rest)
+        _, dirs = _compose_checked(rest, verb)
         rest = claim_output_dir(rest, dirs)
     except HarnessError as exc:
         _fail(exc)

@@ -105,12 +105,14 @@ class ProjectorConfig:
 
 @dataclass
 class ExecutionConfig:
-    """How the reference model executes (same weights, same function; each knob recorded in the
-    manifest). The defaults are the vendor's execution: host-bound, what users of its code get.
+    """How the reference model executes (``execution.*``: same weights, same function; each knob
+    recorded in the manifest). The defaults are the vendor's execution: host-bound, what users of
+    its code get. Each knob is one converter of ``harness.variants`` (its ``check`` says where and
+    with what it runs; a combination that cannot run is refused before any model is built).
 
     * ``kv_cache``: ``growing`` (torch.cat per step, as HF DynamicCache) | ``static`` (per-layer K/V
       preallocated for ``static_cache_len`` positions, written in place at device-side positions;
-      decode attends over the whole buffer with a mask).
+      decode attends over the whole buffer with a mask; ``variants.static_cache``).
     * ``moe_impl``: ``vendor_loop`` (per-expert Python loop after a device-to-host copy of the counts:
       one host sync per MoE layer) | ``grouped`` (routing, token sort, offsets and expert GEMMs on the
       device, no sync; ``moe_kernel`` picks how).
@@ -118,11 +120,12 @@ class ExecutionConfig:
       (``torch._grouped_mm``: sync-free on sm90 bf16 only) | ``torch`` (gather + bmm).
     * ``cuda_graphs``: ``none`` | ``decode`` (the decode step captured once per batch size and
       cache length and replayed; needs ``kv_cache=static`` and ``moe_impl=grouped``).
-    * ``compile``: torch.compile the decode step (compile time reported apart from run time).
+    * ``compile``: torch.compile the static-cache decode step (compile time reported apart from
+      run time); needs ``kv_cache=static`` and ``moe_impl=grouped`` (only that step is compiled).
     * ``static_cache_len``: positions of the static cache; None: prefill + decode tokens rounded up
       to a multiple of 64.
     * ``vision_impl``: ``vendor`` | ``fused``: SAM's global blocks attend without the dense rel-pos
-      mask (q and k augmented with the decomposed terms, ``models.sam_attention``; exact), and on
+      mask (q and k augmented with the decomposed terms, ``variants.sam_attention``; exact), and on
       CUDA each of sam / clip / projector is captured in a CUDA graph per input shape and replayed.
     * ``prefill_graphs``: capture the prefill forward (static cache, grouped MoE) per request shape.
     * ``vision_compile``: with ``vision_impl=fused`` on CUDA, each SAM and CLIP block is
@@ -131,14 +134,14 @@ class ExecutionConfig:
     * ``linear_impl``: ``vendor`` (each nn.Linear its own GEMM) | ``fused``: q/k/v and each SwiGLU's
       gate/up held as one weight (views: the state_dict is unchanged) and run as one GEMM; at one
       token (batch-1 decode) the LLM's linears with K <= 2048 run as Triton GEMV kernels
-      (``models.fused_linear``; the SwiGLU's gate/up/silu/product in one kernel), the router's
+      (``variants.fused_linears``; the SwiGLU's gate/up/silu/product in one kernel), the router's
       softmax, top-k, scale and routing count one Triton kernel after its fp32 GEMV
-      (``models.router_triton``); with the static cache, q/k/v, RoPE and the KV write one kernel
+      (``kernels.router_triton``); with the static cache, q/k/v, RoPE and the KV write one kernel
       (``gemv_triton.gemv_qkv_rope``); with moe_kernel=triton, the shared expert extra rows of the
       routed-expert kernels (``fast_moe_triton.routed_experts_rows``).
     * ``decode_attention``: the static cache's decode attention. ``sdpa``: torch SDPA over the whole
       static buffer with a mask | ``triton``: a split-KV Triton kernel
-      (``models.decode_attention_triton``) that reads only positions 0..pos, the position read on the
+      (``kernels.decode_attention_triton``) that reads only positions 0..pos, the position read on the
       device; needs ``kv_cache=static`` and a device where Triton runs.
     """
 
@@ -154,9 +157,14 @@ class ExecutionConfig:
     vision_compile: bool = False
     decode_attention: str = _f("sdpa", choices=("sdpa", "triton"))
 
+    @staticmethod
+    def positions(prefill_tokens: int, decode_tokens: int) -> int:
+        """Positions a request needs in a static cache [tokens]: prompt + decode tokens (at least 1)."""
+        return prefill_tokens + max(decode_tokens, 1)
+
     def cache_len(self, prefill_tokens: int, decode_tokens: int) -> int:
-        """Positions a static cache holds for a request [tokens]."""
-        need = prefill_tokens + max(decode_tokens, 1)
+        """Positions a static cache holds for a request [tokens] (``positions`` rounded up to 64 by default)."""
+        need = self.positions(prefill_tokens, decode_tokens)
         return self.static_cache_len if self.static_cache_len else -(-need // 64) * 64
 
     def execution(self) -> dict:
@@ -165,8 +173,9 @@ class ExecutionConfig:
 
 
 @dataclass
-class ModelConfig(ExecutionConfig):
-    """Which model, how it is built (and, inherited from ExecutionConfig, how it executes)."""
+class ModelConfig:
+    """Which model and how it is built: what it *is* (how it runs is ``ExecutionConfig``,
+    ``HarnessConfig.execution``)."""
 
     name: str = _f("reference", choices=("reference", "vendor"))
     path: Optional[str] = None             # model directory (safetensors, tokenizer, vendor code)
@@ -185,6 +194,30 @@ class ModelConfig(ExecutionConfig):
     sam: SAMConfig = field(default_factory=SAMConfig)
     clip: CLIPConfig = field(default_factory=CLIPConfig)
     projector: ProjectorConfig = field(default_factory=ProjectorConfig)
+
+
+@dataclass
+class CostModelConfig(ModelConfig, ExecutionConfig):
+    """What the analytic cost model reads (``harness.analytic``): the model (``ModelConfig``) and
+    the knobs of the execution that change its work (``harness.variants.cost_knobs``: the KV cache,
+    the routed-expert kernel, the decode attention, the SAM attention), in one object. Not part of
+    the Hydra config: built by ``cost_config`` (or read back from a manifest's ``model`` and
+    ``execution``)."""
+
+
+def cost_config(model: Optional[ModelConfig] = None, knobs: Optional[dict] = None) -> CostModelConfig:
+    """``model`` (None: the vendor checkpoint's) with the execution knobs ``knobs`` as one
+    ``CostModelConfig``; knobs not given keep ``model``'s (a ``CostModelConfig``) or the vendor's
+    execution. A ``CostModelConfig`` without ``knobs`` is returned as is."""
+    if isinstance(model, CostModelConfig) and not knobs:
+        return model
+    model = model or ModelConfig()
+    kept = {f.name: getattr(model, f.name) for f in fields(CostModelConfig) if hasattr(model, f.name)}
+    return CostModelConfig(**{**kept, **(knobs or {})})
+
+
+#: the execution knobs (``execution.<knob>``; an old ``model.<knob>`` override is refused with this name)
+EXECUTION_KNOBS = tuple(f.name for f in fields(ExecutionConfig))
 
 
 # --------------------------------------------------------------------------------- workload
@@ -211,17 +244,17 @@ def _optional_fields(cls) -> list:
             for f in fields(cls)]
 
 
-#: the execution knobs one case overrides (None: as in ``model``)
+#: the execution knobs one case overrides (None: as in ``execution``)
 ExecutionOverrides = dataclasses.make_dataclass("ExecutionOverrides", _optional_fields(ExecutionConfig))
-ExecutionOverrides.__doc__ = "Execution knobs of one case (None = as in ``model``)."
+ExecutionOverrides.__doc__ = "Execution knobs of one case (None = as in ``execution``)."
 
 #: one entry of ``cases``: a name, the workload fields that differ from ``workload`` and the
-#: execution knobs that differ from ``model`` (the model is built once; its execution varies per case)
+#: execution knobs that differ from ``execution`` (the model is built once; its execution varies per case)
 CaseConfig = dataclasses.make_dataclass(
     "CaseConfig", [("name", Optional[str], field(default=None))] + _optional_fields(WorkloadConfig)
     + [("execution", Optional[ExecutionOverrides], field(default=None))])
 CaseConfig.__doc__ = ("One case of an experiment: ``name``, workload overrides and ``execution`` overrides "
-                      "(None = as in ``workload`` / ``model``).")
+                      "(None = as in ``workload`` / ``execution``).")
 
 
 # ---------------------------------------------------------------------------------- measure
@@ -276,7 +309,7 @@ class ProfileConfig:
     metrics: str = _f("all", choices=("all", "memory"))   # all: time, DRAM, tensor and SASS FLOPs; memory: time, DRAM
     nsys_range: str = _f("request", choices=("request", "stage"))   # nsys capture: every stage in one, or only `stage`
     nsys_warmup: int = _f(1, min=0)        # nsys: untimed requests before the captured one
-    cuda_graph_trace: Optional[str] = _f(None, choices=("graph", "node"))   # None: node when model.cuda_graphs is set
+    cuda_graph_trace: Optional[str] = _f(None, choices=("graph", "node"))   # None: node when execution.cuda_graphs is set
 
 
 @dataclass
@@ -291,6 +324,7 @@ class HarnessConfig:
     """The whole configuration of one verb invocation."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
@@ -330,6 +364,9 @@ def config_error(exc: Exception) -> HarnessError:
     text = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
         bad = key or text
+        moved = moved_knob(bad)
+        if moved is not None:
+            return moved
         parent, _, leaf = bad.rpartition(".")
         known = _known_keys(parent)
         fix = (f"use one of {parent or 'the top-level'} keys: {', '.join(known)}" if known
@@ -357,6 +394,15 @@ def config_error(exc: Exception) -> HarnessError:
                             f"use one of {', '.join(options)}" if options else "check conf/ for the options")
     return HarnessError(f"the configuration could not be composed: {text}",
                         "check the override syntax (key=value, +key=value for new keys, group=option)")
+
+
+def moved_knob(key: str, value: Optional[str] = None) -> Optional[HarnessError]:
+    """The error for an execution knob under its old name ``model.<knob>`` (None for any other key)."""
+    prefix, _, knob = key.lstrip("+~").rpartition(".")
+    if prefix != "model" or knob not in EXECUTION_KNOBS:
+        return None
+    return HarnessError(f"model.{knob} moved to execution.{knob}",
+                        f"use execution.{knob}={value if value is not None else '...'}")
 
 
 def _default_of(dotted: str):
@@ -467,43 +513,29 @@ def _walk(obj, prefix: str) -> None:
             _check_field(path, f, value)
 
 
-def case_model(model: ModelConfig, case) -> ModelConfig:
-    """``model`` with the case's execution overrides applied (the model config the case runs)."""
+def case_execution(execution: ExecutionConfig, case) -> ExecutionConfig:
+    """``execution`` with the case's execution overrides applied (what the case runs)."""
     ov = getattr(case, "execution", None)
     if ov is None:
-        return model
-    return dataclasses.replace(model, **{f.name: getattr(ov, f.name) for f in fields(ov)
-                                         if getattr(ov, f.name) is not None})
+        return execution
+    return dataclasses.replace(execution, **{f.name: getattr(ov, f.name) for f in fields(ov)
+                                             if getattr(ov, f.name) is not None})
 
 
-def check_execution(m: ModelConfig, where: str) -> None:
-    """Refuse execution knobs that cannot work together (one-line HarnessError naming ``where``)."""
-    if m.name == "vendor" and m.execution() != ExecutionConfig().execution():
-        changed = {k: v for k, v in m.execution().items() if v != getattr(ExecutionConfig(), k)}
-        raise HarnessError(f"{where}: execution knobs {changed} apply to the reference model only; the vendor "
-                           "code runs as shipped", "drop them with model=vendor, or use model=reference")
-    if m.cuda_graphs == "decode" and (m.kv_cache != "static" or m.moe_impl != "grouped"):
-        raise HarnessError(f"{where}: cuda_graphs=decode needs kv_cache=static and moe_impl=grouped (a growing "
-                           "cache changes shapes every step and the vendor MoE loop syncs the host per layer)",
-                           "add model.kv_cache=static model.moe_impl=grouped")
-    if m.vision_compile and m.vision_impl != "fused":
-        raise HarnessError(f"{where}: vision_compile needs vision_impl=fused (the compiled blocks are captured in "
-                           "its per-stage CUDA graphs)", f"add {where}.vision_impl=fused")
-    if m.prefill_graphs and (m.kv_cache != "static" or m.moe_impl != "grouped"):
-        raise HarnessError(f"{where}: prefill_graphs needs kv_cache=static and moe_impl=grouped",
-                           "add model.kv_cache=static model.moe_impl=grouped")
-    check_decode_attention(m, where)
-    if m.kv_cache == "static" and m.attn_implementation == "flash_attention_2":
-        raise HarnessError(f"{where}: kv_cache=static attends over the whole buffer with a mask, which "
-                           "flash_attn_func cannot take", "use attn_implementation=sdpa with the static cache")
-
-
-def check_decode_attention(m: ExecutionConfig, where: str) -> None:
-    """``decode_attention=triton`` reads a static cache up to a device-side position: refused otherwise."""
-    if m.decode_attention == "triton" and m.kv_cache != "static":
-        raise HarnessError(f"{where}: decode_attention=triton needs kv_cache=static (the kernel reads a "
-                           "preallocated cache up to the step's device-side position)",
-                           "add model.kv_cache=static, or use model.decode_attention=sdpa")
+def check_vendor_execution(cfg: "HarnessConfig") -> None:
+    """The vendor code runs as shipped: with ``model=vendor`` any execution knob off its default
+    (in ``execution`` or a case's) is refused once, naming it."""
+    if cfg.model.name != "vendor":
+        return
+    default = ExecutionConfig()
+    where = [("execution", cfg.execution)] + [(f"cases[{i}].execution", case_execution(cfg.execution, c))
+                                             for i, c in enumerate(cfg.cases or [])]
+    for prefix, ex in where:
+        for knob in EXECUTION_KNOBS:
+            if getattr(ex, knob) != getattr(default, knob):
+                raise HarnessError(f"{prefix}.{knob}={getattr(ex, knob)} applies to the reference model only; the "
+                                   "vendor code runs as shipped", f"drop execution.{knob} with model=vendor, or use "
+                                   "model=reference")
 
 
 def validate(cfg: HarnessConfig) -> HarnessConfig:
@@ -512,9 +544,7 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
     _walk(cfg, "")
     for i, case in enumerate(cfg.cases or []):
         _walk(case, f"cases[{i}].")
-    check_execution(cfg.model, "model")
-    for i, case in enumerate(cfg.cases or []):
-        check_execution(case_model(cfg.model, case), f"cases[{i}]")
+    check_vendor_execution(cfg)
     dev = str(cfg.device)
     if dev not in ("auto", "cpu", "cuda") and not (dev.startswith("cuda:") and dev[5:].isdigit()):
         raise HarnessError(f"device={dev!r} is not a device the harness runs on", f"use {DEVICES_HELP}")
@@ -543,6 +573,7 @@ def check_vendor_knobs(m: ModelConfig) -> None:
 register()   # at import, so any Hydra composition of conf/ (the CLI, tests, user code) finds the schema
 
 __all__ = ["LLMConfig", "SAMConfig", "CLIPConfig", "ProjectorConfig", "ExecutionConfig", "ExecutionOverrides",
-           "ModelConfig", "WorkloadConfig", "CaseConfig", "case_model", "check_execution", "check_decode_attention",
+           "ModelConfig", "CostModelConfig", "cost_config", "EXECUTION_KNOBS", "WorkloadConfig", "CaseConfig",
+           "case_execution", "check_vendor_execution", "moved_knob",
            "MeasureConfig", "HardwareConfig", "ProfileConfig", "RunConfig", "HarnessConfig", "ATTN_IMPLEMENTATIONS",
            "register", "from_dict", "to_config", "to_dict", "validate", "config_error", "SCHEMA_NAME"]

@@ -3,7 +3,8 @@
 Steps: resolve device and dtype -> validate every case's pages and layout (before the model is
 built, so bad input fails fast) -> build the model -> make sure the device has calibrated ceilings
 (the cached record, or a few seconds of GEMM/copy measurement on first use unless
-``hardware.calibrate=false``) -> for each case: configure the model's execution, measure (warm-up,
+``hardware.calibrate=false``) -> for each case: convert the model to the case's execution
+(``harness.variants.apply``; cases this device cannot run were skipped before the build), measure (warm-up,
 timed repeats with the request's host preparation and copy timed, optional profiled request with
 its trace), compute its analytic frame with the measured routing (per decode step) -> append to
 stages.csv / kernels.csv / routing.csv / routing_steps.csv / steps.csv, update manifest.json and
@@ -22,7 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .config import HarnessConfig, to_dict
+from . import variants
+from .config import HarnessConfig, cost_config, to_dict
 from .interrupts import catch_signals
 from .measure import host
 from .measure.nvtx_ranges import NvtxRanges
@@ -34,7 +36,7 @@ from .report.report import write_report
 from .roofline.calibrate import ensure_calibration
 from .roofline.join import analytic_for_case
 from .rundir import RunData, RunDir, trace_name
-from .setup import device_info, load_adapter, prepare_cases, resolve_device, resolve_dtype
+from .setup import check_cases, device_info, load_adapter, prepare_cases, resolve_device, resolve_dtype
 from .stopping import Position, close_run
 
 log = logging.getLogger("harness.run")
@@ -84,7 +86,7 @@ class CaseTables:
             analytic: tuple, execution: dict, steps: list = ()) -> None:
         """One case: stages.csv (then the manifest's case entry), kernels.csv, routing.csv, then the
         manifest is saved. ``analytic`` = ``analytic_for_case``'s (frame, MBU bytes, notes);
-        ``execution``: what the adapter ran (``configure``) with its set-up seconds."""
+        ``execution``: what the adapter ran (``variants.apply``) with its set-up seconds."""
         rd, data, case = self.rd, self.data, inputs.case
         grown = pd.concat(self.stages + [stages], ignore_index=True)
         rd.write_csv("stages.csv", grown)
@@ -178,6 +180,12 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
         if not cuda:
             rd.warn("no CUDA device: stage times are host clocks, no NVTX consumer, kernels are CPU ops")
         cases, tok_reason = prepare_cases(cfg)
+        skipped = check_cases(cfg, cases, device, dtype)   # before the model is built
+        for name, reason in skipped.items():
+            rd.warn(f"case {name} skipped: {reason}")
+            progress(f"[harness] case {name} skipped: {reason}")
+        rd.update(skipped_cases=[{"case": name, "reason": reason} for name, reason in skipped.items()])
+        cases = [c for c in cases if c.name not in skipped]
         where.cases = len(cases)
         if tok_reason:
             rd.warn(tok_reason)
@@ -210,7 +218,7 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
             def make(r, inputs=inputs):
                 return inputs.timed_request(r, device, dtype)
 
-            execution = model.configure(inputs.model)
+            execution = variants.apply(model, inputs.execution, device)
 
             def at(request, i=i, name=case.name):
                 where.at("case", name, i + 1, request)
@@ -220,9 +228,9 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
             st, kt, counts = measure_case(model, make, mcfg, ident, cuda, progress=progress, info=warm, at=at,
                                           steps=case_steps, trace_path=trace)
             at("writing")
-            ran = dataclasses.replace(inputs.model, moe_kernel=execution.get("moe_kernel_resolved")
-                                      or inputs.model.moe_kernel)
-            analytic = analytic_for_case(case, dataclasses.replace(model.cfg, **ran.execution()), dtype_name,
+            ran = dataclasses.replace(inputs.execution, moe_kernel=execution.get("moe_kernel_resolved")
+                                      or inputs.execution.moe_kernel)
+            analytic = analytic_for_case(case, cost_config(model.cfg, variants.cost_knobs(ran)), dtype_name,
                                          counts if any(a.sum() for k, a in counts.items() if k != "decode_steps")
                                          else None)
             if warm.get("steady") is False:

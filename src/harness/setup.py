@@ -7,6 +7,9 @@
   pages loaded and the first request built, so bad input fails before any model is built. A
   folder of pages (``workload.images=DIR``) is a set of requests, one case each
   (``workload.batch_pages``: ``batch`` pages of one layout per request, named by their pages).
+* ``check_cases``: every case's execution checked as a whole on the device (``harness.variants.check``)
+  before any model is built: refused with one line, or, for a case of an experiment that only this
+  device cannot run, skipped with its reason.
 * ``load_adapter``: the ``ModelAdapter`` named by ``model.name`` (reference or vendor) on the device.
 """
 from __future__ import annotations
@@ -18,11 +21,12 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 from . import workload as wl
-from .config import CaseConfig, HarnessConfig, ModelConfig, WorkloadConfig, case_model
+from .config import CaseConfig, ExecutionConfig, HarnessConfig, ModelConfig, WorkloadConfig, case_execution
 from .dtypes import torch_dtype
 from .errors import HarnessError
 
@@ -88,14 +92,14 @@ def device_info(device: torch.device) -> dict:
 
 @dataclass
 class CaseInputs:
-    """One case of a run: its ``case`` (the shape), its workload settings, the model config it runs
-    (``model``: the run's model with the case's execution overrides), its pages, the validated
+    """One case of a run: its ``case`` (the shape), its workload settings, the execution it runs
+    (``execution``: the run's with the case's overrides), its pages, the validated
     request of repeat 0 (``request``, CPU tensors) and ``notes`` for the run's warnings (pages
     converted on loading, a batch filled by repeating pages)."""
 
     case: wl.Case
     workload: WorkloadConfig
-    model: ModelConfig
+    execution: ExecutionConfig
     pages: list
     tokenizer: object
     request: wl.Request
@@ -156,8 +160,8 @@ def pages_for(w: WorkloadConfig, repeat: int) -> list:
 
 
 def case_workloads(cfg: HarnessConfig) -> list:
-    """[(name or None, WorkloadConfig, ModelConfig)]: ``workload`` with each ``cases`` entry's non-None
-    workload fields, ``model`` with its execution overrides; only the cases named in ``run.only`` when set."""
+    """[(name or None, WorkloadConfig, ExecutionConfig)]: ``workload`` with each ``cases`` entry's non-None
+    workload fields, ``execution`` with its execution overrides; only the cases named in ``run.only`` when set."""
     out = []
     names = {f.name for f in dataclasses.fields(WorkloadConfig)}
     for ov in cfg.cases or [CaseConfig()]:
@@ -165,7 +169,7 @@ def case_workloads(cfg: HarnessConfig) -> list:
             continue
         fields = {f.name: getattr(ov, f.name) for f in dataclasses.fields(ov) if f.name in names}
         w = dataclasses.replace(cfg.workload, **{k: v for k, v in fields.items() if v is not None})
-        out.append((ov.name, w, case_model(cfg.model, ov)))
+        out.append((ov.name, w, case_execution(cfg.execution, ov)))
     return out
 
 
@@ -206,6 +210,42 @@ def prepare_cases(cfg: HarnessConfig) -> tuple:
     return cases, reason
 
 
+def check_cases(cfg: HarnessConfig, cases: Optional[list] = None, device: Optional[torch.device] = None,
+                dtype: Optional[torch.dtype] = None) -> dict:
+    """{case name: reason} of the cases to skip: every case's execution (``cases``: prepared
+    ``CaseInputs``, else the config's cases) goes through ``harness.variants.check`` on ``device``
+    (default: ``cfg.device`` resolved). An execution that would not run, or would run as something
+    else, is refused (``HarnessError``, naming the case); one that only this device cannot run
+    (``CannotRunHere``) is skipped where the run has cases of an experiment, unless no case is left.
+    The static cache's length is checked against each request's prompt + decode tokens (the config's
+    cases are prepared for that only when ``static_cache_len`` is set)."""
+    from . import variants
+    from .variants.base import CannotRunHere
+
+    device = device or resolve_device(cfg.device)
+    dtype = dtype or resolve_dtype(cfg.dtype, device)
+    if cases is None and any(ex.static_cache_len is not None for _, _, ex in case_workloads(cfg)):
+        cases, _ = prepare_cases(cfg)
+    entries = ([(c.name, c.execution, c.execution.positions(c.request.prefill_tokens, c.workload.decode_tokens))
+                for c in cases] if cases is not None else
+               [(name, ex, None) for name, _, ex in case_workloads(cfg)])
+    skipped, first = {}, None
+    for name, ex, positions in entries:
+        try:
+            variants.check(ex, device, dtype, model=cfg.model, positions=positions)
+        except CannotRunHere as exc:
+            first = first or (name, exc)
+            if not cfg.cases:
+                raise
+            skipped[name] = str(exc)
+        except HarnessError as exc:
+            raise HarnessError(f"case {name}: {exc.problem}" if cfg.cases else exc.problem, exc.fix) from None
+    if first is not None and len(skipped) == len(entries):
+        name, exc = first
+        raise HarnessError(f"no case of the run can run here; case {name}: {exc.problem}", exc.fix)
+    return skipped
+
+
 # ------------------------------------------------------------------------------------ model
 
 def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int, workdir=None) -> tuple:
@@ -214,7 +254,7 @@ def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, se
     where the vendor's ``infer()`` may write (``model.vendor_entry=infer``; default a temporary directory)."""
     t0 = time.perf_counter()
     if mcfg.name == "vendor":
-        from .models import vendor_loops
+        from .models.vendor import loops as vendor_loops
 
         model = vendor_loops.load(mcfg.path, device=device, dtype=dtype, attn_implementation=mcfg.attn_implementation,
                                   seed=seed, loop=mcfg.vendor_loop, entry=mcfg.vendor_entry, workdir=workdir)
@@ -230,7 +270,6 @@ def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, se
         info = {"adapter": "reference", "weights": mcfg.weights}
         if mcfg.weights == "path":
             info["loaded"] = load_weights(model, mcfg.path)
-        info["execution"] = model.configure(mcfg)
         model.info.update(info)
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -240,4 +279,4 @@ def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, se
 
 
 __all__ = ["resolve_device", "resolve_dtype", "device_info", "CaseInputs", "pages_for", "request_pages", "case_workloads",
-           "prepare_cases", "load_adapter"]
+           "prepare_cases", "check_cases", "load_adapter"]

@@ -11,12 +11,13 @@ No GPU and no weights are needed.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
 from typing import Iterable, Optional
 
-from ..config import ModelConfig
+from ..config import ModelConfig, cost_config
 from ..stages import VISION_STAGES
 from .compose import (COLUMNS, STAGES, Case, activated_params_per_token, case_summary, component_params,
                       decode_step_costs, default_sweep_cases, kv_bytes_per_token, stage_totals, workload_costs)
@@ -88,7 +89,7 @@ def analyze(cases: Optional[Iterable] = None, out_dir="runs/analyze", model_cfg:
     import pandas as pd
 
     t0 = time.perf_counter()
-    cfg = model_cfg or ModelConfig()
+    cfg = cost_config(model_cfg)
     cases = list(cases) if cases is not None else list(DEFAULT_CASES)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -211,6 +212,7 @@ def analyze_from_config(cfg, out_dir) -> dict:
 
     cases, _ = prepare_cases(cfg)
     dtype = "bf16" if cfg.dtype == "auto" else cfg.dtype
-    paths = analyze([c.case for c in cases], out_dir, cfg.model, dtype=dtype)
+    paths = analyze([c.case for c in cases], out_dir, cost_config(cfg.model, dataclasses.asdict(cfg.execution)),
+                    dtype=dtype)
     print(f"[harness] analytic report: {paths['md']}")
     return paths

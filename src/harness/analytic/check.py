@@ -35,7 +35,7 @@ from typing import Optional
 
 import torch
 
-from ..config import ModelConfig
+from ..config import ModelConfig, cost_config
 from ..errors import HarnessError
 from ..stages import LEAF_RANGES, VISION_STAGES
 from . import compose
@@ -121,7 +121,7 @@ def count_case(case, cfg: Optional[ModelConfig] = None, device: str = "meta", mo
     from ..models.build import build_model
     from ..models.generate import generate
 
-    cfg = cfg or ModelConfig()
+    cfg = cost_config(cfg)
     r = compose.resolve(case, cfg)
     if model is None:
         model = build_model(cfg, device=device)
@@ -149,7 +149,7 @@ def check_cases(cases, cfg: Optional[ModelConfig] = None, device: str = "meta", 
 
     from ..models.build import build_model
 
-    cfg = cfg or ModelConfig()
+    cfg = cost_config(cfg)
     if model is None:
         model = build_model(cfg, device=device)
     rows = []

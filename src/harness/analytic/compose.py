@@ -49,7 +49,7 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
-from ..config import ModelConfig
+from ..config import ModelConfig, cost_config
 from ..dtypes import nbytes as dtype_bytes
 from ..errors import HarnessError
 from ..stages import STAGES
@@ -141,6 +141,7 @@ class Item:
 
 
 def vision_items(cfg: ModelConfig, view: View, b: int) -> list:
+    cfg = cost_config(cfg)
     s, c = cfg.sam, cfg.clip
     n, g, q, C = view.n, view.g, view.q, s.embed_dim
     call = view.label
@@ -203,6 +204,7 @@ def llm_items(cfg: ModelConfig, stage: str, B: int, S: int, n: int, b: int, imag
               kv_cache: Optional[str] = None, call: Any = 0, keys: int = 0) -> list:
     """Families of one LLM forward: B sequences of S new tokens against a cache of n tokens
     (``keys`` > 0: a static cache's decode step attends over that many positions, masked)."""
+    cfg = cost_config(cfg)
     L = cfg.llm
     h, T = L.hidden_size, B * S
     impl = attn_impl or cfg.attn_implementation
@@ -260,7 +262,9 @@ def _decode_routing(routing, steps: int, B: int, cfg: ModelConfig):
 
 def case_items(case, cfg: ModelConfig, dtype="bf16", routing: Optional[dict] = None,
                attn_impl: Optional[str] = None, kv_cache: Optional[str] = None):
-    """(Resolved case, list of Items) for every stage of the request."""
+    """(Resolved case, list of Items) for every stage of the request. ``cfg``: a ``ModelConfig``
+    (the vendor's execution) or a ``CostModelConfig`` (with its execution's cost knobs)."""
+    cfg = cost_config(cfg)
     r = resolve(case, cfg)
     b = dtype_bytes(dtype)
     items = []
@@ -355,7 +359,7 @@ def workload_costs(case, model_cfg: Optional[ModelConfig] = None, dtype="bf16", 
     ``GenerationResult.routing`` gives them; without it MoE weight bytes use the uniform-routing
     expectation. FLOPs do not depend on routing.
     """
-    cfg = model_cfg or ModelConfig()
+    cfg = cost_config(model_cfg)
     r, items = case_items(case, cfg, dtype, routing, attn_implementation, kv_cache)
     return to_frame(aggregate(r.name, items, per_step))
 
@@ -369,7 +373,7 @@ def stage_totals(df) -> dict:
 def case_summary(case, model_cfg: Optional[ModelConfig] = None, dtype="bf16", routing=None,
                  attn_implementation=None, kv_cache=None) -> dict:
     """The ``static_compute.json`` entry of one case."""
-    cfg = model_cfg or ModelConfig()
+    cfg = cost_config(model_cfg)
     r, items = case_items(case, cfg, dtype, routing, attn_implementation, kv_cache)
     df = to_frame(aggregate(r.name, items))
     totals = stage_totals(df)
@@ -418,7 +422,7 @@ def kv_bytes_per_token(cfg: Optional[ModelConfig] = None, dtype="bf16") -> int:
 def decode_step_costs(cfg: Optional[ModelConfig] = None, cache_len: int = 0, batch: int = 1, dtype="bf16",
                       attn_implementation=None, kv_cache=None) -> Cost:
     """Total cost of one decode step (batch x 1 token) against a cache of ``cache_len`` tokens."""
-    cfg = cfg or ModelConfig()
+    cfg = cost_config(cfg)
     return F.total([it.cost for it in llm_items(cfg, "decode", batch, 1, cache_len, dtype_bytes(dtype),
                                                 attn_impl=attn_implementation, kv_cache=kv_cache)])
 

@@ -294,7 +294,7 @@ class SAMAttention(Family):
       materialised) + P*C (attention out) + N*g^2*C (proj + residual, real tokens only). All * b.
     * params = 4*C^2 + 4*C + 2*(2*r - 1)*d.
 
-    ``method = "augmented"`` (``vision_impl: fused``, global blocks; ``harness.models.sam_attention``):
+    ``method = "augmented"`` (``vision_impl: fused``, global blocks; ``harness.variants.sam_attention``):
     no S x S mask. q' = [q, rel_h, rel_w, 0] and k' = [k, onehot_h, onehot_w, 0] of head dim
     d' = d + h + w rounded up to a multiple of 8, one SDPA over (q', k', v). The kernel executes
     2*Bw*nh*n^2*(d' + d) (flops_counted = tensor_flops = GEMMs + rel-pos einsums + that;
@@ -340,7 +340,7 @@ class SAMAttention(Family):
         params = 4 * C * C + 4 * C + 2 * (2 * self.rel_size - 1) * d
         relw = bw * nh * n * 2 * side
         if self.method == "augmented":
-            from ..models.sam_attention import augmented_dim
+            from ..variants.sam_attention import augmented_dim
 
             dp = augmented_dim(d, side, side)
             kernel = 2 * bw * nh * n * n * (dp + d)
@@ -810,7 +810,7 @@ class MoERouted(Family):
       act write (T*k*h [sorted tokens] + 2*T*k*Im + T*k*h [expert outputs] + T*h [combined])*b.
     * params = E*3*h*Im; params_active = k*3*h*Im.
 
-    ``kernel`` (what executes the rows; ``harness.models.fast_moe``): ``loop`` (the vendor loop),
+    ``kernel`` (what executes the rows; ``harness.variants.fast_moe``): ``loop`` (the vendor loop),
     ``triton`` and ``grouped_mm`` (rows grouped per expert on the device: the formulas above;
     Triton's padding of each expert's rows to its block is not counted) read each touched expert
     once. ``gather`` (the torch fallback when T*k <= E) reads one expert's weights per row:

@@ -207,7 +207,7 @@ def graph_from_config(cfg, out_dir: Path, progress=print) -> dict:
 
     import torch
 
-    from ..config import to_dict
+    from ..config import cost_config, to_dict
     from ..dtypes import canonical
     from ..rundir import RunDir
     from ..setup import device_info, load_adapter, prepare_cases, resolve_device, resolve_dtype
@@ -229,6 +229,9 @@ def graph_from_config(cfg, out_dir: Path, progress=print) -> dict:
         torch.manual_seed(int(cfg.seed))
         progress(f"[graph] building {adapter} model on {device} ({dtype_name})")
         model, info = load_adapter(mcfg, device, dtype, cfg.seed)
+        if adapter != "vendor":
+            from .. import variants
+            info["execution"] = variants.apply(model, cfg.execution, device)
         rd.update(model=info)
         request = case.request.to(device, dtype)
         req_desc = request.case.to_dict()
@@ -239,7 +242,7 @@ def graph_from_config(cfg, out_dir: Path, progress=print) -> dict:
         if adapter == "vendor":
             ref_cfg = getattr(model, "cfg", None)
         else:
-            ref_cfg = mcfg
+            ref_cfg = cost_config(mcfg, dataclasses.asdict(cfg.execution))
         res = graph(model, request, rd.path, ref_cfg, dtype_name, meta, adapter, progress)
         res["timings"]["build_s"] = round(info.get("build_s", 0.0), 2)
         res["timings"]["wall_s"] = round(time.perf_counter() - t0, 2)

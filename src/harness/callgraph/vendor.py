@@ -1,4 +1,4 @@
-"""torchlens capture of the vendor model (``harness.models.vendor.VendorOCR``), vendor files untouched.
+"""torchlens capture of the vendor model (``harness.models.vendor.loader.VendorOCR``), vendor files untouched.
 
 Tracer-hostile spots of the vendor code and what is done about them (for the capture only,
 restored afterwards):
@@ -111,7 +111,7 @@ def capture_vendor(vmodel, request, count_flops: bool = True, progress=print) ->
         return logits
 
     def run_decode(token, keys, values, attention_mask):
-        from harness.models.vendor import VendorCache
+        from ..models.vendor.loader import VendorCache
 
         cache = VendorCache(past=_dynamic_cache(keys, values), attention_mask=attention_mask)
         logits = vmodel.decode_step(token, cache)

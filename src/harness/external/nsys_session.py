@@ -11,7 +11,7 @@ importer, library folders, options dropped for this nsys version) and the logs.
 Settings (``profile.*``): ``nsys_range`` request (default: every stage in one capture) | stage
 (only the ``stage`` range); ``nsys_warmup`` untimed requests before the captured one (default 1:
 lazy CUDA/cuBLAS set-up stays outside it); ``cuda_graph_trace`` graph | node | null (null: node
-when ``model.cuda_graphs`` is set, else nsys's default).
+when ``execution.cuda_graphs`` is set, else nsys's default).
 """
 from __future__ import annotations
 
@@ -46,9 +46,9 @@ class NsysSettings:
 
     @classmethod
     def from_config(cls, cfg) -> "NsysSettings":
-        """From the typed config (``profile.*``, validated by the schema; ``model.cuda_graphs`` or
-        ``model.prefill_graphs`` / ``vision_impl=fused`` on turn node-level graph tracing on)."""
-        prof, m = cfg.profile, cfg.model
+        """From the typed config (``profile.*``, validated by the schema; ``execution.cuda_graphs`` or
+        ``execution.prefill_graphs`` / ``vision_impl=fused`` on turn node-level graph tracing on)."""
+        prof, m = cfg.profile, cfg.execution
         cgt = prof.cuda_graph_trace
         if cgt is None and (m.cuda_graphs != "none" or m.prefill_graphs or m.vision_impl == "fused"):
             cgt = "node"

@@ -31,6 +31,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from ..analytic.registry import BY_FAMILY, CONTAINERS, family_of
+from ..variants.base import reference_class
 
 KV_GROUP = "kv_cache"
 ROUTING_GROUP = "routing/indexing"
@@ -82,7 +83,7 @@ class ModuleTracker:
         ev = self.events
         now = time.time_ns
         for i, (name, mod) in enumerate(self.model.named_modules()):
-            self.names.append((name, type(mod).__name__))
+            self.names.append((name, reference_class(mod).__name__))   # a variant's module: its reference class
             self._handles.append(mod.register_forward_pre_hook(lambda m, a, i=i: ev.append((now(), i))))
             self._handles.append(mod.register_forward_hook(lambda m, a, o: ev.append((now(), -1)), always_call=True))
         kv = self.kv_index = len(self.names)

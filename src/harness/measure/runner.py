@@ -30,6 +30,7 @@ from typing import Callable
 import pandas as pd
 import torch
 
+from .. import variants
 from ..config import MeasureConfig
 from ..models.generate import generate
 from .kernels import KERNEL_COLUMNS, KernelCapture, kernel_table
@@ -212,9 +213,7 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
         rec = StageRecorder(cuda, nvtx=mcfg.nvtx, events=mcfg.events, annotate=True)
         syncs = SyncCounter(rec)
         # module hooks would recompile a compiled step and never run inside a captured graph
-        ex = getattr(model, "exec", None)
-        hooks = mcfg.module_hooks and not (ex is not None and (ex.compile or ex.cuda_graphs != "none"
-                                                               or ex.prefill_graphs or ex.vision_impl == "fused"))
+        hooks = mcfg.module_hooks and variants.allows_module_hooks(getattr(model, "execution", None))
         tracker = ModuleTracker(model) if hooks else contextlib.nullcontext()
         with tracker as modules, KernelCapture(cuda) as prof, quiet_gc(), \
                 (syncs.counting() if cuda else contextlib.nullcontext()):

@@ -2,16 +2,17 @@
 
 Every model the harness drives (the reference ``DeepseekOCR``, the vendor's code through
 ``VendorOCR``) implements ``ModelAdapter``; ``harness.models.generate.generate`` is the one loop
-that runs a request through any of them. Execution variants (a static KV cache, a decode step
-captured in a CUDA graph) live behind ``running`` (set-up once per request shape, outside the
-timed loop) and ``next_token`` (one step, nothing in it makes the host wait).
+that runs a request through any of them. Execution variants (``harness.variants``: a static KV
+cache, a decode step captured in a CUDA graph) convert the reference model; they live behind
+``running`` (set-up once per request shape, outside the timed loop) and ``next_token`` (one step,
+nothing in it makes the host wait).
 
 Stage ranges enter a model only through ``stage(name, **payload)`` context managers (a
 ``harness.measure.StageRecorder``, a FLOP counter, ``no_stage``): ``first_token`` opens the vision
 stages and ``prefill``; the loop opens ``request``, ``decode`` and ``decode_step``.
 
 An adapter whose decode loop is not ours (the vendor's own Hugging Face ``generate``,
-``harness.models.vendor_generate``) offers ``generate_own``: ``generate`` hands it the request
+``harness.models.vendor.hf_generate``) offers ``generate_own``: ``generate`` hands it the request
 (``own_loop``). It must open the same ranges: ``request`` around everything (with, where the
 model preprocesses the page itself, a ``preprocess`` range first), the vision stages and
 ``prefill`` for the first forward and the first token, one ``decode_step`` per later token inside
@@ -87,10 +88,6 @@ class ModelAdapter(Protocol):
 
     cfg: object
     info: dict
-
-    def configure(self, execution) -> dict:
-        """Execute as ``execution`` (``harness.config.ExecutionConfig``) from now on; returns what
-        runs (for the manifest). The weights do not change."""
 
     def routing_counter(self) -> RoutingCounter:
         """A fresh counter of routed-expert tokens for one request."""

@@ -1,14 +1,13 @@
 """DeepSeek-V2-style decoder as DeepSeek-OCR runs it: MHA + RoPE, dense SwiGLU in layer 0,
 MoE (64 routed experts, top-6 softmax gate, 2 shared) in layers 1-11.
 
-Execution follows the vendor by default (transformers 4.46.3 LlamaAttention +
-DeepseekV2MoE.moe_infer): fp32 RMSNorm and gate, a per-expert Python loop after a device-to-host
-copy of the expert counts, and a KV cache that grows by concatenation each step. The execution
-variants (``harness.config.ExecutionConfig``) compute the same function differently: a
-``StaticKVCache`` (preallocated, written in place; decode attends over the whole buffer with a
-mask, or with ``Attention.decode_attention = "triton"`` over positions 0..pos only) and sync-free
-routed experts (``MoE.impl = "grouped"``, ``fast_moe.routed_experts``).
-Tensors are [B, S, hidden].
+One path, the vendor's (transformers 4.46.3 LlamaAttention + DeepseekV2MoE.moe_infer): fp32
+RMSNorm and gate, a per-expert Python loop after a device-to-host copy of the expert counts, and
+a KV cache that grows by concatenation each step. The execution variants
+(``harness.config.ExecutionConfig``) are module classes of ``harness.variants`` that extend these
+and are swapped in by its converters (a static KV cache, sync-free routed experts, fused linears,
+a Triton decode attention); ``Attention.project`` / ``output`` and ``MoEGate.logits`` are the
+steps they replace. Tensors are [B, S, hidden].
 """
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ from torch import nn
 
 from ..config import LLMConfig
 from ..errors import HarnessError
-from . import attn_probe, fused_linear
-from .static_cache import StaticKVCache
+from . import attn_probe
 
 
 class RMSNorm(nn.Module):
@@ -63,6 +61,12 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
+    """q, k [B, heads, S, d] rotated by cos, sin [B, S, d]."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
 def flash_attn_func_or_error():
     try:
         from flash_attn import flash_attn_func  # type: ignore
@@ -76,7 +80,7 @@ def flash_attn_func_or_error():
 
 
 class Attention(nn.Module):
-    """q/k/v/o projections (no bias), RoPE, causal attention against the KV cache."""
+    """q/k/v/o projections (no bias), RoPE, causal attention against the growing KV cache."""
 
     def __init__(self, cfg: LLMConfig, layer_idx: int, impl: str):
         super().__init__()
@@ -84,53 +88,35 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, hd
         self.layer_idx = layer_idx
         self.impl = impl
-        self.decode_attention = "sdpa"   # static-cache decode: sdpa | triton (DeepseekOCR.configure sets it)
         self.q_proj = nn.Linear(h, cfg.num_heads * hd, bias=False)
         self.k_proj = nn.Linear(h, cfg.num_kv_heads * hd, bias=False)
         self.v_proj = nn.Linear(h, cfg.num_kv_heads * hd, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * hd, h, bias=False)
         self.rotary_emb = RotaryEmbedding(hd, cfg.rope_theta)
-        self.qkv_weight = None          # linear_impl=fused: q/k/v weights as one tensor (fused_linear)
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: "KVCache", rope=None) -> torch.Tensor:
-        """``rope``: (cos, sin) computed once for all layers by the caller, else from ``position_ids``."""
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: "KVCache") -> torch.Tensor:
         B, S, _ = x.shape
-        static = isinstance(cache, StaticKVCache)
-        cos, sin = self.rotary_emb(x, position_ids) if rope is None else rope
-        if static and self.qkv_weight is not None and fused_linear.gemv_fits(B * S, x.shape[-1]):
-            # one token, static cache: q/k/v GEMV, RoPE and the KV write in one kernel (gemv_triton)
-            from .gemv_triton import gemv_qkv_rope
+        cos, sin = self.rotary_emb(x, position_ids)
+        q, k, v = self.project(x)
+        q, k = apply_rope(q, k, cos, sin)
+        k, v = cache.update(self.layer_idx, k, v)     # k, v hold exactly the positions so far
+        out = self.attend(q, *self.repeat_kv(k, v))
+        return self.output(out.transpose(1, 2).reshape(B, S, -1))
 
-            q = gemv_qkv_rope(x.reshape(1, -1), self.qkv_weight, cos, sin, cache.pos, cache.k[self.layer_idx],
-                              cache.v[self.layer_idx], self.num_heads)
-            out = self.attend_masked(q, cache.k[self.layer_idx], cache.v[self.layer_idx], cache)
-            return fused_linear.linear(out.transpose(1, 2).reshape(B, S, -1), self.o_proj.weight)
-        if self.qkv_weight is None:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        else:
-            kv = self.num_kv_heads * self.head_dim
-            q, k, v = fused_linear.linear(x, self.qkv_weight).split([self.num_heads * self.head_dim, kv, kv], dim=-1)
-        q = q.view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
-        k = k.view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        filled = cache.length                      # host: positions already in the cache
-        k, v = cache.update(self.layer_idx, k, v)
-        if static and S == 1:                      # static cache, decode: the whole buffer, masked
-            out = self.attend_masked(q, k, v, cache)
-        else:
-            k, v = self.repeat_kv(k, v)
-            if not static:                         # growing cache: k, v hold exactly the positions so far
-                out = self.attend(q, k, v)
-            else:                                  # static cache, prefill: the first filled + S positions
-                T = filled + S
-                out = self.attend(q, k[:, :, :T], v[:, :, :T])
-        out = out.transpose(1, 2).reshape(B, S, -1)
-        if self.qkv_weight is None:
-            return self.o_proj(out)
-        return fused_linear.linear(out, self.o_proj.weight)
+    def project(self, x: torch.Tensor) -> tuple:
+        """x [B, S, hidden] -> q [B, heads, S, d], k, v [B, kv_heads, S, d]."""
+        return self.heads(self.q_proj(x), self.k_proj(x), self.v_proj(x))
+
+    def heads(self, q, k, v) -> tuple:
+        """q, k, v [B, S, heads * d] -> [B, heads, S, d] views."""
+        B, S = q.shape[:2]
+        return (q.view(B, S, self.num_heads, self.head_dim).transpose(1, 2),
+                k.view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2),
+                v.view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2))
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        """[B, S, heads * d] -> [B, S, hidden]: o_proj."""
+        return self.o_proj(out)
 
     def repeat_kv(self, k, v):
         """KV heads repeated to the query heads (GQA; a no-op when they are equal)."""
@@ -138,39 +124,6 @@ class Attention(nn.Module):
             return k, v
         rep = self.num_heads // self.num_kv_heads
         return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-
-    def attend_masked(self, q, k, v, cache: "StaticKVCache") -> torch.Tensor:
-        """One query [B, nh, 1, d] against a whole static buffer [B, nkv, L, d] with ``cache.mask``
-        [1, L] (True = a filled position). Same function as ``attend`` over the filled positions:
-        masked keys get weight exactly 0. Fixed shapes, so it can be captured in a CUDA graph.
-
-        ``decode_attention`` (set by ``DeepseekOCR.configure``): ``sdpa`` runs over the whole buffer
-        with the mask (or the eager matmuls for ``impl == "eager"``); ``triton`` runs the split-KV
-        kernel of ``decode_attention_triton``, which reads only positions 0..``cache.pos`` (the
-        step's position, int64 [1] on the device), needs no mask (none is built) and combines its
-        splits in the last one to finish (``cache.split_sem``)."""
-        pos = cache.pos
-        use_triton = self.decode_attention == "triton"
-        path = "triton" if use_triton else f"masked-{self.impl}"
-        if self.layer_idx == 0 and attn_probe.first_time("llm_decode", path):
-            attn_probe.note("llm_decode",
-                            "triton:decode_attention_triton (split-KV, positions 0..pos only)" if use_triton
-                            else "eager:matmul+softmax (masked static cache)" if self.impl == "eager"
-                            else attn_probe.sdpa_choice(q, *self.repeat_kv(k, v), cache.mask))
-        if use_triton:
-            if pos is None:
-                raise HarnessError("decode_attention=triton needs the step's position", "pass cache.pos")
-            from .decode_attention_triton import decode_attention
-
-            return decode_attention(q, k, v, pos, sem=cache.split_sem)
-        mask = cache.mask
-        k, v = self.repeat_kv(k, v)
-        if self.impl == "eager":
-            w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)
-            w = w.masked_fill(~mask, torch.finfo(w.dtype).min)
-            w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
-            return torch.matmul(w, v)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
     def attend(self, q, k, v) -> torch.Tensor:
         """[B, nh, S, d] x [B, nh, T, d] -> [B, nh, S, d]; causal with the query block at the end of T."""
@@ -213,20 +166,16 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """down(silu(gate(x)) * up(x)); names as the vendor's DeepseekV2MLP. ``gate_up_weight``
-    (linear_impl=fused): gate and up weights as one tensor, run by ``fused_linear.swiglu``."""
+    """down(silu(gate(x)) * up(x)); names as the vendor's DeepseekV2MLP."""
 
     def __init__(self, hidden: int, inter: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, inter, bias=False)
         self.up_proj = nn.Linear(hidden, inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
-        self.gate_up_weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_weight is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        return fused_linear.linear(fused_linear.swiglu(x, self.gate_up_weight), self.down_proj.weight)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class MoEGate(nn.Module):
@@ -238,33 +187,17 @@ class MoEGate(nn.Module):
         self.norm_topk_prob = cfg.norm_topk_prob
         self.scale = cfg.routed_scaling_factor
         self.weight = nn.Parameter(torch.empty(cfg.n_routed_experts, cfg.hidden_size))
-        self.fused = False              # linear_impl=fused: fused_linear.linear with fp32 output
 
-    def routes_in_kernel(self, rows: int) -> bool:
-        """Whether ``forward`` on ``rows`` token rows runs the Triton router (``router_triton.route``:
-        linear_impl=fused at decode size)."""
-        return self.fused and fused_linear.gemv_fits(rows, self.weight.shape[1])
+    def forward(self, x: torch.Tensor):
+        """(idx int64 [T, k], weights fp32 [T, k])."""
+        return self.select(self.logits(x))
 
-    def counts_in_kernel(self, rows: int) -> bool:
-        """Whether ``forward`` can count the routing inside the Triton router (one token)."""
-        return rows == 1 and self.routes_in_kernel(rows)
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """fp32 expert logits [T, experts] (the vendor's F.linear of fp32 casts)."""
+        return F.linear(x.reshape(-1, x.shape[-1]).float(), self.weight.float())
 
-    def forward(self, x: torch.Tensor, counts: tuple | None = None):
-        """(idx int64 [T, k], weights fp32 [T, k]). ``counts`` (a routing target's ``device_target``):
-        the Triton router also counts the routing there (one token only: ``counts_in_kernel``)."""
-        if counts is not None and not self.counts_in_kernel(x.numel() // x.shape[-1]):
-            raise HarnessError("MoEGate: the routing count runs in the Triton router at one token only")
-        if self.routes_in_kernel(x.numel() // x.shape[-1]):
-            # gate GEMV, then softmax, top-k, renormalisation and scale in one Triton kernel. Its k
-            # experts come in descending order (ties: lowest index), which may differ from
-            # torch.topk(sorted=False)'s order: the set is the same, and the experts' outputs are
-            # summed over k downstream (equal up to fp32 rounding order).
-            from .router_triton import route
-            return route(x.reshape(-1, x.shape[-1]), self.weight, self.top_k, self.norm_topk_prob, self.scale, counts)
-        if self.fused:
-            logits = fused_linear.linear(x.reshape(-1, x.shape[-1]), self.weight, torch.float32)
-        else:
-            logits = F.linear(x.reshape(-1, x.shape[-1]).float(), self.weight.float())
+    def select(self, logits: torch.Tensor):
+        """Softmax, top-k, renormalisation and scale of fp32 logits [T, experts]."""
         scores = logits.softmax(dim=-1, dtype=torch.float32)
         w, idx = torch.topk(scores, k=self.top_k, dim=-1, sorted=False)
         if self.top_k > 1 and self.norm_topk_prob:
@@ -275,13 +208,11 @@ class MoEGate(nn.Module):
 class MoE(nn.Module):
     """Routed experts + shared expert. ``moe_infer`` is the vendor's per-expert loop.
 
-    ``routing``: a ``RoutingCounter`` (or ``DeviceCounts``) that receives each call's routing (set
-    by the model for one request). ``uniform_counts``: split the routed rows uniformly over the
-    experts instead of reading the real counts from the device (no host sync, so it runs on
-    ``meta`` tensors): the exactness check counts FLOPs that way (``harness.analytic.check``);
-    every routed row still passes exactly one expert's three GEMMs. ``impl``: ``vendor_loop`` or
-    ``grouped`` (``fast_moe.routed_experts`` with ``kernel`` over the stacked ``experts_stacked``:
-    no host sync; the routing goes to ``routing.add_device``).
+    ``routing``: a ``RoutingCounter`` that receives each call's routing (``add_host``; set by the
+    model for one request). ``uniform_counts``: split the routed rows uniformly over the experts
+    instead of reading the real counts from the device (no host sync, so it runs on ``meta``
+    tensors): the exactness check counts FLOPs that way (``harness.analytic.check``); every
+    routed row still passes exactly one expert's three GEMMs.
     """
 
     def __init__(self, cfg: LLMConfig, layer_idx: int):
@@ -293,36 +224,12 @@ class MoE(nn.Module):
         self.shared_experts = SwiGLU(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts)
         self.routing = None
         self.uniform_counts = False
-        self.impl, self.kernel, self.experts_stacked = "vendor_loop", "torch", None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        if self.impl == "vendor_loop":
-            idx, w = self.gate(x)
-            y = self.moe_infer(x.reshape(-1, shape[-1]), idx, w)
-        else:
-            from .fast_moe import routed_experts
-
-            if self.routing is not None and self.gate.counts_in_kernel(x.numel() // shape[-1]):
-                idx, w = self.gate(x, self.routing.device_target(self.layer_idx, x.device))
-            else:
-                idx, w = self.gate(x)
-                if self.routing is not None:
-                    self.routing.add_device(self.layer_idx, idx)
-            sh = self.shared_experts
-            if self.shares_kernels(idx.numel()):
-                return routed_experts(x.reshape(-1, shape[-1]), idx, w, self.experts_stacked, self.kernel,
-                                      shared=(sh.gate_up_weight, sh.down_proj.weight)).view(*shape)
-            y = routed_experts(x.reshape(-1, shape[-1]), idx, w, self.experts_stacked, self.kernel)
+        idx, w = self.gate(x)
+        y = self.moe_infer(x.reshape(-1, shape[-1]), idx, w)
         return y.view(*shape) + self.shared_experts(x)
-
-    def shares_kernels(self, routed_rows: int) -> bool:
-        """Whether the shared expert runs as extra rows of the routed kernels (``fast_moe.folds_shared``:
-        moe kernel triton at decode size) rather than as its own GEMVs: with linear_impl=fused, whose
-        fused gate/up weight those kernels read."""
-        from .fast_moe import folds_shared
-
-        return self.shared_experts.gate_up_weight is not None and folds_shared(self.kernel, routed_rows)
 
     def moe_infer(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
         n_exp = len(self.experts)
@@ -360,8 +267,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, position_ids, cache, rope=None):
-        x = x + self.self_attn(self.input_layernorm(x), position_ids, cache, rope)
+    def forward(self, x, position_ids, cache):
+        x = x + self.self_attn(self.input_layernorm(x), position_ids, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

@@ -179,14 +179,16 @@ def run_cases(manifest: dict) -> list:
 
 
 def model_config(manifest: dict):
-    """(ModelConfig of the run, note): keys this version does not know are dropped, with a note."""
-    from ..config import ModelConfig, from_dict
+    """(CostModelConfig of the run: its ``model`` and ``execution``, note): keys this version does not
+    know are dropped, with a note."""
+    from ..config import CostModelConfig, from_dict
 
-    raw = dict((manifest.get("config") or {}).get("model") or {})
+    config = manifest.get("config") or {}
+    raw = {**(config.get("model") or {}), **(config.get("execution") or {})}
     try:
-        return from_dict(ModelConfig, raw), None
+        return from_dict(CostModelConfig, raw), None
     except HarnessError as exc:
-        return from_dict(ModelConfig, raw, strict=False), f"model config: {exc}"
+        return from_dict(CostModelConfig, raw, strict=False), f"model config: {exc}"
 
 
 def _expert_cols(df: pd.DataFrame) -> list:

@@ -6,7 +6,7 @@ Conventions (one attention call; shapes as SDPA takes them):
 - ``q, k, v``: [B, nh, S, d] with S = H * W tokens of an H x W grid, row-major (token
   j = h(j) * W + w(j)). B is images (global blocks) or images x windows (windowed blocks; the
   window's zero-padded tokens are ordinary tokens here, exactly as in the dense path).
-- ``Rh``: [H, H, d] and ``Rw``: [W, W, d], the per-axis tables from ``vision.rel_pos_table``.
+- ``Rh``: [H, H, d] and ``Rw``: [W, W, d], the per-axis tables from ``models.vision.rel_pos_table``.
 - bias[i, j] = rel_h[i, h(j)] + rel_w[i, w(j)], rel_h[i, :] = q_i @ Rh[h(i)]^T ([S, H]),
   rel_w[i, :] = q_i @ Rw[w(i)]^T ([S, W]); scores = q_i . k_j / sqrt(d) + bias[i, j].
 
@@ -69,7 +69,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..errors import HarnessError
-from . import attn_probe
+from ..models import attn_probe
 
 #: explicit backends ``augmented_attention`` accepts (plus "auto")
 BACKENDS = ("flash", "efficient", "cudnn", "math")
@@ -280,7 +280,7 @@ def forward(module, x: torch.Tensor, Rh, Rw, method: str = "augmented", backend:
     elif method == "augmented":
         out = augmented_attention(q, k, v, Rh, Rw, H, W, backend=backend, site=site)
     else:
-        from . import sam_attention_triton  # needs triton; imported only when asked for
+        from ..kernels import sam_attention_triton  # needs triton; imported only when asked for
         out = sam_attention_triton.rel_bias_attention(q, k, v, Rh, Rw, H, W)
         if site is not None:
             attn_probe.note(site, "triton:sam_attention_triton._rel_bias_fwd")

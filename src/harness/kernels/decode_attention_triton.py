@@ -28,7 +28,7 @@ q . k and p . v are CUDA-core products (one query row: no tensor-core tile to fi
 operands converted to fp32. ``DecodeAttentionConfig`` picks BLOCK_N, the splits and num_warps;
 the default aims at about two waves of an H100/H200's 132 SMs (see ``splits``).
 Tested against a float64 reference under TRITON_INTERPRET=1 on the CPU (the interpreter mode is
-that of ``fast_moe_triton``, imported here for its bf16 rounding helper).
+that of ``common``, imported here for its bf16 rounding helper).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .fast_moe_triton import INTERPRETED, _check_runnable, _rne
+from .common import INTERPRETED, check_runnable, rne
 
 LOG2E = 1.4426950408889634
 #: streaming multiprocessors of an H100 / H200 SXM: the default split count aims at 2 waves of them
@@ -97,7 +97,7 @@ def _combine(ACC, M, LS, O, bh, b, h, s_ob, s_oh, D: tl.constexpr, NUM_SPLITS: t
     w = tl.exp2(m - tl.max(m, 0))                                 # 0 for empty and padded splits
     acc = tl.load(ACC + rows[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0, cache_modifier=".cg")
     out = tl.sum(acc * w[:, None], 0) / tl.sum(ls * w, 0)
-    tl.store(O + b * s_ob + h * s_oh + offs_d, _rne(out, EMULATE_BF16_RNE).to(O.dtype.element_ty))
+    tl.store(O + b * s_ob + h * s_oh + offs_d, rne(out, EMULATE_BF16_RNE).to(O.dtype.element_ty))
 
 
 @triton.jit
@@ -136,7 +136,7 @@ def _split_kernel(Q, K, V, POS, O, ACC, M, LS, SEM, heads, group, L,
         l_i = l_i * alpha + tl.sum(p, 0)
         m_i = m_new
     if NUM_SPLITS == 1:
-        out = _rne(acc / l_i, EMULATE_BF16_RNE)
+        out = rne(acc / l_i, EMULATE_BF16_RNE)
         tl.store(O + b * s_ob + h * s_oh + offs_d, out.to(O.dtype.element_ty))
     else:
         row = bh.to(tl.int64) * NUM_SPLITS + split
@@ -190,7 +190,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
     (module docstring). ``scale`` defaults to 1/sqrt(d), as SDPA. ``sem``: int32 zeros, at least B*nh
     of them, left zero after each call: the last split combines (one launch); None: a combine launch.
     Callable under torch.compile."""
-    _check_runnable(q)
+    check_runnable(q)
     _check_inputs(q, k, v, pos)
     config.check()
     B, nh, _, D = q.shape
@@ -204,7 +204,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
         k, v = k.contiguous(), v.contiguous()
     scale_log2 = (D ** -0.5 if scale is None else scale) * LOG2E
     splits, per = config.splits(B * nh, L)
-    rne = INTERPRETED and q.dtype == torch.bfloat16
+    emulate_rne = INTERPRETED and q.dtype == torch.bfloat16
     out = torch.empty((B, nh, 1, D), dtype=q.dtype, device=q.device)
     acc = torch.empty((B * nh * splits, D) if splits > 1 else (1, D), dtype=torch.float32, device=q.device)
     m = torch.empty(B * nh * splits if splits > 1 else 1, dtype=torch.float32, device=q.device)
@@ -216,11 +216,11 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1),
         SCALE_LOG2=scale_log2, D=D, BLOCK_N=config.block_n, BLOCKS_PER_SPLIT=per, NUM_SPLITS=splits,
-        SPLITS_P2=splits_p2, LAST_COMBINES=last_combines, EMULATE_BF16_RNE=rne, num_warps=config.num_warps)
+        SPLITS_P2=splits_p2, LAST_COMBINES=last_combines, EMULATE_BF16_RNE=emulate_rne, num_warps=config.num_warps)
     if splits > 1 and not last_combines:
         _combine_kernel[(B * nh,)](
             acc, m, ls, out, nh, out.stride(0), out.stride(1),
-            D=D, NUM_SPLITS=splits, SPLITS_P2=splits_p2, EMULATE_BF16_RNE=rne,
+            D=D, NUM_SPLITS=splits, SPLITS_P2=splits_p2, EMULATE_BF16_RNE=emulate_rne,
             num_warps=4 if D >= 128 else 1)
     return out
 

@@ -28,8 +28,8 @@ load and the class of ``layers[0].self_attn`` (``LlamaAttention`` / ``LlamaFlash
 forwards with a ``DynamicCache``, attention mask and position ids as HF ``generate`` passes them;
 EOS ignored, no ``no_repeat_ngram_size``). ``set_loop`` hands every request to the vendor's own
 loop instead (``generate_own``): its HF ``generate`` with ``infer()``'s arguments
-(``harness.models.vendor_generate``) or ``infer()`` itself (``harness.models.vendor_infer``),
-chosen by ``harness.models.vendor_loops``; what runs is ``info["loop"]``. Stages come from
+(``harness.models.vendor.hf_generate``) or ``infer()`` itself (``harness.models.vendor.infer``),
+chosen by ``harness.models.vendor.loops``; what runs is ``info["loop"]``. Stages come from
 forward hooks on ``model.sam_model``,
 ``model.vision_model`` and ``model.projector`` (counted calls: Gundam runs each twice, batch
 elements run one after another) and from the loop itself. The vendor forward computes the token
@@ -59,16 +59,16 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..config import CLIPConfig, LLMConfig, ModelConfig, ProjectorConfig, SAMConfig
-from ..dtypes import torch_dtype
-from ..errors import HarnessError
-from ..hub import check_auto_map, hub_offline, refuse_hub_code
-from . import attn_probe
-from .adapter import GenerationResult, Select, StageFn, no_stage
-from .build import build_model
-from .checkpoint import check_tensors, read_headers
-from .routing import RoutingCounter
-from .vendor_compat import (VENDOR_TRANSFORMERS, cuda_noop_on_cpu, ensure_torchvision, params_on_meta,
+from ...config import CLIPConfig, LLMConfig, ModelConfig, ProjectorConfig, SAMConfig
+from ...dtypes import torch_dtype
+from ...errors import HarnessError
+from ...hub import check_auto_map, hub_offline, refuse_hub_code
+from .. import attn_probe
+from ..adapter import GenerationResult, Select, StageFn, no_stage
+from ..build import build_model
+from ..checkpoint import check_tensors, read_headers
+from ..routing import RoutingCounter
+from .compat import (VENDOR_TRANSFORMERS, cuda_noop_on_cpu, ensure_torchvision, params_on_meta,
                             require_transformers)
 
 #: files the vendor code needs to import (modeling_deepseekocr imports the others)
@@ -269,7 +269,7 @@ def load_vendor(path, device="cpu", dtype=torch.bfloat16, attn_implementation: s
     forwards under ``torch.autocast('cuda', bfloat16)`` as the vendor's ``infer()`` does; default
     on for CUDA with bf16 weights. ``quiet``: swallow the vendor forward's prints and, while
     loading, transformers' expected warnings. The harness loop drives it (``info["loop"]``);
-    ``harness.models.vendor_loops`` loads it with the vendor's own loop or entry instead.
+    ``harness.models.vendor.loops`` loads it with the vendor's own loop or entry instead.
     """
     path = check_vendor_dir(path)
     vendor_attn = vendor_attn_name(attn_implementation)
@@ -556,10 +556,6 @@ class VendorOCR(nn.Module):
             attn_probe.note(site, f"{kernel} (vendor {type(self.hf.model.layers[0].self_attn).__name__})")
 
     # -------------------------------------------------------- adapter protocol
-    def configure(self, execution) -> dict:
-        """The vendor code runs as shipped: only the default execution (the config refuses others)."""
-        return {**execution.execution(), "moe": "vendor loop (the vendor's own moe_infer)"}
-
     def routing_counter(self) -> RoutingCounter:
         return RoutingCounter(len(self.hf.model.layers), self.hf.config.n_routed_experts)
 
@@ -659,6 +655,6 @@ class VendorOCR(nn.Module):
     def generate(self, request, max_new_tokens: Optional[int] = None, stage: StageFn = no_stage) -> GenerationResult:
         """``harness.models.generate.generate`` on this adapter (same stages and result as the
         reference model's)."""
-        from .generate import generate
+        from ..generate import generate
 
         return generate(self, request, stage, max_new_tokens)

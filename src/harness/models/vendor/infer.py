@@ -4,7 +4,7 @@
 ``infer(tokenizer, prompt, image_file, output_path, base_size, image_size, crop_mode)`` on the
 request's page file, so the vendor's preprocessing (image load, padding, tiling, its tokenizer
 and prompt template), its streamer and its bf16 autocast run as users of the vendor code get
-them. Ranges come from ``harness.models.vendor_generate.GenerateRanges``; the time from the
+them. Ranges come from ``harness.models.vendor.hf_generate.GenerateRanges``; the time from the
 start of ``infer()`` to its call of ``generate`` is the ``preprocess`` range (inside
 ``request``, outside the five stages).
 
@@ -36,11 +36,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import HarnessError
-from .adapter import GenerationResult, StageFn
-from .vendor import _transformers_quiet
-from .vendor_compat import cuda_noop_on_cpu
-from .vendor_generate import BUDGET, GenerateRanges, _budget
+from ...errors import HarnessError
+from ..adapter import GenerationResult, StageFn
+from .loader import _transformers_quiet
+from .compat import cuda_noop_on_cpu
+from .hf_generate import BUDGET, GenerateRanges, _budget
 
 INFER_MAX_NEW_TOKENS = 8192        # what infer() asks generate for
 STDOUT_FILE = "infer_stdout.txt"

@@ -25,7 +25,7 @@ import types
 import torch
 from torch import nn
 
-from ..errors import HarnessError
+from ...errors import HarnessError
 
 VENDOR_TRANSFORMERS = "4.46.3"
 STUB_MARKER = "__harness_stub__"

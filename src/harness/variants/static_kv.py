@@ -29,6 +29,8 @@ class StaticKVCache:
       built from them at its first use in the step, once for all layers (a step whose attention
       reads ``pos`` itself, the Triton decode kernel, builds none). Inside a CUDA graph, call
       ``begin_step`` within the captured step so the mask is recomputed at every replay.
+    - ``rope``: (cos, sin) [B, S, head_dim] of the step's positions, set once per step for all
+      layers (``engine.Engine.decoder``); ``begin_step`` clears it (a layer without it computes its own).
     - ``split_sem`` [batch * query_heads] int32 zeros: the split-KV decode kernel's per-head
       counters (``decode_attention_triton``), back at zero after every call; one for all layers.
     - ``length`` is host bookkeeping: the number of positions 0..length-1 the caller has filled, as
@@ -50,11 +52,13 @@ class StaticKVCache:
         self.max_len = max_len
         self.length = 0
         self.pos: Optional[torch.Tensor] = None
+        self.rope: Optional[tuple] = None
         self._mask: Optional[torch.Tensor] = None
 
     def begin_step(self, pos: torch.Tensor) -> None:
         """Positions [S] (int64, device) of the step about to run (``mask`` follows them)."""
         self.pos = pos
+        self.rope = None
         self._mask = None
 
     @property
@@ -89,6 +93,7 @@ class StaticKVCache:
             t.zero_()
         self.length = 0
         self.pos = None
+        self.rope = None
         self._mask = None
 
     def nbytes(self) -> int:
@@ -147,3 +152,4 @@ class RopeTable:
         flat = position_ids.reshape(-1)
         shape = (*position_ids.shape, self.cos.shape[-1])
         return self.cos.index_select(0, flat).view(shape), self.sin.index_select(0, flat).view(shape)
+

@@ -1,7 +1,6 @@
-"""Execution variants of the reference LLM, set up once per request shape outside the timed loop.
+"""The static-cache decode step and prefill as they run: eager, compiled, or replayed from CUDA graphs.
 
-``resolve_moe_kernel`` says which sync-free routed-expert kernel a config gets on this device (or
-why none can run), ``resolve_decode_attention`` the same for the static cache's decode attention.
+Set up once per request shape outside the timed loop (``variants.engine.Engine.static_decoder``).
 ``StaticDecoder`` owns, for one (batch, cache length), the static KV cache, the device-side
 position, the decode-phase routing counts and the decode step as it will run: eager, compiled
 (``torch.compile``) and/or captured in a CUDA graph and replayed. Nothing in its ``step`` makes
@@ -14,58 +13,22 @@ from typing import Callable, Optional
 
 import torch
 
-from ..config import ExecutionConfig
 from ..errors import HarnessError
-from .routing import DeviceCounts
-from .static_cache import StaticKVCache
-
-
-def resolve_moe_kernel(m: ExecutionConfig, device: torch.device, dtype: torch.dtype) -> tuple:
-    """(kernel or None for the vendor loop, why): ``moe_kernel=auto`` takes triton on CUDA and the
-    torch gather path elsewhere; a kernel that cannot run here is refused, never replaced."""
-    from . import fast_moe
-
-    if m.moe_impl == "vendor_loop":
-        return None, "vendor loop: per-expert Python loop, one device-to-host copy per MoE layer"
-    want = m.moe_kernel
-    if want == "auto":
-        want = "triton" if device.type == "cuda" and fast_moe.triton_available(device)[0] else "torch"
-    if want == "torch":
-        return "torch", "torch: per-row expert gather + bmm (sync-free, reads each routed row's expert)"
-    ok, why = (fast_moe.triton_available(device) if want == "triton"
-               else fast_moe.grouped_mm_available(device, dtype))
-    if not ok:
-        raise HarnessError(f"model.moe_kernel={want} cannot run here: {why}",
-                           "use model.moe_kernel=auto or torch")
-    return want, f"{want}: {why}"
-
-
-def resolve_decode_attention(m: ExecutionConfig, device: torch.device) -> str:
-    """What the decode attention runs under ``m`` on ``device`` (for the manifest); a Triton kernel
-    that cannot run here, or without a static cache, is refused, never replaced."""
-    from ..config import check_decode_attention
-    from . import fast_moe
-
-    check_decode_attention(m, "model")
-    if m.kv_cache != "static":
-        return "growing cache: attn_implementation over the positions so far"
-    if m.decode_attention == "sdpa":
-        return "sdpa: attn_implementation (torch SDPA by default) over the whole static buffer with a mask"
-    ok, why = fast_moe.triton_available(device)
-    if not ok:
-        raise HarnessError(f"model.decode_attention=triton cannot run here: {why}", "use model.decode_attention=sdpa")
-    return f"triton: split-KV kernel (decode_attention_triton) over positions 0..pos only; {why}"
+from ..models.routing import DeviceCounts
+from .static_kv import StaticKVCache
 
 
 class StaticDecoder:
     """The decode step of one (batch, cache length) with a static cache.
 
     ``step(token)`` runs one step and returns the next token [B, 1]: through the CUDA graph when
-    ``cuda_graphs == 'decode'`` (inputs copied into static buffers, one replay), else the (compiled)
-    step function. ``setup_s`` holds the one-off set-up seconds (compile, capture).
+    ``graphs`` (``cuda_graphs=decode``: inputs copied into static buffers, one replay), else the step
+    function, ``torch.compile``'d with ``compile``. ``model`` is an ``engine.Engine`` (its
+    ``decode_core`` / ``prefill_core``); ``setup_s`` holds the one-off set-up seconds (compile, capture).
     """
 
-    def __init__(self, model, m: ExecutionConfig, batch: int, max_len: int, device, dtype, select: Callable):
+    def __init__(self, model, batch: int, max_len: int, device, dtype, select: Callable, compile: bool = False,
+                 graphs: bool = False):
         L = model.cfg.llm
         self.model, self.select = model, select
         self.cache = StaticKVCache(L.num_layers, batch, L.num_kv_heads, max_len, L.head_dim, dtype, device,
@@ -78,20 +41,20 @@ class StaticDecoder:
         self.setup_s: dict = {}
         self.graphs: dict = {}
         self.fn = model.decode_core
-        if m.compile:
+        if compile:
             self.fn = torch.compile(model.decode_core, dynamic=False)
-        self._prepare(m, device)
+        self._prepare(compile, graphs, device)
 
     def _run(self, n: int) -> None:
         for _ in range(n):
             self.token_out = self.fn(self.token_in, self.cache, self.select)
 
-    def _prepare(self, m: ExecutionConfig, device) -> None:
+    def _prepare(self, compile: bool, graphs: bool, device) -> None:
         """Warm the step up (the first compiled call compiles) and capture it; the warm-up writes
         scratch K/V and counts, which ``begin`` resets."""
         self.model.route_moe(self.decode_counts)
         cuda = device.type == "cuda"
-        if m.compile or m.cuda_graphs == "decode":
+        if compile or graphs:
             self.model.decode_core(self.token_in, self.cache, self.select)   # eager first: probes, lazy buffers
             t0 = time.perf_counter()
             stream = torch.cuda.Stream() if cuda else None
@@ -103,10 +66,10 @@ class StaticDecoder:
                 torch.cuda.synchronize()
             else:
                 self._run(2)
-            self.setup_s["warmup_compile" if m.compile else "warmup"] = round(time.perf_counter() - t0, 3)
-        if m.cuda_graphs == "decode":
+            self.setup_s["warmup_compile" if compile else "warmup"] = round(time.perf_counter() - t0, 3)
+        if graphs:
             if not cuda:
-                raise HarnessError("model.cuda_graphs=decode needs a CUDA device", "use model.cuda_graphs=none")
+                raise HarnessError("execution.cuda_graphs=decode needs a CUDA device", "use execution.cuda_graphs=none")
             t0 = time.perf_counter()
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
@@ -127,7 +90,7 @@ class StaticDecoder:
             self.graphs[key] = CapturedCall(fn, (request.input_ids, image_embeds))
             self.setup_s[f"prefill_capture_S{S}"] = self.graphs[key].setup_s
             self.cache.length = 0
-            if self.model._prefill_counts is not None:    # the warm-up runs counted routing too
+            if getattr(self.model, "_prefill_counts", None) is not None:   # the warm-up runs counted routing too
                 self.model._prefill_counts.zero()
         out = self.graphs[key](request.input_ids, image_embeds).clone()
         self.cache.advance(S)

@@ -22,7 +22,6 @@ touched experts, so the weights read are exactly those experts' weights.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -30,10 +29,9 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
+from .common import INTERPRETED, check_runnable, rounded, row_times_tile, swiglu
 from .moe_blocks import ROWS_KERNEL_MAX, TritonMoEConfig, align_rows_to_blocks, default_triton_config  # noqa: F401
 
-#: whether the kernels below were defined for Triton's interpreter (TRITON_INTERPRET=1 at import)
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @triton.jit
@@ -46,36 +44,6 @@ def _mma(a, b, acc, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
     else:
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     return acc
-
-
-@triton.jit
-def _rne(x, EMULATE_BF16_RNE: tl.constexpr):
-    """x (fp32) nudged so that a following ``.to(tl.bfloat16)`` rounds to nearest-even.
-
-    Compiled Triton already rounds to nearest-even; Triton's interpreter truncates fp32 -> bf16
-    (triton 3.9), so interpreted bf16 runs turn this on to round as PyTorch does."""
-    if EMULATE_BF16_RNE:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = bits + 0x7FFF + ((bits >> 16) & 1)
-        x = ((bits >> 16) << 16).to(tl.float32, bitcast=True)
-    return x
-
-
-@triton.jit
-def _rounded(x, act: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr):
-    """x (fp32) rounded to the activation dtype ``act`` and held in fp32 again: one eager op's rounding."""
-    return _rne(x, EMULATE_BF16_RNE).to(act).to(tl.float32)
-
-
-@triton.jit
-def _swiglu(acc_gate, acc_up, h_ptr, EMULATE_BF16_RNE: tl.constexpr):
-    """silu(gate) * up in h's dtype: gate_proj, up_proj, silu and the product each round to that
-    activation dtype, as the vendor's SwiGLU does."""
-    act = h_ptr.dtype.element_ty
-    gate = _rounded(acc_gate, act, EMULATE_BF16_RNE)
-    up = _rounded(acc_up, act, EMULATE_BF16_RNE)
-    silu = _rounded(gate / (1.0 + tl.exp(-gate)), act, EMULATE_BF16_RNE)
-    return _rne(silu * up, EMULATE_BF16_RNE).to(act)
 
 
 @triton.jit
@@ -121,7 +89,7 @@ def _gate_up_silu_kernel(
         x_ptrs += BLOCK_K * stride_xh
         wg_ptrs += BLOCK_K * stride_wh
         wu_ptrs += BLOCK_K * stride_wh
-    h = _swiglu(acc_gate, acc_up, h_ptr, EMULATE_BF16_RNE)
+    h = swiglu(acc_gate, acc_up, h_ptr, EMULATE_BF16_RNE)
     h_ptrs = h_ptr + offs_m[:, None].to(tl.int64) * stride_hm + offs_n[None, :] * stride_hi
     tl.store(h_ptrs, h, mask=row_ok[:, None] & n_ok[None, :])
 
@@ -155,23 +123,16 @@ def _down_weighted_kernel(
         w_ptrs += BLOCK_K * stride_wi
     gate_w = tl.load(topk_w_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     # down_proj's rounding to the activation dtype, then the vendor's fp32 weighting
-    y = _rounded(acc, h_ptr.dtype.element_ty, EMULATE_BF16_RNE) * gate_w[:, None]
+    y = rounded(acc, h_ptr.dtype.element_ty, EMULATE_BF16_RNE) * gate_w[:, None]
     out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + offs_n[None, :] * stride_oh
     tl.store(out_ptrs, y, mask=row_ok[:, None] & n_ok[None, :])
-
-
-def _check_runnable(x: torch.Tensor) -> None:
-    """Refuse CUDA inputs when the kernels were defined for the interpreter."""
-    if x.device.type == "cuda" and INTERPRETED:
-        raise HarnessError("fast_moe_triton was imported with TRITON_INTERPRET=1; its kernels cannot run on CUDA",
-                           "unset TRITON_INTERPRET in the process that runs on the GPU")
 
 
 def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
                           weights, config: TritonMoEConfig | None = None, shared: tuple | None = None) -> torch.Tensor:
     """Routed-expert output [T, H] in x's dtype; see the module docstring. Inputs as ``fast_moe``.
     ``shared`` (decode size only, see ``routed_experts_rows``) adds the shared expert's output."""
-    _check_runnable(x)
+    check_runnable(x)
     if topk_w.dtype != torch.float32:
         raise HarnessError(f"triton MoE multiplies by fp32 gate weights (as the vendor does); topk_w is {topk_w.dtype}")
     T, k = topk_ids.shape
@@ -253,21 +214,6 @@ class RowsConfig:
 
 
 @triton.jit
-def _row_times_tile(xp, wp, stride_xk, stride_wk, n_ok, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr):
-    """sum_k x[k] * w[n, k] in fp32 for the BLOCK_N weight rows at ``wp`` (pointers [BLOCK_N, 1]);
-    the loop over K is unrolled (K a compile-time constant), so every load is in flight at once."""
-    offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for k0 in tl.static_range(0, K, BLOCK_K):
-        k_ok = offs_k < K - k0
-        xv = tl.load(xp + (k0 + offs_k) * stride_xk, mask=k_ok, other=0.0).to(tl.float32)
-        wv = tl.load(wp + (k0 + offs_k)[None, :] * stride_wk, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.sum(wv.to(tl.float32) * xv[None, :], axis=1)
-    return acc
-
-
-@triton.jit
 def _rows_gate_up_silu_kernel(
     x_ptr, w_ptr, sw_ptr, h_ptr, ids_ptr, top_k, slots, inter, shared_inter,
     stride_xt, stride_xh, stride_we, stride_wn, stride_wh, stride_sn, stride_sh, stride_hr, stride_hi,
@@ -282,14 +228,14 @@ def _rows_gate_up_silu_kernel(
     if slot < top_k:
         expert = tl.load(ids_ptr + token * top_k + slot).to(tl.int64)
         wg = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn
-        acc_gate = _row_times_tile(xp, wg, stride_xh, stride_wh, n_ok, HIDDEN, BLOCK_N, BLOCK_K)
-        acc_up = _row_times_tile(xp, wg + inter * stride_wn, stride_xh, stride_wh, n_ok, HIDDEN, BLOCK_N, BLOCK_K)
+        acc_gate = row_times_tile(xp, wg, stride_xh, stride_wh, n_ok, HIDDEN, BLOCK_N, BLOCK_K)
+        acc_up = row_times_tile(xp, wg + inter * stride_wn, stride_xh, stride_wh, n_ok, HIDDEN, BLOCK_N, BLOCK_K)
     else:
         wg = sw_ptr + ((slot - top_k) * inter + offs_n[:, None]).to(tl.int64) * stride_sn
-        acc_gate = _row_times_tile(xp, wg, stride_xh, stride_sh, n_ok, HIDDEN, BLOCK_N, BLOCK_K)
-        acc_up = _row_times_tile(xp, wg + shared_inter * stride_sn, stride_xh, stride_sh, n_ok, HIDDEN, BLOCK_N,
+        acc_gate = row_times_tile(xp, wg, stride_xh, stride_sh, n_ok, HIDDEN, BLOCK_N, BLOCK_K)
+        acc_up = row_times_tile(xp, wg + shared_inter * stride_sn, stride_xh, stride_sh, n_ok, HIDDEN, BLOCK_N,
                                  BLOCK_K)
-    h = _swiglu(acc_gate, acc_up, h_ptr, EMULATE_BF16_RNE)
+    h = swiglu(acc_gate, acc_up, h_ptr, EMULATE_BF16_RNE)
     tl.store(h_ptr + row.to(tl.int64) * stride_hr + offs_n * stride_hi, h, mask=n_ok)
 
 
@@ -308,14 +254,14 @@ def _rows_down_weighted_kernel(
     if slot < top_k:
         flat = token * top_k + slot
         expert = tl.load(ids_ptr + flat).to(tl.int64)
-        acc = _row_times_tile(hp, w_ptr + expert * stride_we + offs_n[:, None] * stride_wn, stride_hi, stride_wi,
+        acc = row_times_tile(hp, w_ptr + expert * stride_we + offs_n[:, None] * stride_wn, stride_hi, stride_wi,
                               n_ok, INTER, BLOCK_N, BLOCK_K)
         gate_w = tl.load(topk_w_ptr + flat).to(tl.float32)
         # down_proj's rounding to the activation dtype, then the vendor's fp32 weighting
-        y = _rounded(acc, h_ptr.dtype.element_ty, EMULATE_BF16_RNE) * gate_w
+        y = rounded(acc, h_ptr.dtype.element_ty, EMULATE_BF16_RNE) * gate_w
     else:                                   # shared part p: columns [p*I, (p+1)*I) of its down_proj, fp32 partial
         wp = sw_ptr + offs_n[:, None] * stride_sn + ((slot - top_k) * INTER) * stride_si
-        y = _row_times_tile(hp, wp, stride_hi, stride_si, n_ok, INTER, BLOCK_N, BLOCK_K)
+        y = row_times_tile(hp, wp, stride_hi, stride_si, n_ok, INTER, BLOCK_N, BLOCK_K)
     tl.store(out_ptr + row.to(tl.int64) * stride_or + offs_n * stride_oh, y, mask=n_ok)
 
 
@@ -327,7 +273,7 @@ def routed_experts_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.T
     ``shared``: (gate_up [2S, H] = gate rows then up rows, down [H, S]) of the layer's shared expert,
     S a multiple of the expert width I; the result is then routed + shared(x), each rounded to x's
     dtype before the add, as ``MoE.forward`` adds them."""
-    _check_runnable(x)
+    check_runnable(x)
     config.check()
     T, k = topk_ids.shape
     H, inter = weights.hidden, weights.inter

@@ -4,8 +4,8 @@
 
 * ``loop=ours`` (default): the harness's greedy loop (``harness.models.generate``);
 * ``loop=hf_generate``: the vendor's own HF ``generate`` with ``infer()``'s arguments
-  (``vendor_generate.HFGenerate``);
-* ``entry=infer``: the vendor's ``infer()`` on the page file (``vendor_infer.InferEntry``; it calls
+  (``hf_generate.HFGenerate``);
+* ``entry=infer``: the vendor's ``infer()`` on the page file (``infer.InferEntry``; it calls
   the vendor's ``generate`` itself, whatever ``loop`` says). It needs the snapshot's tokenizer and
   torchvision (its preprocessing); both are checked before the model is built, with one-line errors.
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import HarnessError
-from .vendor import check_vendor_dir, load_vendor
-from .vendor_compat import ensure_torchvision, require_transformers
+from ...errors import HarnessError
+from .loader import check_vendor_dir, load_vendor
+from .compat import ensure_torchvision, require_transformers
 
 VENDOR_LOOPS = ("ours", "hf_generate")
 VENDOR_ENTRIES = ("generate", "infer")
@@ -33,11 +33,11 @@ def load(path, device="cpu", dtype=torch.bfloat16, attn_implementation: str = "e
     tokenizer = infer_prerequisites(path) if entry == "infer" else None   # before the (slow) build
     ocr = load_vendor(path, device, dtype, attn_implementation, seed, **kwargs)
     if entry == "infer":
-        from .vendor_infer import InferEntry
+        from .infer import InferEntry
 
         ocr.set_loop(InferEntry(ocr, *tokenizer, workdir=workdir))
     elif loop == "hf_generate":
-        from .vendor_generate import HFGenerate
+        from .hf_generate import HFGenerate
 
         ocr.set_loop(HFGenerate(ocr))
     return ocr
@@ -58,7 +58,7 @@ def infer_prerequisites(path) -> tuple:
 
 def tokenizer_for_infer(path: Path) -> tuple:
     """(tokenizer, where from) from ``path``, or the HarnessError that says it is missing."""
-    from ..workload import tokenizer_or_reason
+    from ...workload import tokenizer_or_reason
 
     tok, reason = tokenizer_or_reason(path)
     if tok is None:

@@ -10,7 +10,7 @@ batch are programs of their own and read the weight again (from L2 when close in
 ``gemv(x, w)``: x [M, K] @ w[N, K]^T -> [M, N] in ``out_dtype`` (x's by default), fp32 accumulation,
 one rounding at the end, as F.linear rounds. ``gemv_swiglu(x, w_gate_up)``: w_gate_up [2I, K] holds
 gate rows then up rows; returns silu(x @ gate^T) * (x @ up^T) [M, I] with the vendor SwiGLU's
-roundings (``fast_moe_triton._swiglu``). Importing this module imports triton; ``TRITON_INTERPRET=1``
+roundings (``common.swiglu``). Importing this module imports triton; ``TRITON_INTERPRET=1``
 before the first import runs the kernels on CPU tensors (tests).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .fast_moe_triton import INTERPRETED, _check_runnable, _rne, _rounded, _row_times_tile, _swiglu
+from .common import INTERPRETED, check_runnable, rne, rounded, row_times_tile, swiglu
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,9 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, n_out, stride_xm, stride_xk, stride_wn, st
     row = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n_out
-    acc = _row_times_tile(x_ptr + row * stride_xm, w_ptr + offs_n[:, None] * stride_wn, stride_xk, stride_wk,
+    acc = row_times_tile(x_ptr + row * stride_xm, w_ptr + offs_n[:, None] * stride_wn, stride_xk, stride_wk,
                           n_ok, K, BLOCK_N, BLOCK_K)
-    y = _rne(acc, EMULATE_BF16_RNE).to(y_ptr.dtype.element_ty)
+    y = rne(acc, EMULATE_BF16_RNE).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + row * stride_ym + offs_n * stride_yn, y, mask=n_ok)
 
 
@@ -63,14 +63,14 @@ def _gemv_swiglu_kernel(x_ptr, w_ptr, h_ptr, inter, stride_xm, stride_xk, stride
     n_ok = offs_n < inter
     xp = x_ptr + row * stride_xm
     wg = w_ptr + offs_n[:, None] * stride_wn
-    acc_gate = _row_times_tile(xp, wg, stride_xk, stride_wk, n_ok, K, BLOCK_N, BLOCK_K)
-    acc_up = _row_times_tile(xp, wg + inter * stride_wn, stride_xk, stride_wk, n_ok, K, BLOCK_N, BLOCK_K)
-    h = _swiglu(acc_gate, acc_up, h_ptr, EMULATE_BF16_RNE)
+    acc_gate = row_times_tile(xp, wg, stride_xk, stride_wk, n_ok, K, BLOCK_N, BLOCK_K)
+    acc_up = row_times_tile(xp, wg + inter * stride_wn, stride_xk, stride_wk, n_ok, K, BLOCK_N, BLOCK_K)
+    h = swiglu(acc_gate, acc_up, h_ptr, EMULATE_BF16_RNE)
     tl.store(h_ptr + row * stride_hm + offs_n * stride_hi, h, mask=n_ok)
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, config: GemvConfig) -> None:
-    _check_runnable(x)
+    check_runnable(x)
     config.check()
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise HarnessError(f"gemv: x [M, K] and w [N, K] expected, got {tuple(x.shape)} and {tuple(w.shape)}")
@@ -127,21 +127,21 @@ def _qkv_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_pt
     dim = offs_j % HALF
     col_a = (offs_j // HALF) * (2 * HALF) + dim
     col_b = col_a + HALF
-    acc_a = _row_times_tile(x_ptr, w_ptr + col_a[:, None].to(tl.int64) * stride_wn, stride_xk, stride_wk, ok, K,
+    acc_a = row_times_tile(x_ptr, w_ptr + col_a[:, None].to(tl.int64) * stride_wn, stride_xk, stride_wk, ok, K,
                             BLOCK_P, BLOCK_K)
-    acc_b = _row_times_tile(x_ptr, w_ptr + col_b[:, None].to(tl.int64) * stride_wn, stride_xk, stride_wk, ok, K,
+    acc_b = row_times_tile(x_ptr, w_ptr + col_b[:, None].to(tl.int64) * stride_wn, stride_xk, stride_wk, ok, K,
                             BLOCK_P, BLOCK_K)
     act = q_ptr.dtype.element_ty
-    ya = _rounded(acc_a, act, EMULATE_BF16_RNE)                          # the linear's output
-    yb = _rounded(acc_b, act, EMULATE_BF16_RNE)
+    ya = rounded(acc_a, act, EMULATE_BF16_RNE)                          # the linear's output
+    yb = rounded(acc_b, act, EMULATE_BF16_RNE)
     cos_a = tl.load(cos_ptr + dim * stride_cd).to(tl.float32)
     cos_b = tl.load(cos_ptr + (dim + HALF) * stride_cd).to(tl.float32)
     sin_a = tl.load(sin_ptr + dim * stride_sd).to(tl.float32)
     sin_b = tl.load(sin_ptr + (dim + HALF) * stride_sd).to(tl.float32)
     # q * cos + rotate_half(q) * sin, rotate_half(q) = (-q[a + HALF], q[a]) at (a, a + HALF)
-    ra = _rne(_rounded(ya * cos_a, act, EMULATE_BF16_RNE) + _rounded(-yb * sin_a, act, EMULATE_BF16_RNE),
+    ra = rne(rounded(ya * cos_a, act, EMULATE_BF16_RNE) + rounded(-yb * sin_a, act, EMULATE_BF16_RNE),
               EMULATE_BF16_RNE).to(act)
-    rb = _rne(_rounded(yb * cos_b, act, EMULATE_BF16_RNE) + _rounded(ya * sin_b, act, EMULATE_BF16_RNE),
+    rb = rne(rounded(yb * cos_b, act, EMULATE_BF16_RNE) + rounded(ya * sin_b, act, EMULATE_BF16_RNE),
               EMULATE_BF16_RNE).to(act)
     pos = tl.load(pos_ptr)
     is_q = col_a < q_cols

@@ -36,11 +36,11 @@ import time
 
 import torch
 
-from ..errors import HarnessError
-from .adapter import GenerationResult, StageFn
-from .routing import RoutingCounter
-from .vendor import VendorCache, _Segments, _transformers_quiet
-from .vendor_compat import cuda_noop_on_cpu
+from ...errors import HarnessError
+from ..adapter import GenerationResult, StageFn
+from ..routing import RoutingCounter
+from .loader import VendorCache, _Segments, _transformers_quiet
+from .compat import cuda_noop_on_cpu
 
 #: what the vendor's infer() passes to generate besides tensors, EOS id, streamer and max_new_tokens
 INFER_GENERATE_KWARGS = {"temperature": 0.0, "no_repeat_ngram_size": 20, "use_cache": True}

@@ -42,8 +42,6 @@ ATen's GroupedBlas.cpp / GroupedMMUtils.h / GroupMM.cu and checked on the CPU wi
 """
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -51,7 +49,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import HarnessError
-from .moe_blocks import (ROWS_KERNEL_MAX, BlockAlignment, TritonMoEConfig,  # noqa: F401 (re-exported)
+from ..kernels.availability import triton_available
+from ..kernels.moe_blocks import (ROWS_KERNEL_MAX, BlockAlignment, TritonMoEConfig,  # noqa: F401 (re-exported)
                          align_rows_to_blocks, default_triton_config, expert_counts)
 
 IMPLEMENTATIONS = ("torch", "grouped_mm", "triton")
@@ -169,33 +168,6 @@ def grouped_mm_available(device: torch.device | str, dtype: torch.dtype) -> tupl
     return True, f"CUDA sm{major}{minor} bf16: CUTLASS grouped GEMM, offsets read on the device"
 
 
-def triton_available(device: torch.device | str) -> tuple[bool, str]:
-    """Whether ``impl="triton"`` can run on ``device``, and why (or why not).
-
-    CUDA needs an importable triton; the CPU needs ``TRITON_INTERPRET=1`` set before
-    ``harness.models.fast_moe_triton`` is first imported (kernels run in Triton's numpy interpreter).
-    """
-    device = torch.device(device)
-    try:
-        import triton  # noqa: F401
-    except ImportError as exc:
-        return False, f"triton is not importable ({exc.__class__.__name__}: {exc})"
-    kernels = sys.modules.get(f"{__package__}.fast_moe_triton")
-    if kernels is not None:       # already defined: the mode chosen at its import is what runs
-        interpret = kernels.INTERPRETED
-    else:
-        interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    if device.type == "cuda":
-        if interpret:
-            return False, "TRITON_INTERPRET=1 is set; unset it to compile the kernels for CUDA"
-        return True, "CUDA: compiled Triton kernels"
-    if device.type == "cpu":
-        if not interpret:
-            return False, "Triton runs on the CPU only in its interpreter: set TRITON_INTERPRET=1 before import"
-        return True, "CPU: Triton interpreter (TRITON_INTERPRET=1), for correctness only"
-    return False, f"no Triton backend for {device.type}"
-
-
 def combine_rows(rows: torch.Tensor, topk_w: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """Weighted sum over k, in the vendor's order.
 
@@ -236,7 +208,7 @@ def routed_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
         ok, reason = triton_available(x.device)
         if not ok:
             raise HarnessError(f"moe impl triton is unavailable: {reason}", "use impl=grouped_mm or impl=torch")
-        from . import fast_moe_triton
+        from ..kernels import fast_moe_triton
 
         return fast_moe_triton.routed_experts_triton(x, topk_ids, topk_w, weights, triton_config, shared)
     raise HarnessError(f"unknown moe impl {impl!r}", f"use one of {IMPLEMENTATIONS}")

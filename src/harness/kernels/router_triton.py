@@ -23,7 +23,7 @@ view of the counter buffer); ``counts`` here is the whole buffer and an offset. 
 constants: under torch.compile a Python float runtime argument reaches a user Triton kernel as
 fp64. No host sync and outputs from ``torch.empty``: callable inside torch.compile and CUDA-graph
 capture. Importing this module imports triton; ``TRITON_INTERPRET=1`` before the first import of
-``fast_moe_triton`` runs the kernels on CPU tensors (tests).
+``common`` runs the kernels on CPU tensors (tests).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .fast_moe_triton import _check_runnable
+from .common import check_runnable
 
 
 @triton.jit
@@ -77,7 +77,7 @@ def route(x: torch.Tensor, w: torch.Tensor, top_k: int, norm: bool, scale: float
     ``buffer.view(-1)[offset:offset + E]`` of the chosen experts + 1 (``RoutingCounter.device_target``)."""
     from .gemv_triton import gemv
 
-    _check_runnable(x)
+    check_runnable(x)
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise HarnessError(f"route: x [T, H] and w [E, H] expected, got {tuple(x.shape)} and {tuple(w.shape)}")
     T = x.shape[0]

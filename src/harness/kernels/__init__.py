@@ -1,0 +1,9 @@
+"""Triton kernels of the execution variants, and their shared helpers (``common``).
+
+``fast_moe_triton`` (routed experts), ``gemv_triton`` (decode-size linears, q/k/v + RoPE),
+``router_triton`` (softmax + top-k of the MoE gate), ``decode_attention_triton`` (split-KV decode
+attention), ``sam_attention_triton`` (SAM attention with the rel-pos bias in the kernel),
+``moe_blocks`` (rows sorted and padded per expert, tile sizes); ``availability`` says where they
+run. Nothing here imports ``harness.models``: the variants (``harness.variants``) bind these
+kernels into the model.
+"""

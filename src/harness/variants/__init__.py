@@ -1,0 +1,107 @@
+"""Execution variants: one converter per knob of ``harness.config.ExecutionConfig``, applied in one order.
+
+``CONVERTERS`` is the registry (``base.Converter``: ``check``, ``convert``, ``label``,
+``module_hooks``, ``cost_knobs``). The order is the order of conversion and of the report's
+label: the static cache before what runs on it (decode attention, fused q/k/v), the fused vision
+before its compiled blocks.
+
+- ``check(execution, device, dtype, model=None, positions=None)``: the whole execution, before
+  any model is built (``setup.check_cases``); one ``HarnessError`` naming ``execution.<knob>``
+  and the fix (``CannotRunHere`` where it is this device that cannot run it).
+- ``apply(model, execution, device)``: checks, returns the model to the vendor's execution
+  (``base.restore``), converts it knob by knob and returns the manifest block: every knob as it
+  ran, ``moe_kernel_resolved`` and each converter's text of what runs.
+- ``label(execution)``: 'static KV + grouped MoE (torch) + ...' or 'vendor-style';
+  ``allows_module_hooks(execution)``; ``cost_knobs(execution)``: the knobs the analytic cost
+  model reads.
+
+A new variant is its module here (module classes + converter), one line in ``CONVERTERS`` and its
+parity test (fp32, TF32 off, against vendor-style).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from ..config import ExecutionConfig
+from ..models.deepseek_ocr import DeepseekOCR
+from .base import CannotRunHere, Converter, restore
+from .decode_attention import DECODE_ATTENTION
+from .decode_compile import DECODE_COMPILE
+from .decode_graphs import DECODE_GRAPHS
+from .fused_linears import FUSED_LINEARS
+from .fused_vision import FUSED_VISION
+from .grouped_moe import GROUPED_MOE
+from .prefill_graphs import PREFILL_GRAPHS
+from .static_cache import STATIC_CACHE
+from .vision_compile import VISION_COMPILE
+
+#: every execution variant, in the order of conversion (and of the report's label)
+CONVERTERS: tuple = (
+    STATIC_CACHE,
+    GROUPED_MOE,
+    DECODE_GRAPHS,
+    DECODE_COMPILE,
+    PREFILL_GRAPHS,
+    FUSED_VISION,
+    FUSED_LINEARS,
+    VISION_COMPILE,
+    DECODE_ATTENTION,
+)
+
+
+def check(execution: ExecutionConfig, device, dtype=torch.float32, model=None,
+          positions: Optional[int] = None) -> None:
+    """Refuse ``execution`` where it would not run, or would run as something else, on ``device``
+    in ``dtype`` (see the module docstring). ``model``: the ``ModelConfig``; ``positions``: the
+    request's prompt + decode tokens (the static cache's length check)."""
+    device = torch.device(device)
+    for c in CONVERTERS:
+        c.check(execution, device, dtype, model=model, positions=positions)
+
+
+def apply(model, execution: ExecutionConfig, device=None) -> dict:
+    """Run ``model`` as ``execution`` from now on (same weights); returns the manifest block."""
+    if not isinstance(model, DeepseekOCR):       # the vendor's code runs as shipped (config refuses knobs)
+        return {**execution.execution(), "moe_kernel_resolved": None, "moe": "vendor loop (the vendor's own moe_infer)"}
+    p = next(model.parameters())
+    device = torch.device(device) if device is not None else p.device
+    check(execution, device, p.dtype, model=model.cfg)
+    restore(model)
+    out = execution.execution()
+    for c in CONVERTERS:
+        out.update(c.convert(model, execution, device, p.dtype))
+    model.execution = execution
+    return out
+
+
+def active(execution) -> list:
+    """The converters ``execution`` turns on (an ``ExecutionConfig`` or a manifest's execution dict)."""
+    ex = execution if isinstance(execution, ExecutionConfig) else ExecutionConfig(
+        **{f.name: execution[f.name] for f in dataclasses.fields(ExecutionConfig) if f.name in execution})
+    return [c for c in CONVERTERS if c.active(ex)]
+
+
+def label(execution) -> str:
+    """'static KV + grouped MoE (torch) + ...' for an execution (a manifest's dict names the resolved
+    MoE kernel); 'vendor-style' when every knob is the vendor's."""
+    kernel = execution.get("moe_kernel_resolved") if isinstance(execution, dict) else None
+    parts = [f"{c.label} ({kernel})" if c is GROUPED_MOE and kernel else c.label for c in active(execution)]
+    return " + ".join(parts) or "vendor-style"
+
+
+def allows_module_hooks(execution: Optional[ExecutionConfig]) -> bool:
+    """Whether forward hooks see the modules that run (no compiled step, no replayed graph); True
+    for None (a model no converter touched)."""
+    return execution is None or all(c.module_hooks for c in active(execution))
+
+
+def cost_knobs(execution: ExecutionConfig) -> dict:
+    """{knob: value} of the knobs that change the analytic cost (``harness.config.cost_config``)."""
+    return {k: getattr(execution, k) for c in CONVERTERS for k in c.cost_knobs}
+
+
+__all__ = ["CONVERTERS", "Converter", "CannotRunHere", "check", "apply", "label", "allows_module_hooks",
+           "cost_knobs", "active"]

@@ -1,0 +1,217 @@
+"""The request loop of the reference adapter as the converted executions run it.
+
+``Engine`` extends ``models.deepseek_ocr.DeepseekOCR`` (the root module, which is also the
+adapter) and overrides the adapter protocol (``running``, ``first_token``, ``next_token``) and
+the forward passes that depend on the cache kind. Converters attach it with ``attach(model)`` and
+fill its ``Plan``:
+
+- ``static`` (``kv_cache=static``): the execution whose static cache runs; one ``StaticDecoder``
+  per (batch, cache length) holds the cache, the device-side position and the decode step as it
+  runs (eager, ``compile``'d, replayed from a CUDA graph with ``decode_graphs``; the prefill too
+  with ``prefill_graphs``), set up on first use outside the timed loop;
+- ``device_routing`` (``moe_impl=grouped``): MoE routing counted into device buffers and merged
+  into the request's counter after it (no sync in a step).
+
+Nothing here decides what may run: the converters' ``check`` did.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..models.adapter import Select, StageFn, greedy, greedy_chunked
+from ..models.deepseek_ocr import DeepseekOCR
+from ..models.llm import KVCache
+from ..models.routing import DeviceCounts, RoutingCounter
+from .base import Converter, Variant, need, swap
+from .static_decoder import StaticDecoder
+from .static_kv import StaticKVCache
+
+
+@dataclass
+class Plan:
+    """What the converters asked of the request loop (see the module docstring)."""
+
+    static: Optional[object] = None      # the ExecutionConfig whose static cache runs (kv_cache=static)
+    device_routing: bool = False         # moe_impl=grouped
+    compile: bool = False                # compile: torch.compile of the static decode step
+    decode_graphs: bool = False          # cuda_graphs=decode
+    prefill_graphs: bool = False         # prefill_graphs
+
+
+def attach(model) -> Plan:
+    """The ``Plan`` of ``model``'s request loop: the root rebound to ``Engine`` with an empty plan
+    the first time a converter asks in this conversion (``restore`` rebinds it to the reference)."""
+    if not isinstance(model, Engine):
+        swap(model, Engine)
+        model.plan = Plan()
+    return model.plan
+
+
+class Engine(Variant, DeepseekOCR):
+    """``DeepseekOCR`` whose request runs as ``plan`` says (static cache, device-side routing counts,
+    compiled and captured steps). Per-request state: ``_run_decoder`` (the ``StaticDecoder`` of
+    the request running now), ``_prefill_counts`` / ``_decode_counts`` (grouped MoE, growing cache)."""
+
+    plan: Plan
+
+    # ------------------------------------------------------------ static-cache forward passes
+    def decoder(self, embeds: torch.Tensor, position_ids: torch.Tensor, cache) -> torch.Tensor:
+        if isinstance(cache, StaticKVCache):   # cos/sin once per step for all layers (same values as per layer)
+            cache.rope = self.model.layers[0].self_attn.rotary_emb(embeds, position_ids)
+        return super().decoder(embeds, position_ids, cache)
+
+    def prefill(self, input_ids, images_seq_mask, image_embeds, cache) -> torch.Tensor:
+        """As ``DeepseekOCR.prefill``; with a static cache the positions are set on it and its
+        length and device position advance to S."""
+        if not isinstance(cache, StaticKVCache):
+            return super().prefill(input_ids, images_seq_mask, image_embeds, cache)
+        embeds = self.embed_prompt(input_ids, images_seq_mask, image_embeds)
+        S = input_ids.shape[1]
+        pos = torch.arange(S, device=input_ids.device)
+        cache.begin_step(pos)
+        logits = self.decoder(embeds, pos[None].expand(input_ids.shape[0], -1), cache)
+        cache.advance(S)
+        cache.position.fill_(S)
+        return logits
+
+    def decode_step(self, token: torch.Tensor, cache) -> torch.Tensor:
+        """As ``DeepseekOCR.decode_step``; with a static cache ``decode_core`` at its device position."""
+        if not isinstance(cache, StaticKVCache):
+            return super().decode_step(token, cache)
+        logits = self.decode_core(token, cache, lambda x: x)
+        cache.advance(1)
+        return logits
+
+    def prefill_core(self, input_ids, image_embeds, cache, select: Select, image_start: int):
+        """The device work of a static-cache prefill with the image tokens at ``image_start`` (the
+        contiguous placeholder block of ``workload.build_request``): the same function as ``prefill``
+        (a slice write equals masked_scatter for that layout), ``select`` of the logits, the device
+        position set to S. Fixed shapes, no host sync: what ``StaticDecoder.prefill`` captures."""
+        embeds = self.model.embed_tokens(input_ids)
+        if image_embeds is not None and image_embeds.numel():
+            embeds[:, image_start:image_start + image_embeds.shape[1]] = image_embeds.to(embeds.dtype)
+        S = input_ids.shape[1]
+        pos = torch.arange(S, device=input_ids.device)
+        cache.begin_step(pos)
+        logits = self.decoder(embeds, pos[None].expand(input_ids.shape[0], -1), cache)
+        cache.position.fill_(S)
+        return select(logits)
+
+    def decode_core(self, token: torch.Tensor, cache, select: Select) -> torch.Tensor:
+        """The device work of one static-cache step: position from ``cache.position`` (device), the
+        decoder, ``select`` of the logits, the position advanced on the device. Fixed shapes and no
+        host sync: what ``StaticDecoder`` compiles and captures."""
+        pos = cache.position
+        cache.begin_step(pos)
+        logits = self.decoder(self.model.embed_tokens(token), pos.view(1, 1).expand(token.shape[0], 1), cache)
+        out = select(logits)
+        pos.add_(1)
+        return out
+
+    # ------------------------------------------------------------------------ set-up
+    def _device_counts(self) -> DeviceCounts:
+        L, p = self.cfg.llm, next(self.parameters())
+        return DeviceCounts(L.num_layers, L.n_routed_experts, p.device)
+
+    def static_decoder(self, batch: int, max_len: int):
+        """The ``StaticDecoder`` of (batch, max_len), built (compiled, captured) on first use."""
+        key = (batch, max_len)
+        if key not in self.static_decoders:
+            p, plan = next(self.parameters()), self.plan
+            select = greedy_chunked if plan.compile else greedy   # same token; see greedy_chunked
+            self.static_decoders[key] = StaticDecoder(self, batch, max_len, p.device, p.dtype, select,
+                                                      compile=plan.compile, graphs=plan.decode_graphs)
+            self.info.setdefault("setup_s", {})[f"b{batch}-L{max_len}"] = self.static_decoders[key].setup_s
+        return self.static_decoders[key]
+
+    # ------------------------------------------------------------------- adapter protocol
+    @contextlib.contextmanager
+    def running(self, request, max_new_tokens: int, counter: RoutingCounter):
+        """The request's KV cache (growing, or the static decoder's buffers for this batch and cache
+        length, set up on first use). MoE routing goes to ``counter`` (vendor loop: host counts) or to
+        device buffers merged into ``counter`` at the end (grouped: no sync in the step)."""
+        plan = self.plan
+        grouped = plan.device_routing
+        self._run_decoder = None
+        if plan.static is not None:
+            self._run_decoder = self.static_decoder(request.batch,
+                                                    plan.static.cache_len(request.prefill_tokens, max_new_tokens))
+            cache = self._run_decoder.begin()
+        else:
+            cache = KVCache(self.cfg.llm.num_layers)
+        if grouped:
+            self._prefill_counts = getattr(self, "_prefill_counts", None) or self._device_counts()
+            self._prefill_counts.zero()
+            if self._run_decoder is None:
+                self._decode_counts = getattr(self, "_decode_counts", None) or self._device_counts()
+                self._decode_counts.zero()
+        self.route_moe(self._prefill_counts if grouped else counter)
+        try:
+            yield cache
+        finally:
+            if grouped:
+                counter.merge("prefill", self._prefill_counts.buf)
+                dec = self._run_decoder.decode_counts if self._run_decoder is not None else self._decode_counts
+                counter.merge("decode", dec.buf)
+            self.route_moe(None)
+            self._run_decoder = None
+
+    def first_token(self, request, cache, stage: StageFn, select: Select) -> torch.Tensor:
+        img = self.image_embeddings(request.global_views, request.tiles, request.grid, stage)
+        with stage("prefill"):
+            if self._run_decoder is not None and self.plan.prefill_graphs:
+                token = self._run_decoder.prefill(request, img)
+            else:
+                token = select(self.prefill(request.input_ids, request.images_seq_mask, img, cache))
+        if self.plan.device_routing:   # decode steps count into the decode buffers
+            self.route_moe(self._run_decoder.decode_counts if self._run_decoder is not None else self._decode_counts)
+        return token
+
+    def next_token(self, token: torch.Tensor, cache, select: Select) -> torch.Tensor:
+        if self._run_decoder is not None:
+            return self._run_decoder.step(token)
+        return select(self.decode_step(token, cache))
+
+
+def need_static_grouped(ex, knob: str, value, what: str) -> None:
+    """Refuse ``knob`` unless ``kv_cache=static`` and ``moe_impl=grouped`` (``what``: why it needs them)."""
+    need(ex.kv_cache == "static" and ex.moe_impl == "grouped", knob, value,
+         f"needs kv_cache=static and moe_impl=grouped ({what})",
+         "add execution.kv_cache=static execution.moe_impl=grouped")
+
+
+def need_cuda(device: torch.device, knob: str, value) -> None:
+    """Refuse ``knob`` on a device without CUDA graphs (``CannotRunHere``)."""
+    need(device.type == "cuda", knob, value, f"needs a CUDA device (this run is on {device.type})",
+         "run on a GPU, or leave it out", here=True)
+
+
+class PlanConverter(Converter):
+    """A knob that sets one flag of the request loop's ``Plan`` (the compiled step, the decode and
+    prefill graphs): it needs the static cache and the grouped MoE (``why``), and CUDA where
+    ``needs_cuda``; ``texts`` = (what runs when on, when off)."""
+
+    module_hooks = False            # a compiled step or a replayed graph: hooks would recompile or see nothing
+
+    def __init__(self, knob: str, on, label: str, manifest_key: str, flag: str, why: str, texts: tuple,
+                 needs_cuda: bool):
+        self.knob, self.on, self.label, self.manifest_key = knob, on, label, manifest_key
+        self.flag, self.why, self.texts, self.needs_cuda = flag, why, texts, needs_cuda
+
+    def check(self, ex, device, dtype, model=None, positions=None) -> None:
+        if self.active(ex):
+            need_static_grouped(ex, self.knob, self.on, self.why)
+            if self.needs_cuda:
+                need_cuda(device, self.knob, self.on)
+
+    def convert(self, model, ex, device, dtype) -> dict:
+        if self.active(ex):
+            setattr(attach(model), self.flag, True)
+        return {self.manifest_key: self.texts[0] if self.active(ex) else self.texts[1]}
+
+
+__all__ = ["Engine", "Plan", "PlanConverter", "attach", "need_static_grouped", "need_cuda"]

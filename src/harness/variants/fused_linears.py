@@ -1,0 +1,199 @@
+"""``linear_impl=fused``: fewer, fuller weight reads for the LLM's linears (same function).
+
+The module classes ``FusedAttention`` (q/k/v as one weight; with a static cache at one token q/k/v,
+RoPE and the KV write in one kernel), ``FusedSwiGLU`` (gate/up as one weight; the dense MLP and the
+shared experts) and ``FusedGate`` (the router's fp32 GEMV, then softmax / top-k / scale / routing
+count in one Triton kernel at one token) extend the reference classes; ``FUSED_LINEARS`` is the
+converter. The operations they run:
+
+- ``fuse_rows(linears)``: one weight [sum N_i, K] holding the Linears' weights one after the other;
+  each Linear's weight becomes a view of it (state_dict names and values unchanged, no second copy).
+  q/k/v become one GEMM and each SwiGLU's gate/up one GEMM.
+- ``linear(x, w)`` / ``swiglu(x, w_gate_up)``: at one row (a batch-1 decode step) with K <= GEMV_MAX_K
+  the Triton GEMV kernels of ``gemv_triton`` (a cuBLAS GEMM tile grid leaves most SMs idle at M=1);
+  otherwise F.linear on the fused weight. ``scripts/bench_decode_linear.py`` (H200, graph-replayed,
+  µs per call): q/k/v/o 5.15 cuBLAS vs 3.48 GEMV; fused qkv 5.76 vs 4.88 (three separate GEMMs:
+  15.5); shared gate/up/silu*mul 13.6 vs 5.04; router (fp32) 8.41 vs 2.13; dense down (K=6848) 10.0
+  cuBLAS vs 15.2 GEMV, so K > GEMV_MAX_K stays on cuBLAS; at 8 rows cuBLAS was faster everywhere.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import HarnessError
+from ..kernels.availability import triton_available
+from ..models.llm import Attention, MoE, MoEGate, SwiGLU
+from .base import Converter, Variant, swap
+from .static_kv import StaticKVCache
+
+#: rows (tokens) up to which the GEMV kernels run; more rows go to cuBLAS
+GEMV_MAX_ROWS = 1
+#: reduction length up to which the GEMV kernels run (their loop over K is unrolled)
+GEMV_MAX_K = 2048
+
+
+def fuse_rows(linears: list) -> torch.Tensor:
+    """Concatenate the Linears' weights (no biases) along the output dim; re-point each to its view."""
+    ref = linears[0].weight
+    for lin in linears:
+        w = lin.weight
+        if lin.bias is not None or w.shape[1] != ref.shape[1] or w.dtype != ref.dtype or w.device != ref.device:
+            raise HarnessError(f"fuse_rows: weights {[tuple(l.weight.shape) for l in linears]} cannot share one "
+                               "tensor (same K, dtype, device and no bias needed)")
+    fused = torch.empty(sum(l.weight.shape[0] for l in linears), ref.shape[1], dtype=ref.dtype, device=ref.device)
+    start = 0
+    with torch.no_grad():
+        for lin in linears:
+            n = lin.weight.shape[0]
+            fused[start:start + n].copy_(lin.weight)
+            lin.weight = nn.Parameter(fused[start:start + n], requires_grad=lin.weight.requires_grad)
+            start += n
+    return fused
+
+
+def shares_rows(linears: list, fused: torch.Tensor) -> bool:
+    """True while every Linear's weight is still its view of ``fused`` (a ``.to()`` breaks it)."""
+    start = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        if lin.weight.data_ptr() != fused[start:start + n].data_ptr() or lin.weight.shape != fused[start:start + n].shape:
+            return False
+        start += n
+    return start == fused.shape[0]
+
+
+def gemv_fits(rows: int, k: int) -> bool:
+    """Whether ``rows`` token rows against a reduction length ``k`` run the Triton GEMV kernels."""
+    return rows <= GEMV_MAX_ROWS and k <= GEMV_MAX_K
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [..., K] @ w[N, K]^T -> [..., N] in ``out_dtype`` (x's by default). ``out_dtype=float32`` is
+    the vendor gate's F.linear(x.float(), w.float()): exact products, fp32 sums."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if gemv_fits(x2.shape[0], w.shape[1]):
+        from ..kernels.gemv_triton import gemv
+        y = gemv(x2, w, out_dtype)
+    elif out_dtype == torch.float32:
+        y = F.linear(x2.float(), w.float())
+    else:
+        y = F.linear(x2, w).to(out_dtype or x.dtype)
+    return y.view(*x.shape[:-1], w.shape[0])
+
+
+def swiglu(x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(x @ gate^T) * (x @ up^T) with ``w_gate_up`` [2I, K] = gate rows then up rows -> [..., I]."""
+    x2 = x.reshape(-1, x.shape[-1])
+    inter = w_gate_up.shape[0] // 2
+    if gemv_fits(x2.shape[0], w_gate_up.shape[1]):
+        from ..kernels.gemv_triton import gemv_swiglu
+        h = gemv_swiglu(x2, w_gate_up)
+    else:
+        gate, up = F.linear(x2, w_gate_up).split(inter, dim=-1)
+        h = F.silu(gate) * up
+    return h.view(*x.shape[:-1], inter)
+
+
+class FusedAttention(Variant, Attention):
+    """``Attention`` with q/k/v as one weight (``qkv_weight``, [q rows; k rows; v rows]) and o_proj by
+    ``linear``. Against a static cache at one token (a batch-1 decode step), q/k/v, RoPE and the KV
+    write run as one kernel (``gemv_triton.gemv_qkv_rope``) before the cache's decode attention."""
+
+    qkv_weight = None
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache) -> torch.Tensor:
+        B, S, _ = x.shape
+        if not (isinstance(cache, StaticKVCache) and gemv_fits(B * S, x.shape[-1])):
+            return super().forward(x, position_ids, cache)
+        from ..kernels.gemv_triton import gemv_qkv_rope
+
+        cos, sin = cache.rope if cache.rope is not None else self.rotary_emb(x, position_ids)
+        k_buf, v_buf = cache.k[self.layer_idx], cache.v[self.layer_idx]
+        q = gemv_qkv_rope(x.reshape(1, -1), self.qkv_weight, cos, sin, cache.pos, k_buf, v_buf, self.num_heads)
+        out = self.attend_decode(q, k_buf, v_buf, cache)
+        return self.output(out.transpose(1, 2).reshape(B, S, -1))
+
+    def project(self, x: torch.Tensor) -> tuple:
+        kv = self.num_kv_heads * self.head_dim
+        return self.heads(*linear(x, self.qkv_weight).split([self.num_heads * self.head_dim, kv, kv], dim=-1))
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        return linear(out, self.o_proj.weight)
+
+
+class FusedSwiGLU(Variant, SwiGLU):
+    """``SwiGLU`` with gate and up as one weight (``gate_up_weight``, gate rows then up rows), run by ``swiglu``."""
+
+    gate_up_weight = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(swiglu(x, self.gate_up_weight), self.down_proj.weight)
+
+
+class FusedGate(Variant, MoEGate):
+    """``MoEGate`` with its fp32 GEMV by ``linear``; at decode size (``routes_in_kernel``) the Triton
+    router (``router_triton.route``: GEMV, then softmax, top-k, renormalisation and scale in one
+    kernel), which can also count the routing (``counts``: a routing target's ``device_target``,
+    one token only). Its k experts come in descending order (ties: lowest index), which may differ
+    from torch.topk(sorted=False)'s order: the set is the same, and the experts' outputs are summed
+    over k downstream (equal up to fp32 rounding order)."""
+
+    def routes_in_kernel(self, rows: int) -> bool:
+        """Whether ``forward`` on ``rows`` token rows runs the Triton router."""
+        return gemv_fits(rows, self.weight.shape[1])
+
+    def counts_in_kernel(self, rows: int) -> bool:
+        """Whether ``forward`` can count the routing inside the Triton router (one token)."""
+        return rows == 1 and self.routes_in_kernel(rows)
+
+    def forward(self, x: torch.Tensor, counts: tuple | None = None):
+        rows = x.numel() // x.shape[-1]
+        if counts is not None and not self.counts_in_kernel(rows):
+            raise HarnessError("FusedGate: the routing count runs in the Triton router at one token only")
+        if self.routes_in_kernel(rows):
+            from ..kernels.router_triton import route
+
+            return route(x.reshape(-1, x.shape[-1]), self.weight, self.top_k, self.norm_topk_prob, self.scale, counts)
+        return self.select(self.logits(x))
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x.reshape(-1, x.shape[-1]), self.weight, torch.float32)
+
+
+class FusedLinears(Converter):
+    """q/k/v and the dense / shared gate/up weights fused once (views: the state_dict is unchanged);
+    every decoder attention, dense MLP, shared expert and router swapped to its fused class."""
+
+    knob, label, manifest_key = "linear_impl", "fused linears", "linears"
+    on = "fused"
+
+    def check(self, ex, device, dtype, model=None, positions=None) -> None:
+        if self.active(ex):
+            ok, why = triton_available(device)
+            self.refuse(ok, f"needs Triton for its GEMV kernels: {why}", "use execution.linear_impl=vendor", here=True)
+
+    def convert(self, model, ex, device, dtype) -> dict:
+        if not self.active(ex):
+            return {self.manifest_key: "vendor: one GEMM per nn.Linear"}
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            if attn.__dict__.get("qkv_weight") is None:     # once: the Linears become views of it
+                attn.qkv_weight = fuse_rows([attn.q_proj, attn.k_proj, attn.v_proj])
+            swap(attn, FusedAttention)
+            moe = isinstance(layer.mlp, MoE)
+            for mlp in [layer.mlp.shared_experts] if moe else [layer.mlp]:
+                if mlp.__dict__.get("gate_up_weight") is None:
+                    mlp.gate_up_weight = fuse_rows([mlp.gate_proj, mlp.up_proj])
+                swap(mlp, FusedSwiGLU)
+            if moe:
+                swap(layer.mlp.gate, FusedGate)
+        return {self.manifest_key: (
+            f"fused: q/k/v and dense/shared gate/up as one weight each; at <= {GEMV_MAX_ROWS} token(s) Triton GEMV "
+            f"kernels for K <= {GEMV_MAX_K}, the router's softmax, top-k, scale and routing count one Triton kernel "
+            "after its GEMV; with the static cache q/k/v, RoPE and the KV write one kernel; with moe_kernel=triton "
+            "the shared expert as extra rows of the routed-expert kernels; cuBLAS otherwise")}
+
+
+FUSED_LINEARS = FusedLinears()

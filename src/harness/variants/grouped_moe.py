@@ -1,0 +1,94 @@
+"""``moe_impl=grouped`` (+ ``moe_kernel``): routed experts without a host sync.
+
+``GroupedMoE`` is the reference ``MoE`` whose routed experts run as ``fast_moe.routed_experts``
+with one kernel (``kernel``: triton | grouped_mm | torch) over the experts stacked once
+(``experts_stacked``: views, the state_dict is unchanged) and whose routing is counted on the
+device (``routing.add_device``, or inside the Triton router with fused linears). ``GROUPED_MOE``
+is the converter; ``resolve_kernel`` says which kernel ``moe_kernel`` gets on a device (or why
+none can run: refused, never replaced).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kernels.availability import triton_available
+from ..models.llm import MoE
+from .base import Converter, Variant, need, swap
+from .engine import attach
+from .fast_moe import folds_shared, grouped_mm_available, routed_experts, stack_experts
+from .fused_linears import FusedGate, FusedSwiGLU
+
+
+class GroupedMoE(Variant, MoE):
+    """``MoE`` with sync-free routed experts (see the module docstring)."""
+
+    kernel: str = "torch"
+    experts_stacked = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        if self.routing is not None and isinstance(self.gate, FusedGate) and \
+                self.gate.counts_in_kernel(x.numel() // shape[-1]):
+            idx, w = self.gate(x, self.routing.device_target(self.layer_idx, x.device))
+        else:
+            idx, w = self.gate(x)
+            if self.routing is not None:
+                self.routing.add_device(self.layer_idx, idx)
+        sh = self.shared_experts
+        if self.shares_kernels(idx.numel()):
+            return routed_experts(x.reshape(-1, shape[-1]), idx, w, self.experts_stacked, self.kernel,
+                                  shared=(sh.gate_up_weight, sh.down_proj.weight)).view(*shape)
+        y = routed_experts(x.reshape(-1, shape[-1]), idx, w, self.experts_stacked, self.kernel)
+        return y.view(*shape) + self.shared_experts(x)
+
+    def shares_kernels(self, routed_rows: int) -> bool:
+        """Whether the shared expert runs as extra rows of the routed kernels (``fast_moe.folds_shared``:
+        moe kernel triton at decode size) rather than as its own GEMVs: with linear_impl=fused, whose
+        fused gate/up weight those kernels read."""
+        return isinstance(self.shared_experts, FusedSwiGLU) and folds_shared(self.kernel, routed_rows)
+
+
+def resolve_kernel(ex, device: torch.device, dtype: torch.dtype) -> tuple:
+    """(kernel, why): ``moe_kernel=auto`` takes triton on CUDA and the torch gather path elsewhere;
+    a kernel that cannot run here raises ``CannotRunHere``."""
+    want = ex.moe_kernel
+    if want == "auto":
+        want = "triton" if device.type == "cuda" and triton_available(device)[0] else "torch"
+    if want == "torch":
+        return "torch", "torch: per-row expert gather + bmm (sync-free, reads each routed row's expert)"
+    ok, why = triton_available(device) if want == "triton" else grouped_mm_available(device, dtype)
+    need(ok, "moe_kernel", want, f"cannot run here: {why}", "use execution.moe_kernel=auto or torch", here=True)
+    return want, f"{want}: {why}"
+
+
+class GroupedMoEConverter(Converter):
+    """Every MoE layer becomes a ``GroupedMoE`` with the resolved kernel; routing counts go to
+    device buffers (``engine.Plan.device_routing``)."""
+
+    knob, label, manifest_key = "moe_impl", "grouped MoE", "moe"
+    on = "grouped"
+    cost_knobs = ("moe_impl", "moe_kernel")
+
+    def check(self, ex, device, dtype, model=None, positions=None) -> None:
+        if not self.active(ex):
+            need(ex.moe_kernel == "auto", "moe_kernel", ex.moe_kernel, "picks the kernel of moe_impl=grouped, "
+                 "which is off", "add execution.moe_impl=grouped, or drop execution.moe_kernel")
+            return
+        resolve_kernel(ex, device, dtype)
+
+    def convert(self, model, ex, device, dtype) -> dict:
+        if not self.active(ex):
+            return {self.manifest_key: "vendor loop: per-expert Python loop, one device-to-host copy per MoE layer",
+                    "moe_kernel_resolved": None}
+        kernel, why = resolve_kernel(ex, device, dtype)
+        attach(model).device_routing = True
+        for mod in model.modules():
+            if isinstance(mod, MoE):
+                if getattr(mod, "experts_stacked", None) is None:   # once: views of the same weights
+                    mod.experts_stacked = stack_experts(mod)
+                mod.kernel = kernel
+                swap(mod, GroupedMoE)
+        return {self.manifest_key: why, "moe_kernel_resolved": kernel}
+
+
+GROUPED_MOE = GroupedMoEConverter()
