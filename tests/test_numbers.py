@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from harness.measure import stats
-from harness.measure.summarize import headline, stage_rows
+from harness.measure.observations import stage_rows
+from harness.measure.summary import summarize
 from harness.roofline.join import classify
 from harness.rundir import load_run
 
@@ -33,8 +34,8 @@ def test_median_low_bootstrap_and_median_request():
     assert (lo, hi) == stats.bootstrap_ci(vals)                          # seeded: the same every time
     assert lo in vals and hi in vals and lo <= 3033.8 <= hi
     assert stats.bootstrap_ci([1.0]) == (None, None)
-    req = pd.DataFrame({"repeat": ["0", "1", "2", "3"], "e2e_ms": [5.0, 5.0, 7.0, 1.0]})
-    assert stats.median_request(req) == "0"                              # median_low 5, earliest repeat
+    req = pd.DataFrame({"repeat": [0, 1, 2, 3], "e2e_ms": [5.0, 5.0, 7.0, 1.0]})
+    assert stats.median_request(req) == 0                                # median_low 5, earliest repeat
     sp = stats.spread([10.0, 12.0, 14.0])
     assert (sp["median"], sp["min"], sp["max"], sp["n"]) == (12.0, 10.0, 14.0, 3)
     assert sp["cv"] == pytest.approx(2.0 / 12.0)
@@ -44,9 +45,9 @@ def test_headline_is_the_median_request_of_the_h100_fixture():
     """gundam-2x3 of the real H100 run: per-column medians mixed three requests before; now every
     value is repeat 0's (e2e 3033.8 ms is the median of 3008.1 / 3029.6 / 3033.8 / 3299.1 / 3484.8)."""
     run = load_run(DATA / "h100_crop_mode")
-    head = headline(run.stages, {"gundam-2x3": 2}).set_index("case")
+    head = summarize(run.stages, {"gundam-2x3": 2}).headline.set_index("case")
     g = head.loc["gundam-2x3"]
-    assert g["repeat"] == "0" and g["repeats"] == 5 and g["warmup"] == 2
+    assert g["repeat"] == 0 and g["repeats"] == 5 and g["warmup"] == 2
     assert g["e2e_ms"] == pytest.approx(3033.81982421875)
     assert g["ttft_ms"] == pytest.approx(121.38777542114258)
     assert g["sam_ms"] == pytest.approx(30.308512687683105) and g["prefill_ms"] == pytest.approx(77.81244659423828)
@@ -60,7 +61,7 @@ def test_headline_is_the_median_request_of_the_h100_fixture():
         assert 0 < h["ttft_ms"] - h["ttft_stage_sum_ms"] < 1.1, case
         assert h["e2e_ms"] == pytest.approx(stats.median_low(
             run.stages[(run.stages["case"] == case) & (run.stages["stage"] == "request")
-                       & run.stages["repeat"].str.isdigit()]["e2e_ms"]))
+                       & ~run.stages["profiled"]]["e2e_ms"]))
 
 
 def _ranges(step_ms):

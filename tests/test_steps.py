@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from harness.measure.summarize import STEP_COLUMNS, stage_rows, step_rows
+from harness.measure.observations import STEP_COLUMNS, stage_rows, step_rows
 from harness.report import steps as S
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,15 +57,20 @@ def _steps():
 
 
 def test_tpot_edges_and_windows_exact():
+    """The one median rule (the lower middle) over the pooled repeats: a window of k steps holds each
+    step twice (2k values, ascending in pairs), so its lower middle (value k of 2k) is the step at
+    offset (k - 1) // 2 of the window: steps 0-127 -> step 63, 1.63 ms; the last 128 (172-299) ->
+    step 235, 3.35; all 300 -> step 149, 2.49; windows 128-255 -> step 191, 2.91; 256-299 (44
+    steps) -> step 277, 3.77."""
     e = S.tpot_edges(_steps()).set_index("case")
     assert e.loc["a", "steps"] == 300 and e.loc["a", "first_kv"] == "11-138" and e.loc["a", "last_kv"] == "183-310"
-    assert e.loc["a", "first_p50_ms"] == pytest.approx(1.635) and e.loc["a", "last_p50_ms"] == pytest.approx(3.355)
-    assert e.loc["a", "tpot_p50_ms"] == pytest.approx(2.495)
-    assert e.loc["a", "last_over_first"] == pytest.approx(3.355 / 1.635)
+    assert e.loc["a", "first_p50_ms"] == pytest.approx(1 + 63 / 100) and e.loc["a", "last_p50_ms"] == pytest.approx(1 + 235 / 100)
+    assert e.loc["a", "tpot_p50_ms"] == pytest.approx(1 + 149 / 100)
+    assert e.loc["a", "last_over_first"] == pytest.approx(3.35 / 1.63)
     assert e.loc["b", "first_p50_ms"] == e.loc["b", "last_p50_ms"] == 2.0 and e.loc["b", "first_kv"] == "11-110"
     w = S.tpot_windows(_steps())
     assert list(w.index) == ["0-127", "128-255", "256-383"] and list(w.columns) == ["a", "b"]
-    assert w["a"].tolist() == pytest.approx([1.635, 2.915, 3.775])
+    assert w["a"].tolist() == pytest.approx([1 + 63 / 100, 1 + 191 / 100, 1 + 277 / 100])
     assert w.loc["0-127", "b"] == 2.0 and w["b"].isna().tolist() == [False, True, True]
     host = _steps().assign(gpu_ms=None)
     assert S.step_time(host) == ("host_ms", "host ms (no CUDA events)")

@@ -211,9 +211,10 @@ def graph_from_config(cfg, out_dir: Path, progress=print) -> dict:
     from ..dtypes import canonical
     from ..rundir import RunDir
     from ..setup import device_info, load_adapter, prepare_cases, resolve_device, resolve_dtype
+    from ..sweep import job_environment
 
     t0 = time.perf_counter()
-    rd = RunDir(Path(out_dir), to_dict(cfg))
+    rd = RunDir(Path(out_dir), to_dict(cfg), launch=job_environment())
     with rd.guard():
         device = resolve_device(cfg.device)
         dtype = resolve_dtype(cfg.dtype, device)

@@ -28,6 +28,7 @@ import pandas as pd
 
 from ..errors import HarnessError
 from ..floats import finite as _f
+from ..measure.observations import CALL_ALL
 from ..stages import STAGES
 from .ncu import NVTX_DOMAIN
 
@@ -238,12 +239,12 @@ def projected_by_stage(proj: pd.DataFrame, stages=COMPARE_STAGES) -> dict:
 
 
 
-def harness_stage_ms(stages: pd.DataFrame, repeat: str = "0") -> dict:
-    """{stage: (ms, timer)} of one repeat of the child run (call 'all'): CUDA-event ``gpu_ms``, or
-    ``host_ms`` with timer 'host' where there were no events."""
+def harness_stage_ms(stages: pd.DataFrame, repeat: int = 0) -> dict:
+    """{stage: (ms, timer)} of one timed repeat of the child run (its observations, all calls):
+    CUDA-event ``gpu_ms``, or ``host_ms`` with timer 'host' where there were no events."""
     if stages is None or not len(stages):
         return {}
-    df = stages[(stages["repeat"].astype(str) == repeat) & (stages["call"].astype(str).isin(["all", "nan"]))]
+    df = stages[(stages["repeat"] == repeat) & ~stages["profiled"] & (stages["call"] == CALL_ALL)]
     out = {}
     for _, r in df.iterrows():
         gpu = _f(r.get("gpu_ms"))

@@ -21,8 +21,8 @@ HOST_CAP_PCT = 400.0     # host ticks further right are drawn at the cap with an
 
 
 def plot_time_breakdown(measured: pd.DataFrame, headline: pd.DataFrame, path, title: str = "") -> Path:
-    """Write the chart for ``measured`` (``roofline.join.measured_stages``) and ``headline``
-    (``measure.summarize.headline``) to ``path``; returns ``path``."""
+    """Write the chart for ``measured`` (``measure.summary.Summary.stages``) and ``headline``
+    (``Summary.headline``) to ``path``; returns ``path``."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)

@@ -8,7 +8,7 @@ and end-to-end ms; with the roofline efficiency (datasheet ceilings) where both 
 has no datasheet peak.
 
 A folder without ``manifest.json`` or ``stages.csv``, or whose stages.csv cannot be read or lacks
-the columns a run writes (``REQUIRED_COLUMNS`` and a time column), is refused with a one-line
+the columns a run writes (``harness.measure.observations.REQUIRED_COLUMNS`` and a time column), is refused with a one-line
 error. A run that did not complete (``failed``, ``interrupted``, still ``running``) or measured
 nothing is compared as far as it goes and flagged first in the notes.
 
@@ -26,16 +26,15 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import HarnessError
-from ..roofline.join import _f, measured_stages
+from ..floats import finite as _f
+from ..measure.observations import NotObservations
+from ..measure.summary import summarize
 from ..rundir import RunData, claim, load_run
 from ..stages import STAGES
 
 REQUEST_METRICS = [("ttft_ms", "TTFT", "ms"), ("tpot_p50_ms", "TPOT p50", "ms"), ("decode_tok_s", "decode tok/s", "tok/s"),
                    ("e2e_ms", "end-to-end", "ms")]
 COLUMNS = ["case", "stage", "metric", "a", "b", "delta", "ratio", "unit"]
-#: stages.csv columns compare reads (and one of TIME_COLUMNS)
-REQUIRED_COLUMNS = ("case", "stage", "repeat", "call")
-TIME_COLUMNS = ("gpu_ms", "host_ms")
 
 
 def _load(path) -> RunData:
@@ -48,16 +47,12 @@ def _load(path) -> RunData:
         if not (path / name).is_file():
             raise HarnessError(f"{path} has no {name}, so it is not a run directory", fix)
     try:
-        run = load_run(path)
+        return load_run(path)
+    except NotObservations as exc:
+        raise HarnessError(f"{path / 'stages.csv'} {exc}", fix) from None
     except (ValueError, UnicodeDecodeError) as exc:   # JSON, CSV parser and decoding errors
         raise HarnessError(f"{path} has an unreadable manifest.json or stages.csv ({exc.__class__.__name__}: "
                            f"{' '.join(str(exc).split())[:200]})", fix) from None
-    cols = set(run.stages.columns)
-    missing = [c for c in REQUIRED_COLUMNS if c not in cols] + ([" or ".join(TIME_COLUMNS)] if len(run.stages.columns)
-                                                                 and not cols & set(TIME_COLUMNS) else [])
-    if len(run.stages.columns) and missing:
-        raise HarnessError(f"{path / 'stages.csv'} lacks the column(s) {', '.join(missing)} a run writes", fix)
-    return run
 
 
 def state_notes(label: str, run: RunData) -> list:
@@ -95,7 +90,7 @@ def compare_runs(run_a, run_b) -> tuple:
     """(long DataFrame [COLUMNS], notes) comparing two run directories."""
     A, B = _load(run_a), _load(run_b)
     pa, pb = A.path, B.path
-    ma, mb = measured_stages(A.stages), measured_stages(B.stages)
+    ma, mb = summarize(A.stages).stages, summarize(B.stages).stages
     notes = state_notes("A", A) + state_notes("B", B)
     ta, tb = set(ma["timer"]), set(mb["timer"])
     if ta != tb and ta and tb:

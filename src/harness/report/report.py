@@ -8,8 +8,10 @@ analytic costs of every measured case (``harness.analytic``), joins them
 
 * ``analytic.csv``: ``harness.analytic.compose.COLUMNS`` + ``routing`` (measured / uniform) +
   ``bytes_kv_copy_read/write`` for every case x stage x family, TOTAL rows per stage;
-* ``headline.csv``: ``harness.measure.summarize.HEADLINE_COLUMNS``, one row per case: the
+* ``headline.csv``: ``harness.measure.summary.HEADLINE_COLUMNS``, one row per case: the
   median request with its stage times and the min/max of every value over the timed repeats;
+* ``stages_summary.csv``: ``harness.measure.summary.SUMMARY_COLUMNS``, the aggregates of the
+  timed repeats per case x stage x call and statistic (stages.csv holds the observations alone);
 * ``roofline.csv``: ``harness.roofline.join.ROOFLINE_COLUMNS``, ``level = stage`` rows (five
   stages + request per case) and ``level = op_family`` rows;
 * ``roofline.png``: log-log roofline, both ceilings, one point per case x stage;
@@ -37,7 +39,8 @@ from typing import Optional, Union
 import pandas as pd
 
 from ..measure import host
-from ..measure.summarize import busy_ms, headline
+from ..measure.observations import busy_ms
+from ..measure.summary import Summary, summarize
 from ..roofline.calibrate import load_calibration
 from ..roofline.join import OP_GROUPS, _f
 from ..roofline.table import roofline_table
@@ -82,11 +85,9 @@ def write_report(run: Union[RunDir, str, Path], data: Optional[RunData] = None, 
     manifest warning and {} returned (the measurement is never lost to a reporting error); an
     OSError (a full disk, an unwritable directory) always propagates.
     """
-    if data is None:
-        data = load_run(run.path if isinstance(run, RunDir) else run)
-    rd = run if isinstance(run, RunDir) else RunDir.attach(data.path, data.manifest)
+    rd = run if isinstance(run, RunDir) else RunDir.attach(run, data.manifest if data is not None else None)
     try:
-        return _write(rd, data, hardware, plot)
+        return _write(rd, data if data is not None else load_run(rd.path, rd.manifest), hardware, plot)
     except Exception as exc:  # noqa: BLE001 - reporting must not kill a measured run
         if strict or isinstance(exc, OSError):
             raise
@@ -101,15 +102,16 @@ def write_report(run: Union[RunDir, str, Path], data: Optional[RunData] = None, 
 def _write(rd: RunDir, run: RunData, hardware: Optional[dict], plot: bool) -> dict:
     peaks = ceilings(rd.manifest, hardware)
     paths = {}
+    summary = summarize(run.stages, warmup_counts(rd.manifest))
     if not len(run.stages):
-        paths["report"] = rd.write_text("report.md", render(run, peaks, pd.DataFrame(), pd.DataFrame(),
-                                                            pd.DataFrame(), [], pd.DataFrame()))
+        paths["report"] = rd.write_text("report.md", render(run, peaks, pd.DataFrame(), pd.DataFrame(), [], summary))
         return paths
-    table, analytic, measured, notes = roofline_table(run, peaks)
-    head = headline(run.stages, warmup_counts(rd.manifest))
+    table, analytic, measured, notes = roofline_table(run, peaks, summary)
+    head = summary.headline
     if len(analytic):
         paths["analytic"] = rd.write_csv("analytic.csv", analytic)
     paths["headline"] = rd.write_csv("headline.csv", head)
+    paths["stages_summary"] = rd.write_csv("stages_summary.csv", summary.aggregates)
     paths["roofline"] = rd.write_csv("roofline.csv", table)
     if plot:
         cfg = rd.manifest.get("config") or {}
@@ -134,7 +136,7 @@ def _write(rd: RunDir, run: RunData, hardware: Optional[dict], plot: bool) -> di
                 notes.append(f"tpot_vs_position.png not written ({exc.__class__.__name__}: {exc})")
     if plot and len(measured) and has_variants(run):
         try:
-            ladder = execution_rows(run, table[table["level"] == "stage"] if len(table) else table, measured)
+            ladder = execution_rows(run, table[table["level"] == "stage"] if len(table) else table, summary)
             if len(ladder) > 1:
                 from ..roofline.plot import plot_ladder
                 paths["ladder"] = plot_ladder(ladder, rd.path / "ladder.png")
@@ -142,7 +144,7 @@ def _write(rd: RunDir, run: RunData, hardware: Optional[dict], plot: bool) -> di
             raise
         except Exception as exc:  # noqa: BLE001 - a plotting failure must not lose the tables
             notes.append(f"ladder.png not written ({exc.__class__.__name__}: {exc})")
-    paths["report"] = rd.write_text("report.md", render(run, peaks, table, analytic, measured, notes, head))
+    paths["report"] = rd.write_text("report.md", render(run, peaks, table, analytic, notes, summary))
     rd.manifest["roofline"] = {**peaks.as_dict(), "files": sorted(p.name for p in map(Path, paths.values()))}
     rd.save()
     return paths
@@ -215,11 +217,12 @@ PROVENANCE = ("Column headers say where each number comes from: *measured* (CUDA
               "MBU (decode) the weight bytes of the experts touched + KV read.")
 
 
-def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFrame, measured: pd.DataFrame,
-           notes: list, head: Optional[pd.DataFrame] = None) -> str:
+def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFrame, notes: list,
+           summary: Optional[Summary] = None) -> str:
     man = run.manifest
     cfg = man.get("config") or {}
-    head = head if head is not None else headline(run.stages, warmup_counts(man))
+    summary = summary or summarize(run.stages, warmup_counts(man))
+    head, measured = summary.headline, summary.stages
     L = [f"# Run report: {run.path.name}", ""]
     status = man.get("status", "?")
     L.append(f"Status **{status}**; experiment `{cfg.get('experiment_name', (cfg.get('run') or {}).get('name', '-'))}`; "
@@ -231,7 +234,7 @@ def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFra
     L += ["", PROVENANCE, ""]
     st = table[table["level"] == "stage"] if len(table) else table
     L += _headline(run, st, measured, head)
-    L += _execution_table(run, st, measured)
+    L += _execution_table(run, st, summary)
     L += steps.section(run.steps, _table, _n)
     L += _stage_table(st)
     L += _op_table(table)
@@ -284,8 +287,8 @@ def _headline(run: RunData, st: pd.DataFrame, measured: pd.DataFrame, head: pd.D
         stages = s[s["stage"].isin(STAGES)]
         dom = ""
         if len(stages):
-            d = stages.loc[pd.to_numeric(stages["measured_ms"], errors="coerce").idxmax()]
-            total = pd.to_numeric(stages["measured_ms"], errors="coerce").sum()
+            d = stages.loc[stages["measured_ms"].idxmax()]
+            total = stages["measured_ms"].sum()
             dom = f"{d['stage']} {_pct(d['measured_ms'] / total if total else None)}: {d['bound']}"
         warm = "?" if h.get("warmup") is None or h.get("warmup") != h.get("warmup") else int(h["warmup"])
         tpot = " / ".join(_n(h.get(c)) for c in ("tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms"))
@@ -349,13 +352,13 @@ def execution_label(ex: dict) -> str:
     return " + ".join(parts) or "vendor-style"
 
 
-def execution_rows(run: RunData, st: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
+def execution_rows(run: RunData, st: pd.DataFrame, summary: Summary) -> pd.DataFrame:
     """One row per case: execution label, decode tok/s, TPOT p50/p90/p99, TTFT, kernels and host syncs per
     decode step, decode idle share and CV, MBU (datasheet / calibrated), speed-up over the vendor-style
     case of the same mode (any batch: the throughput gain; none where the run has no such case)."""
     rows = []
     info = _case_info(run.manifest)
-    stg = run.stages
+    measured = summary.stages
     for case in dict.fromkeys(measured["case"]):
         m = measured[measured["case"] == case].set_index("stage")
         if "request" not in m.index or "decode" not in m.index:
@@ -363,8 +366,6 @@ def execution_rows(run: RunData, st: pd.DataFrame, measured: pd.DataFrame) -> pd
         req, dec = m.loc["request"], m.loc["decode"]
         s = st[(st["case"] == case) & (st["stage"] == "decode")] if len(st) else st
         r = s.iloc[0] if len(s) else {}
-        prof = stg[(stg["case"] == case) & (stg["stage"] == "decode") & (stg["repeat"].astype(str) == "profiled")
-                   & (stg["call"].astype(str) == "all")] if len(stg) and "host_syncs" in stg else stg.iloc[:0]
         ex = info.get(case, {}).get("execution") or {}
         setup = ex.get("setup_s") or {}
         rows.append({"case": case, "execution": execution_label(ex), "batch": info.get(case, {}).get("batch"),
@@ -372,7 +373,7 @@ def execution_rows(run: RunData, st: pd.DataFrame, measured: pd.DataFrame) -> pd
                      "tok_s": _f(req.get("decode_tok_s")), "tpot_p50_ms": _f(req.get("tpot_p50_ms")),
                      "tpot_p90_ms": _f(req.get("tpot_p90_ms")), "tpot_p99_ms": _f(req.get("tpot_p99_ms")),
                      "ttft_ms": _f(req.get("ttft_ms")), "kernels_per_step": _f(dec.get("launches_per_step")),
-                     "syncs_per_step": _f(prof["syncs_per_step"].iloc[0]) if len(prof) else None,
+                     "syncs_per_step": _f(dec.get("syncs_per_step")),
                      "decode_idle": _f(r.get("idle_fraction")) if len(s) else None,
                      "decode_cv": _f(dec.get("cv")), "mbu": _f(r.get("mbu")) if len(s) else None,
                      "mbu_cal": _f(r.get("mbu_cal")) if len(s) else None,
@@ -394,10 +395,10 @@ def has_variants(run: RunData) -> bool:
     return any(execution_label(c.get("execution") or {}) != "vendor-style" for c in run.manifest.get("cases") or [])
 
 
-def _execution_table(run: RunData, st: pd.DataFrame, measured: pd.DataFrame) -> list:
-    if not len(measured) or not has_variants(run):
+def _execution_table(run: RunData, st: pd.DataFrame, summary: Summary) -> list:
+    if not len(summary.stages) or not has_variants(run):
         return []
-    df = execution_rows(run, st, measured)
+    df = execution_rows(run, st, summary)
     L = ["## Execution variants", "",
          "Same weights, different execution (`harness.config.ExecutionConfig`). tok/s, TPOT and TTFT: measured "
          "(median of the timed repeats); kernels per step: measured (profiled request); host syncs per step: "
@@ -611,15 +612,13 @@ def _caveats(run: RunData, p: Peaks, measured: pd.DataFrame, notes: list, head: 
         else:
             out.append("TTFT excludes preprocessing and the copy to the device; *TTFT + prep + copy* includes them "
                        "(host-timed building of the request from its loaded pages, then `.to(device)`).")
-    if len(run.stages) and "unattributed_kernel_ms" in run.stages:
-        un = run.stages[(run.stages["stage"] == "request") & (run.stages["repeat"].astype(str) == "profiled")]
-        for r in un.to_dict("records"):
+    if len(measured):
+        for r in measured[measured["stage"] == "request"].to_dict("records"):
             if (_f(r.get("unattributed_kernel_ms")) or 0) > 0:
                 out.append(f"{r['case']}: {_f(r['unattributed_kernel_ms']):.3f} ms of kernel time outside any stage "
                            f"(attributed {_pct(r.get('attributed_fraction'))}).")
     if len(measured):
-        noisy = measured[(pd.to_numeric(measured["cv"], errors="coerce") > CV_LIMIT)
-                         & (pd.to_numeric(measured["time_ms"], errors="coerce") >= 1.0)
+        noisy = measured[(measured["cv"] > CV_LIMIT) & (measured["time_ms"] >= 1.0)
                          & (measured["stage"] != "request")]
         if len(noisy):
             out.append("Repeat CV above 2%: " + ", ".join(f"{r.case}/{r.stage} {100 * r.cv:.1f}%"

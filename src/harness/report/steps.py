@@ -1,9 +1,10 @@
 """TPOT against position: the decode steps of a run (``steps.csv``) per 128-step window.
 
-``steps`` is a run's ``RunData.steps`` (``harness.measure.summarize.STEP_COLUMNS``: case, repeat,
-step, kv_len, gpu_ms, host_ms; one row per decode step of every timed repeat). A step's time is
-``gpu_ms`` (CUDA events) where the run has them, else ``host_ms``. Window statistics pool the
-repeats: the median of every (repeat, step) time in the window, ms.
+``steps`` is a run's ``RunData.steps`` (``harness.measure.observations.STEP_COLUMNS``: case,
+repeat, step, kv_len, gpu_ms, host_ms; one row per decode step of every timed repeat). A step's
+time is ``gpu_ms`` (CUDA events) where the run has them, else ``host_ms``. Window statistics pool
+the repeats: the median of every (repeat, step) time in the window, ms, by the harness's one
+median rule (``harness.measure.stats.median_low``: an observed value, the lower middle).
 
 * ``tpot_edges``: per case, TPOT p50 over all steps, the first ``WINDOW`` and the last ``WINDOW``
   steps, and last / first (how much a step slows as the cache grows);
@@ -17,12 +18,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..measure.stats import median_low
+
 WINDOW = 128   # decode steps per window
 
 
 def step_time(steps: pd.DataFrame) -> tuple:
     """(column, label): ``gpu_ms`` where the steps have CUDA-event times, else ``host_ms``."""
-    if "gpu_ms" in steps and pd.to_numeric(steps["gpu_ms"], errors="coerce").notna().any():
+    if "gpu_ms" in steps and steps["gpu_ms"].notna().any():
         return "gpu_ms", "GPU ms (CUDA events)"
     return "host_ms", "host ms (no CUDA events)"
 
@@ -30,7 +33,7 @@ def step_time(steps: pd.DataFrame) -> tuple:
 def _timed(steps: pd.DataFrame) -> pd.DataFrame:
     col, _ = step_time(steps)
     out = steps[["case", "repeat", "step", "kv_len"]].copy()
-    out["ms"] = pd.to_numeric(steps[col], errors="coerce")
+    out["ms"] = steps[col].astype(float)
     out["step"] = out["step"].astype(int)
     return out.dropna(subset=["ms"])
 
@@ -45,8 +48,8 @@ def tpot_edges(steps: pd.DataFrame, window: int = WINDOW) -> pd.DataFrame:
     for case, g in _timed(steps).groupby("case", sort=False):
         n = int(g["step"].max()) + 1
         first, last = g[g["step"] < window], g[g["step"] >= n - window]
-        f, la = first["ms"].median(), last["ms"].median()
-        rows.append({"case": case, "steps": n, "tpot_p50_ms": g["ms"].median(),
+        f, la = median_low(first["ms"]), median_low(last["ms"])
+        rows.append({"case": case, "steps": n, "tpot_p50_ms": median_low(g["ms"]),
                      "first_kv": f"{int(first['kv_len'].min())}-{int(first['kv_len'].max())}", "first_p50_ms": f,
                      "last_kv": f"{int(last['kv_len'].min())}-{int(last['kv_len'].max())}", "last_p50_ms": la,
                      "last_over_first": la / f if f else None})
@@ -59,7 +62,7 @@ def tpot_windows(steps: pd.DataFrame, window: int = WINDOW) -> pd.DataFrame:
         return pd.DataFrame()
     t = _timed(steps)
     t["window"] = t["step"] // window
-    table = t.pivot_table(index="window", columns="case", values="ms", aggfunc="median", sort=False)
+    table = t.pivot_table(index="window", columns="case", values="ms", aggfunc=median_low, sort=False)
     table = table[list(dict.fromkeys(t["case"]))]
     table.index = [f"{w * window}-{w * window + window - 1}" for w in table.index]
     return table
@@ -75,7 +78,7 @@ def plot_tpot_vs_position(steps: pd.DataFrame, path, title: str = "") -> Path:
     path = Path(path)
     _, label = step_time(steps)
     per_step = _timed(steps).groupby(["case", "step"], sort=False).agg(kv_len=("kv_len", "first"),
-                                                                       ms=("ms", "median")).reset_index()
+                                                                       ms=("ms", median_low)).reset_index()
     fig, ax = plt.subplots(figsize=(8.5, 4.5), dpi=110)
     for case, g in per_step.groupby("case", sort=False):
         ax.plot(g["kv_len"], g["ms"], lw=0.8, label=str(case))

@@ -36,9 +36,11 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import HarnessError
-from ..roofline.join import _f, measured_stages
-from ..stages import STAGES
+from ..floats import finite as _f
+from ..measure.observations import read_observations
+from ..measure.summary import summarize as summarize_observations
 from ..rundir import claim, read_table
+from ..stages import STAGES
 
 JOB_DIR = re.compile(r"^(\d+)(-failed)?$")
 REQUEST_COLS = ["decode_tok_s", "ttft_ms", "tpot_p50_ms", "e2e_ms"]
@@ -193,7 +195,7 @@ def job_rows(job: dict, swept: list[str], base: Path | None) -> list[dict]:
               "gpu": sj.get("CUDA_VISIBLE_DEVICES", launch.get("CUDA_VISIBLE_DEVICES")),
               "pid": sj.get("pid", launch.get("pid")), "start_unix": start, "end_unix": end,
               "wall_s": (end - start) if start is not None and end is not None else None, "note": note}
-    ms = measured_stages(read_table(d / "stages.csv"))
+    ms = summarize_observations(read_observations(d / "stages.csv")).stages
     if not len(ms):
         return [common]
     eff = _efficiency(d)

@@ -11,8 +11,8 @@
 * ``plot``: roofline.png.
 """
 from .specs import SPECS, DeviceSpec, Peaks, match_device, resolve_peaks
-from .join import OP_GROUPS, ROOFLINE_COLUMNS, load_run, roofline_point
+from .join import OP_GROUPS, ROOFLINE_COLUMNS, roofline_point
 from .table import roofline_table
 
 __all__ = ["SPECS", "DeviceSpec", "Peaks", "match_device", "resolve_peaks", "OP_GROUPS", "ROOFLINE_COLUMNS",
-           "load_run", "roofline_point", "roofline_table"]
+           "roofline_point", "roofline_table"]

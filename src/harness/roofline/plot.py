@@ -28,12 +28,11 @@ def plot_roofline(table: pd.DataFrame, peaks: Peaks, path, title: str = "") -> P
 
     path = Path(path)
     st = table[(table["level"] == "stage") & (table["stage"].isin(STAGES))] if len(table) else table
-    pts = st[(pd.to_numeric(st.get("intensity"), errors="coerce") > 0)
-             & (pd.to_numeric(st.get("achieved_tflops"), errors="coerce") > 0)] if len(st) else st
+    pts = st[(st["intensity"] > 0) & (st["achieved_tflops"] > 0)] if len(st) else st
     skipped = sorted({f"{r.case}/{r.stage}" for r in st.itertuples()} - {f"{r.case}/{r.stage}" for r in pts.itertuples()}) \
         if len(st) else []
     fig, ax = plt.subplots(figsize=(8.5, 5.5), dpi=110)
-    xs = pd.to_numeric(pts["intensity"], errors="coerce").to_numpy(float) if len(pts) else np.array([])
+    xs = pts["intensity"].to_numpy(float) if len(pts) else np.array([])
     ridges = [r for r in (peaks.ridge, peaks.cal_ridge) if r]
     lo = min([*xs, *ridges, 1.0]) / 4 if len(xs) or ridges else 0.1
     hi = max([*xs, *ridges, 10.0]) * 4
@@ -102,7 +101,7 @@ def plot_ladder(rows: pd.DataFrame, path, title: str = "") -> Path:
     path = Path(path)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4.5), dpi=110)
     x = np.arange(len(rows))
-    tok = pd.to_numeric(rows["tok_s"], errors="coerce").to_numpy(float)
+    tok = rows["tok_s"].to_numpy(float)
     ax.bar(x, tok, color="tab:blue", alpha=0.8, label="decode tok/s (measured)")
     ax.set_yscale("log")
     ax.set_ylabel("decode tokens / s (log)")
@@ -110,7 +109,7 @@ def plot_ladder(rows: pd.DataFrame, path, title: str = "") -> Path:
     for xi, t in zip(x, tok):
         if np.isfinite(t):
             ax.annotate(f"{t:,.0f}", (xi, t), ha="center", va="bottom", fontsize=8)
-    mbu = pd.to_numeric(rows.get("mbu_cal"), errors="coerce").to_numpy(float) * 100
+    mbu = rows["mbu_cal"].to_numpy(float) * 100
     if np.isfinite(mbu).any():
         ax2 = ax.twinx()
         ax2.plot(x, mbu, "o-", color="tab:red", label="MBU vs calibrated copy (derived)")
