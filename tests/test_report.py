@@ -190,3 +190,21 @@ def test_ladder_speedup_is_over_the_vendor_style_row_of_the_same_mode(tmp_path, 
     assert got["gundam-best"] == f"{gtok['gundam-best'] / gtok['gundam-vendor-style']:.1f}x" == "35.8x"
     assert got["gundam-vendor-style"] == "1.0x"                                       # over its own mode
     assert got["best-b8"] == "–" and got["best-b64"] == "–"                           # no base vendor-style there
+
+
+def test_one_table_writer_and_the_column_registry():
+    from harness import markdown
+    from harness.report import columns as C
+
+    assert markdown.table(["a", "b"], [[1, "x|y"]]) == ["| a | b |", "|---|---:|", "| 1 | x\\|y |"]
+    assert markdown.table(["a"], [], [markdown.LEFT]) == ["| a |", "|---|"]
+    # a title is built from the declaration: header, unit, (provenance, basis), suffix
+    assert C.column("e2e").title == "e2e ms (measured) [min–max]"
+    assert C.column("floor").title == "floor ms (derived, sheet / cal)"
+    assert C.column("gflop").title == "tensor GFLOP (analytic)" and C.column("case").title == "case"
+    assert C.table(["case", "e2e", "idle"], [{"case": "c", "e2e": (50.0, 40.0, 60.0), "idle": 0.25},
+                                             {"case": "d", "e2e": (7.0, 7.0, 7.0), "idle": None}]) == [
+        "| case | e2e ms (measured) [min–max] | idle (derived) |", "|---|---:|---:|",
+        "| c | 50.00 [40.00–60.00] | 25.0% |", "| d | 7.00 | – |"]
+    for c in C.COLUMNS.values():           # every number says where it comes from; labels are text
+        assert c.provenance in ("measured", "analytic", "derived") or c.fmt is C.text, c.name

@@ -75,7 +75,7 @@ def test_tpot_edges_and_windows_exact():
     host = _steps().assign(gpu_ms=None)
     assert S.step_time(host) == ("host_ms", "host ms (no CUDA events)")
     assert S.tpot_edges(host)["first_p50_ms"].tolist() == [9.0, 9.0]
-    assert not len(S.tpot_edges(pd.DataFrame())) and not S.section(pd.DataFrame(), None, None)
+    assert not len(S.tpot_edges(pd.DataFrame())) and not S.section(pd.DataFrame())
 
 
 def test_run_writes_steps_and_the_report_shows_tpot_against_position(tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from ..config import ModelConfig
+from ..markdown import table as md_table
 from ..stages import VISION_STAGES
 from .compose import (COLUMNS, STAGES, Case, activated_params_per_token, case_summary, component_params,
                       decode_step_costs, default_sweep_cases, kv_bytes_per_token, stage_totals, workload_costs)
@@ -32,13 +33,6 @@ def _g(x) -> str:
 
 def _mb(x) -> str:
     return f"{x / 1e6:,.1f}"
-
-
-def _md_table(header: list, rows: list, align: Optional[list] = None) -> list:
-    align = align or ["---"] + ["---:"] * (len(header) - 1)
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return out
 
 
 def _sweep_rows(cases, cfg, dtype, attn, kv) -> list:
@@ -150,7 +144,7 @@ def render_markdown(summaries, frames, anchors, model, sweep_rows, decode_rows, 
          "in/out per kernel, KV read and written.", "",
          "## Anchors", ""]
     p = anchors["params"]
-    L += _md_table(["quantity", "value"], [
+    L += md_table(["quantity", "value"], [
         ["parameters LLM", f"{p['llm']:,}"], ["parameters SAM", f"{p['sam']:,}"], ["parameters CLIP", f"{p['clip']:,}"],
         ["parameters projector", f"{p['projector']:,}"], ["parameters separators", f"{p['separators']:,}"],
         ["parameters total", f"{p['total']:,}"],
@@ -164,7 +158,7 @@ def render_markdown(summaries, frames, anchors, model, sweep_rows, decode_rows, 
                          _g(v["flops_counted"]), _g(v["flops_useful"]), _g(v["tensor_flops"]), _g(v["vector_flops"]),
                          _mb(v["bytes"]), f"{v['params']:,}",
                          f"{v['tensor_flops'] / v['bytes']:.1f}" if v["bytes"] else "-"])
-    L += _md_table(["case", "image tok", "prefill tok", "decode tok", "stage", "counted GFLOP", "useful GFLOP",
+    L += md_table(["case", "image tok", "prefill tok", "decode tok", "stage", "counted GFLOP", "useful GFLOP",
                     "tensor GFLOP", "vector GFLOP", "MB", "params", "FLOP/B"], rows,
                    ["---"] + ["---:"] * 3 + ["---"] + ["---:"] * 7)
     L += ["", "## Families per case", "",
@@ -176,7 +170,7 @@ def render_markdown(summaries, frames, anchors, model, sweep_rows, decode_rows, 
                  f"{r['count']:,}", _g(r.flops_counted), _g(r.flops_useful), _g(r.tensor_flops), _g(r.vector_flops),
                  _mb(r.bytes_weights), _mb(r.bytes_act_read + r.bytes_act_write), _mb(r.bytes_kv_read + r.bytes_kv_write),
                  f"{r.params:,}"] for _, r in fam.iterrows()]
-        L += _md_table(["stage", "family", "calls", "counted GFLOP", "useful GFLOP", "tensor GFLOP", "vector GFLOP",
+        L += md_table(["stage", "family", "calls", "counted GFLOP", "useful GFLOP", "tensor GFLOP", "vector GFLOP",
                         "weights MB", "act MB", "KV MB", "params"], rows, ["---", "---"] + ["---:"] * 9)
         L.append("")
     if sweep_rows:
@@ -187,13 +181,13 @@ def render_markdown(summaries, frames, anchors, model, sweep_rows, decode_rows, 
                  _g(r["prefill_flops_counted"]), _g(r["prefill_flops_useful"]), _mb(r["prefill_bytes"]),
                  _g(r["decode_flops_counted"]), _mb(r["decode_bytes"]), _g(r["request_flops_counted"])]
                 for r in sweep_rows]
-        L += _md_table(["case", "image tok", "prefill tok", "vision GFLOP", "vision MB", "prefill GFLOP",
+        L += md_table(["case", "image tok", "prefill tok", "vision GFLOP", "vision MB", "prefill GFLOP",
                         "prefill useful GFLOP", "prefill MB", "decode GFLOP", "decode MB", "request GFLOP"], rows)
         L += ["", "## One decode step vs KV-cache length (batch 1)", ""]
         rows = [[f"{r['cache_len']:,}", _g(r["tensor_flops"]), _g(r["vector_flops"]), _mb(r["bytes"]),
                  _mb(r["bytes_weights"]), _mb(r["bytes_kv"]), _mb(r["bytes_act"]), f"{r['intensity']:.2f}"]
                 for r in decode_rows]
-        L += _md_table(["cache tokens", "tensor GFLOP", "vector GFLOP", "MB", "weights MB", "KV MB", "act MB",
+        L += md_table(["cache tokens", "tensor GFLOP", "vector GFLOP", "MB", "weights MB", "KV MB", "act MB",
                         "FLOP/B"], rows)
     L += ["", f"_Computed in {seconds:.2f} s._", ""]
     return "\n".join(L)

@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 
 from ..errors import HarnessError
+from ..markdown import LEFT, RIGHT, table
 from .capture import Capture, capture_reference
-from .grouped import grouped_view, render_dot, render_markdown
+from .grouped import flops_text, grouped_view, render_dot, render_markdown
 from .join import COLUMNS as JOIN_COLUMNS, analytic_frame, join_rows
 from .tree import module_tree, vendor_class, write_tree
 
@@ -89,8 +90,6 @@ def write_svg(dot_path: Path) -> Path | None:
 
 
 def _join_markdown(rows: list, note: str) -> str:
-    from .grouped import _g as g
-
     def d(x):
         return "-" if x is None else f"{x:,}"
 
@@ -106,14 +105,14 @@ def _join_markdown(rows: list, note: str) -> str:
         pr = [r for r in rows if r["phase"] == phase]
         if not pr:
             continue
-        L += [f"## {phase}", "", "| level | stage | family | kind | N | ops | torchlens FLOP | counted FLOP | "
-              "analytic FLOP | diff FLOP | analytic rows |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
-        for r in pr:
-            n = "" if r["count"] is None else r["count"]
-            ops = "" if r["tl_ops"] is None else f"{r['tl_ops']:,}"
-            L.append(f"| {r['level']} | {r['stage']} | `{r['family']}` | {r['kind']} | {n} | {ops} | {g(r['tl_flops'])} | "
-                     f"{g(r['counted_flops'])} | {g(r.get('analytic_flops_counted'))} | "
-                     f"{d(r.get('counted_minus_analytic'))} | {r.get('analytic_rows') or ''} |")
+        L += [f"## {phase}", ""]
+        L += table(["level", "stage", "family", "kind", "N", "ops", "torchlens FLOP", "counted FLOP", "analytic FLOP",
+                    "diff FLOP", "analytic rows"],
+                   [[r["level"], r["stage"], f"`{r['family']}`", r["kind"], "" if r["count"] is None else r["count"],
+                     "" if r["tl_ops"] is None else f"{r['tl_ops']:,}", flops_text(r["tl_flops"]),
+                     flops_text(r["counted_flops"]), flops_text(r.get("analytic_flops_counted")),
+                     d(r.get("counted_minus_analytic")), r.get("analytic_rows") or ""] for r in pr],
+                   [LEFT] * 4 + [RIGHT] * 6 + [LEFT])
         L.append("")
     return "\n".join(L)
 

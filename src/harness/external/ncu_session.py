@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import HarnessError
+from ..markdown import table
 from . import find_tool, portable_command, run_logged
 from ..measure.kernels import categorize
 from .ncu import METRIC_SETS, export_command, flops_columns, ncu_command, parse_raw_csv, shell
@@ -221,15 +222,18 @@ def plot_points(kern: pd.DataFrame, r, peaks, path: Path, stage: str):
 
 def render(cmp_df: pd.DataFrame, kern: pd.DataFrame, stage: str, peaks=None, png=None) -> str:
     r = cmp_df.iloc[0]
+    quantities = (("tensor-core FLOPs (G)", "measured_tensor_flops", "analytic_tensor_flops", "tensor_ratio", 1e9),
+                  ("vector FLOPs (G, fp32/fp16 SASS)", "measured_vector_flops", "analytic_vector_flops", "vector_ratio",
+                   1e9),
+                  ("DRAM reads (MB): weights + act read + KV read", "measured_dram_read_bytes", "analytic_read_bytes",
+                   "read_ratio", 1e6),
+                  ("DRAM writes (MB): act write + KV write", "measured_dram_write_bytes", "analytic_write_bytes",
+                   "write_ratio", 1e6),
+                  ("DRAM bytes (MB), read + write", "measured_dram_bytes", "analytic_bytes", "bytes_ratio", 1e6))
     lines = [f"# Nsight Compute: stage `{stage}` ({r['case']})", "",
-             "| quantity | measured (ncu) | analytic | measured / analytic |", "|---|---:|---:|---:|",
-             f"| tensor-core FLOPs (G) | {_fmt(r['measured_tensor_flops'], 1e9)} | {_fmt(r['analytic_tensor_flops'], 1e9)} | {_fmt(r['tensor_ratio'])} |",
-             f"| vector FLOPs (G, fp32/fp16 SASS) | {_fmt(r['measured_vector_flops'], 1e9)} | {_fmt(r['analytic_vector_flops'], 1e9)} | {_fmt(r['vector_ratio'])} |",
-             f"| DRAM reads (MB): weights + act read + KV read | {_fmt(r.get('measured_dram_read_bytes'), 1e6)} | "
-             f"{_fmt(r.get('analytic_read_bytes'), 1e6)} | {_fmt(r.get('read_ratio'))} |",
-             f"| DRAM writes (MB): act write + KV write | {_fmt(r.get('measured_dram_write_bytes'), 1e6)} | "
-             f"{_fmt(r.get('analytic_write_bytes'), 1e6)} | {_fmt(r.get('write_ratio'))} |",
-             f"| DRAM bytes (MB), read + write | {_fmt(r['measured_dram_bytes'], 1e6)} | {_fmt(r['analytic_bytes'], 1e6)} | {_fmt(r['bytes_ratio'])} |",
+             *table(["quantity", "measured (ncu)", "analytic", "measured / analytic"],
+                    [[q, _fmt(r.get(m), scale), _fmt(r.get(a), scale), _fmt(r.get(ratio))]
+                     for q, m, a, ratio, scale in quantities]),
              "", f"{int(r['kernels'])} kernels; sum of ncu kernel durations {r['kernel_time_ms']:.3f} ms "
                  "(replayed one by one, caches flushed: not the request timeline)."
              + (f" Decode: {int(r['decode_steps'])} step(s)." if r["decode_steps"] == r["decode_steps"]
@@ -247,19 +251,17 @@ def render(cmp_df: pd.DataFrame, kern: pd.DataFrame, stage: str, peaks=None, png
                                                           "duration_ns"]].sum(min_count=1)
         cat["kernels"] = kern.groupby("category").size().to_numpy()
         cat = cat.sort_values("dram_bytes", ascending=False)
-        lines += ["", "## By kernel category", "", "| category | kernels | MB | tensor GFLOP | vector GFLOP | µs |",
-                  "|---|---:|---:|---:|---:|---:|"]
-        for t in cat.itertuples():
-            lines.append(f"| {t.category} | {t.kernels} | {_fmt(t.dram_bytes, 1e6)} | {_fmt(t.tensor_flops, 1e9)} | "
-                         f"{_fmt(t.vector_flops, 1e9)} | {_fmt(t.duration_ns, 1e3)} |")
+        lines += ["", "## By kernel category", ""]
+        lines += table(["category", "kernels", "MB", "tensor GFLOP", "vector GFLOP", "µs"],
+                       [[t.category, t.kernels, _fmt(t.dram_bytes, 1e6), _fmt(t.tensor_flops, 1e9),
+                         _fmt(t.vector_flops, 1e9), _fmt(t.duration_ns, 1e3)] for t in cat.itertuples()])
     top = kern.groupby("kernel", as_index=False)[["dram_bytes", "tensor_flops", "vector_flops",
                                                    "duration_ns"]].sum(min_count=1)
     top = top.sort_values("dram_bytes", ascending=False).head(12)
-    lines += ["", "## Kernels moving the most DRAM bytes", "", "| kernel | MB | tensor GFLOP | vector GFLOP | µs |",
-              "|---|---:|---:|---:|---:|"]
-    for t in top.itertuples():
-        lines.append(f"| `{t.kernel[:90]}` | {_fmt(t.dram_bytes, 1e6)} | {_fmt(t.tensor_flops, 1e9)} | "
-                     f"{_fmt(t.vector_flops, 1e9)} | {_fmt(t.duration_ns, 1e3)} |")
+    lines += ["", "## Kernels moving the most DRAM bytes", ""]
+    lines += table(["kernel", "MB", "tensor GFLOP", "vector GFLOP", "µs"],
+                   [[f"`{t.kernel[:90]}`", _fmt(t.dram_bytes, 1e6), _fmt(t.tensor_flops, 1e9), _fmt(t.vector_flops, 1e9),
+                     _fmt(t.duration_ns, 1e3)] for t in top.itertuples()])
     if png:
         lines += ["", f"![empirical roofline]({Path(png).name})"]
     else:

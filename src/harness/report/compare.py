@@ -27,6 +27,7 @@ import pandas as pd
 
 from ..errors import HarnessError
 from ..floats import finite as _f
+from ..markdown import LEFT, RIGHT, table
 from ..measure.observations import NotObservations
 from ..measure.summary import summarize
 from ..rundir import RunData, claim, load_run
@@ -143,21 +144,21 @@ def render(df: pd.DataFrame, run_a: Path, run_b: Path, notes: list) -> str:
     st = df[df["metric"] == "time"]
     eff = df[df["metric"] == "efficiency"].set_index(["case", "stage"])
     if len(st):
-        L += ["## Stage time", "", "| case | stage | A ms | B ms | delta ms | B/A | eff A | eff B |",
-              "|---|---|---:|---:|---:|---:|---:|---:|"]
+        L += ["## Stage time", ""]
+        rows = []
         for r in st.itertuples():
             e = eff.loc[(r.case, r.stage)] if (r.case, r.stage) in eff.index else None
-            L.append(f"| {r.case} | {r.stage} | {_fmt(r.a)} | {_fmt(r.b)} | {_fmt(r.delta)} | "
-                     f"{_fmt(r.ratio)} | "
-                     f"{_fmt(e['a'], 'fraction') if e is not None else '–'} | "
-                     f"{_fmt(e['b'], 'fraction') if e is not None else '–'} |")
+            rows.append([r.case, r.stage, _fmt(r.a), _fmt(r.b), _fmt(r.delta), _fmt(r.ratio),
+                         _fmt(e["a"], "fraction") if e is not None else "–",
+                         _fmt(e["b"], "fraction") if e is not None else "–"])
+        L += table(["case", "stage", "A ms", "B ms", "delta ms", "B/A", "eff A", "eff B"], rows, [LEFT, LEFT] + [RIGHT] * 6)
         L.append("")
     rq = df[~df["metric"].isin(["time", "efficiency"])]
     if len(rq):
-        L += ["## Request", "", "| case | metric | A | B | delta | B/A |", "|---|---|---:|---:|---:|---:|"]
-        for r in rq.itertuples():
-            L.append(f"| {r.case} | {r.metric} ({r.unit}) | {_fmt(r.a)} | {_fmt(r.b)} | {_fmt(r.delta)} | "
-                     f"{_fmt(r.ratio)} |")
+        L += ["## Request", ""]
+        L += table(["case", "metric", "A", "B", "delta", "B/A"],
+                   [[r.case, f"{r.metric} ({r.unit})", _fmt(r.a), _fmt(r.b), _fmt(r.delta), _fmt(r.ratio)]
+                    for r in rq.itertuples()], [LEFT, LEFT] + [RIGHT] * 4)
         L.append("")
     if notes:
         L += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]

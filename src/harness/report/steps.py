@@ -10,7 +10,7 @@ median rule (``harness.measure.stats.median_low``: an observed value, the lower 
   steps, and last / first (how much a step slows as the cache grows);
 * ``tpot_windows``: TPOT p50 per window of ``WINDOW`` steps, one column per case;
 * ``plot_tpot_vs_position``: ``tpot_vs_position.png``, per-step median over repeats against kv_len;
-* ``section``: the report's "TPOT against position" lines.
+* ``section``: the report's "TPOT against position" lines (columns from ``harness.report.columns``).
 """
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..markdown import LEFT
 from ..measure.stats import median_low
+from .columns import Column, fixed, table
 
 WINDOW = 128   # decode steps per window
 
@@ -93,9 +95,13 @@ def plot_tpot_vs_position(steps: pd.DataFrame, path, title: str = "") -> Path:
     return path
 
 
-def section(steps: pd.DataFrame, table, fmt) -> list:
-    """The report's "TPOT against position" lines (``table``/``fmt``: the report's table and
-    number formatters); empty when the run kept no decode steps."""
+#: the columns of the edges table that depend on the window size (the others are in ``columns.COLUMNS``)
+WINDOW_COLUMNS = {"first_kv": Column("first_kv", f"first {WINDOW}: kv", align=LEFT),
+                  "last_kv": Column("last_kv", f"last {WINDOW}: kv", align=LEFT)}
+
+
+def section(steps: pd.DataFrame) -> list:
+    """The report's "TPOT against position" lines; empty when the run kept no decode steps."""
     edges = tpot_edges(steps)
     if not len(edges):
         return []
@@ -103,17 +109,15 @@ def section(steps: pd.DataFrame, table, fmt) -> list:
     L = ["## TPOT against position", "",
          f"Decode steps of the timed repeats (`steps.csv`), {label}, median over repeats and steps; "
          f"kv = positions a step attends over (prompt + tokens so far).", ""]
-    L += table(["case", "steps", "TPOT p50 ms", f"first {WINDOW}: kv", "p50 ms", f"last {WINDOW}: kv", "p50 ms",
-                "last / first"],
-               [[r.case, r.steps, fmt(r.tpot_p50_ms), r.first_kv, fmt(r.first_p50_ms), r.last_kv, fmt(r.last_p50_ms),
-                 fmt(r.last_over_first, "{:,.3f}")] for r in edges.itertuples()],
-               ["---", "---:", "---:", "---", "---:", "---", "---:", "---:"])
+    L += table(["case", "steps", "tpot_p50_all", "first_kv", "first_p50", "last_kv", "last_p50", "last_over_first"],
+               [{**r, "tpot_p50_all": r["tpot_p50_ms"], "first_p50": r["first_p50_ms"], "last_p50": r["last_p50_ms"]}
+                for r in edges.to_dict("records")], WINDOW_COLUMNS)
     windows = tpot_windows(steps)
     if len(windows) > 1:
+        cases = {str(c): Column(str(c), str(c), "", "measured", fmt=fixed()) for c in windows.columns}
         L += ["", f"TPOT p50 ms per window of {WINDOW} steps:", ""]
-        L += table(["steps"] + [str(c) for c in windows.columns],
-                   [[idx] + [fmt(v) for v in row] for idx, row in zip(windows.index, windows.to_numpy())],
-                   ["---"] + ["---:"] * len(windows.columns))
+        L += table(["window", *cases], [{"window": idx, **dict(zip(cases, row))}
+                                        for idx, row in zip(windows.index, windows.to_numpy())], cases)
     return L + ["", "Per step: `tpot_vs_position.png`.", ""]
 
 

@@ -37,6 +37,7 @@ import pandas as pd
 
 from ..errors import HarnessError
 from ..floats import finite as _f
+from ..markdown import LEFT, table
 from ..measure.observations import read_observations
 from ..measure.summary import summarize as summarize_observations
 from ..rundir import claim, read_table
@@ -257,13 +258,10 @@ def render(df: pd.DataFrame, info: dict, png: Path | None) -> str:
           "Efficiency: the request's analytic floor over its measured time (datasheet / calibrated ceilings).", ""]
     head = ["job", *swept, "status", "case", "tok/s", "TTFT ms", "TPOT p50 ms", "e2e ms",
             *[f"{s} ms" for s in STAGES], "eff", "eff cal", "gpu"]
-    L += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for _, r in df.iterrows():
-        cells = [str(r["job"]), *[_text(r[k]) for k in swept], str(r["status"]), _text(r["case"]),
-                 _fmt(r["decode_tok_s"], 1), _fmt(r["ttft_ms"]), _fmt(r["tpot_p50_ms"]), _fmt(r["e2e_ms"], 1),
-                 *[_fmt(r[f"{s}_ms"]) for s in STAGES], _pct(r["eff_request"]), _pct(r["eff_request_cal"]),
-                 _text(r["gpu"])]
-        L.append("| " + " | ".join(cells) + " |")
+    L += table(head, [[str(r["job"]), *[_text(r[k]) for k in swept], str(r["status"]), _text(r["case"]),
+                       _fmt(r["decode_tok_s"], 1), _fmt(r["ttft_ms"]), _fmt(r["tpot_p50_ms"]), _fmt(r["e2e_ms"], 1),
+                       *[_fmt(r[f"{s}_ms"]) for s in STAGES], _pct(r["eff_request"]), _pct(r["eff_request_cal"]),
+                       _text(r["gpu"])] for _, r in df.iterrows()], [LEFT] * len(head))
     bad = df[~df["status"].isin(["complete"])].drop_duplicates("job")
     if len(bad):
         L += ["", "## Not complete", ""] + [f"- job {r['job']} ({r['status']}): {r['note'] or '–'}"

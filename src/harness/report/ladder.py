@@ -1,0 +1,104 @@
+"""The execution ladder: one row per case of a run whose cases ran otherwise than the vendor's way.
+
+``execution_rows`` gives per case its execution label, decode tok/s, TPOT p50/p90/p99 and TTFT
+(the median request), kernels and host syncs per decode step (the profiled request), decode idle
+share and CV, MBU (datasheet / calibrated) and the speed-up over the vendor-style case of the same
+mode; ``section`` is the report's "Execution variants" section, ``ladder.png`` is drawn from the
+same rows (``harness.roofline.plot.plot_ladder``).
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from ..floats import finite as _f
+from ..measure.summary import Summary
+from ..rundir import RunData
+from .columns import table
+from .context import case_info
+
+EXECUTION_SHORT = (("kv_cache", "static", "static KV"), ("moe_impl", "grouped", "grouped MoE"),
+                   ("cuda_graphs", "decode", "decode graph"), ("compile", True, "compiled"),
+                   ("prefill_graphs", True, "prefill graph"), ("vision_impl", "fused", "fused vision"),
+                   ("linear_impl", "fused", "fused linears"), ("vision_compile", True, "compiled vision"),
+                   ("decode_attention", "triton", "triton decode attention"))
+#: ``execution_rows`` columns (floats unless named in ``LABELS``)
+ROW_COLUMNS = ["case", "execution", "batch", "mode", "tok_s", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "ttft_ms",
+               "kernels_per_step", "syncs_per_step", "decode_idle", "decode_cv", "mbu", "mbu_cal", "setup_s", "speedup"]
+LABELS = ("case", "execution", "mode")
+
+
+def execution_label(ex: dict) -> str:
+    """'static KV + grouped MoE (triton) + ...' from a manifest case's execution ('vendor-style' when
+    nothing differs from the vendor's execution)."""
+    parts = []
+    for key, on, text in EXECUTION_SHORT:
+        if ex.get(key) == on:
+            kernel = ex.get("moe_kernel_resolved") if key == "moe_impl" else None
+            parts.append(f"{text} ({kernel})" if kernel else text)
+    return " + ".join(parts) or "vendor-style"
+
+
+def has_variants(run: RunData) -> bool:
+    """True when a case of the run executed otherwise than the vendor's way (an execution ladder)."""
+    return any(execution_label(c.get("execution") or {}) != "vendor-style" for c in run.manifest.get("cases") or [])
+
+
+def _setup_s(ex: dict) -> float:
+    """Compile + capture seconds a case's execution recorded (``setup_s``: {what: s or {part: s}})."""
+    setup = ex.get("setup_s") or {}
+    return sum(v for d in (setup.values() if isinstance(setup, dict) else [])
+               for v in (d.values() if isinstance(d, dict) else [d]) if _f(v) is not None)
+
+
+def execution_rows(run: RunData, st: pd.DataFrame, summary: Summary) -> pd.DataFrame:
+    """``ROW_COLUMNS``, one row per case with a request and a decode stage (module docstring);
+    ``st``: the run's stage-level roofline rows (decode idle share, MBU)."""
+    rows = []
+    info = case_info(run.manifest)
+    measured = summary.stages
+    for case in dict.fromkeys(measured["case"]):
+        m = measured[measured["case"] == case].set_index("stage")
+        if "request" not in m.index or "decode" not in m.index:
+            continue
+        req, dec = m.loc["request"], m.loc["decode"]
+        s = st[(st["case"] == case) & (st["stage"] == "decode")] if len(st) else st
+        r = s.iloc[0] if len(s) else {}
+        ex = info.get(case, {}).get("execution") or {}
+        rows.append({"case": case, "execution": execution_label(ex), "batch": info.get(case, {}).get("batch"),
+                     "mode": info.get(case, {}).get("mode"),
+                     **{c: _f(req.get(c)) for c in ("tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "ttft_ms")},
+                     "tok_s": _f(req.get("decode_tok_s")), "kernels_per_step": _f(dec.get("launches_per_step")),
+                     "syncs_per_step": _f(dec.get("syncs_per_step")), "decode_cv": _f(dec.get("cv")),
+                     "decode_idle": _f(r.get("idle_fraction")) if len(s) else None,
+                     "mbu": _f(r.get("mbu")) if len(s) else None, "mbu_cal": _f(r.get("mbu_cal")) if len(s) else None,
+                     "setup_s": _setup_s(ex)})
+    df = pd.DataFrame(rows, columns=ROW_COLUMNS).astype({c: "float64" for c in ROW_COLUMNS if c not in LABELS})
+    base = {}
+    for r in df.itertuples():
+        if r.execution == "vendor-style" and _f(r.tok_s) and r.mode not in base:
+            base[r.mode] = r.tok_s
+    df["speedup"] = [t / base[m] if m in base and _f(t) is not None else None for t, m in zip(df["tok_s"], df["mode"])]
+    return df
+
+
+def section(run: RunData, st: pd.DataFrame, summary: Summary) -> list:
+    """The report's "Execution variants" section (nothing for a run without variants)."""
+    if not len(summary.stages) or not has_variants(run):
+        return []
+    df = execution_rows(run, st, summary)
+    L = ["## Execution variants", "",
+         "Same weights, different execution (`harness.config.ExecutionConfig`). tok/s, TPOT and TTFT: measured "
+         "(the median request); kernels per step: measured (profiled request); host syncs per step: "
+         "measured (torch sync debug mode, profiled request); idle and MBU: derived (kernel busy / analytic "
+         "bytes over measured time, datasheet / calibrated); speed-up: derived, decode tok/s over the "
+         "vendor-style row of the same mode (– where the run has none); set-up s: measured compile + capture time "
+         "(outside the timed repeats).", ""]
+    records = [{**r, "tpot_p50": r["tpot_p50_ms"], "tpot_p90": r["tpot_p90_ms"], "tpot_p99": r["tpot_p99_ms"],
+                "mbu_pair": (r["mbu"], r["mbu_cal"])} for r in df.to_dict("records")]
+    L += table(["case", "execution", "batch", "tok_s", "tpot_p50", "tpot_p90", "tpot_p99", "ttft_ms",
+                "kernels_per_step", "syncs_per_step", "decode_idle", "decode_cv", "mbu_pair", "speedup", "setup_s"],
+               records)
+    return L + ["", "Chart: `ladder.png`.", ""]
+
+
+__all__ = ["EXECUTION_SHORT", "ROW_COLUMNS", "execution_label", "has_variants", "execution_rows", "section"]
