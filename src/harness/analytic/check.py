@@ -38,7 +38,7 @@ import torch
 from ..config import ModelConfig
 from ..errors import HarnessError
 from ..markdown import LEFT, RIGHT, table
-from ..stages import LEAF_RANGES, VISION_STAGES
+from ..anatomy.stages import LEAF_RANGES, VISION_STAGES
 from . import compose
 
 VISION = VISION_STAGES

@@ -13,15 +13,22 @@ and ``L2_CAVEAT`` says what that does to reads and writes.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from ..analytic.compose import stage_totals
 from ..errors import HarnessError
 from ..markdown import table
-from . import find_tool, portable_command, run_logged
 from ..measure.kernels import categorize
+from ..roofline.ceilings import ceilings
+from ..roofline.join import analytic_for_run
+from ..rundir import RunData, load_run
 from .ncu import METRIC_SETS, export_command, flops_columns, ncu_command, parse_raw_csv, shell
+from .tools import find_tool, portable_command, run_logged
 
 COMPARE_COLUMNS = ["case", "stage", "kernels", "measured_tensor_flops", "analytic_tensor_flops", "tensor_ratio",
                    "measured_vector_flops", "analytic_vector_flops", "vector_ratio", "measured_dram_bytes",
@@ -66,17 +73,12 @@ def compare_stage(kern: pd.DataFrame, totals: dict, stage: str, case: str, steps
 def analytic_totals(child_run: Path) -> tuple:
     """Analytic stage totals of the child run's case (measured routing applied to MoE bytes),
     through the same analytic frames the roofline join uses."""
-    from ..rundir import load_run
-
     return analytic_totals_of(load_run(child_run))
 
 
 def analytic_totals_of(run) -> tuple:
     """(stage totals {stage: {column: value}}, first case entry) of a ``RunData`` (its routing
     tables, when it has them, set the MoE bytes; else the uniform-routing expectation)."""
-    from ..analytic.compose import stage_totals
-    from ..roofline.join import analytic_for_run
-
     analytic, _, _ = analytic_for_run(run)
     return stage_totals(analytic), run.manifest["cases"][0]
 
@@ -125,8 +127,6 @@ def run_ncu(cfg, stage: str, child: list[str], out_dir: Path) -> dict:
 
 def write_outputs(out: Path, cmp_df: pd.DataFrame, kern: pd.DataFrame, stage: str, manifest: dict) -> dict:
     """report.md (comparison, gap explanations, categories, top kernels) and roofline_ncu.png."""
-    from ..report.report import ceilings
-
     peaks = ceilings(manifest)
     png = plot_points(kern, cmp_df.iloc[0], peaks, out / "roofline_ncu.png", stage)
     (out / "report.md").write_text(render(cmp_df, kern, stage, peaks, png))
@@ -135,8 +135,6 @@ def write_outputs(out: Path, cmp_df: pd.DataFrame, kern: pd.DataFrame, stage: st
 
 
 def run_logged_capture(cmd: list[str]) -> str:
-    import subprocess
-
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise HarnessError(f"ncu --import failed: {proc.stderr.strip()[:300]}", "check the ncu version")
@@ -189,7 +187,6 @@ def plot_points(kern: pd.DataFrame, r, peaks, path: Path, stage: str):
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
-    import numpy as np
 
     k = kern.copy()
     k["flops"] = k["tensor_flops"].fillna(0) + k["vector_flops"].fillna(0)
@@ -294,8 +291,6 @@ def recompare(kern: pd.DataFrame, old, manifest: dict, where: Path) -> pd.DataFr
     """The comparison row of an ncu folder written before reads and writes were compared: the
     analytic side recomputed from the child run's manifest (uniform-routing expectation for MoE
     bytes, said in the note: the folder keeps no routing.csv)."""
-    from ..rundir import RunData
-
     totals, case = analytic_totals_of(RunData(Path(where), manifest))
     stage = str(old["stage"])
     row = compare_stage(kern[kern["stage"] == stage] if "stage" in kern else kern, totals, stage, case["name"],
@@ -307,6 +302,4 @@ def recompare(kern: pd.DataFrame, old, manifest: dict, where: Path) -> pd.DataFr
 
 
 if __name__ == "__main__":
-    import sys
-
     print(rerender(Path(sys.argv[1]), Path(sys.argv[2])))

@@ -30,7 +30,7 @@ from ..errors import HarnessError
 from ..floats import finite as _f
 from ..markdown import LEFT, RIGHT, table
 from ..measure.observations import CALL_ALL
-from ..stages import STAGES
+from ..anatomy.stages import STAGES
 from .ncu import NVTX_DOMAIN
 
 REPORTS = ("nvtx_gpu_proj_sum", "cuda_gpu_kern_sum")

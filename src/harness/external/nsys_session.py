@@ -25,8 +25,8 @@ import pandas as pd
 
 from ..errors import HarnessError
 from ..measure.observations import read_observations
-from . import run_logged
 from .ncu import shell
+from .tools import run_logged
 from .nsys import (IMPORTER_LIBS, LIBS_DEFAULT, LIBS_ENV, PROFILE_OPTIONS, REPORTS, compare_stages, find_importer,
                    find_nsys, harness_stage_ms, import_command, missing_libs, nsys_command, nsys_libs,
                    parse_stats_csv, pick_report, projected_by_stage, render, stats_command, supported_options,

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..stages import DECODE_STEP, RECORDED_STAGES, STAGES
+from ..anatomy.stages import DECODE_STEP, RECORDED_STAGES, STAGES
 from . import stats
 
 #: ``call`` of the row over every call of a stage

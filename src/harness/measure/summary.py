@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from ..floats import finite as _f
-from ..stages import STAGES
+from ..anatomy.stages import STAGES
 from . import stats
 from .observations import CALL_ALL, NUMERIC, typed
 

@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..roofline.plot import STAGE_COLORS, save_figure
 from ..roofline.point import _f
-from ..stages import STAGES
+from ..anatomy.stages import STAGES
 
 HOST_CAP_PCT = 400.0     # host ticks further right are drawn at the cap with an arrow
 

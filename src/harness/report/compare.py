@@ -31,7 +31,7 @@ from ..markdown import LEFT, RIGHT, table
 from ..measure.observations import NotObservations
 from ..measure.summary import summarize
 from ..rundir import RunData, claim, load_run
-from ..stages import STAGES
+from ..anatomy.stages import STAGES
 
 REQUEST_METRICS = [("ttft_ms", "TTFT", "ms"), ("tpot_p50_ms", "TPOT p50", "ms"), ("decode_tok_s", "decode tok/s", "tok/s"),
                    ("e2e_ms", "end-to-end", "ms")]

@@ -38,11 +38,10 @@ from typing import Optional, Union
 
 import pandas as pd
 
-from ..floats import finite as _f
 from ..measure.summary import Summary, summarize
-from ..roofline.calibrate import load_calibration
+from ..roofline.ceilings import ceilings
 from ..roofline.plot import plot_ladder, plot_roofline
-from ..roofline.specs import Peaks, device_name_of, hardware_config, resolve_peaks
+from ..roofline.specs import Peaks
 from ..roofline.table import roofline_table
 from ..rundir import RunData, RunDir, load_run
 from . import ladder, steps
@@ -52,26 +51,6 @@ from .context import (calibration_line, caveats_section, ceilings_section, envir
 from .sections import charts_section, headline_section, op_section, stage_section, top_kernels_section
 
 log = logging.getLogger("harness.report")
-
-
-def ceilings(manifest: dict, hardware: Optional[dict] = None) -> Peaks:
-    """Datasheet + calibrated ceilings for the run's device and dtype (the run's ``hardware``
-    section, with ``hardware`` overriding keys of it)."""
-    config = manifest.get("config") or {}
-    hw = hardware_config({**(config.get("hardware") or {}), **(hardware or {})})
-    name = device_name_of(manifest.get("device"))
-    dtype = str(manifest.get("dtype") or "bf16").replace("torch.", "")
-    entry = manifest.get("calibration") or {}
-    if _f(entry.get("gemm_tflops")) is not None and "calibration" not in (hardware or {}):
-        cal = {**entry, "path": entry.get("path") or "run manifest"}
-    else:
-        cal = load_calibration(name, hw)
-    peaks = resolve_peaks(name, dtype, hw, cal)
-    if cal is None:
-        why = f" ({entry['reason']})" if entry.get("reason") else ""
-        peaks.notes.append(f"not calibrated{why}: run `python -m harness calibrate` on this device for measured "
-                           "ceilings (a run calibrates on first use unless hardware.calibrate=false)")
-    return peaks
 
 
 def write_report(run: Union[RunDir, str, Path], data: Optional[RunData] = None, hardware: Optional[dict] = None,
@@ -186,4 +165,4 @@ def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFra
     return "\n".join(L)
 
 
-__all__ = ["write_report", "render", "ceilings", "warmup_counts", "weights_of", "calibration_line"]
+__all__ = ["write_report", "render", "warmup_counts", "weights_of", "calibration_line"]

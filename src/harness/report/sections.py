@@ -14,7 +14,7 @@ from ..measure.observations import busy_ms
 from ..measure.summary import Summary
 from ..roofline.join import OP_GROUPS
 from ..rundir import RunData
-from ..stages import PREPROCESS, STAGES
+from ..anatomy.stages import PREPROCESS, STAGES
 from .columns import fixed, pct, table
 from .context import case_info
 

@@ -41,7 +41,7 @@ from ..markdown import LEFT, table
 from ..measure.observations import read_observations
 from ..measure.summary import summarize as summarize_observations
 from ..rundir import claim, read_table
-from ..stages import STAGES
+from ..anatomy.stages import STAGES
 
 JOB_DIR = re.compile(r"^(\d+)(-failed)?$")
 REQUEST_COLS = ["decode_tok_s", "ttft_ms", "tpot_p50_ms", "e2e_ms"]

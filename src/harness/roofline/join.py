@@ -55,11 +55,14 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ..analytic.registry import OP_GROUP_NAMES, op_group_families
+from ..analytic import workload_costs
+from ..anatomy.registry import OP_GROUP_NAMES, op_group_families
+from ..config import ModelConfig, from_dict
 from ..errors import HarnessError
 from ..rundir import RunData
-from ..stages import STAGES, VISION_STAGES as VISION
+from ..anatomy.stages import STAGES, VISION_STAGES as VISION
 from .point import LAUNCH_BOUND_IDLE, _f, classify, floor_ms, mbu, mfu, roofline_point
+from ..workload import Case
 from .specs import Peaks
 
 MFU_STAGES = VISION + ("prefill",)
@@ -67,7 +70,7 @@ MBU_STAGES = ("decode",)
 
 # op group -> (kernel categories, analytic families). Kernel categories are
 # harness.measure.kernels.CATEGORIES (used to group kernels of runs without module attribution);
-# each family's group comes from harness.analytic.registry. Every kernel category and every
+# each family's group comes from harness.anatomy.registry. Every kernel category and every
 # analytic family appears exactly once (tests check it).
 _CATEGORIES = {"matmul": ("gemm", "conv", "attention"), "norm": ("norm",),
                "elementwise": ("activation/elementwise", "softmax/reduce"),
@@ -96,15 +99,11 @@ SUM_COLS = ("tensor_flops", "flops_useful", "flops_counted", "vector_flops", "by
 
 def run_cases(manifest: dict) -> list:
     """The ``workload.Case`` of every case a run measured (its manifest entries, read back)."""
-    from ..workload import Case
-
     return [Case.from_dict(e) for e in manifest.get("cases") or []]
 
 
 def model_config(manifest: dict):
     """(ModelConfig of the run, note): keys this version does not know are dropped, with a note."""
-    from ..config import ModelConfig, from_dict
-
     raw = dict((manifest.get("config") or {}).get("model") or {})
     try:
         return from_dict(ModelConfig, raw), None
@@ -167,8 +166,6 @@ def analytic_for_case(case, cfg, dtype: str, routing: Optional[dict]) -> tuple:
     decode MBU bytes: weights of the experts touched + KV read under a static cache [B]; notes) of
     one measured case. MoE weight bytes follow ``routing`` ({phase: [layers, experts]}, and
     ``decode_steps``: [steps, layers, experts]) where it fits the case."""
-    from ..analytic import workload_costs
-
     notes = []
     use = None
     source = "uniform expectation"

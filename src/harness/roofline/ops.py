@@ -31,7 +31,7 @@ from typing import Optional
 import pandas as pd
 
 from ..measure.observations import busy_ms
-from ..stages import STAGES
+from ..anatomy.stages import STAGES
 from .join import OP_GROUPS, SUM_COLS, _row, roofline_frame
 from .specs import Peaks
 
