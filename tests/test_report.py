@@ -208,3 +208,37 @@ def test_one_table_writer_and_the_column_registry():
         "| c | 50.00 [40.00–60.00] | 25.0% |", "| d | 7.00 | – |"]
     for c in C.COLUMNS.values():           # every number says where it comes from; labels are text
         assert c.provenance in ("measured", "analytic", "derived") or c.fmt is C.text, c.name
+
+
+def test_efficiency_above_the_ceiling_is_a_flag_not_a_figure():
+    """A synthetic decode row at MBU 1.2 (calibrated): the cell is flagged, the caveat names the row
+    and the MBU bytes / calibrated bandwidth to check, roofline.csv keeps the value only in its note."""
+    from harness.report.columns import efficiency
+    from harness.report.sections import stage_section
+    from harness.roofline import flags
+    from harness.roofline.join import roofline_frame
+
+    assert efficiency(1.2) == "above the ceiling (120.0%): bytes, FLOPs or ceiling wrong"
+    assert efficiency(1.0) == "100.0%" and efficiency(0.5) == "50.0%"
+    row = {c: None for c in ROOFLINE_COLUMNS}
+    row.update(case="b32", stage="decode", level="stage", timer="cuda_event", bound="memory", routing="measured",
+               measured_ms=2.0, tensor_flops=1e9, bytes=7.2e9, mbu_bytes=7.2e9, mbu=0.9, mbu_cal=1.2,
+               efficiency=0.95, efficiency_cal=1.2, peak_tflops=989.0, mem_bw_gbs=4000.0, cal_tflops=790.0,
+               cal_gbs=3000.0)
+    table = flags.flag_rows(roofline_frame([row]))
+    md = "\n".join(stage_section(table))
+    cells = [c.strip() for line in md.splitlines() if line.startswith("| b32") for c in line.split("|")]
+    assert "MBU 90.0% / above the ceiling (120.0%): bytes, FLOPs or ceiling wrong" in cells
+    assert "95.0% / above the ceiling (120.0%): bytes, FLOPs or ceiling wrong" in cells
+    assert not any(c == "120.0%" or c.endswith("/ 120.0%") for c in cells)
+    (cav,) = flags.caveats(table)
+    assert cav.startswith("Above the ceiling, shown flagged instead of as a figure: b32/decode: ")
+    assert "mbu_cal 120.0%: check the analytic MBU bytes (7,200 MB: weights of the experts touched + KV read; " \
+           "routing: measured) or the calibrated copy bandwidth" in cav
+    # efficiency_cal: floor = max(1e9 / 790e12, 7.2e9 / 3000e9) s is the bytes side
+    assert "efficiency_cal 120.0%: check the analytic bytes (7,200 MB; routing: measured) or the calibrated copy " \
+           "bandwidth" in cav
+    csv = flags.for_csv(table)
+    assert np.isnan(csv.loc[0, "mbu_cal"]) and np.isnan(csv.loc[0, "efficiency_cal"]) and csv.loc[0, "mbu"] == 0.9
+    assert flags.value_of(csv.iloc[0], "mbu_cal") == 1.2 and flags.value_of(csv.iloc[0], "mbu") == 0.9
+    assert flags.caveats(csv) == [cav]                                   # read back, the same flag

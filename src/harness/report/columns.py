@@ -23,6 +23,7 @@ from typing import Callable, Optional
 from ..floats import finite as _f
 from ..markdown import LEFT, RIGHT
 from ..markdown import table as markdown_table
+from ..roofline.flags import ABOVE_CEILING
 
 DASH = "–"
 
@@ -67,7 +68,12 @@ def pct(v) -> str:
 
 
 def efficiency(v) -> str:
-    """An efficiency, MFU or MBU (a fraction of a ceiling) as a percentage."""
+    """An efficiency, MFU or MBU (a fraction of a ceiling) as a percentage; above 1.0 never as a
+    figure: the flag ``ABOVE_CEILING`` (the bytes, the FLOPs or the ceiling is wrong; the report's
+    caveats say which to check, ``harness.roofline.flags.caveats``)."""
+    x = _f(v) if not isinstance(v, str) else None
+    if x is not None and x > 1.0:
+        return ABOVE_CEILING.format(pct=100 * x)
     return pct(v)
 
 

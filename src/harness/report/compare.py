@@ -30,7 +30,9 @@ from ..floats import finite as _f
 from ..markdown import LEFT, RIGHT, table
 from ..measure.observations import NotObservations
 from ..measure.summary import summarize
+from ..roofline import flags
 from ..rundir import RunData, claim, load_run
+from .columns import efficiency
 from ..anatomy.stages import STAGES
 
 REQUEST_METRICS = [("ttft_ms", "TTFT", "ms"), ("tpot_p50_ms", "TPOT p50", "ms"), ("decode_tok_s", "decode tok/s", "tok/s"),
@@ -83,8 +85,8 @@ def _eff(path: Path) -> dict:
     if not {"level", "case", "stage", "efficiency", "efficiency_cal"} <= set(t.columns):
         return {}   # not a roofline.csv this harness wrote: no efficiency rows
     t = t[t["level"] == "stage"]
-    return {(r.case, r.stage): (r.efficiency if _f(r.efficiency) is not None else r.efficiency_cal)
-            for r in t.itertuples()}
+    return {(r["case"], r["stage"]): (flags.value_of(r, "efficiency") if flags.value_of(r, "efficiency") is not None
+                                      else flags.value_of(r, "efficiency_cal")) for r in t.to_dict("records")}
 
 
 def compare_runs(run_a, run_b) -> tuple:
@@ -133,7 +135,7 @@ def _fmt(v, unit="") -> str:
     if x is None:
         return "–"
     if unit == "fraction":
-        return f"{100 * x:.1f}%"
+        return efficiency(x)
     return f"{x:,.3f}" if abs(x) < 100 else f"{x:,.1f}"
 
 

@@ -13,7 +13,8 @@ analytic costs of every measured case (``harness.analytic``), joins them
 * ``stages_summary.csv``: ``harness.measure.summary.SUMMARY_COLUMNS``, the aggregates of the
   timed repeats per case x stage x call and statistic (stages.csv holds the observations alone);
 * ``roofline.csv``: ``harness.roofline.join.ROOFLINE_COLUMNS``, ``level = stage`` rows (five
-  stages + request per case) and ``level = op_family`` rows;
+  stages + request per case) and ``level = op_family`` rows; an efficiency, MFU or MBU above 1.0
+  is left empty there and kept in the row's ``above_ceiling`` note (``harness.roofline.flags``);
 * ``roofline.png``: log-log roofline, both ceilings, one point per case x stage;
 * ``time_breakdown.png``: per case and stage, kernel busy and idle time, host span marked;
 * ``tpot_vs_position.png``: decode-step time against KV length (``harness.report.steps``);
@@ -39,6 +40,7 @@ from typing import Optional, Union
 import pandas as pd
 
 from ..measure.summary import Summary, summarize
+from ..roofline import flags
 from ..roofline.ceilings import ceilings
 from ..roofline.plot import plot_ladder, plot_roofline
 from ..roofline.specs import Peaks
@@ -89,7 +91,7 @@ def _write(rd: RunDir, run: RunData, hardware: Optional[dict], plot: bool) -> di
         paths["analytic"] = rd.write_csv("analytic.csv", analytic)
     paths["headline"] = rd.write_csv("headline.csv", head)
     paths["stages_summary"] = rd.write_csv("stages_summary.csv", summary.aggregates)
-    paths["roofline"] = rd.write_csv("roofline.csv", table)
+    paths["roofline"] = rd.write_csv("roofline.csv", flags.for_csv(table))
     if plot:
         cfg = rd.manifest.get("config") or {}
         exp = cfg.get("experiment_name") or (cfg.get("run") or {}).get("name")
@@ -160,7 +162,8 @@ def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFra
     L += charts_section(run)
     L += ceilings_section(peaks, man)
     L += environment_section(man)
-    L += caveats_section(run, peaks, summary.stages, notes, summary.headline)
+    L += caveats_section(run, peaks, summary.stages, flags.caveats(table) + notes if len(table) else notes,
+                         summary.headline)
     L += files_section(run)
     return "\n".join(L)
 

@@ -4,6 +4,7 @@
   config overrides -> ``Peaks`` (datasheet + calibrated ceilings of one run).
 * ``calibrate``: ``python -m harness calibrate`` (measured GEMM TFLOP/s, copy GB/s, cached per device).
 * ``ceilings``: the datasheet and calibrated ceilings of one run (``Peaks``), from its manifest.
+* ``flags``: an efficiency above its ceiling is flagged (what to check), never stored as a figure.
 * ``point``: the math of one row (floor, efficiencies against span and busy time, the bound rule).
 * ``join``: stages.csv / routing csvs x ``harness.analytic`` -> stage roofline rows
   (achieved rates, intensity, ridge, floor, efficiency vs both ceilings, bound, MFU / MBU).

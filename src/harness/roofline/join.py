@@ -37,6 +37,8 @@ Conventions of every roofline column (``ROOFLINE_COLUMNS``; math in ``roofline.p
   the calibrated ceilings instead of the dense datasheet ones; an unknown device has no datasheet
   columns. The ``request`` row's floor is the sum of its stages' floors (stages run one after
   another).
+* ``above_ceiling`` (``roofline.flags``): the efficiency, MFU and MBU columns above 1.0 with what to
+  check; roofline.csv keeps such a value only in this note (the column itself is left empty).
 * ``bound`` (``roofline.point.classify``, from the ``idle_fraction`` of the same row):
   ``launch/host`` when idle > 50% of the span; else ``compute`` when intensity >= ridge,
   ``memory`` below (datasheet ridge, else calibrated; ``bound_basis`` says which); ``overhead``
@@ -87,11 +89,11 @@ ROOFLINE_COLUMNS = [
     "bytes_kv_write", "intensity", "achieved_tflops", "achieved_gbs",
     "peak_tflops", "mem_bw_gbs", "ridge", "floor_ms", "efficiency", "efficiency_busy",
     "cal_tflops", "cal_gbs", "cal_ridge", "floor_ms_cal", "efficiency_cal", "efficiency_busy_cal",
-    "bound", "bound_basis", "mfu", "mfu_cal", "mbu", "mbu_cal", "mbu_bytes", "routing", "note",
+    "bound", "bound_basis", "mfu", "mfu_cal", "mbu", "mbu_cal", "mbu_bytes", "routing", "note", "above_ceiling",
 ]
 #: label columns of the roofline table; every other column is a float (NaN where not defined)
 ROOFLINE_TEXT = ("case", "stage", "level", "op_family", "kernel_categories", "analytic_families", "attribution",
-                 "timer", "idle_basis", "bound", "bound_basis", "routing", "note")
+                 "timer", "idle_basis", "bound", "bound_basis", "routing", "note", "above_ceiling")
 SUM_COLS = ("tensor_flops", "flops_useful", "flops_counted", "vector_flops", "bytes", "bytes_weights", "bytes_kv_read",
             "bytes_kv_write")
 

@@ -91,7 +91,8 @@ def save_figure(fig, path: Path) -> Path:
 
 def plot_ladder(rows: pd.DataFrame, path, title: str = "") -> Path:
     """ladder.png: decode tok/s (log scale, bars) and MBU against the calibrated copy bandwidth (dots,
-    right axis) per case, in run order: how far each execution variant gets toward the memory roof.
+    right axis) per case, in run order: how far each execution variant gets toward the memory roof;
+    an MBU above 100% is marked at 100% as flagged, never drawn as a value.
     ``rows``: case, tok_s (measured), mbu_cal (derived; NaN where not calibrated)."""
     import matplotlib
 
@@ -110,11 +111,15 @@ def plot_ladder(rows: pd.DataFrame, path, title: str = "") -> Path:
         if np.isfinite(t):
             ax.annotate(f"{t:,.0f}", (xi, t), ha="center", va="bottom", fontsize=8)
     mbu = rows["mbu_cal"].to_numpy(float) * 100
+    over = mbu > 100            # above the ceiling: a flag (the report's caveats say what to check), no point
     if np.isfinite(mbu).any():
         ax2 = ax.twinx()
-        ax2.plot(x, mbu, "o-", color="tab:red", label="MBU vs calibrated copy (derived)")
+        ax2.plot(x, np.where(over, np.nan, mbu), "o-", color="tab:red", label="MBU vs calibrated copy (derived)")
+        if over.any():
+            ax2.plot(x[over], np.full(over.sum(), 100.0), "x", color="tab:red", markersize=9,
+                     label="above the ceiling: bytes, FLOPs or ceiling wrong")
         ax2.set_ylabel("MBU % (calibrated)", color="tab:red")
-        ax2.set_ylim(0, max(100.0, np.nanmax(mbu) * 1.1))
+        ax2.set_ylim(0, 105.0)
         ax2.legend(loc="upper right", fontsize=8)
     ax.legend(loc="upper left", fontsize=8)
     ax.set_title(title or "execution ladder: decode throughput and bandwidth utilisation")

@@ -5,6 +5,7 @@ import pandas as pd
 
 from ..measure.summary import Summary, summarize
 from ..rundir import RunData
+from .flags import flag_rows
 from .join import analytic_for_run, join_stages, roofline_frame
 from .ops import join_op_families
 from .specs import Peaks
@@ -25,7 +26,7 @@ def roofline_table(run: RunData, peaks: Peaks, summary: Summary | None = None) -
     op = join_op_families(run.kernels, analytic, peaks, timers)
     frames = [f for f in (st, op) if len(f)]
     table = pd.concat(frames, ignore_index=True) if frames else roofline_frame([])
-    return table, analytic, measured, notes
+    return flag_rows(table), analytic, measured, notes
 
 
 __all__ = ["roofline_table"]
