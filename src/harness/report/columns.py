@@ -106,6 +106,16 @@ def pair(fmt: Callable = efficiency, sep: str = " / ") -> Callable:
     return write
 
 
+def interval(v) -> str:
+    """(ratio, low, high, unstable) -> '33.7x [29.5–43.3]' ('unstable' appended when flagged; the
+    value alone without an interval); ``DASH`` for None."""
+    if v is None:
+        return DASH
+    ratio, lo, hi, unstable = v
+    text_ = f"{ratio:,.2f}x" if _f(lo) is None or _f(hi) is None else f"{ratio:,.2f}x [{lo:,.2f}–{hi:,.2f}]"
+    return text_ + (" unstable" if unstable else "")
+
+
 def utilisation(v) -> str:
     """(kind, datasheet, calibrated) -> 'MFU a / b' (kind MFU or MBU); ``DASH`` for None."""
     if v is None:
@@ -188,7 +198,15 @@ _COLUMNS = [
     Column("decode_idle", "decode idle", "", "derived", fmt=pct),
     Column("decode_cv", "decode CV", "", "measured", fmt=pct),
     Column("mbu_pair", "MBU", "", "derived", _SHEET_CAL, fmt=pair()),
-    Column("speedup", "speed-up", "", "derived", "tok/s over vendor-style", fmt=fixed("{:,.1f}x")),
+    Column("speedup", "speed-up", "", "derived", "decode tok/s / vendor-style batch-1 tok/s, 95% CI",
+           fmt=interval),
+    Column("busy_ratio", "kernel-busy ratio", "", "derived", "vendor-style busy / this busy per decode step",
+           fmt=fixed("{:,.2f}x")),
+    Column("span_ratio", "span ratio", "", "derived", "speed-up / kernel-busy ratio", fmt=fixed("{:,.2f}x")),
+    Column("tput_vs_b1", "throughput vs best batch 1", "", "derived", "decode tok/s / best batch-1 tok/s, 95% CI",
+           fmt=interval),
+    Column("tpot_vs_b1", "time per token vs best batch 1", "", "derived", "TPOT p50 / best batch-1 TPOT p50, 95% CI",
+           fmt=interval),
     Column("setup_s", "set-up", "s", "measured", fmt=fixed("{:,.1f}")),
     # roofline per stage and per op family
     Column("span_gpu", "GPU span", "ms", "measured", "CUDA events", "[min–max]", fmt=spread()),
@@ -238,4 +256,4 @@ def table(names: list, records: list, columns: Optional[dict] = None) -> list:
 
 
 __all__ = ["Column", "COLUMNS", "column", "table", "DASH", "fixed", "sig", "pct", "efficiency", "text", "spread",
-           "pair", "joined", "utilisation"]
+           "pair", "joined", "utilisation", "interval"]

@@ -2,9 +2,10 @@
 
 ``execution_rows`` gives per case its execution label, decode tok/s, TPOT p50/p90/p99 and TTFT
 (the median request), kernels and host syncs per decode step (the profiled request), decode idle
-share and CV, MBU (datasheet / calibrated) and the speed-up over the vendor-style case of the same
-mode; ``section`` is the report's "Execution variants" section, ``ladder.png`` is drawn from the
-same rows (``harness.roofline.plot.plot_ladder``).
+share and CV, MBU (datasheet / calibrated) and its ratios (``harness.report.ratios``: the speed-up
+over the vendor-style batch-1 row with its interval, split into kernel-busy and span ratios; batched
+rows against the best batch-1 row); ``section`` is the report's "Execution variants" section,
+``ladder.png`` is drawn from the same rows (``harness.roofline.plot.plot_ladder``).
 """
 from __future__ import annotations
 
@@ -15,15 +16,16 @@ from ..measure.summary import Summary
 from ..rundir import RunData
 from .columns import table
 from .context import case_info
+from .ratios import UNSTABLE_CV, ladder_ratios
 
 EXECUTION_SHORT = (("kv_cache", "static", "static KV"), ("moe_impl", "grouped", "grouped MoE"),
                    ("cuda_graphs", "decode", "decode graph"), ("compile", True, "compiled"),
                    ("prefill_graphs", True, "prefill graph"), ("vision_impl", "fused", "fused vision"),
                    ("linear_impl", "fused", "fused linears"), ("vision_compile", True, "compiled vision"),
                    ("decode_attention", "triton", "triton decode attention"))
-#: ``execution_rows`` columns (floats unless named in ``LABELS``)
+#: ``execution_rows`` columns before the ratios (floats unless named in ``LABELS``), then ``RATIO_COLUMNS``
 ROW_COLUMNS = ["case", "execution", "batch", "mode", "tok_s", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "ttft_ms",
-               "kernels_per_step", "syncs_per_step", "decode_idle", "decode_cv", "mbu", "mbu_cal", "setup_s", "speedup"]
+               "kernels_per_step", "syncs_per_step", "decode_idle", "decode_cv", "mbu", "mbu_cal", "setup_s"]
 LABELS = ("case", "execution", "mode")
 
 
@@ -72,13 +74,9 @@ def execution_rows(run: RunData, st: pd.DataFrame, summary: Summary) -> pd.DataF
                      "decode_idle": _f(r.get("idle_fraction")) if len(s) else None,
                      "mbu": _f(r.get("mbu")) if len(s) else None, "mbu_cal": _f(r.get("mbu_cal")) if len(s) else None,
                      "setup_s": _setup_s(ex)})
-    df = pd.DataFrame(rows, columns=ROW_COLUMNS).astype({c: "float64" for c in ROW_COLUMNS if c not in LABELS})
-    base = {}
-    for r in df.itertuples():
-        if r.execution == "vendor-style" and _f(r.tok_s) and r.mode not in base:
-            base[r.mode] = r.tok_s
-    df["speedup"] = [t / base[m] if m in base and _f(t) is not None else None for t, m in zip(df["tok_s"], df["mode"])]
-    return df
+    df = pd.DataFrame(rows, columns=ROW_COLUMNS).astype({c: "Int64" if c == "batch" else "float64"
+                                                         for c in ROW_COLUMNS if c not in LABELS})
+    return pd.concat([df, ladder_ratios(df, summary)], axis=1)
 
 
 def section(run: RunData, st: pd.DataFrame, summary: Summary) -> list:
@@ -90,15 +88,42 @@ def section(run: RunData, st: pd.DataFrame, summary: Summary) -> list:
          "Same weights, different execution (`harness.config.ExecutionConfig`). tok/s, TPOT and TTFT: measured "
          "(the median request); kernels per step: measured (profiled request); host syncs per step: "
          "measured (torch sync debug mode, profiled request); idle and MBU: derived (kernel busy / analytic "
-         "bytes over measured time, datasheet / calibrated); speed-up: derived, decode tok/s over the "
-         "vendor-style row of the same mode (– where the run has none); set-up s: measured compile + capture time "
+         "bytes over measured time, datasheet / calibrated); set-up s: measured compile + capture time "
          "(outside the timed repeats).", ""]
     records = [{**r, "tpot_p50": r["tpot_p50_ms"], "tpot_p90": r["tpot_p90_ms"], "tpot_p99": r["tpot_p99_ms"],
-                "mbu_pair": (r["mbu"], r["mbu_cal"])} for r in df.to_dict("records")]
+                "mbu_pair": (r["mbu"], r["mbu_cal"]),
+                "speedup": _interval(r, "speedup", r["unstable"]), "tput_vs_b1": _interval(r, "tput"),
+                "tpot_vs_b1": _interval(r, "tpot")} for r in df.to_dict("records")]
     L += table(["case", "execution", "batch", "tok_s", "tpot_p50", "tpot_p90", "tpot_p99", "ttft_ms",
-                "kernels_per_step", "syncs_per_step", "decode_idle", "decode_cv", "mbu_pair", "speedup", "setup_s"],
+                "kernels_per_step", "syncs_per_step", "decode_idle", "decode_cv", "mbu_pair", "setup_s"], records)
+    L += ["", "### Ratios", "",
+          "Each ratio says what it divides, with the seeded bootstrap 95% interval over the timed repeats of both "
+          "rows (each row's repeats resampled on their own; ratio of the medians). Batch-1 rows: the speed-up "
+          "over the vendor-style batch-1 row of the same mode, split into the kernel-busy ratio (faster GPU "
+          "work: that row's kernel busy time per decode step in its profiled request over this row's) and the "
+          "span ratio (speed-up / kernel-busy ratio: launch and host gaps removed). Batched rows are not "
+          "speed-ups: their decode throughput and time per token are compared with the best batch-1 row of the "
+          "same mode (its throughput is what batching multiplies; its TPOT what each request waits).", ""]
+    L += table(["case", "execution", "batch", "speedup", "busy_ratio", "span_ratio", "tput_vs_b1", "tpot_vs_b1"],
                records)
+    L.append("")
+    cv = dict(zip(df["case"], df["decode_cv"]))
+    for base in dict.fromkeys(df["base"].dropna()):
+        note = f"- base of the speed-ups: `{base}`"
+        if (_f(cv.get(base)) or 0.0) > UNSTABLE_CV:
+            note += (f" (decode CV {100 * cv[base]:.1f}% > {100 * UNSTABLE_CV:.0f}%: unstable, the speed-ups over it "
+                     "move with the host; their intervals say by how much)")
+        L.append(note)
+    L += [f"- best batch-1 row of the batched comparisons: `{best}`" for best in dict.fromkeys(df["best_b1"].dropna())]
     return L + ["", "Chart: `ladder.png`.", ""]
+
+
+def _interval(r: dict, key: str, unstable: bool = False):
+    """(ratio, lo, hi, unstable) of ``key`` in a ladder row, or None without the ratio."""
+    ratio = _f(r.get(f"{key}_ratio" if key != "speedup" else key))
+    if ratio is None:
+        return None
+    return ratio, r.get(f"{key}_lo"), r.get(f"{key}_hi"), bool(unstable)
 
 
 __all__ = ["EXECUTION_SHORT", "ROW_COLUMNS", "execution_label", "has_variants", "execution_rows", "section"]
