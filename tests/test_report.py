@@ -10,6 +10,7 @@ import pytest
 
 from harness.errors import HarnessError
 from harness.report.compare import compare_main, compare_runs
+from harness.measure.observations import NotObservations
 from harness.report.report import write_report
 from harness.roofline.join import ROOFLINE_COLUMNS, STAGES
 
@@ -90,7 +91,7 @@ def test_report_empty_and_broken_runs(tmp_path, cache):
     (broken / "stages.csv").write_text("case,stage\nx,sam\n")
     assert write_report(broken) == {}
     assert any("report not written" in w for w in json.loads((broken / "manifest.json").read_text())["warnings"])
-    with pytest.raises(Exception):
+    with pytest.raises(NotObservations, match=r"^lacks the column\(s\) repeat, call, gpu_ms or host_ms a run writes$"):
         write_report(broken, strict=True)
 
 

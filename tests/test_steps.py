@@ -2,6 +2,7 @@
 TPOT per 128-step window in the report, and the reference model's cache and RoPE past 2048 and
 past max_position_embeddings (tiny model, CPU)."""
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -112,19 +113,31 @@ def test_run_writes_steps_and_the_report_shows_tpot_against_position(tmp_path, m
 def test_reference_cache_and_rope_past_2048_and_past_max_positions(tiny_cfg, filled):
     """Teacher forcing at long positions: a prefill of ``filled`` tokens plus 4 decode steps gives
     the last logits of one prefill over all ``filled + 4`` tokens (KV cache and RoPE agree at
-    positions up to 8,203 > max_position_embeddings 8,192)."""
+    positions up to 8,203 > max_position_embeddings 8,192). The last step's RoPE ran at position
+    ``filled + 3`` (read from the model's rotary modules) with cos = cos(position x theta^(-2i/d))."""
     from harness.models.build import build_model
-    from harness.models.llm import KVCache
+    from harness.models.llm import KVCache, RotaryEmbedding
 
     tiny_cfg.lm_head_all_positions = False
     model = build_model(tiny_cfg, "cpu", torch.float32, seed=0)
     ids = torch.randint(1000, 100000, (1, filled + 4), generator=torch.Generator().manual_seed(0))
     mask = torch.zeros_like(ids, dtype=torch.bool)
+    seen = []
+    hooks = [m.register_forward_hook(lambda mod, args, out: seen.append((args[1].max().item(), out[0])))
+             for m in model.modules() if isinstance(m, RotaryEmbedding)]
     with torch.inference_mode():
         whole = model.prefill(ids, mask, None, KVCache(tiny_cfg.llm.num_layers))[:, -1]
         cache = KVCache(tiny_cfg.llm.num_layers)
         model.prefill(ids[:, :filled], mask[:, :filled], None, cache)
         for i in range(filled, filled + 4):
             last = model.decode_step(ids[:, i:i + 1], cache)[:, -1]
-    assert cache.length == filled + 4 and filled + 4 > (tiny_cfg.llm.max_position_embeddings if filled > 8192 else 2048)
+    for h in hooks:
+        h.remove()
+    position, cos = seen[-1]
+    assert cache.length == filled + 4 and position == filled + 3
+    assert position >= (tiny_cfg.llm.max_position_embeddings if filled > 8192 else 2048)   # past the edge
+    head_dim = cos.shape[-1]
+    inv = [tiny_cfg.llm.rope_theta ** (-2 * i / head_dim) for i in range(head_dim // 2)]
+    expect = torch.tensor([math.cos(position * f) for f in inv * 2], dtype=torch.float64)
+    assert torch.allclose(cos[0, -1].double(), expect, atol=2e-3)         # fp32 angles near 8,000 rad
     assert float((last - whole).norm() / whole.norm()) < 1e-4
