@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 
+from harness.markdown import LEFT, RIGHT, table
 from harness.report.steps import WINDOW, step_time, tpot_edges
 from harness.rundir import load_run
 
@@ -31,18 +32,18 @@ def main(paths: list) -> int:
     if not paths:
         print(__doc__)
         return 2
-    print(f"| run | model | case | steps | TPOT p50 ms | first {WINDOW} p50 ms | last {WINDOW} p50 ms | last / first "
-          "| timer |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---|")
+    rows = []
     for path in paths:
         run = load_run(path)
         if not len(run.steps):
-            print(f"| {run.path.name} | {label(run.manifest)} | (no steps.csv) | | | | | | |")
+            rows.append([run.path.name, label(run.manifest), "(no steps.csv)", *[""] * 6])
             continue
         timer = step_time(run.steps)[1]
-        for r in tpot_edges(run.steps).itertuples():
-            print(f"| {run.path.name} | {label(run.manifest)} | {r.case} | {r.steps} | {r.tpot_p50_ms:.3f} | "
-                  f"{r.first_p50_ms:.3f} | {r.last_p50_ms:.3f} | {r.last_over_first:.3f} | {timer} |")
+        rows += [[run.path.name, label(run.manifest), r.case, r.steps, f"{r.tpot_p50_ms:.3f}", f"{r.first_p50_ms:.3f}",
+                  f"{r.last_p50_ms:.3f}", f"{r.last_over_first:.3f}", timer] for r in tpot_edges(run.steps).itertuples()]
+    print("\n".join(table(["run", "model", "case", "steps", "TPOT p50 ms", f"first {WINDOW} p50 ms",
+                           f"last {WINDOW} p50 ms", "last / first", "timer"], rows,
+                          [LEFT] * 3 + [RIGHT] * 5 + [LEFT])))
     device = (load_run(paths[0]).manifest.get("device") or {}).get("name")
     print(f"\ndevice: {device or 'no CUDA device'}")
     return 0

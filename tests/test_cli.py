@@ -165,7 +165,9 @@ def test_tiny_run_completes(runs):
     kernels = pd.read_csv(run / "kernels.csv")
     assert len(kernels) > 0
     assert kernels["stage"].notna().mean() >= 0.99
-    req = stages[(stages["stage"] == "request") & (stages["repeat"].astype(str) == "profiled")]
+    assert set(stages.columns) >= {"repeat", "profiled", "call"} and stages["repeat"].dtype == "int64"
+    assert stages["profiled"].dtype == bool and stages["call"].dtype == "int64"       # observations only, typed
+    req = stages[(stages["stage"] == "request") & stages["profiled"]]
     assert len(req) == 1, stages[stages["stage"] == "request"]
     assert float(req["attributed_fraction"].iloc[0]) >= 0.99
 

@@ -185,7 +185,7 @@ def test_page_folder_every_page_measured_in_batches_of_one_layout(runs):
             assert "t-b2-p005: the last 1 page(s) of this tile grid fill a batch of 2 by repeating" in man["warnings"]
         assert "p004.png: I;16 pixels (values 0..4000) scaled linearly to 8 bits" in man["warnings"]
         st = _stages(d)
-        req = st[(st["stage"] == "request") & (st["repeat"].astype(str) == "0")]
+        req = st[(st["stage"] == "request") & (st["repeat"] == 0)]
         assert sorted(req["case"]) == sorted(cases) and (req["batch"].astype(int) == [cases[c]["batch"]
                                                                                      for c in req["case"]]).all()
 

@@ -22,7 +22,8 @@ def tiny_model_cfg():
 @pytest.fixture
 def tiny_mode():
     return {"name": "t", "base_size": 128, "image_size": 64, "crop": True}
-from harness.measure.summarize import aggregate, busy_ms, stage_rows
+from harness.measure.observations import CALL_ALL, DTYPES, OBSERVATION_COLUMNS, busy_ms, frame, stage_rows
+from harness.measure.summary import summarize
 
 
 @pytest.mark.parametrize("name,cat", [
@@ -65,26 +66,39 @@ def test_stage_rows_reconcile_and_request_metrics():
     k = pd.DataFrame({"stage": ["sam", "sam", "decode", None], "call": [0, 0, None, None],
                       "start_ms": [0.0, 5.0, 60.0, 99.0], "dur_ms": [4.0, 4.0, 5.0, 1.0]})
     rows = {(r["stage"], r["call"]): r for r in stage_rows(_ranges(), k, batch=2)}
-    req = rows[("request", "all")]
+    req = rows[("request", CALL_ALL)]
     assert req["e2e_ms"] == 100 and req["stage_sum_ms"] == 100
     assert req["ttft_ms"] == 50                      # prefill ends at 50 ms
     assert req["tpot_p50_ms"] == 10
     assert req["decode_tok_s"] == pytest.approx(2 * 5 / 0.050)
     assert req["attributed_fraction"] == pytest.approx(13 / 14)
-    sam = rows[("sam", "all")]
+    sam = rows[("sam", CALL_ALL)]
     assert sam["kernels"] == 2 and sam["busy_ms"] == 8 and sam["idle_ms"] == 2
-    assert rows[("decode", "all")]["launches_per_step"] == pytest.approx(1 / 5)
+    assert rows[("decode", CALL_ALL)]["launches_per_step"] == pytest.approx(1 / 5)
 
 
 def test_aggregate_statistics():
-    df = pd.DataFrame([{"case": "c", "stage": "sam", "call": "all", "repeat": r, "gpu_ms": v}
-                       for r, v in enumerate([10.0, 12.0, 14.0])])
-    for col in ("host_ms", "kernels"):
-        df[col] = None
-    agg = aggregate(df).set_index("repeat")
+    """Mean 12, std (ddof 1) sqrt((4 + 0 + 4) / 2) = 2, cv 2 / 12 over three timed repeats; the
+    profiled request (busy 9) gives the mean and median rows idle = 12 - 9 = 3."""
+    obs = frame([{"case": "c", "mode": "m", "batch": 1, "stage": "sam", "call": CALL_ALL, "calls": 1, "repeat": r,
+                  "profiled": False, "timer": "cuda_event", "gpu_ms": v} for r, v in enumerate([10.0, 12.0, 14.0])]
+                + [{"case": "c", "mode": "m", "batch": 1, "stage": "sam", "call": CALL_ALL, "calls": 1, "repeat": 3,
+                    "profiled": True, "timer": "cuda_event", "gpu_ms": 30.0, "busy_ms": 9.0, "kernels": 4}])
+    agg = summarize(obs).aggregates.set_index("statistic")
     assert agg.loc["mean", "gpu_ms"] == 12.0 and agg.loc["median", "gpu_ms"] == 12.0
     assert agg.loc["std", "gpu_ms"] == pytest.approx(2.0)
     assert agg.loc["cv", "gpu_ms"] == pytest.approx(2.0 / 12.0)
+    assert (agg.loc["min", "gpu_ms"], agg.loc["max", "gpu_ms"]) == (10.0, 14.0)
+    assert agg.loc["median", "idle_ms"] == 3.0 and agg.loc["mean", "kernels"] == 4
+    assert (agg["repeats"] == 3).all() and agg["call"].dtype == "int64"
+
+
+def test_observations_are_typed():
+    obs = frame([{"case": "c", "stage": "sam", "call": CALL_ALL, "repeat": 0, "profiled": False, "gpu_ms": 1.0}])
+    assert list(obs.columns) == OBSERVATION_COLUMNS
+    assert {c: str(obs[c].dtype) for c in ("repeat", "call", "profiled", "gpu_ms", "busy_ms")} == \
+        {"repeat": "int64", "call": "int64", "profiled": "bool", "gpu_ms": "float64", "busy_ms": "float64"}
+    assert set(DTYPES) == set(OBSERVATION_COLUMNS)
 
 
 def _tiny_case(device, tiny_model_cfg, tiny_mode):
@@ -104,38 +118,42 @@ def _tiny_case(device, tiny_model_cfg, tiny_mode):
                         device.type == "cuda", progress=lambda m: None)
 
 
-def _check_case(stages, kernels, routing, timed_col):
-    profiled = stages[stages["repeat"] == "profiled"].set_index("stage")
+def _check_case(measured, timed_col):
+    stages, kernels, routing = measured.observations, measured.kernels, measured.routing
+    profiled = stages[stages["profiled"] & (stages["call"] == CALL_ALL)].set_index("stage")
     assert set(["sam", "clip", "projector", "prefill", "decode", "request"]) <= set(profiled.index)
     assert profiled.loc["request", "attributed_fraction"] >= 0.99
     assert len(kernels) and set(kernels["stage"].dropna()) >= {"sam", "clip", "projector", "prefill", "decode"}
-    timed = stages[stages["repeat"].isin([0, 1])]
+    timed = stages[~stages["profiled"]]
     req = timed[timed["stage"] == "request"]
     assert len(req) == 2 and (req[timed_col] > 0).all()
-    assert set(stages["repeat"].astype(str)) >= {"0", "1", "profiled", "mean", "std", "median", "cv"}
+    # observations only: the timed repeats 0 and 1, then the profiled request as repeat 2
+    assert set(stages["repeat"]) == {0, 1, 2} and set(stages.loc[stages["profiled"], "repeat"]) == {2}
+    assert list(stages.columns) == OBSERVATION_COLUMNS and stages["repeat"].dtype == "int64"
     assert routing["decode"].sum() > 0
-    # issue 14: spread rows, kernels attributed to modules, per-step routing, clipped timed idle
-    assert set(stages["repeat"].astype(str)) >= {"min", "max", "ci95_lo", "ci95_hi"}
+    assert len(measured.steps) == 2 * 4 and measured.warmup["warmup_ms"] == []
+    # issue 14: kernels attributed to modules, per-step routing, clipped timed idle
     groups = set(kernels["op_group"].dropna())
     assert {"matmul", "norm", "kv_cache", "routing/indexing", "rope"} <= groups, groups
     assert set(kernels.loc[kernels["op_group"] == "norm", "family"]) <= {"layernorm", "layernorm2d", "rmsnorm"}
     assert (kernels.loc[kernels["op_group"] == "kv_cache", "module"].str.endswith(".self_attn.kv_cache")).all()
     assert (routing["decode_steps"].sum(axis=0) == routing["decode"]).all() and routing["decode_steps"].shape[0] == 4
-    med = stages[(stages["repeat"] == "median") & stages["busy_ms"].notna()]
-    assert len(med) and (med["idle_ms"] >= 0).all()
+    med = summarize(stages).stages
+    assert len(med) and med["busy_ms"].notna().all() and (med["idle_ms"] >= 0).all()
 
 
 def test_measure_case_cpu(tiny_model_cfg, tiny_mode):
-    stages, kernels, routing = _tiny_case(torch.device("cpu"), tiny_model_cfg, tiny_mode)
-    _check_case(stages, kernels, routing, "host_ms")
-    assert stages["gpu_ms"].isna().all()
+    measured = _tiny_case(torch.device("cpu"), tiny_model_cfg, tiny_mode)
+    _check_case(measured, "host_ms")
+    assert measured.observations["gpu_ms"].isna().all()
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_measure_case_gpu(tiny_model_cfg, tiny_mode):
-    stages, kernels, routing = _tiny_case(torch.device("cuda"), tiny_model_cfg, tiny_mode)
-    _check_case(stages, kernels, routing, "gpu_ms")
+    measured = _tiny_case(torch.device("cuda"), tiny_model_cfg, tiny_mode)
+    _check_case(measured, "gpu_ms")
+    stages = measured.observations
     req = stages[(stages["repeat"] == 0) & (stages["stage"] == "request")].iloc[0]
     assert abs(req["stage_sum_ms"] - req["gpu_ms"]) / req["gpu_ms"] < 0.01
 

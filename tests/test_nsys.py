@@ -15,7 +15,7 @@ import pytest
 from harness.errors import HarnessError
 from harness.external import nsys as N
 from harness.external import nsys_session as S
-from harness.rundir import read_table
+from harness.measure.observations import read_observations
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "nsys"
@@ -154,7 +154,7 @@ def test_projected_time_per_stage_from_nvtx_gpu_proj_sum():
 
 def test_compare_with_the_child_runs_cuda_event_times():
     proj = N.projected_by_stage(N.parse_stats_csv((DATA / "stats_nvtx_gpu_proj_sum.csv").read_text()))
-    harness = N.harness_stage_ms(read_table(DATA / "stages.csv"))
+    harness = N.harness_stage_ms(read_observations(DATA / "stages.csv"))
     assert harness["decode"] == (68.90, "cuda_event")
     cmp = N.compare_stages(proj, harness).set_index("stage")
     assert list(cmp.index) == ["sam", "clip", "projector", "prefill", "decode", "request"]

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from harness.measure import stats
-from harness.measure.summarize import headline, stage_rows
+from harness.measure.observations import stage_rows
+from harness.measure.summary import summarize
 from harness.roofline.join import classify
 from harness.rundir import load_run
 
@@ -33,8 +34,8 @@ def test_median_low_bootstrap_and_median_request():
     assert (lo, hi) == stats.bootstrap_ci(vals)                          # seeded: the same every time
     assert lo in vals and hi in vals and lo <= 3033.8 <= hi
     assert stats.bootstrap_ci([1.0]) == (None, None)
-    req = pd.DataFrame({"repeat": ["0", "1", "2", "3"], "e2e_ms": [5.0, 5.0, 7.0, 1.0]})
-    assert stats.median_request(req) == "0"                              # median_low 5, earliest repeat
+    req = pd.DataFrame({"repeat": [0, 1, 2, 3], "e2e_ms": [5.0, 5.0, 7.0, 1.0]})
+    assert stats.median_request(req) == 0                                # median_low 5, earliest repeat
     sp = stats.spread([10.0, 12.0, 14.0])
     assert (sp["median"], sp["min"], sp["max"], sp["n"]) == (12.0, 10.0, 14.0, 3)
     assert sp["cv"] == pytest.approx(2.0 / 12.0)
@@ -44,9 +45,9 @@ def test_headline_is_the_median_request_of_the_h100_fixture():
     """gundam-2x3 of the real H100 run: per-column medians mixed three requests before; now every
     value is repeat 0's (e2e 3033.8 ms is the median of 3008.1 / 3029.6 / 3033.8 / 3299.1 / 3484.8)."""
     run = load_run(DATA / "h100_crop_mode")
-    head = headline(run.stages, {"gundam-2x3": 2}).set_index("case")
+    head = summarize(run.stages, {"gundam-2x3": 2}).headline.set_index("case")
     g = head.loc["gundam-2x3"]
-    assert g["repeat"] == "0" and g["repeats"] == 5 and g["warmup"] == 2
+    assert g["repeat"] == 0 and g["repeats"] == 5 and g["warmup"] == 2
     assert g["e2e_ms"] == pytest.approx(3033.81982421875)
     assert g["ttft_ms"] == pytest.approx(121.38777542114258)
     assert g["sam_ms"] == pytest.approx(30.308512687683105) and g["prefill_ms"] == pytest.approx(77.81244659423828)
@@ -60,7 +61,7 @@ def test_headline_is_the_median_request_of_the_h100_fixture():
         assert 0 < h["ttft_ms"] - h["ttft_stage_sum_ms"] < 1.1, case
         assert h["e2e_ms"] == pytest.approx(stats.median_low(
             run.stages[(run.stages["case"] == case) & (run.stages["stage"] == "request")
-                       & run.stages["repeat"].str.isdigit()]["e2e_ms"]))
+                       & ~run.stages["profiled"]]["e2e_ms"]))
 
 
 def _ranges(step_ms):
@@ -103,10 +104,21 @@ def test_idle_from_timed_repeats_and_bound_from_the_same_idle(tmp_path, cache):
     rl = pd.read_csv(run / "roofline.csv")
     st = rl[rl["level"] == "stage"].set_index(["case", "stage"])
     clip = st.loc[("large", "clip")]
-    assert clip["measured_ms"] == pytest.approx(2.5660159587860107)
-    assert clip["kernel_busy_ms"] == pytest.approx(1.6344390000000217)
-    assert clip["idle_fraction"] == pytest.approx((2.5660159587860107 - 1.6344390000000217) / 2.5660159587860107)
-    assert clip["bound"] == "memory" and clip["host_ms"] == pytest.approx(7.370033)
+    # expected values from the fixture's raw rows, read here on their own: the five timed repeats
+    # (their median: the middle one once sorted) and the profiled request (its busy time)
+    raw = pd.read_csv(DATA / "h100_crop_mode" / "stages.csv", dtype=str)
+    raw = raw[(raw["case"] == "large") & (raw["stage"] == "clip") & (raw["call"] == "all")]
+    timed = raw[raw["repeat"].isin(["0", "1", "2", "3", "4"])]
+    span = sorted(timed["gpu_ms"].astype(float))[2]
+    host = sorted(timed["host_ms"].astype(float))[2]
+    prof = raw[raw["repeat"] == "profiled"].iloc[0]
+    busy = float(prof["busy_ms"])
+    assert len(timed) == 5 and span == pytest.approx(2.566, abs=5e-4) and busy == pytest.approx(1.634, abs=5e-4)
+    assert float(prof["idle_ms"]) / float(prof["gpu_ms"]) > 0.5         # the profiled request's own idle: 72%
+    assert clip["measured_ms"] == pytest.approx(span) and clip["host_ms"] == pytest.approx(host)
+    assert clip["kernel_busy_ms"] == pytest.approx(busy)
+    assert clip["idle_fraction"] == pytest.approx((span - busy) / span)                  # 36%: below 50%
+    assert clip["bound"] == "memory"
     assert clip["efficiency_busy"] == pytest.approx(clip["floor_ms"] / clip["kernel_busy_ms"])
     for (case, stage), r in st.iterrows():                              # one rule, one idle column
         ridge = r["ridge"] if not np.isnan(r["ridge"]) else None
@@ -114,7 +126,7 @@ def test_idle_from_timed_repeats_and_bound_from_the_same_idle(tmp_path, cache):
         assert r["idle_ms"] == pytest.approx(max(r["measured_ms"] - r["kernel_busy_ms"], 0.0))
     md = (run / "report.md").read_text()
     assert "| large | clip | 2.57 [2.39–3.87] | 7.37 | 1.63 | 36.3% |" in md
-    assert "GPU span ms (measured, CUDA events)" in md and "TFLOP/s (analytic / measured)" in md
+    assert "GPU span ms (measured, CUDA events)" in md and "TFLOP/s (derived, analytic / measured)" in md
     assert (run / "headline.csv").is_file() and (run / "time_breakdown.png").stat().st_size > 0
     assert "| gundam-2x3 | gundam | 2x3 | 1 | 903 / 916 / 128 | ? + 5 | #0 | 3,034 [3,008–3,485] |" in md
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from harness.analytic import families as F
-from harness.analytic import registry as R
+from harness.anatomy import registry as R
 
 
 def test_one_entry_per_cost_family():

@@ -8,8 +8,11 @@ import pytest
 
 from harness.config import HarnessConfig, from_dict
 from harness.roofline import calibrate as cal
-from harness.roofline.join import (FAMILY_GROUP, OP_GROUPS, CATEGORY_GROUP, classify, floor_ms, join_stages,
-                                   load_run, mbu, measured_stages, mfu, roofline_point, routing_arrays, run_cases)
+from harness.measure.observations import busy_ms
+from harness.measure.summary import summarize
+from harness.roofline.join import (FAMILY_GROUP, OP_GROUPS, CATEGORY_GROUP, classify, floor_ms, join_stages, mbu, mfu,
+                                   roofline_point, routing_arrays, run_cases)
+from harness.rundir import load_run
 from harness.roofline.specs import SPECS, match_device, norm_dtype, resolve_peaks, slug
 
 DATA = Path(__file__).resolve().parent / "data" / "runs"
@@ -196,23 +199,26 @@ def test_calibration_measure_and_cache(tmp_path, monkeypatch):
 def test_measured_stages_uses_median_span_and_timed_idle():
     """Issue 14: idle = median span of the timed repeats - kernel busy of the profiled request (the
     profiled request's own idle, stretched by the profiler, was used before)."""
-    run = load_run(DATA / "gpu_tiny_a")
-    m = measured_stages(run.stages)
-    st = run.stages
-    med = st[(st["repeat"] == "median") & (st["call"] == "all") & (st["case"] == "nc") & (st["stage"] == "decode")]
-    prof = st[(st["repeat"] == "profiled") & (st["call"] == "all") & (st["case"] == "nc") & (st["stage"] == "decode")]
+    m = summarize(load_run(DATA / "gpu_tiny_a").stages).stages
+    # the raw file, read independently: this older layout also kept aggregate rows beside the repeats
+    st = pd.read_csv(DATA / "gpu_tiny_a" / "stages.csv", dtype=str)
+    nc = st[(st["call"] == "all") & (st["case"] == "nc") & (st["stage"] == "decode")]
+    spans = sorted(float(v) for v in nc.loc[nc["repeat"].isin(["0", "1", "2"]), "gpu_ms"])
+    median = spans[1]                                                     # three repeats: the middle one
+    busy = float(nc.loc[nc["repeat"] == "profiled", "busy_ms"].iloc[0])
     row = m[(m["case"] == "nc") & (m["stage"] == "decode")].iloc[0]
-    assert row["time_ms"] == pytest.approx(float(med["gpu_ms"].iloc[0]))
+    assert row["time_ms"] == pytest.approx(median)
     assert row["timer"] == "cuda_event" and row["repeats"] == 3
-    busy = float(prof["busy_ms"].iloc[0])
     assert row["busy_ms"] == pytest.approx(busy)
-    assert row["idle_ms"] == pytest.approx(float(med["gpu_ms"].iloc[0]) - busy)
+    assert row["idle_ms"] == pytest.approx(median - busy)
     assert row["idle_fraction"] == pytest.approx(row["idle_ms"] / row["time_ms"])
-    # the stages.csv median row carries the same idle (the runner's rule), the profiled row its own
-    assert row["idle_ms"] == pytest.approx(float(med["idle_ms"].iloc[0]))
-    assert row["idle_fraction"] != pytest.approx(float(prof["idle_ms"].iloc[0]) / float(prof["gpu_ms"].iloc[0]))
+    # the old file's own median row carries the same median and idle (the rule did not change)
+    old = nc[nc["repeat"] == "median"].iloc[0]
+    assert row["time_ms"] == pytest.approx(float(old["gpu_ms"])) and row["idle_ms"] == pytest.approx(float(old["idle_ms"]))
+    prof = nc[nc["repeat"] == "profiled"].iloc[0]
+    assert row["idle_fraction"] != pytest.approx(float(prof["idle_ms"]) / float(prof["gpu_ms"]))
     assert row["idle_basis"] == "median span of 3 timed repeats - kernel busy of the profiled request"
-    cpu = measured_stages(load_run(DATA / "cpu_tiny").stages)
+    cpu = summarize(load_run(DATA / "cpu_tiny").stages).stages
     assert (cpu["timer"] == "host").all() and cpu["time_ms"].notna().all()
 
 
@@ -248,8 +254,6 @@ def _union_reference(k) -> float:
 
 
 def test_busy_ms_equals_interval_union():
-    from harness.measure.summarize import busy_ms
-
     rng = np.random.default_rng(0)
     for n in (1, 2, 7, 300):
         for _ in range(50):

@@ -2,13 +2,14 @@
 TPOT per 128-step window in the report, and the reference model's cache and RoPE past 2048 and
 past max_position_embeddings (tiny model, CPU)."""
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
-from harness.measure.summarize import STEP_COLUMNS, stage_rows, step_rows
+from harness.measure.observations import STEP_COLUMNS, stage_rows, step_rows
 from harness.report import steps as S
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,20 +58,25 @@ def _steps():
 
 
 def test_tpot_edges_and_windows_exact():
+    """The one median rule (the lower middle) over the pooled repeats: a window of k steps holds each
+    step twice (2k values, ascending in pairs), so its lower middle (value k of 2k) is the step at
+    offset (k - 1) // 2 of the window: steps 0-127 -> step 63, 1.63 ms; the last 128 (172-299) ->
+    step 235, 3.35; all 300 -> step 149, 2.49; windows 128-255 -> step 191, 2.91; 256-299 (44
+    steps) -> step 277, 3.77."""
     e = S.tpot_edges(_steps()).set_index("case")
     assert e.loc["a", "steps"] == 300 and e.loc["a", "first_kv"] == "11-138" and e.loc["a", "last_kv"] == "183-310"
-    assert e.loc["a", "first_p50_ms"] == pytest.approx(1.635) and e.loc["a", "last_p50_ms"] == pytest.approx(3.355)
-    assert e.loc["a", "tpot_p50_ms"] == pytest.approx(2.495)
-    assert e.loc["a", "last_over_first"] == pytest.approx(3.355 / 1.635)
+    assert e.loc["a", "first_p50_ms"] == pytest.approx(1 + 63 / 100) and e.loc["a", "last_p50_ms"] == pytest.approx(1 + 235 / 100)
+    assert e.loc["a", "tpot_p50_ms"] == pytest.approx(1 + 149 / 100)
+    assert e.loc["a", "last_over_first"] == pytest.approx(3.35 / 1.63)
     assert e.loc["b", "first_p50_ms"] == e.loc["b", "last_p50_ms"] == 2.0 and e.loc["b", "first_kv"] == "11-110"
     w = S.tpot_windows(_steps())
     assert list(w.index) == ["0-127", "128-255", "256-383"] and list(w.columns) == ["a", "b"]
-    assert w["a"].tolist() == pytest.approx([1.635, 2.915, 3.775])
+    assert w["a"].tolist() == pytest.approx([1 + 63 / 100, 1 + 191 / 100, 1 + 277 / 100])
     assert w.loc["0-127", "b"] == 2.0 and w["b"].isna().tolist() == [False, True, True]
     host = _steps().assign(gpu_ms=None)
     assert S.step_time(host) == ("host_ms", "host ms (no CUDA events)")
     assert S.tpot_edges(host)["first_p50_ms"].tolist() == [9.0, 9.0]
-    assert not len(S.tpot_edges(pd.DataFrame())) and not S.section(pd.DataFrame(), None, None)
+    assert not len(S.tpot_edges(pd.DataFrame())) and not S.section(pd.DataFrame())
 
 
 def test_run_writes_steps_and_the_report_shows_tpot_against_position(tmp_path, monkeypatch):
@@ -107,19 +113,31 @@ def test_run_writes_steps_and_the_report_shows_tpot_against_position(tmp_path, m
 def test_reference_cache_and_rope_past_2048_and_past_max_positions(tiny_cfg, filled):
     """Teacher forcing at long positions: a prefill of ``filled`` tokens plus 4 decode steps gives
     the last logits of one prefill over all ``filled + 4`` tokens (KV cache and RoPE agree at
-    positions up to 8,203 > max_position_embeddings 8,192)."""
+    positions up to 8,203 > max_position_embeddings 8,192). The last step's RoPE ran at position
+    ``filled + 3`` (read from the model's rotary modules) with cos = cos(position x theta^(-2i/d))."""
     from harness.models.build import build_model
-    from harness.models.llm import KVCache
+    from harness.models.llm import KVCache, RotaryEmbedding
 
     tiny_cfg.lm_head_all_positions = False
     model = build_model(tiny_cfg, "cpu", torch.float32, seed=0)
     ids = torch.randint(1000, 100000, (1, filled + 4), generator=torch.Generator().manual_seed(0))
     mask = torch.zeros_like(ids, dtype=torch.bool)
+    seen = []
+    hooks = [m.register_forward_hook(lambda mod, args, out: seen.append((args[1].max().item(), out[0])))
+             for m in model.modules() if isinstance(m, RotaryEmbedding)]
     with torch.inference_mode():
         whole = model.prefill(ids, mask, None, KVCache(tiny_cfg.llm.num_layers))[:, -1]
         cache = KVCache(tiny_cfg.llm.num_layers)
         model.prefill(ids[:, :filled], mask[:, :filled], None, cache)
         for i in range(filled, filled + 4):
             last = model.decode_step(ids[:, i:i + 1], cache)[:, -1]
-    assert cache.length == filled + 4 and filled + 4 > (tiny_cfg.llm.max_position_embeddings if filled > 8192 else 2048)
+    for h in hooks:
+        h.remove()
+    position, cos = seen[-1]
+    assert cache.length == filled + 4 and position == filled + 3
+    assert position >= (tiny_cfg.llm.max_position_embeddings if filled > 8192 else 2048)   # past the edge
+    head_dim = cos.shape[-1]
+    inv = [tiny_cfg.llm.rope_theta ** (-2 * i / head_dim) for i in range(head_dim // 2)]
+    expect = torch.tensor([math.cos(position * f) for f in inv * 2], dtype=torch.float64)
+    assert torch.allclose(cos[0, -1].double(), expect, atol=2e-3)         # fp32 angles near 8,000 rad
     assert float((last - whole).norm() / whole.norm()) < 1e-4

@@ -110,7 +110,7 @@ def test_converters_undo_to_the_reference_classes_and_redo(tiny):
 def test_variant_modules_keep_their_module_family(tiny):
     """Kernel attribution follows the module's reference class (a variant class of an attention is
     still the llm_attention family)."""
-    from harness.analytic.registry import family_of
+    from harness.anatomy.registry import family_of
 
     model, _ = tiny
     variants.apply(model, ExecutionConfig(kv_cache="static", moe_impl="grouped", moe_kernel="torch"))
@@ -123,15 +123,17 @@ def test_variant_modules_keep_their_module_family(tiny):
 
 
 def test_label_names_the_converters_that_ran_as_the_report_does():
-    from harness.report.report import execution_label
+    """The report's ladder labels come from the converters: each knob that differs from the vendor's
+    execution adds its short name, in the registry's order (the names the ladder has always used)."""
+    from harness.report.ladder import execution_label
 
-    cfg = check_overrides(["+experiment=optimize"] + TINY)
-    for case in cfg.cases:
-        ex = ExecutionConfig(**{k: v for k, v in (case.execution.__dict__ if case.execution else {}).items()
-                                if v is not None})
-        block = {**ex.execution(), "moe_kernel_resolved": "triton" if ex.moe_impl == "grouped" else None}
-        assert variants.label(block) == execution_label(block), case.name
-    assert variants.label(ExecutionConfig()) == "vendor-style"
+    best = ExecutionConfig(kv_cache="static", moe_impl="grouped", cuda_graphs="decode", compile=True,
+                           prefill_graphs=True, linear_impl="fused", decode_attention="triton", vision_impl="fused",
+                           vision_compile=True)
+    want = ("static KV + grouped MoE (triton) + decode graph + compiled + prefill graph + fused vision + "
+            "fused linears + compiled vision + triton decode attention")
+    assert execution_label({**best.execution(), "moe_kernel_resolved": "triton"}) == want
+    assert variants.label(ExecutionConfig()) == "vendor-style" == execution_label(ExecutionConfig().execution())
     assert variants.label({**ExecutionConfig(kv_cache="static", moe_impl="grouped").execution(),
                            "moe_kernel_resolved": "torch"}) == "static KV + grouped MoE (torch)"
 

@@ -31,7 +31,7 @@ from torch import nn
 from harness import workload as W
 from harness.errors import HarnessError
 from harness.measure.recorder import StageRecorder
-from harness.measure.summarize import stage_rows, step_rows
+from harness.measure.observations import stage_rows, step_rows
 from harness.models.adapter import GenerationResult, no_stage, own_loop
 from harness.models.generate import generate
 

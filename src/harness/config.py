@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, List, Optional
 
 from .errors import HarnessError
-from .stages import STAGES
+from .anatomy.stages import STAGES
 
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "sdpa_flash", "flash_attention_2")
 DEVICES_HELP = "device=auto, device=cpu, device=cuda or device=cuda:N"

@@ -28,8 +28,8 @@ from .config import HarnessConfig, cost_config, to_dict
 from .interrupts import catch_signals
 from .measure import host
 from .measure.nvtx_ranges import NvtxRanges
-from .measure.runner import measure_case
-from .measure.summarize import STEP_COLUMNS
+from .measure.observations import STEP_COLUMNS
+from .measure.runner import CaseMeasurement, measure_case
 from .models import attn_probe
 from .report.progress import RunProgress
 from .report.report import write_report
@@ -38,6 +38,7 @@ from .roofline.join import analytic_for_case
 from .rundir import RunData, RunDir, trace_name
 from .setup import check_cases, device_info, load_adapter, prepare_cases, resolve_device, resolve_dtype
 from .stopping import Position, close_run
+from .sweep import job_environment
 
 log = logging.getLogger("harness.run")
 
@@ -82,12 +83,13 @@ class CaseTables:
         self.rd, self.data = rd, data
         self.stages, self.kernels, self.routing, self.steps, self.routing_steps = [], [], [], [], []
 
-    def add(self, inputs, warm: dict, stages: pd.DataFrame, kernels: pd.DataFrame, counts: dict,
-            analytic: tuple, execution: dict, steps: list = ()) -> None:
-        """One case: stages.csv (then the manifest's case entry), kernels.csv, routing.csv, then the
-        manifest is saved. ``analytic`` = ``analytic_for_case``'s (frame, MBU bytes, notes);
-        ``execution``: what the adapter ran (``variants.apply``) with its set-up seconds."""
+    def add(self, inputs, measured: CaseMeasurement, analytic: tuple, execution: dict) -> None:
+        """One case: stages.csv (its observations; then the manifest's case entry), kernels.csv,
+        routing.csv, then the manifest is saved. ``analytic`` = ``analytic_for_case``'s (frame, MBU
+        bytes, notes); ``execution``: what the adapter ran (``variants.apply``) with its set-up seconds."""
         rd, data, case = self.rd, self.data, inputs.case
+        stages, kernels, counts, steps = measured.observations, measured.kernels, measured.routing, measured.steps
+        warm, trace = measured.warmup, measured.trace
         grown = pd.concat(self.stages + [stages], ignore_index=True)
         rd.write_csv("stages.csv", grown)
         self.stages.append(stages)
@@ -96,8 +98,8 @@ class CaseTables:
                                      "execution": execution,
                                      "warmup_ms": [round(t, 3) for t in warm.get("warmup_ms", [])],
                                      "warmup_steady": warm.get("steady"),
-                                     "trace": {"file": trace_name(case.name), "bytes": warm["trace"]["bytes"]}
-                                     if warm.get("trace") else None})
+                                     "trace": {"file": trace_name(case.name), "bytes": trace["bytes"]}
+                                     if trace else None})
         frame, mbu, notes = analytic
         data.analytic = pd.concat([data.analytic, frame], ignore_index=True)
         data.mbu_bytes[case.name] = mbu
@@ -136,7 +138,7 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
     where = Position(cases=0)
     with catch_signals() as signals, _log_errors_quiet():
         with signals.deferred():
-            rd = RunDir(run_path, to_dict(cfg))
+            rd = RunDir(run_path, to_dict(cfg), launch=job_environment())
             data = RunData(rd.path, rd.manifest, analytic=pd.DataFrame())
         try:
             _measure(cfg, rd, data, where, signals, progress)
@@ -223,10 +225,9 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
             def at(request, i=i, name=case.name):
                 where.at("case", name, i + 1, request)
 
-            warm, case_steps = {}, []
             trace = rd.path / trace_name(case.name) if (mcfg.kernels and mcfg.trace) else None
-            st, kt, counts = measure_case(model, make, mcfg, ident, cuda, progress=progress, info=warm, at=at,
-                                          steps=case_steps, trace_path=trace)
+            measured = measure_case(model, make, mcfg, ident, cuda, progress=progress, at=at, trace_path=trace)
+            counts, warm = measured.routing, measured.warmup
             at("writing")
             ran = dataclasses.replace(inputs.execution, moe_kernel=execution.get("moe_kernel_resolved")
                                       or inputs.execution.moe_kernel)
@@ -239,7 +240,7 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
                 rd.warn(msg)
                 progress(f"[harness] {msg}")
             with signals.deferred():   # a case is written whole: a signal waits for the end of the block
-                tables.add(inputs, warm, st, kt, counts, analytic, {**execution, **_setup_of(model)}, case_steps)
+                tables.add(inputs, measured, analytic, {**execution, **_setup_of(model)})
                 rd.update(model={**info, **getattr(model, "info", {})})   # what the model learnt while running
                 if i + 1 < len(cases):  # report.md so far (no plot); the final write follows the last case
                     write_report(rd, data, plot=False)

@@ -10,9 +10,11 @@ so no such directory looks complete. Files are replaced atomically (temporary fi
 temporary file is removed when the write fails), CSV appends are cut back when they fail.
 
 ``RunData`` is what one run measured, in memory: the run verb grows it case by case and hands it
-to the report; ``load_run`` reads a finished run directory into one (each file read once).
-This module sits at the bottom of the package: it imports nothing from it but ``errors`` and
-``faults`` (the test-only write hook).
+to the report; ``load_run`` reads a finished run directory into one (each file read once;
+``stages.csv`` as the typed observations, an older layout converted on read). The caller passes
+what placed the process (``launch``: pid, pinning and scheduler variables) in.
+This module sits near the bottom of the package: it imports nothing from it but ``errors``,
+``faults`` (the test-only write hook) and the observation schema (``measure.observations``).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ import pandas as pd
 
 from . import faults
 from .errors import HarnessError
-from .sweep import job_environment
+from .measure.observations import read_observations
 
 PACKAGES = ("torch", "transformers", "tokenizers", "hydra-core", "omegaconf", "nvtx", "torchlens", "pandas",
             "numpy", "pillow", "safetensors", "flash-attn", "triton", "matplotlib")
@@ -62,13 +64,12 @@ def git_revision(root: Path | None = None) -> dict:
         return {"revision": None, "dirty": None, "reason": str(exc)}
 
 
-CSV_DTYPES = {"repeat": str, "call": str, "grid": str,   # mixed numbers and labels: read as text
-              "module": str, "family": str, "op_group": str}
+CSV_DTYPES = {"grid": str, "module": str, "family": str, "op_group": str}   # labels that may look like numbers
 
 
 def read_table(src) -> pd.DataFrame:
-    """A run CSV (path or buffer) as every reader sees it: ``repeat``/``call``/``grid`` as text; an
-    empty frame for a missing or empty file."""
+    """A run CSV (path or buffer) other than stages.csv (``read_observations``): label columns as
+    text; an empty frame for a missing or empty file."""
     if isinstance(src, Path) and (not src.is_file() or src.stat().st_size == 0):
         return pd.DataFrame()
     return pd.read_csv(src, dtype=CSV_DTYPES)
@@ -78,7 +79,7 @@ def read_table(src) -> pd.DataFrame:
 class RunData:
     """What one run measured: its manifest and tables (empty frames where nothing was written).
 
-    ``stages`` (``harness.measure.summarize.STAGE_COLUMNS``), ``kernels`` (``KERNEL_COLUMNS`` +
+    ``stages`` (the typed observations, ``harness.measure.observations``), ``kernels`` (``KERNEL_COLUMNS`` +
     ``case``), ``routing`` (case, phase, layer, e0..eN), ``routing_steps`` (case, step, layer,
     experts, e0..eN: decode counts per step), ``steps`` (``STEP_COLUMNS``: every decode step of the
     timed repeats); ``analytic`` the analytic frames of its cases
@@ -99,14 +100,17 @@ class RunData:
     steps: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
-def load_run(path) -> RunData:
-    """A finished (or interrupted) run directory read back: manifest.json and the measured CSVs."""
+def load_run(path, manifest: Optional[dict] = None) -> RunData:
+    """A finished (or interrupted) run directory read back: manifest.json (unless given) and the
+    measured CSVs (stages.csv as typed observations: ``NotObservations``, a ValueError, when it
+    lacks the columns a run writes)."""
     path = Path(path)
     mpath = path / "manifest.json"
-    manifest = json.loads(mpath.read_text()) if mpath.is_file() else {}
+    if manifest is None:
+        manifest = json.loads(mpath.read_text()) if mpath.is_file() else {}
     manifest.setdefault("warnings", [])
     manifest.setdefault("cases", [])
-    return RunData(path, manifest, read_table(path / "stages.csv"), read_table(path / "kernels.csv"),
+    return RunData(path, manifest, read_observations(path / "stages.csv"), read_table(path / "kernels.csv"),
                    read_table(path / "routing.csv"), read_table(path / "routing_steps.csv"),
                    steps=read_table(path / "steps.csv"))
 
@@ -137,7 +141,10 @@ class RunDir:
     """A run directory under ``runs/``; every write is atomic (tmp file + rename), except
     ``append_csv`` (cut back to its previous size when it fails)."""
 
-    def __init__(self, path: Path, config: dict, argv: list | None = None):
+    def __init__(self, path: Path, config: dict, argv: list | None = None, launch: dict | None = None):
+        """A new run directory at ``path`` for ``config``; ``argv`` (default ``sys.argv``) and
+        ``launch`` (what placed this process, ``harness.sweep.job_environment``; default: the pid)
+        go to the manifest."""
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         try:   # the manifest is created exclusively: a directory holding a run is never reused
@@ -148,7 +155,7 @@ class RunDir:
                                "give each run a new directory (leave hydra.run.dir unset)") from None
         self.manifest = {
             "status": "running", "started": _now(), "finished": None,
-            "argv": argv if argv is not None else sys.argv, "cwd": os.getcwd(), "launch": job_environment(),
+            "argv": argv if argv is not None else sys.argv, "cwd": os.getcwd(), "launch": launch if launch is not None else {"pid": os.getpid()},
             "config": config, "versions": package_versions(), "git": git_revision(),
             "device": None, "model": None, "attention": None, "cases": [], "warnings": [], "error": None,
         }

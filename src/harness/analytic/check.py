@@ -37,7 +37,8 @@ import torch
 
 from ..config import ModelConfig, cost_config
 from ..errors import HarnessError
-from ..stages import LEAF_RANGES, VISION_STAGES
+from ..markdown import LEFT, RIGHT, table
+from ..anatomy.stages import LEAF_RANGES, VISION_STAGES
 from . import compose
 
 VISION = VISION_STAGES
@@ -180,11 +181,9 @@ def _calls(r: compose.Resolved, stage: str) -> int:
 
 def format_table(df) -> str:
     """Markdown table of a ``check_cases`` frame (FLOPs with thousands separators)."""
-    lines = ["| case | stage | calls | counted FLOPs | analytic flops_counted | diff |",
-             "|---|---|---:|---:|---:|---:|"]
-    for _, row in df.iterrows():
-        lines.append(f"| {row['case']} | {row['stage']} | {row['calls']} | {row['counted']:,} | "
-                     f"{row['analytic']:,} | {row['diff']:,} |")
+    lines = table(["case", "stage", "calls", "counted FLOPs", "analytic flops_counted", "diff"],
+                  [[r["case"], r["stage"], r["calls"], f"{r['counted']:,}", f"{r['analytic']:,}", f"{r['diff']:,}"]
+                   for _, r in df.iterrows()], [LEFT, LEFT, RIGHT, RIGHT, RIGHT, RIGHT])
     bad = int((df["diff"] != 0).sum())
     lines.append("")
     lines.append(f"{len(df)} rows, {bad} with a non-zero difference.")

@@ -52,7 +52,7 @@ import numpy as np
 from ..config import ModelConfig, cost_config
 from ..dtypes import nbytes as dtype_bytes
 from ..errors import HarnessError
-from ..stages import STAGES
+from ..anatomy.stages import STAGES
 from ..workload import MODES, Case, as_case, parse_grid
 from . import families as F
 from .families import Cost

@@ -114,7 +114,7 @@ class Cost:
 
 class Family:
     """Base of the cost classes: ``family`` key, ``title``, ``cost()``. Which modules a family
-    describes, what the profiler sees of it and its op group: ``registry.REGISTRY``."""
+    describes, what the profiler sees of it and its op group: ``harness.anatomy.registry.REGISTRY``."""
 
     family: ClassVar[str] = ""
     title: ClassVar[str] = ""

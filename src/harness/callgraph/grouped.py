@@ -27,6 +27,7 @@ import re
 from collections import Counter, OrderedDict
 from typing import Callable, Optional
 
+from ..markdown import LEFT, RIGHT, table
 from .tree import stage_label, vendor_class
 
 MIN_FAMILY_SIZE = 2
@@ -200,11 +201,7 @@ def grouped_view(cap, meta: Optional[dict] = None, min_family_size: int = MIN_FA
 
 # ----------------------------------------------------------------------------------- rendering
 
-def _n(x) -> str:
-    return "-" if x is None else f"{x:,}"
-
-
-def _g(x) -> str:
+def flops_text(x) -> str:
     """FLOPs with a unit: 1.234 G, 56.7 M, 890 k."""
     if x is None:
         return "-"
@@ -244,20 +241,20 @@ def render_markdown(doc: dict) -> str:
     if doc["experts"]:
         L += ["", "## Experts used per MoE layer", "",
               "Experts whose module ran in this forward (contiguous index ranges), and the tokens the gate "
-              "routed to each (MoE routing sink of the same forward).", "",
-              "| layer | experts ran | experts | routed experts | tokens routed | matches routing |",
-              "|---:|---:|---|---:|---:|---|"]
-        for e in doc["experts"]:
-            L.append(f"| {e['layer']} | {e['experts_called']} | `{e['where']}` | {e.get('experts_routed', '-')} | "
-                     f"{e.get('tokens_routed', '-')} | {e.get('matches_routing', '-')} |")
-    L += ["", "## Families", "", "| kind | family | N | stage | members | calls | ops | torchlens FLOP | "
-          "counted FLOP | vendor class |", "|---|---|---:|---|---:|---:|---:|---:|---:|---|"]
-    for r in doc["groups"]:
-        L.append(f"| {r['kind']} | `{r['cls']} @ {r['where']}` | {r['count']} | {r['stage']} | {r['members']} | "
-                 f"{r['calls']} | {r['ops']:,} | {_g(r['flops_tl'])} | {_g(r['flops_counted'])} | {r['vendor_cls']} |")
-    L += ["", "## Stages", "", "| stage | ops | torchlens FLOP |", "|---|---:|---:|"]
-    for st, s in doc["stages"].items():
-        L.append(f"| {st} | {s['ops']:,} | {_g(s['flops_tl'])} |")
+              "routed to each (MoE routing sink of the same forward).", ""]
+        L += table(["layer", "experts ran", "experts", "routed experts", "tokens routed", "matches routing"],
+                   [[e["layer"], e["experts_called"], f"`{e['where']}`", e.get("experts_routed", "-"),
+                     e.get("tokens_routed", "-"), e.get("matches_routing", "-")] for e in doc["experts"]],
+                   [RIGHT, RIGHT, LEFT, RIGHT, RIGHT, LEFT])
+    L += ["", "## Families", ""]
+    L += table(["kind", "family", "N", "stage", "members", "calls", "ops", "torchlens FLOP", "counted FLOP",
+                "vendor class"],
+               [[r["kind"], f"`{r['cls']} @ {r['where']}`", r["count"], r["stage"], r["members"], r["calls"],
+                 f"{r['ops']:,}", flops_text(r["flops_tl"]), flops_text(r["flops_counted"]), r["vendor_cls"]]
+                for r in doc["groups"]], [LEFT, LEFT, RIGHT, LEFT] + [RIGHT] * 5 + [LEFT])
+    L += ["", "## Stages", ""]
+    L += table(["stage", "ops", "torchlens FLOP"],
+               [[st, f"{s['ops']:,}", flops_text(s["flops_tl"])] for st, s in doc["stages"].items()])
     L += ["", "Conventions: " + "; ".join(f"**{k}**: {v}" for k, v in doc["conventions"].items()), ""]
     return "\n".join(L)
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from ..analytic.registry import family_of
-from ..stages import VISION_STAGES
+from ..anatomy.registry import family_of
+from ..anatomy.stages import VISION_STAGES
 
 COLUMNS = ["phase", "level", "stage", "family", "cls", "vendor_cls", "kind", "count", "calls", "tl_ops",
            "tl_flops", "counted_flops", "analytic_rows", "analytic_flops_counted", "analytic_flops_useful",
@@ -49,7 +49,7 @@ FLOP_COLS = ("flops_counted", "flops_useful", "tensor_flops", "vector_flops", "b
 
 def atom_key(addr: str, cls: str, module=None) -> Optional[tuple]:
     """(family, variant) of the analytic cost class describing module ``addr`` (None: not an atom):
-    ``harness.analytic.registry.family_of``; ``module`` is the SAM block owning an attention."""
+    ``harness.anatomy.registry.family_of``; ``module`` is the SAM block owning an attention."""
     return family_of(addr, cls, module)
 
 

@@ -22,8 +22,8 @@ from typing import Callable, Optional
 
 from torch import nn
 
-from ..analytic.registry import vendor_class
-from ..stages import module_stage
+from ..anatomy.registry import vendor_class
+from ..anatomy.stages import module_stage
 
 COLUMNS = ["name", "depth", "cls", "vendor_cls", "stage", "leaf", "params_own", "params_total"]
 

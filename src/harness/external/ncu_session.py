@@ -13,14 +13,22 @@ and ``L2_CAVEAT`` says what that does to reads and writes.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from ..analytic.compose import stage_totals
 from ..errors import HarnessError
-from . import find_tool, portable_command, run_logged
+from ..markdown import table
 from ..measure.kernels import categorize
+from ..roofline.ceilings import ceilings
+from ..roofline.join import analytic_for_run
+from ..rundir import RunData, load_run
 from .ncu import METRIC_SETS, export_command, flops_columns, ncu_command, parse_raw_csv, shell
+from .tools import find_tool, portable_command, run_logged
 
 COMPARE_COLUMNS = ["case", "stage", "kernels", "measured_tensor_flops", "analytic_tensor_flops", "tensor_ratio",
                    "measured_vector_flops", "analytic_vector_flops", "vector_ratio", "measured_dram_bytes",
@@ -65,17 +73,12 @@ def compare_stage(kern: pd.DataFrame, totals: dict, stage: str, case: str, steps
 def analytic_totals(child_run: Path) -> tuple:
     """Analytic stage totals of the child run's case (measured routing applied to MoE bytes),
     through the same analytic frames the roofline join uses."""
-    from ..rundir import load_run
-
     return analytic_totals_of(load_run(child_run))
 
 
 def analytic_totals_of(run) -> tuple:
     """(stage totals {stage: {column: value}}, first case entry) of a ``RunData`` (its routing
     tables, when it has them, set the MoE bytes; else the uniform-routing expectation)."""
-    from ..analytic.compose import stage_totals
-    from ..roofline.join import analytic_for_run
-
     analytic, _, _ = analytic_for_run(run)
     return stage_totals(analytic), run.manifest["cases"][0]
 
@@ -124,8 +127,6 @@ def run_ncu(cfg, stage: str, child: list[str], out_dir: Path) -> dict:
 
 def write_outputs(out: Path, cmp_df: pd.DataFrame, kern: pd.DataFrame, stage: str, manifest: dict) -> dict:
     """report.md (comparison, gap explanations, categories, top kernels) and roofline_ncu.png."""
-    from ..report.report import ceilings
-
     peaks = ceilings(manifest)
     png = plot_points(kern, cmp_df.iloc[0], peaks, out / "roofline_ncu.png", stage)
     (out / "report.md").write_text(render(cmp_df, kern, stage, peaks, png))
@@ -134,8 +135,6 @@ def write_outputs(out: Path, cmp_df: pd.DataFrame, kern: pd.DataFrame, stage: st
 
 
 def run_logged_capture(cmd: list[str]) -> str:
-    import subprocess
-
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise HarnessError(f"ncu --import failed: {proc.stderr.strip()[:300]}", "check the ncu version")
@@ -188,7 +187,6 @@ def plot_points(kern: pd.DataFrame, r, peaks, path: Path, stage: str):
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
-    import numpy as np
 
     k = kern.copy()
     k["flops"] = k["tensor_flops"].fillna(0) + k["vector_flops"].fillna(0)
@@ -221,15 +219,18 @@ def plot_points(kern: pd.DataFrame, r, peaks, path: Path, stage: str):
 
 def render(cmp_df: pd.DataFrame, kern: pd.DataFrame, stage: str, peaks=None, png=None) -> str:
     r = cmp_df.iloc[0]
+    quantities = (("tensor-core FLOPs (G)", "measured_tensor_flops", "analytic_tensor_flops", "tensor_ratio", 1e9),
+                  ("vector FLOPs (G, fp32/fp16 SASS)", "measured_vector_flops", "analytic_vector_flops", "vector_ratio",
+                   1e9),
+                  ("DRAM reads (MB): weights + act read + KV read", "measured_dram_read_bytes", "analytic_read_bytes",
+                   "read_ratio", 1e6),
+                  ("DRAM writes (MB): act write + KV write", "measured_dram_write_bytes", "analytic_write_bytes",
+                   "write_ratio", 1e6),
+                  ("DRAM bytes (MB), read + write", "measured_dram_bytes", "analytic_bytes", "bytes_ratio", 1e6))
     lines = [f"# Nsight Compute: stage `{stage}` ({r['case']})", "",
-             "| quantity | measured (ncu) | analytic | measured / analytic |", "|---|---:|---:|---:|",
-             f"| tensor-core FLOPs (G) | {_fmt(r['measured_tensor_flops'], 1e9)} | {_fmt(r['analytic_tensor_flops'], 1e9)} | {_fmt(r['tensor_ratio'])} |",
-             f"| vector FLOPs (G, fp32/fp16 SASS) | {_fmt(r['measured_vector_flops'], 1e9)} | {_fmt(r['analytic_vector_flops'], 1e9)} | {_fmt(r['vector_ratio'])} |",
-             f"| DRAM reads (MB): weights + act read + KV read | {_fmt(r.get('measured_dram_read_bytes'), 1e6)} | "
-             f"{_fmt(r.get('analytic_read_bytes'), 1e6)} | {_fmt(r.get('read_ratio'))} |",
-             f"| DRAM writes (MB): act write + KV write | {_fmt(r.get('measured_dram_write_bytes'), 1e6)} | "
-             f"{_fmt(r.get('analytic_write_bytes'), 1e6)} | {_fmt(r.get('write_ratio'))} |",
-             f"| DRAM bytes (MB), read + write | {_fmt(r['measured_dram_bytes'], 1e6)} | {_fmt(r['analytic_bytes'], 1e6)} | {_fmt(r['bytes_ratio'])} |",
+             *table(["quantity", "measured (ncu)", "analytic", "measured / analytic"],
+                    [[q, _fmt(r.get(m), scale), _fmt(r.get(a), scale), _fmt(r.get(ratio))]
+                     for q, m, a, ratio, scale in quantities]),
              "", f"{int(r['kernels'])} kernels; sum of ncu kernel durations {r['kernel_time_ms']:.3f} ms "
                  "(replayed one by one, caches flushed: not the request timeline)."
              + (f" Decode: {int(r['decode_steps'])} step(s)." if r["decode_steps"] == r["decode_steps"]
@@ -247,19 +248,17 @@ def render(cmp_df: pd.DataFrame, kern: pd.DataFrame, stage: str, peaks=None, png
                                                           "duration_ns"]].sum(min_count=1)
         cat["kernels"] = kern.groupby("category").size().to_numpy()
         cat = cat.sort_values("dram_bytes", ascending=False)
-        lines += ["", "## By kernel category", "", "| category | kernels | MB | tensor GFLOP | vector GFLOP | µs |",
-                  "|---|---:|---:|---:|---:|---:|"]
-        for t in cat.itertuples():
-            lines.append(f"| {t.category} | {t.kernels} | {_fmt(t.dram_bytes, 1e6)} | {_fmt(t.tensor_flops, 1e9)} | "
-                         f"{_fmt(t.vector_flops, 1e9)} | {_fmt(t.duration_ns, 1e3)} |")
+        lines += ["", "## By kernel category", ""]
+        lines += table(["category", "kernels", "MB", "tensor GFLOP", "vector GFLOP", "µs"],
+                       [[t.category, t.kernels, _fmt(t.dram_bytes, 1e6), _fmt(t.tensor_flops, 1e9),
+                         _fmt(t.vector_flops, 1e9), _fmt(t.duration_ns, 1e3)] for t in cat.itertuples()])
     top = kern.groupby("kernel", as_index=False)[["dram_bytes", "tensor_flops", "vector_flops",
                                                    "duration_ns"]].sum(min_count=1)
     top = top.sort_values("dram_bytes", ascending=False).head(12)
-    lines += ["", "## Kernels moving the most DRAM bytes", "", "| kernel | MB | tensor GFLOP | vector GFLOP | µs |",
-              "|---|---:|---:|---:|---:|"]
-    for t in top.itertuples():
-        lines.append(f"| `{t.kernel[:90]}` | {_fmt(t.dram_bytes, 1e6)} | {_fmt(t.tensor_flops, 1e9)} | "
-                     f"{_fmt(t.vector_flops, 1e9)} | {_fmt(t.duration_ns, 1e3)} |")
+    lines += ["", "## Kernels moving the most DRAM bytes", ""]
+    lines += table(["kernel", "MB", "tensor GFLOP", "vector GFLOP", "µs"],
+                   [[f"`{t.kernel[:90]}`", _fmt(t.dram_bytes, 1e6), _fmt(t.tensor_flops, 1e9), _fmt(t.vector_flops, 1e9),
+                     _fmt(t.duration_ns, 1e3)] for t in top.itertuples()])
     if png:
         lines += ["", f"![empirical roofline]({Path(png).name})"]
     else:
@@ -292,8 +291,6 @@ def recompare(kern: pd.DataFrame, old, manifest: dict, where: Path) -> pd.DataFr
     """The comparison row of an ncu folder written before reads and writes were compared: the
     analytic side recomputed from the child run's manifest (uniform-routing expectation for MoE
     bytes, said in the note: the folder keeps no routing.csv)."""
-    from ..rundir import RunData
-
     totals, case = analytic_totals_of(RunData(Path(where), manifest))
     stage = str(old["stage"])
     row = compare_stage(kern[kern["stage"] == stage] if "stage" in kern else kern, totals, stage, case["name"],
@@ -305,6 +302,4 @@ def recompare(kern: pd.DataFrame, old, manifest: dict, where: Path) -> pd.DataFr
 
 
 if __name__ == "__main__":
-    import sys
-
     print(rerender(Path(sys.argv[1]), Path(sys.argv[2])))

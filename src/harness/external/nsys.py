@@ -28,7 +28,9 @@ import pandas as pd
 
 from ..errors import HarnessError
 from ..floats import finite as _f
-from ..stages import STAGES
+from ..markdown import LEFT, RIGHT, table
+from ..measure.observations import CALL_ALL
+from ..anatomy.stages import STAGES
 from .ncu import NVTX_DOMAIN
 
 REPORTS = ("nvtx_gpu_proj_sum", "cuda_gpu_kern_sum")
@@ -238,12 +240,12 @@ def projected_by_stage(proj: pd.DataFrame, stages=COMPARE_STAGES) -> dict:
 
 
 
-def harness_stage_ms(stages: pd.DataFrame, repeat: str = "0") -> dict:
-    """{stage: (ms, timer)} of one repeat of the child run (call 'all'): CUDA-event ``gpu_ms``, or
-    ``host_ms`` with timer 'host' where there were no events."""
+def harness_stage_ms(stages: pd.DataFrame, repeat: int = 0) -> dict:
+    """{stage: (ms, timer)} of one timed repeat of the child run (its observations, all calls):
+    CUDA-event ``gpu_ms``, or ``host_ms`` with timer 'host' where there were no events."""
     if stages is None or not len(stages):
         return {}
-    df = stages[(stages["repeat"].astype(str) == repeat) & (stages["call"].astype(str).isin(["all", "nan"]))]
+    df = stages[(stages["repeat"] == repeat) & ~stages["profiled"] & (stages["call"] == CALL_ALL)]
     out = {}
     for _, r in df.iterrows():
         gpu = _f(r.get("gpu_ms"))
@@ -301,25 +303,22 @@ def render(cmp: pd.DataFrame, kern: pd.DataFrame, meta: dict) -> str:
          f"- report: `{meta['report']}`" + (f" (converted from a left-over .qdstrm by {meta['imported_by']})"
                                              if meta.get("imported_by") else ""),
          f"- captured: the first timed request (after {meta.get('warmup', 0)} untimed warm-up request(s), "
-         "which emit no NVTX ranges)", "",
-         "| stage | nsys projected GPU ms | harness ms | timer | nsys / harness | within 2% | GPU ops | note |",
-         "|---|---:|---:|---|---:|---|---:|---|"]
-    for _, r in cmp.iterrows():
-        within = {True: "yes", False: "**no**"}.get(r["within_2pct"], "–")
-        ratio = "–" if r["ratio"] is None or r["ratio"] != r["ratio"] else f"{r['ratio']:.4f}"
-        ops = "–" if r["gpu_ops"] is None or r["gpu_ops"] != r["gpu_ops"] else f"{int(r['gpu_ops'])}"
-        L.append(f"| {r['stage']} | {ms(r['nsys_proj_ms'])} | {ms(r['harness_ms'])} | {r['timer'] or '–'} | {ratio} | "
-                 f"{within} | {ops} | {r['note'] or ''} |")
+         "which emit no NVTX ranges)", ""]
+    L += table(["stage", "nsys projected GPU ms", "harness ms", "timer", "nsys / harness", "within 2%", "GPU ops", "note"],
+               [[r["stage"], ms(r["nsys_proj_ms"]), ms(r["harness_ms"]), r["timer"] or "–",
+                 "–" if _f(r["ratio"]) is None else f"{r['ratio']:.4f}",
+                 {True: "yes", False: "**no**"}.get(r["within_2pct"], "–"),
+                 "–" if _f(r["gpu_ops"]) is None else f"{int(r['gpu_ops'])}", r["note"] or ""]
+                for _, r in cmp.iterrows()], [LEFT, RIGHT, RIGHT, LEFT, RIGHT, LEFT, RIGHT, LEFT])
     L += ["", "nsys projected time: from the start of the first GPU operation launched inside the range to the end "
           "of the last one, summed over the range's instances (sam/clip/projector run twice in Gundam mode). "
           "Harness time: CUDA events recorded on the stream at the range's push and pop (stages.csv, repeat 0, "
           "call all), so it also holds GPU idle time before the stage's first kernel and after its last one."]
     top = top_kernels(kern)
     if len(top):
-        L += ["", "## Kernels with the most GPU time (whole capture)", "", "| kernel | instances | total µs | avg µs |",
-              "|---|---:|---:|---:|"]
-        for _, r in top.iterrows():
-            avg = _f(r.get("Avg (ns)"))
-            L.append(f"| `{str(r.get('Name', ''))[:90]}` | {int(r.get('Instances', 0))} | "
-                     f"{r['Total Time (ns)'] / 1e3:,.1f} | {'–' if avg is None else f'{avg / 1e3:,.2f}'} |")
+        L += ["", "## Kernels with the most GPU time (whole capture)", ""]
+        L += table(["kernel", "instances", "total µs", "avg µs"],
+                   [[f"`{str(r.get('Name', ''))[:90]}`", int(r.get("Instances", 0)), f"{r['Total Time (ns)'] / 1e3:,.1f}",
+                     "–" if _f(r.get("Avg (ns)")) is None else f"{_f(r.get('Avg (ns)')) / 1e3:,.2f}"]
+                    for _, r in top.iterrows()])
     return "\n".join(L) + "\n"

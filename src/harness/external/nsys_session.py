@@ -24,9 +24,9 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import HarnessError
-from ..rundir import read_table
-from . import run_logged
+from ..measure.observations import read_observations
 from .ncu import shell
+from .tools import run_logged
 from .nsys import (IMPORTER_LIBS, LIBS_DEFAULT, LIBS_ENV, PROFILE_OPTIONS, REPORTS, compare_stages, find_importer,
                    find_nsys, harness_stage_ms, import_command, missing_libs, nsys_command, nsys_libs,
                    parse_stats_csv, pick_report, projected_by_stage, render, stats_command, supported_options,
@@ -171,7 +171,7 @@ def finish(out: Path, rep: Path, nsys: Path, env: dict, stage: str, capture: str
     if man.get("status") != "complete":
         raise HarnessError(f"the profiled child run ended {man.get('status')}: {man.get('error')}", f"see {child_run}")
     captured = ("request", "sam", "clip", "projector", "prefill", "decode") if capture == "request" else (capture,)
-    harness = harness_stage_ms(read_table(child_run / "stages.csv"))
+    harness = harness_stage_ms(read_observations(child_run / "stages.csv"))
     cmp = compare_stages(projected_by_stage(tables["nvtx_gpu_proj_sum"]), harness, captured)
     cmp.to_csv(out / "compare.csv", index=False)
     meta = {"case": (man.get("cases") or [{}])[0].get("name", ""), "capture": capture, "report": rep.name,
@@ -191,7 +191,7 @@ def rerender(nsys_dir: Path, child_run: Path) -> pd.DataFrame:
     """compare.csv and report.md again from a saved ``nsys/`` folder and its child run."""
     nsys_dir = Path(nsys_dir)
     proj = pd.read_csv(nsys_dir / "nvtx_gpu_proj_sum.csv")
-    cmp = compare_stages(projected_by_stage(proj), harness_stage_ms(read_table(Path(child_run) / "stages.csv")))
+    cmp = compare_stages(projected_by_stage(proj), harness_stage_ms(read_observations(Path(child_run) / "stages.csv")))
     cmp.to_csv(nsys_dir / "compare.csv", index=False)
     kern_csv = nsys_dir / "cuda_gpu_kern_sum.csv"
     kern = pd.read_csv(kern_csv) if kern_csv.is_file() else pd.DataFrame()

@@ -1,9 +1,12 @@
 """Measurement: NVTX ranges, CUDA-event stage times, kernel capture and attribution.
 
-Facade: ``measure_case`` runs warm-up and repeats of one case and returns two DataFrames,
-``stages`` (see ``summarize.STAGE_COLUMNS``) and ``kernels`` (see ``kernels.KERNEL_COLUMNS``).
+Facade: ``measure_case`` runs warm-up, timed repeats and the profiled request of one case and
+returns a ``CaseMeasurement``: its observations (``observations.OBSERVATION_COLUMNS``, the typed
+rows of stages.csv), kernels (``kernels.KERNEL_COLUMNS``), routing and decode steps.
+``summary.summarize`` is the one summarizer of observations.
 """
 from .recorder import StageRecorder
-from .runner import measure_case
+from .runner import CaseMeasurement, measure_case
+from .summary import Summary, summarize
 
-__all__ = ["StageRecorder", "measure_case"]
+__all__ = ["StageRecorder", "CaseMeasurement", "measure_case", "Summary", "summarize"]

@@ -2,7 +2,8 @@
 
 A launch-bound stage (decode: ~1,200 launches and 11 host syncs per step) runs at the pace of
 the host, so its GPU ms cannot vary less than the host does. ``probe`` times two fixed workloads
-``n`` times each and returns their median (ms) and CV (population std / mean, %):
+``n`` times each and returns their median (ms; the one median rule, ``stats.median_low``) and CV
+(population std / mean, %):
 
 - ``python``: a pure-Python loop (``sum(range(50_000))``);
 - ``launch``: 200 one-element CUDA kernel launches, then one synchronisation (CUDA only).
@@ -18,6 +19,8 @@ import time
 
 import torch
 
+from .stats import median_low
+
 PYTHON_ITEMS = 50_000
 LAUNCHES = 200
 
@@ -25,7 +28,7 @@ LAUNCHES = 200
 def stats(ms: list[float]) -> dict:
     """median / CV (population std over mean, %) / min / max / n of a list of ms."""
     mean = statistics.fmean(ms)
-    return {"median_ms": statistics.median(ms), "cv_pct": 100 * statistics.pstdev(ms) / mean if mean else None,
+    return {"median_ms": median_low(ms), "cv_pct": 100 * statistics.pstdev(ms) / mean if mean else None,
             "min_ms": min(ms), "max_ms": max(ms), "n": len(ms)}
 
 

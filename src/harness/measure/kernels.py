@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from ..anatomy.stages import RECORDED_STAGES
 
 KERNEL_COLUMNS = ["device", "name", "category", "range", "stage", "call", "step", "start_ms", "dur_ms",
                   "stream", "module", "family", "op_group"]
@@ -147,8 +148,6 @@ class _Spans:
 
     def lookup(self, t_ns: int):
         """(range, stage, call, step) for a host time, or Nones when outside every range."""
-        from ..stages import RECORDED_STAGES
-
         i = bisect.bisect_right(self.starts, t_ns) - 1
         inner = stage = call = step = None
         while i >= 0:

@@ -9,7 +9,7 @@ the profiler's clock domain (as ``StageRecorder``'s wall-clock bounds).
 ``attribute(launch_ns)`` replays the events with a stack and gives each launch time the label
 (``ModuleLabel``) of the innermost interval open at that moment:
 
-* a module that a family of ``harness.analytic.registry`` describes (``family_of``): that family
+* a module that a family of ``harness.anatomy.registry`` describes (``family_of``): that family
   and its op group (``FamilyEntry.op_group``: rmsnorm -> ``norm``, rope -> ``rope``, ...);
 * a KV-cache update (the growing cache's ``torch.cat``, a static cache's index copy): family
   ``llm_attention``, op group ``kv_cache``;
@@ -30,7 +30,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ..analytic.registry import BY_FAMILY, CONTAINERS, family_of
+from ..anatomy.registry import BY_FAMILY, CONTAINERS, family_of
 from ..variants.base import reference_class
 
 KV_GROUP = "kv_cache"

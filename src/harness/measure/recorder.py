@@ -17,7 +17,7 @@ from typing import Optional
 import pandas as pd
 import torch
 
-from ..stages import STAGES
+from ..anatomy.stages import STAGES
 from .nvtx_ranges import NvtxRanges
 
 RANGE_COLUMNS = ["range", "stage", "call", "step", "host_start_ms", "host_ms", "gpu_start_ms", "gpu_ms",

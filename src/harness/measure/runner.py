@@ -1,4 +1,4 @@
-"""Warm-up, timed repeats and one optional profiled repeat of a case.
+"""Warm-up, timed repeats and one optional profiled repeat of a case: its observations.
 
 Warm-up: ``warmup`` untimed requests; with ``steady_pct`` > 0 more, up to ``max_warmup``, until
 the last three took times within ``steady_pct`` % of their median, so the timed repeats do not
@@ -6,18 +6,20 @@ start while the host or GPU is still speeding up. The warm-up times go to the ma
 
 Timed repeats carry only NVTX ranges and CUDA events (no profiler), with Python's cyclic GC
 paused during each request. With ``kernels=True`` one extra request runs under torch.profiler
-(``repeat`` = ``profiled``) with module hooks (``harness.measure.modules.ModuleTracker``: the
-module, family and op group that launched each kernel; ``module_hooks=false`` leaves them out,
-e.g. for compiled modules that hooks would recompile); its kernel counts and busy times fill
-the kernel columns of the ``mean``/``median`` aggregate rows, whose ``idle_ms`` = max(aggregate
-span - profiled busy, 0): idle from the timed repeats, busy from the profiled request (the
-profiler stretches that request's own spans, so its own idle is kept only on its own row).
-Profiler overhead and hooks never enter the timed statistics. With a ``trace_path`` the profiled
-request's trace is saved as a gzipped Chrome/Perfetto trace.
+(``profiled`` = True, ``repeat`` = the number of timed repeats) with module hooks
+(``harness.measure.modules.ModuleTracker``: the module, family and op group that launched each
+kernel; ``module_hooks=false`` leaves them out, e.g. for compiled modules that hooks would
+recompile); its rows carry the kernel counts, busy times and host syncs. Profiler overhead and
+hooks never enter the timed rows; the summary pairs the profiled busy time with the timed spans
+(``harness.measure.summary``). With a ``trace_path`` the profiled request's trace is saved as a
+gzipped Chrome/Perfetto trace.
 
 ``make_request(i)`` returns the request of repeat ``i`` on the device, or ``(request, prep)`` where
 ``prep`` = {"prep_ms": building it on the host, "h2d_ms": copying it to the device}: the request
 rows then carry them and ``ttft_e2e_ms`` = prep + h2d + TTFT.
+
+``measure_case`` returns one ``CaseMeasurement``: the raw observations (``stages.csv`` rows,
+``harness.measure.observations``), kernels, routing, decode steps, warm-up record and trace.
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ import contextlib
 import gc
 import logging
 import time
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import pandas as pd
 import torch
@@ -36,7 +39,7 @@ from ..models.generate import generate
 from .kernels import KERNEL_COLUMNS, KernelCapture, kernel_table
 from .modules import ModuleTracker
 from .recorder import StageRecorder
-from .summarize import STAGE_COLUMNS, aggregate, stage_rows, step_rows
+from .observations import frame, stage_rows, step_rows
 from .syncs import SyncCounter
 
 log = logging.getLogger("harness.measure")
@@ -158,28 +161,43 @@ def warm_up(model, make_request: Callable[[int], object], mcfg: MeasureConfig, c
     return {"warmup_ms": times, "steady": is_steady(times, mcfg.steady_pct) if want else None}
 
 
+@dataclass
+class CaseMeasurement:
+    """What ``measure_case`` measured for one case.
+
+    ``observations``: the typed stages.csv rows of the timed repeats and the profiled request
+    (``harness.measure.observations``); ``kernels``: the profiled request's kernels
+    (``KERNEL_COLUMNS`` + ``case``); ``routing``: the last timed repeat's {phase: [layers,
+    experts]}, plus ``decode_steps`` [steps, layers, experts] when the model reported per-step
+    counts; ``steps``: one row per decode step of every timed repeat (``STEP_COLUMNS``);
+    ``warmup``: ``warm_up``'s record {"warmup_ms", "steady"}; ``trace``: {"path", "bytes"} of the
+    saved profiled-request trace, or None."""
+
+    observations: pd.DataFrame
+    kernels: pd.DataFrame
+    routing: dict = field(default_factory=dict)
+    steps: list = field(default_factory=list)
+    warmup: dict = field(default_factory=dict)
+    trace: Optional[dict] = None
+
+
 def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConfig, case: dict,
-                 cuda: bool, progress: Callable[[str], None] | None = None, info: dict | None = None,
-                 at: Callable[[str], None] = lambda request: None, steps: list | None = None, trace_path=None):
-    """Run one case. Returns (stages DataFrame [STAGE_COLUMNS], kernels DataFrame, routing dict).
+                 cuda: bool, progress: Callable[[str], None] | None = None,
+                 at: Callable[[str], None] = lambda request: None, trace_path=None) -> CaseMeasurement:
+    """Run one case (warm-up, timed repeats, optional profiled request): its ``CaseMeasurement``.
 
     ``make_request(i)`` builds request ``i`` on the model's device (i < 0 for warm-ups), see the
-    module docstring. ``case`` holds the identifying columns: case, mode, grid, batch. ``info``, if
-    given, receives the warm-up record of ``warm_up`` and, with ``trace_path`` (and kernel capture),
-    ``trace`` = {"path", "bytes"}. ``at(request)`` is called before each request with its label:
-    ``warmup=I``, ``repeat=R`` (stages.csv's repeat), ``repeat=profiled``. ``steps``, if given,
-    receives one row per decode step of every timed repeat (``STEP_COLUMNS``). ``routing``: the last
-    timed repeat's {phase: [layers, experts]}, plus ``decode_steps`` [steps, layers, experts] when the
-    model reported per-step counts.
+    module docstring. ``case`` holds the identifying columns: case, mode, grid, batch. With
+    ``trace_path`` (and kernel capture) the profiled request's trace is saved there. ``at(request)``
+    is called before each request with its label: ``warmup=I``, ``repeat=R`` (stages.csv's
+    repeat), ``repeat=profiled``.
     """
     say = progress or (lambda msg: log.info(msg))
     mcfg = mcfg.resolved(cuda)
     wbytes = weight_bytes(model)
     note = "" if cuda else "no CUDA device: gpu_ms/TTFT/TPOT from host clocks; kernel columns are CPU ops"
     warm = warm_up(model, make_request, mcfg, cuda, say, case["case"], at=at)
-    if info is not None:
-        info.update(warm)
-    rows, routing = [], {}
+    rows, routing, steps, trace = [], {}, [], None
     for r in range(mcfg.repeats):
         at(f"repeat={r}")
         req, prep = unpack(make_request(r if mcfg.fresh_inputs else 0))
@@ -190,14 +208,13 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
             res = generate(model, req, rec)
         ranges = rec.finish()
         for row in stage_rows(ranges, None, req.batch):
-            row.update(case, repeat=r, weight_bytes=wbytes if row["stage"] == "request" else None,
+            row.update(case, repeat=r, profiled=False, weight_bytes=wbytes if row["stage"] == "request" else None,
                        kv_cache_bytes=res.kv_cache_bytes if row["stage"] == "request" else None, note=note)
             if row["stage"] == "request":
                 row.update(prep_columns(prep, row.get("ttft_ms")))
             rows.append(row)
-        if steps is not None:
-            prompt = res.prompt_tokens or req.prefill_tokens   # the vendor's infer() builds its own prompt
-            steps += [{"case": case["case"], "repeat": r, **row} for row in step_rows(ranges, prompt)]
+        prompt = res.prompt_tokens or req.prefill_tokens   # the vendor's infer() builds its own prompt
+        steps += [{"case": case["case"], "repeat": r, **row} for row in step_rows(ranges, prompt)]
         routing = dict(res.routing)
         if res.routing_steps is not None:
             routing["decode_steps"] = res.routing_steps
@@ -205,7 +222,6 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
         say(f"{case['case']}: repeat {r + 1}/{mcfg.repeats} request {req_row['e2e_ms']:.1f} ms "
             f"({req_row['timer']})")
     kern = pd.DataFrame(columns=KERNEL_COLUMNS + ["case"])
-    prof_rows = []
     if mcfg.kernels:
         say(f"{case['case']}: profiled request (kernel capture)")
         at("repeat=profiled")
@@ -223,12 +239,11 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
         kern.insert(0, "case", case["case"])
         if trace_path is not None:
             size = prof.save_trace(trace_path)
-            if info is not None:
-                info["trace"] = {"path": str(trace_path), "bytes": size}
+            trace = {"path": str(trace_path), "bytes": size}
             say(f"{case['case']}: trace {trace_path} ({size / 1e6:.1f} MB)")
         n_steps = int((ranges["range"] == "decode_step").sum())
         for row in stage_rows(ranges, kern, req.batch):
-            row.update(case, repeat="profiled", note=note)
+            row.update(case, repeat=mcfg.repeats, profiled=True, note=note)
             if row["stage"] == "request":
                 row.update(prep_columns(prep, row.get("ttft_ms")))
             if cuda:
@@ -236,21 +251,5 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
                     else sum(syncs.counts.values()) - syncs.counts.get("decode_step", 0)
                 if row["stage"] == "decode" and n_steps:
                     row["syncs_per_step"] = syncs.counts.get("decode_step", 0) / n_steps
-            prof_rows.append(row)
-    df = pd.DataFrame(rows, columns=STAGE_COLUMNS)
-    agg = aggregate(df)
-    if prof_rows:
-        prof = pd.DataFrame(prof_rows, columns=STAGE_COLUMNS)
-        kcols = ["kernels", "busy_ms", "launches_per_step", "unattributed_kernel_ms", "attributed_fraction",
-                 "host_syncs", "syncs_per_step"]
-        keyed = prof.set_index(["stage", prof["call"].astype(str)])
-        for i, row in agg.iterrows():
-            key = (row["stage"], str(row["call"]))
-            if key in keyed.index and row["repeat"] in ("mean", "median"):
-                for c in kcols:
-                    agg.at[i, c] = keyed.loc[key, c]
-                span = row["gpu_ms"] if pd.notna(row["gpu_ms"]) else row["host_ms"]
-                if pd.notna(keyed.loc[key, "busy_ms"]):
-                    agg.at[i, "idle_ms"] = max(span - keyed.loc[key, "busy_ms"], 0.0)
-        df = pd.concat([df, prof], ignore_index=True)
-    return pd.concat([df, agg], ignore_index=True), kern, routing
+            rows.append(row)
+    return CaseMeasurement(frame(rows), kern, routing, steps, warm, trace)

@@ -12,7 +12,7 @@ from collections import Counter
 
 import torch
 
-from ..stages import DECODE_STEP, STAGES
+from ..anatomy.stages import DECODE_STEP, STAGES
 
 SYNC_MESSAGE = "called a synchronizing CUDA operation"
 

@@ -2,7 +2,7 @@
 state_dict names (``model.*`` and ``lm_head.weight``) and shapes, and the ``ModelAdapter``
 the harness measures it through.
 
-A request runs as stages (``harness.stages``): per view (tiles, then the global view in Gundam
+A request runs as stages (``harness.anatomy.stages``): per view (tiles, then the global view in Gundam
 mode) ``sam`` -> ``clip`` -> ``projector``; then ``prefill`` (embed, scatter image embeddings,
 12 decoder layers, norm, lm_head) and ``decode`` (one ``decode_step`` per token, greedy), driven
 by ``harness.models.generate.generate``.

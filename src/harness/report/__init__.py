@@ -1,6 +1,9 @@
-"""Run directory and reports.
+"""Reports of a run directory and across runs.
 
-* ``rundir``: the run directory (manifest.json, atomic CSV/text writes).
-* ``report``: ``write_report(run)`` -> report.md, analytic.csv, roofline.csv, roofline.png.
+* ``report``: ``write_report(run)`` -> report.md, headline.csv, stages_summary.csv, analytic.csv,
+  roofline.csv and the charts; its sections (``sections``, ``ladder``, ``steps``, ``context``) write
+  their tables through the column registry (``columns``).
 * ``compare``: ``python -m harness compare RUN_A RUN_B`` (``compare_main``).
+* ``summarize``: ``python -m harness summarize SWEEP_DIR`` (``summarize_main``).
+* ``breakdown``, ``progress``: time_breakdown.png and the run's progress line.
 """

@@ -15,14 +15,14 @@ import pandas as pd
 
 from ..roofline.plot import STAGE_COLORS, save_figure
 from ..roofline.point import _f
-from ..stages import STAGES
+from ..anatomy.stages import STAGES
 
 HOST_CAP_PCT = 400.0     # host ticks further right are drawn at the cap with an arrow
 
 
 def plot_time_breakdown(measured: pd.DataFrame, headline: pd.DataFrame, path, title: str = "") -> Path:
-    """Write the chart for ``measured`` (``roofline.join.measured_stages``) and ``headline``
-    (``measure.summarize.headline``) to ``path``; returns ``path``."""
+    """Write the chart for ``measured`` (``measure.summary.Summary.stages``) and ``headline``
+    (``Summary.headline``) to ``path``; returns ``path``."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)

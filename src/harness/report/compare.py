@@ -8,7 +8,7 @@ and end-to-end ms; with the roofline efficiency (datasheet ceilings) where both 
 has no datasheet peak.
 
 A folder without ``manifest.json`` or ``stages.csv``, or whose stages.csv cannot be read or lacks
-the columns a run writes (``REQUIRED_COLUMNS`` and a time column), is refused with a one-line
+the columns a run writes (``harness.measure.observations.REQUIRED_COLUMNS`` and a time column), is refused with a one-line
 error. A run that did not complete (``failed``, ``interrupted``, still ``running``) or measured
 nothing is compared as far as it goes and flagged first in the notes.
 
@@ -26,16 +26,18 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import HarnessError
-from ..roofline.join import _f, measured_stages
+from ..floats import finite as _f
+from ..markdown import LEFT, RIGHT, table
+from ..measure.observations import NotObservations
+from ..measure.summary import summarize
+from ..roofline import flags
 from ..rundir import RunData, claim, load_run
-from ..stages import STAGES
+from .columns import efficiency
+from ..anatomy.stages import STAGES
 
 REQUEST_METRICS = [("ttft_ms", "TTFT", "ms"), ("tpot_p50_ms", "TPOT p50", "ms"), ("decode_tok_s", "decode tok/s", "tok/s"),
                    ("e2e_ms", "end-to-end", "ms")]
 COLUMNS = ["case", "stage", "metric", "a", "b", "delta", "ratio", "unit"]
-#: stages.csv columns compare reads (and one of TIME_COLUMNS)
-REQUIRED_COLUMNS = ("case", "stage", "repeat", "call")
-TIME_COLUMNS = ("gpu_ms", "host_ms")
 
 
 def _load(path) -> RunData:
@@ -48,16 +50,12 @@ def _load(path) -> RunData:
         if not (path / name).is_file():
             raise HarnessError(f"{path} has no {name}, so it is not a run directory", fix)
     try:
-        run = load_run(path)
+        return load_run(path)
+    except NotObservations as exc:
+        raise HarnessError(f"{path / 'stages.csv'} {exc}", fix) from None
     except (ValueError, UnicodeDecodeError) as exc:   # JSON, CSV parser and decoding errors
         raise HarnessError(f"{path} has an unreadable manifest.json or stages.csv ({exc.__class__.__name__}: "
                            f"{' '.join(str(exc).split())[:200]})", fix) from None
-    cols = set(run.stages.columns)
-    missing = [c for c in REQUIRED_COLUMNS if c not in cols] + ([" or ".join(TIME_COLUMNS)] if len(run.stages.columns)
-                                                                 and not cols & set(TIME_COLUMNS) else [])
-    if len(run.stages.columns) and missing:
-        raise HarnessError(f"{path / 'stages.csv'} lacks the column(s) {', '.join(missing)} a run writes", fix)
-    return run
 
 
 def state_notes(label: str, run: RunData) -> list:
@@ -87,15 +85,15 @@ def _eff(path: Path) -> dict:
     if not {"level", "case", "stage", "efficiency", "efficiency_cal"} <= set(t.columns):
         return {}   # not a roofline.csv this harness wrote: no efficiency rows
     t = t[t["level"] == "stage"]
-    return {(r.case, r.stage): (r.efficiency if _f(r.efficiency) is not None else r.efficiency_cal)
-            for r in t.itertuples()}
+    return {(r["case"], r["stage"]): (flags.value_of(r, "efficiency") if flags.value_of(r, "efficiency") is not None
+                                      else flags.value_of(r, "efficiency_cal")) for r in t.to_dict("records")}
 
 
 def compare_runs(run_a, run_b) -> tuple:
     """(long DataFrame [COLUMNS], notes) comparing two run directories."""
     A, B = _load(run_a), _load(run_b)
     pa, pb = A.path, B.path
-    ma, mb = measured_stages(A.stages), measured_stages(B.stages)
+    ma, mb = summarize(A.stages).stages, summarize(B.stages).stages
     notes = state_notes("A", A) + state_notes("B", B)
     ta, tb = set(ma["timer"]), set(mb["timer"])
     if ta != tb and ta and tb:
@@ -137,7 +135,7 @@ def _fmt(v, unit="") -> str:
     if x is None:
         return "–"
     if unit == "fraction":
-        return f"{100 * x:.1f}%"
+        return efficiency(x)
     return f"{x:,.3f}" if abs(x) < 100 else f"{x:,.1f}"
 
 
@@ -148,21 +146,21 @@ def render(df: pd.DataFrame, run_a: Path, run_b: Path, notes: list) -> str:
     st = df[df["metric"] == "time"]
     eff = df[df["metric"] == "efficiency"].set_index(["case", "stage"])
     if len(st):
-        L += ["## Stage time", "", "| case | stage | A ms | B ms | delta ms | B/A | eff A | eff B |",
-              "|---|---|---:|---:|---:|---:|---:|---:|"]
+        L += ["## Stage time", ""]
+        rows = []
         for r in st.itertuples():
             e = eff.loc[(r.case, r.stage)] if (r.case, r.stage) in eff.index else None
-            L.append(f"| {r.case} | {r.stage} | {_fmt(r.a)} | {_fmt(r.b)} | {_fmt(r.delta)} | "
-                     f"{_fmt(r.ratio)} | "
-                     f"{_fmt(e['a'], 'fraction') if e is not None else '–'} | "
-                     f"{_fmt(e['b'], 'fraction') if e is not None else '–'} |")
+            rows.append([r.case, r.stage, _fmt(r.a), _fmt(r.b), _fmt(r.delta), _fmt(r.ratio),
+                         _fmt(e["a"], "fraction") if e is not None else "–",
+                         _fmt(e["b"], "fraction") if e is not None else "–"])
+        L += table(["case", "stage", "A ms", "B ms", "delta ms", "B/A", "eff A", "eff B"], rows, [LEFT, LEFT] + [RIGHT] * 6)
         L.append("")
     rq = df[~df["metric"].isin(["time", "efficiency"])]
     if len(rq):
-        L += ["## Request", "", "| case | metric | A | B | delta | B/A |", "|---|---|---:|---:|---:|---:|"]
-        for r in rq.itertuples():
-            L.append(f"| {r.case} | {r.metric} ({r.unit}) | {_fmt(r.a)} | {_fmt(r.b)} | {_fmt(r.delta)} | "
-                     f"{_fmt(r.ratio)} |")
+        L += ["## Request", ""]
+        L += table(["case", "metric", "A", "B", "delta", "B/A"],
+                   [[r.case, f"{r.metric} ({r.unit})", _fmt(r.a), _fmt(r.b), _fmt(r.delta), _fmt(r.ratio)]
+                    for r in rq.itertuples()], [LEFT, LEFT] + [RIGHT] * 4)
         L.append("")
     if notes:
         L += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]

@@ -18,7 +18,8 @@ Output (``<SWEEP_DIR>/summary/``, rewritten by each summarize; for run directori
   ``ttft_ms``, ``tpot_p50_ms``, ``e2e_ms``, ``request_ms`` and ``<stage>_ms`` for sam, clip,
   projector, prefill, decode (medians of the timed repeats, measured), ``eff_request`` /
   ``eff_request_cal`` (request floor / measured time against datasheet / calibrated ceilings,
-  derived; empty without ceilings), ``device``, ``gpu`` (the job's ``CUDA_VISIBLE_DEVICES``),
+  derived; empty without ceilings; a value above 1.0 is left empty and kept in the row's
+  ``above_ceiling`` note), ``device``, ``gpu`` (the job's ``CUDA_VISIBLE_DEVICES``),
   ``pid``, ``start_unix``, ``end_unix``, ``wall_s`` and ``note``.
 - ``summary.md``: the same as a table, with the fixed overrides, the sweep's wall-clock span and
   the failed runs' errors.
@@ -36,9 +37,14 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import HarnessError
-from ..roofline.join import _f, measured_stages
-from ..stages import STAGES
+from ..floats import finite as _f
+from ..markdown import LEFT, table
+from ..measure.observations import read_observations
+from ..measure.summary import summarize as summarize_observations
+from ..roofline import flags
 from ..rundir import claim, read_table
+from .columns import efficiency
+from ..anatomy.stages import STAGES
 
 JOB_DIR = re.compile(r"^(\d+)(-failed)?$")
 REQUEST_COLS = ["decode_tok_s", "ttft_ms", "tpot_p50_ms", "e2e_ms"]
@@ -164,7 +170,8 @@ def _efficiency(job_dir: Path) -> dict:
     if not len(t) or "level" not in t:
         return {}
     t = t[(t["level"] == "stage") & (t["stage"] == "request")]
-    return {r["case"]: (_f(r.get("efficiency")), _f(r.get("efficiency_cal"))) for _, r in t.iterrows()}
+    return {r["case"]: (flags.value_of(r, "efficiency"), flags.value_of(r, "efficiency_cal"))
+            for r in t.to_dict("records")}
 
 
 def job_rows(job: dict, swept: list[str], base: Path | None) -> list[dict]:
@@ -193,7 +200,7 @@ def job_rows(job: dict, swept: list[str], base: Path | None) -> list[dict]:
               "gpu": sj.get("CUDA_VISIBLE_DEVICES", launch.get("CUDA_VISIBLE_DEVICES")),
               "pid": sj.get("pid", launch.get("pid")), "start_unix": start, "end_unix": end,
               "wall_s": (end - start) if start is not None and end is not None else None, "note": note}
-    ms = measured_stages(read_table(d / "stages.csv"))
+    ms = summarize_observations(read_observations(d / "stages.csv")).stages
     if not len(ms):
         return [common]
     eff = _efficiency(d)
@@ -255,13 +262,11 @@ def render(df: pd.DataFrame, info: dict, png: Path | None) -> str:
           "Efficiency: the request's analytic floor over its measured time (datasheet / calibrated ceilings).", ""]
     head = ["job", *swept, "status", "case", "tok/s", "TTFT ms", "TPOT p50 ms", "e2e ms",
             *[f"{s} ms" for s in STAGES], "eff", "eff cal", "gpu"]
-    L += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for _, r in df.iterrows():
-        cells = [str(r["job"]), *[_text(r[k]) for k in swept], str(r["status"]), _text(r["case"]),
-                 _fmt(r["decode_tok_s"], 1), _fmt(r["ttft_ms"]), _fmt(r["tpot_p50_ms"]), _fmt(r["e2e_ms"], 1),
-                 *[_fmt(r[f"{s}_ms"]) for s in STAGES], _pct(r["eff_request"]), _pct(r["eff_request_cal"]),
-                 _text(r["gpu"])]
-        L.append("| " + " | ".join(cells) + " |")
+    L += table(head, [[str(r["job"]), *[_text(r[k]) for k in swept], str(r["status"]), _text(r["case"]),
+                       _fmt(r["decode_tok_s"], 1), _fmt(r["ttft_ms"]), _fmt(r["tpot_p50_ms"]), _fmt(r["e2e_ms"], 1),
+                       *[_fmt(r[f"{s}_ms"]) for s in STAGES], efficiency(r["eff_request"]),
+                       efficiency(r["eff_request_cal"]),
+                       _text(r["gpu"])] for _, r in df.iterrows()], [LEFT] * len(head))
     bad = df[~df["status"].isin(["complete"])].drop_duplicates("job")
     if len(bad):
         L += ["", "## Not complete", ""] + [f"- job {r['job']} ({r['status']}): {r['note'] or '–'}"
@@ -275,11 +280,6 @@ def render(df: pd.DataFrame, info: dict, png: Path | None) -> str:
 
 def _text(v) -> str:
     return "–" if v is None or (isinstance(v, float) and v != v) else str(v)
-
-
-def _pct(v) -> str:
-    x = _f(v)
-    return "–" if x is None else f"{100 * x:.1f}%"
 
 
 def _numeric(values: pd.Series):
@@ -324,8 +324,9 @@ def plot(df: pd.DataFrame, swept: list[str], path: Path) -> Path | None:
                     if g[f"{s}_ms"].notna().any():
                         ax.plot(g["_x"], g[f"{s}_ms"], marker="o", color=f"C{c}", ls=styles[k % len(styles)],
                                 label=f"{s} ({name})" if len(series) > 1 else s)
-            elif col == "eff_request":
+            elif col == "eff_request":   # above the ceiling is a flag (summary.md), never a point
                 eff = g["eff_request"].where(g["eff_request"].notna(), g["eff_request_cal"])
+                eff = eff.where(eff <= 1.0)
                 ax.plot(g["_x"], eff, marker="o", label=name)
             else:
                 ax.plot(g["_x"], g[col], marker="o", label=name)
@@ -360,7 +361,7 @@ def summarize_main(argv) -> int:
     df, info = summarize(args.paths)
     out = Path(args.out) if args.out else default_out(args.paths, info["sweep"])
     out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out / "summary.csv", index=False)
+    flags.for_csv(df, ("eff_request", "eff_request_cal")).to_csv(out / "summary.csv", index=False)
     png = plot(df, info["swept"], out / "summary.png")
     text = render(df, info, png)
     (out / "summary.md").write_text(text)

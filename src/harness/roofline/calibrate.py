@@ -3,7 +3,8 @@
 ``python -m harness calibrate`` (``calibrate_from_config``):
 
 * GPU: bf16 ``torch.mm`` of 8192 x 8192 x 8192 (2*8192^3 FLOP), ``warmup`` untimed calls, then
-  ``iters`` calls each timed with its own pair of CUDA events; the **median** gives TFLOP/s.
+  ``iters`` calls each timed with its own pair of CUDA events; the **median** (the harness's one
+  median rule, ``harness.measure.stats.median_low``: the lower middle) gives TFLOP/s.
   Device-to-device copy: ``dst.copy_(src)`` of a 1 GiB buffer, bytes = read + write = 2 x 1 GiB
   per copy; median GB/s (1e9 B/s). Clocks are left as found (the harness never locks them).
 * CPU (no GPU): fp32 GEMM (2048^3 by default) and a 256 MiB memcpy, host clock, median.
@@ -20,11 +21,12 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import statistics
 from pathlib import Path
 from typing import Optional
 
 from ..dtypes import torch_dtype
+from ..measure.host import time_ms
+from ..measure.stats import median_low
 from .specs import cpu_name, hardware_config, match_device, norm_dtype, resolve_peaks, slug
 
 CACHE_ENV = "HARNESS_CACHE_DIR"
@@ -82,16 +84,14 @@ def _median_cuda(fn, warmup: int, iters: int) -> float:
         fn()
         e.record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return median_low([s.elapsed_time(e) for s, e in zip(starts, ends)])
 
 
 def _median_host(fn, warmup: int, iters: int) -> float:
     """Median host wall ms of ``fn`` over ``iters`` calls (CPU devices)."""
-    from ..measure.host import time_ms
-
     for _ in range(warmup):
         fn()
-    return statistics.median(time_ms(fn, iters, cuda=False))
+    return median_low(time_ms(fn, iters, cuda=False))
 
 
 def measure(device, gemm_size: Optional[int] = None, gemm_dtype: Optional[str] = None,

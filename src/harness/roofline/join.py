@@ -2,15 +2,11 @@
 
 Inputs (``harness.rundir.RunData``: what a run measured, in memory or read back once)
 --------------------------------------------------------------------------------------
-* ``stages.csv`` (``harness.measure.summarize.STAGE_COLUMNS``): per case x stage (``call ==
-  'all'``) the timed repeats give the measured span: ``time_ms`` = the median
-  (``harness.measure.stats.median_low``: an observed value, the lower middle for an even count)
-  of ``gpu_ms`` (CUDA events; GPU span) or, on a CPU run, ``host_ms`` (``timer = host``), with
-  its min / max / bootstrap interval / CV; ``gpu_ms`` and ``host_ms`` are both kept (GPU span and
-  host span). Kernel ``busy_ms`` comes from the ``profiled`` request (union of its kernel
-  intervals: robust to host noise); ``idle_ms`` = max(``time_ms`` - busy, 0), ``idle_fraction``
-  = idle / ``time_ms``: idle from the timed repeats, busy from the profiled request
-  (``idle_basis`` says so). The ``request`` row carries the median request's TTFT/TPOT/tok/s.
+* the measured stages (``harness.measure.summary.Summary.stages`` of ``stages.csv``): per case x
+  stage the median span of the timed repeats (``time_ms``: GPU span from CUDA events, or the host
+  span on a CPU run) with its spread, kernel busy time from the profiled request and idle =
+  max(span - busy, 0) (``idle_basis`` says so); the ``request`` row carries the median request's
+  TTFT/TPOT/tok/s.
 * ``kernels.csv`` (``KERNEL_COLUMNS`` + ``case``): kernel busy ms per op family (``ops``).
 * ``routing.csv`` (case, phase, layer, e0..eN) and ``routing_steps.csv`` (case, step, layer,
   experts, e0..eN): measured MoE routing; it sets the experts touched in the analytic MoE weight
@@ -41,6 +37,8 @@ Conventions of every roofline column (``ROOFLINE_COLUMNS``; math in ``roofline.p
   the calibrated ceilings instead of the dense datasheet ones; an unknown device has no datasheet
   columns. The ``request`` row's floor is the sum of its stages' floors (stages run one after
   another).
+* ``above_ceiling`` (``roofline.flags``): the efficiency, MFU and MBU columns above 1.0 with what to
+  check; roofline.csv keeps such a value only in this note (the column itself is left empty).
 * ``bound`` (``roofline.point.classify``, from the ``idle_fraction`` of the same row):
   ``launch/host`` when idle > 50% of the span; else ``compute`` when intensity >= ridge,
   ``memory`` below (datasheet ridge, else calibrated; ``bound_basis`` says which); ``overhead``
@@ -59,13 +57,14 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ..analytic.registry import OP_GROUP_NAMES, op_group_families
+from ..analytic import workload_costs
+from ..anatomy.registry import OP_GROUP_NAMES, op_group_families
+from ..config import CostModelConfig, from_dict
 from ..errors import HarnessError
-from ..measure import stats
-from ..measure.summarize import busy_ms
-from ..rundir import RunData, load_run
-from ..stages import STAGES, VISION_STAGES as VISION
+from ..rundir import RunData
+from ..anatomy.stages import STAGES, VISION_STAGES as VISION
 from .point import LAUNCH_BOUND_IDLE, _f, classify, floor_ms, mbu, mfu, roofline_point
+from ..workload import Case
 from .specs import Peaks
 
 MFU_STAGES = VISION + ("prefill",)
@@ -73,7 +72,7 @@ MBU_STAGES = ("decode",)
 
 # op group -> (kernel categories, analytic families). Kernel categories are
 # harness.measure.kernels.CATEGORIES (used to group kernels of runs without module attribution);
-# each family's group comes from harness.analytic.registry. Every kernel category and every
+# each family's group comes from harness.anatomy.registry. Every kernel category and every
 # analytic family appears exactly once (tests check it).
 _CATEGORIES = {"matmul": ("gemm", "conv", "attention"), "norm": ("norm",),
                "elementwise": ("activation/elementwise", "softmax/reduce"),
@@ -90,99 +89,24 @@ ROOFLINE_COLUMNS = [
     "bytes_kv_write", "intensity", "achieved_tflops", "achieved_gbs",
     "peak_tflops", "mem_bw_gbs", "ridge", "floor_ms", "efficiency", "efficiency_busy",
     "cal_tflops", "cal_gbs", "cal_ridge", "floor_ms_cal", "efficiency_cal", "efficiency_busy_cal",
-    "bound", "bound_basis", "mfu", "mfu_cal", "mbu", "mbu_cal", "mbu_bytes", "routing", "note",
+    "bound", "bound_basis", "mfu", "mfu_cal", "mbu", "mbu_cal", "mbu_bytes", "routing", "note", "above_ceiling",
 ]
+#: label columns of the roofline table; every other column is a float (NaN where not defined)
+ROOFLINE_TEXT = ("case", "stage", "level", "op_family", "kernel_categories", "analytic_families", "attribution",
+                 "timer", "idle_basis", "bound", "bound_basis", "routing", "note", "above_ceiling")
 SUM_COLS = ("tensor_flops", "flops_useful", "flops_counted", "vector_flops", "bytes", "bytes_weights", "bytes_kv_read",
             "bytes_kv_write")
-
-# --------------------------------------------------------------------------- measured side
-
-MEASURED_COLUMNS = [
-    "case", "mode", "grid", "batch", "stage", "timer", "time_ms", "gpu_ms", "host_ms", "time_min_ms", "time_max_ms",
-    "time_ci_lo_ms", "time_ci_hi_ms", "host_min_ms", "host_max_ms", "kernels", "busy_ms", "idle_ms", "idle_fraction",
-    "idle_basis", "launches_per_step", "ttft_ms", "prep_ms", "h2d_ms", "ttft_e2e_ms", "tpot_p50_ms", "tpot_p90_ms",
-    "tpot_p99_ms", "tpot_mean_ms", "decode_tok_s", "e2e_ms", "peak_mem_bytes", "weight_bytes", "kv_cache_bytes",
-    "cv", "repeats", "statistic", "median_repeat"]
-REQUEST_FIELDS = ("ttft_ms", "prep_ms", "h2d_ms", "ttft_e2e_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms",
-                  "tpot_mean_ms", "decode_tok_s", "e2e_ms", "peak_mem_bytes", "weight_bytes", "kv_cache_bytes")
-
-
-def _call_all(s: pd.Series) -> pd.Series:
-    return s.astype(str).isin(("all", "nan", "None"))
-
-
-def _col(df: pd.DataFrame, c: str) -> pd.Series:
-    return pd.to_numeric(df[c], errors="coerce") if c in df else pd.Series(dtype=float)
-
-
-def idle_of(span_ms, busy) -> tuple:
-    """(idle_ms, idle_fraction) = (max(span - busy, 0), idle / span); Nones without both."""
-    span, b = _f(span_ms), _f(busy)
-    if span is None or b is None:
-        return None, None
-    idle = max(span - b, 0.0)
-    return idle, (idle / span if span else None)
-
-
-def measured_stages(stages: pd.DataFrame) -> pd.DataFrame:
-    """One row per case x stage (the five stages and ``request``; ``MEASURED_COLUMNS``): the
-    median span of the timed repeats and its spread, the GPU and host spans, kernel busy from the
-    profiled request and idle from both (see the module docstring). The ``request`` row's TTFT,
-    TPOT and tok/s are the median request's (``stats.median_request``)."""
-    if stages is None or not len(stages):
-        return pd.DataFrame(columns=MEASURED_COLUMNS)
-    df = stages[_call_all(stages["call"])].copy()
-    df["repeat"] = df["repeat"].astype(str)
-    rows = []
-    for (case, stage), g in df.groupby(["case", "stage"], sort=False):
-        timed = stats.timed(g)
-        med = g[g["repeat"] == "median"]
-        prof = g[g["repeat"] == "profiled"]
-        src = timed if len(timed) else med
-        if not len(src):
-            continue
-        gpu, host = stats.spread(_col(src, "gpu_ms")), stats.spread(_col(src, "host_ms"))
-        sp, timer = (gpu, "cuda_event") if gpu["n"] else (host, "host")
-        r0 = src.iloc[0]
-        out = {c: r0.get(c) for c in ("mode", "grid", "batch")}
-        out.update(case=case, stage=stage, timer=timer, time_ms=sp["median"], gpu_ms=gpu["median"],
-                   host_ms=host["median"], time_min_ms=sp["min"], time_max_ms=sp["max"], time_ci_lo_ms=sp["ci_lo"],
-                   time_ci_hi_ms=sp["ci_hi"], host_min_ms=host["min"], host_max_ms=host["max"], cv=sp["cv"],
-                   repeats=len(timed), statistic=f"median of {len(timed)} timed repeats" if len(timed)
-                   else "median row (no timed repeats in stages.csv)")
-        kern_src = prof if len(prof) else med
-        if len(kern_src):
-            k = kern_src.iloc[0]
-            out.update(kernels=_f(k.get("kernels")), busy_ms=_f(k.get("busy_ms")),
-                       launches_per_step=_f(k.get("launches_per_step")))
-        out["idle_ms"], out["idle_fraction"] = idle_of(out["time_ms"], out.get("busy_ms"))
-        out["idle_basis"] = ("no kernel capture" if out["idle_ms"] is None else
-                             f"median span of {len(timed)} timed repeats - kernel busy of the profiled request")
-        if stage == "request" and len(timed):
-            label = stats.median_request(timed)
-            pick = timed[timed["repeat"] == label].iloc[0] if label is not None else r0
-            out.update({c: _f(pick.get(c)) for c in REQUEST_FIELDS})
-            out["median_repeat"] = label
-        elif len(src):
-            out["peak_mem_bytes"] = stats.median_low(_col(src, "peak_mem_bytes"))
-        rows.append(out)
-    return pd.DataFrame(rows, columns=MEASURED_COLUMNS)
-
 
 # ---------------------------------------------------------------------------- analytic side
 
 def run_cases(manifest: dict) -> list:
     """The ``workload.Case`` of every case a run measured (its manifest entries, read back)."""
-    from ..workload import Case
-
     return [Case.from_dict(e) for e in manifest.get("cases") or []]
 
 
 def model_config(manifest: dict):
     """(CostModelConfig of the run: its ``model`` and ``execution``, note): keys this version does not
     know are dropped, with a note."""
-    from ..config import CostModelConfig, from_dict
-
     config = manifest.get("config") or {}
     raw = {**(config.get("model") or {}), **(config.get("execution") or {})}
     try:
@@ -246,8 +170,6 @@ def analytic_for_case(case, cfg, dtype: str, routing: Optional[dict]) -> tuple:
     decode MBU bytes: weights of the experts touched + KV read under a static cache [B]; notes) of
     one measured case. MoE weight bytes follow ``routing`` ({phase: [layers, experts]}, and
     ``decode_steps``: [steps, layers, experts]) where it fits the case."""
-    from ..analytic import workload_costs
-
     notes = []
     use = None
     source = "uniform expectation"
@@ -354,6 +276,12 @@ def span_note(gpu_ms, host_ms) -> str:
     return ""
 
 
+def roofline_frame(rows: list) -> pd.DataFrame:
+    """Roofline rows (dicts) as a table of ``ROOFLINE_COLUMNS``: floats except ``ROOFLINE_TEXT``."""
+    df = pd.DataFrame(rows, columns=ROOFLINE_COLUMNS)
+    return df.astype({c: "float64" for c in ROOFLINE_COLUMNS if c not in ROOFLINE_TEXT})
+
+
 def join_stages(measured: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks,
                 mbu_bytes: Optional[dict] = None) -> pd.DataFrame:
     """Stage-level roofline rows (``level = stage``): one per measured case x stage, plus
@@ -361,7 +289,7 @@ def join_stages(measured: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks,
     mbu_bytes = mbu_bytes or {}
     rows = []
     if analytic is None or not len(analytic):
-        return pd.DataFrame(columns=ROOFLINE_COLUMNS)
+        return roofline_frame([])
     tot = analytic[analytic["family"] == "TOTAL"]
     for case, m in measured.groupby("case", sort=False):
         a = tot[tot["case"] == case]
@@ -403,10 +331,9 @@ def join_stages(measured: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks,
                     r[eff] = r[key] / ms if ms else None
                     r[effb] = r[key] / r["kernel_busy_ms"] if r["kernel_busy_ms"] else None
             rows.append(r)
-    return pd.DataFrame(rows, columns=ROOFLINE_COLUMNS)
+    return roofline_frame(rows)
 
 
-__all__ = ["ROOFLINE_COLUMNS", "MEASURED_COLUMNS", "OP_GROUPS", "CATEGORY_GROUP", "FAMILY_GROUP", "SUM_COLS",
-           "KV_COPY_COLUMNS", "LAUNCH_BOUND_IDLE", "roofline_point", "floor_ms", "classify", "mfu", "mbu", "busy_ms",
-           "load_run", "measured_stages", "idle_of", "span_note", "run_cases", "analytic_for_case", "analytic_for_run",
+__all__ = ["ROOFLINE_COLUMNS", "ROOFLINE_TEXT", "roofline_frame", "OP_GROUPS", "CATEGORY_GROUP", "FAMILY_GROUP", "SUM_COLS",
+           "KV_COPY_COLUMNS", "LAUNCH_BOUND_IDLE", "roofline_point", "floor_ms", "classify", "mfu", "mbu", "span_note", "run_cases", "analytic_for_case", "analytic_for_run",
            "join_stages", "routing_arrays", "routing_step_array", "model_config"]

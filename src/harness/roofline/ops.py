@@ -30,9 +30,9 @@ from typing import Optional
 
 import pandas as pd
 
-from ..measure.summarize import busy_ms
-from ..stages import STAGES
-from .join import OP_GROUPS, ROOFLINE_COLUMNS, SUM_COLS, _row
+from ..measure.observations import busy_ms
+from ..anatomy.stages import STAGES
+from .join import OP_GROUPS, SUM_COLS, _row, roofline_frame
 from .specs import Peaks
 
 KV_GROUP = "kv_cache"
@@ -40,7 +40,7 @@ KV_GROUP = "kv_cache"
 
 def _sums(fsub: pd.DataFrame, group: str) -> dict:
     """Analytic SUM_COLS of a group's family rows; the KV copy traffic moves from matmul to kv_cache."""
-    tot = {c: float(pd.to_numeric(fsub[c], errors="coerce").fillna(0).sum()) if c in fsub else 0.0 for c in SUM_COLS}
+    tot = {c: float(fsub[c].fillna(0).sum()) if c in fsub else 0.0 for c in SUM_COLS}
     cr = float(fsub["bytes_kv_copy_read"].fillna(0).sum()) if "bytes_kv_copy_read" in fsub else 0.0
     cw = float(fsub["bytes_kv_copy_write"].fillna(0).sum()) if "bytes_kv_copy_write" in fsub else 0.0
     if group == KV_GROUP:
@@ -56,18 +56,18 @@ def _categories(sub: pd.DataFrame) -> str:
     if not len(sub):
         return ""
     order = sub.groupby("category")["dur_ms"].sum().sort_values(ascending=False, kind="stable")
-    return "+".join(order.index.astype(str))
+    return "+".join(map(str, order.index))
 
 
 def _by_module(kernels: pd.DataFrame) -> bool:
-    return "op_group" in kernels and kernels["op_group"].notna().any() and (kernels["op_group"].astype(str) != "").any()
+    return "op_group" in kernels and kernels["op_group"].fillna("").ne("").any()
 
 
 def join_op_families(kernels: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks,
                      timers: Optional[dict] = None) -> pd.DataFrame:
     """Op-family rows per case x stage x ``OP_GROUPS`` entry (see the module docstring)."""
     if kernels is None or not len(kernels) or "stage" not in kernels or analytic is None or not len(analytic):
-        return pd.DataFrame(columns=ROOFLINE_COLUMNS)
+        return roofline_frame([])
     fam = analytic[analytic["family"] != "TOTAL"]
     kk = kernels[kernels["stage"].notna()]
     module = _by_module(kk)
@@ -79,7 +79,7 @@ def join_op_families(kernels: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks
         routing = str(af["routing"].iloc[0]) if "routing" in af else ""
         for group, (cats, fams) in OP_GROUPS.items():
             if module:
-                sub = ks[ks["op_group"].astype(str) == group]
+                sub = ks[ks["op_group"] == group]
                 fsub = af[af["family"].isin(("llm_attention",) if group == KV_GROUP else fams)]
             else:
                 sub = ks[ks["category"].isin(cats)]
@@ -108,7 +108,7 @@ def join_op_families(kernels: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks
                     r[c] = None
                 r["bound"], r["bound_basis"] = "overhead", "no analytic counterpart"
             rows.append(r)
-    return pd.DataFrame(rows, columns=ROOFLINE_COLUMNS)
+    return roofline_frame(rows)
 
 
 __all__ = ["join_op_families", "KV_GROUP"]

@@ -28,12 +28,11 @@ def plot_roofline(table: pd.DataFrame, peaks: Peaks, path, title: str = "") -> P
 
     path = Path(path)
     st = table[(table["level"] == "stage") & (table["stage"].isin(STAGES))] if len(table) else table
-    pts = st[(pd.to_numeric(st.get("intensity"), errors="coerce") > 0)
-             & (pd.to_numeric(st.get("achieved_tflops"), errors="coerce") > 0)] if len(st) else st
+    pts = st[(st["intensity"] > 0) & (st["achieved_tflops"] > 0)] if len(st) else st
     skipped = sorted({f"{r.case}/{r.stage}" for r in st.itertuples()} - {f"{r.case}/{r.stage}" for r in pts.itertuples()}) \
         if len(st) else []
     fig, ax = plt.subplots(figsize=(8.5, 5.5), dpi=110)
-    xs = pd.to_numeric(pts["intensity"], errors="coerce").to_numpy(float) if len(pts) else np.array([])
+    xs = pts["intensity"].to_numpy(float) if len(pts) else np.array([])
     ridges = [r for r in (peaks.ridge, peaks.cal_ridge) if r]
     lo = min([*xs, *ridges, 1.0]) / 4 if len(xs) or ridges else 0.1
     hi = max([*xs, *ridges, 10.0]) * 4
@@ -92,7 +91,8 @@ def save_figure(fig, path: Path) -> Path:
 
 def plot_ladder(rows: pd.DataFrame, path, title: str = "") -> Path:
     """ladder.png: decode tok/s (log scale, bars) and MBU against the calibrated copy bandwidth (dots,
-    right axis) per case, in run order: how far each execution variant gets toward the memory roof.
+    right axis) per case, in run order: how far each execution variant gets toward the memory roof;
+    an MBU above 100% is marked at 100% as flagged, never drawn as a value.
     ``rows``: case, tok_s (measured), mbu_cal (derived; NaN where not calibrated)."""
     import matplotlib
 
@@ -102,7 +102,7 @@ def plot_ladder(rows: pd.DataFrame, path, title: str = "") -> Path:
     path = Path(path)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4.5), dpi=110)
     x = np.arange(len(rows))
-    tok = pd.to_numeric(rows["tok_s"], errors="coerce").to_numpy(float)
+    tok = rows["tok_s"].to_numpy(float)
     ax.bar(x, tok, color="tab:blue", alpha=0.8, label="decode tok/s (measured)")
     ax.set_yscale("log")
     ax.set_ylabel("decode tokens / s (log)")
@@ -110,12 +110,16 @@ def plot_ladder(rows: pd.DataFrame, path, title: str = "") -> Path:
     for xi, t in zip(x, tok):
         if np.isfinite(t):
             ax.annotate(f"{t:,.0f}", (xi, t), ha="center", va="bottom", fontsize=8)
-    mbu = pd.to_numeric(rows.get("mbu_cal"), errors="coerce").to_numpy(float) * 100
+    mbu = rows["mbu_cal"].to_numpy(float) * 100
+    over = mbu > 100            # above the ceiling: a flag (the report's caveats say what to check), no point
     if np.isfinite(mbu).any():
         ax2 = ax.twinx()
-        ax2.plot(x, mbu, "o-", color="tab:red", label="MBU vs calibrated copy (derived)")
+        ax2.plot(x, np.where(over, np.nan, mbu), "o-", color="tab:red", label="MBU vs calibrated copy (derived)")
+        if over.any():
+            ax2.plot(x[over], np.full(over.sum(), 100.0), "x", color="tab:red", markersize=9,
+                     label="above the ceiling: bytes, FLOPs or ceiling wrong")
         ax2.set_ylabel("MBU % (calibrated)", color="tab:red")
-        ax2.set_ylim(0, max(100.0, np.nanmax(mbu) * 1.1))
+        ax2.set_ylim(0, 105.0)
         ax2.legend(loc="upper right", fontsize=8)
     ax.legend(loc="upper left", fontsize=8)
     ax.set_title(title or "execution ladder: decode throughput and bandwidth utilisation")

@@ -3,17 +3,20 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..measure.summary import Summary, summarize
 from ..rundir import RunData
-from .join import ROOFLINE_COLUMNS, analytic_for_run, join_stages, measured_stages
+from .flags import flag_rows
+from .join import analytic_for_run, join_stages, roofline_frame
 from .ops import join_op_families
 from .specs import Peaks
 
 
-def roofline_table(run: RunData, peaks: Peaks) -> tuple:
+def roofline_table(run: RunData, peaks: Peaks, summary: Summary | None = None) -> tuple:
     """(roofline DataFrame [ROOFLINE_COLUMNS], analytic DataFrame, measured stages, notes): the
-    run's measured tables joined with its analytic frames (derived here when ``run.analytic`` is
-    None, i.e. for a run read back from disk)."""
-    measured = measured_stages(run.stages)
+    run's measured stages (``summary.stages``, the run's ``summarize`` when not given) joined with
+    its analytic frames (derived here when ``run.analytic`` is None, i.e. for a run read back from
+    disk)."""
+    measured = (summary or summarize(run.stages)).stages
     if run.analytic is None:
         analytic, mbu_bytes, notes = analytic_for_run(run)
     else:
@@ -22,8 +25,8 @@ def roofline_table(run: RunData, peaks: Peaks) -> tuple:
     timers = {c: g["timer"].iloc[0] for c, g in measured.groupby("case")} if len(measured) else {}
     op = join_op_families(run.kernels, analytic, peaks, timers)
     frames = [f for f in (st, op) if len(f)]
-    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=ROOFLINE_COLUMNS)
-    return table, analytic, measured, notes
+    table = pd.concat(frames, ignore_index=True) if frames else roofline_frame([])
+    return flag_rows(table), analytic, measured, notes
 
 
 __all__ = ["roofline_table"]

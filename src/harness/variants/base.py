@@ -23,7 +23,7 @@ in place (its parameters, state_dict names and module path stay the same, as
 ``torch.nn.utils.parametrize`` does), composing with a variant class already bound there:
 ``swap(attn, FusedAttention)`` on a ``StaticAttention`` gives a class whose MRO is
 FusedAttention, StaticAttention, Attention (one class per combination, cached). ``reference_class`` is the class a module has
-in the vendor's execution (what the module families of ``harness.analytic.registry`` name).
+in the vendor's execution (what the module families of ``harness.anatomy.registry`` name).
 """
 from __future__ import annotations
 

@@ -1,12 +1,14 @@
-"""The one registry of module families: which modules each analytic cost family describes.
+"""The one registry of module families: which modules of the model each family is.
 
-Each ``FamilyEntry`` carries a family's cost class (``families.py``: formulas, FLOPs, bytes), the
-module classes that run it in the reference model and in the vendor's code (a class shared by
-several families is told apart by ``where``, a regex over the module path), what the profiler sees
-of it (``ops``) and its roofline op group (``op_group``: how kernel time and analytic work are
-joined, ``harness.roofline.join.OP_GROUPS``). The generated docs (``docs.py``), the call graph
-(``harness.callgraph``), the roofline grouping and the FLOP check read it; adding a family is one
-entry here plus its cost class.
+Each ``FamilyEntry`` names a family (its cost class of the same ``family`` name lives in
+``harness.analytic.families``: formulas, FLOPs, bytes), the module classes that run it in the
+reference model and in the vendor's code (a class shared by several families is told apart by
+``where``, a regex over the module path), what the profiler sees of it (``ops``) and its roofline
+op group (``op_group``: how kernel time and analytic work are joined,
+``harness.roofline.join.OP_GROUPS``). Kernel attribution (``harness.measure.modules``), the
+generated docs (``harness.analytic.docs``), the call graph (``harness.callgraph``) and the roofline
+grouping read it; adding a family is one entry here plus its cost class. The order of ``REGISTRY``
+is the order of ``harness.analytic.families.FAMILIES`` (a test checks both name the same families).
 
 ``CONTAINERS`` names the modules that hold families without being one (SAMBlock, DecoderLayer,
 MoE, ...): their vendor class and, for the module catalog, what runs inside them.
@@ -17,8 +19,6 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from . import families as F
-
 #: roofline op groups (``harness.roofline.ops``): a kernel's group follows the module that launched it
 #: (its family's ``op_group``); ``kv_cache`` (KV-cache update kernels), ``routing/indexing`` (the MoE
 #: container's own kernels), ``elementwise`` (container glue) and ``other`` (outside every module) hold
@@ -28,12 +28,13 @@ OP_GROUP_NAMES = ("matmul", "kv_cache", "norm", "rope", "elementwise", "memory/r
 
 @dataclass(frozen=True)
 class FamilyEntry:
-    """One module family. ``modules``: how the docs name the reference modules it costs;
+    """One module family. ``family``: its name (the cost class's ``family``); ``modules``: how the
+    docs name the reference modules it costs;
     ``classes`` / ``vendor_classes``: class names (ours, the vendor's) whose instances are this
     family where ``where`` (a regex over the module path) matches; ``ops``: op families as the
     profiler sees them; ``op_group``: the roofline op group."""
 
-    cost: type
+    family: str
     modules: tuple
     classes: tuple
     vendor_classes: tuple
@@ -41,60 +42,56 @@ class FamilyEntry:
     op_group: str
     where: str = ""
 
-    @property
-    def family(self) -> str:
-        return self.cost.family
-
     def matches(self, path: str, cls: str) -> bool:
         return (cls in self.classes or cls in self.vendor_classes) and (not self.where or re.search(self.where, path)
                                                                           is not None)
 
 
 REGISTRY = (
-    FamilyEntry(F.PatchEmbed, ("PatchEmbed", "SAMEncoder.pos_embed"), ("PatchEmbed",), ("PatchEmbed",),
+    FamilyEntry("patch_embed", ("PatchEmbed", "SAMEncoder.pos_embed"), ("PatchEmbed",), ("PatchEmbed",),
                 ("convolution", "elementwise (pos add)", "interpolate (pos resize)"), "matmul"),
-    FamilyEntry(F.LayerNorm, ("LayerNorm",), ("LayerNorm",), ("LayerNorm", "LayerNormfp32"),
+    FamilyEntry("layernorm", ("LayerNorm",), ("LayerNorm",), ("LayerNorm", "LayerNormfp32"),
                 ("norm (reduction + elementwise)",), "norm"),
-    FamilyEntry(F.SAMAttention, ("SAMAttention",), ("SAMAttention",), ("Attention",),
+    FamilyEntry("sam_attention", ("SAMAttention",), ("SAMAttention",), ("Attention",),
                 ("GEMM (addmm: qkv, proj)", "bmm (rel-pos einsums)", "elementwise (bias build)",
                  "SDPA with dense float mask"), "matmul", r"(^|\.)sam_model\."),
-    FamilyEntry(F.SAMMLP, ("SAMMLP",), ("SAMMLP",), ("MLPBlock",), ("GEMM (addmm)", "elementwise (GELU, residual)"),
+    FamilyEntry("sam_mlp", ("SAMMLP",), ("SAMMLP",), ("MLPBlock",), ("GEMM (addmm)", "elementwise (GELU, residual)"),
                 "matmul"),
-    FamilyEntry(F.LayerNorm2d, ("LayerNorm2d",), ("LayerNorm2d",), ("LayerNorm2d",),
+    FamilyEntry("layernorm2d", ("LayerNorm2d",), ("LayerNorm2d",), ("LayerNorm2d",),
                 ("norm (reduction + elementwise)",), "norm"),
-    FamilyEntry(F.Conv2d, ("Conv2d",), ("Conv2d",), ("Conv2d",), ("convolution",), "matmul",
+    FamilyEntry("conv2d", ("Conv2d",), ("Conv2d",), ("Conv2d",), ("convolution",), "matmul",
                 r"(^|\.)sam_model\.(neck\.\d+|net_2|net_3)$"),
-    FamilyEntry(F.CLIPEmbeddings, ("CLIPEmbeddings",), ("CLIPEmbeddings",), ("CLIPVisionEmbeddings",),
+    FamilyEntry("clip_embeddings", ("CLIPEmbeddings",), ("CLIPEmbeddings",), ("CLIPVisionEmbeddings",),
                 ("concat (CLS)", "interpolate (pos resize)", "elementwise (pos add)"), "memory/routing"),
-    FamilyEntry(F.CLIPAttention, ("CLIPAttention",), ("CLIPAttention",), ("NoTPAttention",),
+    FamilyEntry("clip_attention", ("CLIPAttention",), ("CLIPAttention",), ("NoTPAttention",),
                 ("GEMM (addmm: qkv_proj, out_proj)", "SDPA (no mask)", "elementwise (residual)"), "matmul"),
-    FamilyEntry(F.CLIPMLP, ("CLIPMLP",), ("CLIPMLP",), ("NoTPFeedForward",),
+    FamilyEntry("clip_mlp", ("CLIPMLP",), ("CLIPMLP",), ("NoTPFeedForward",),
                 ("GEMM (addmm)", "elementwise (quick_gelu, residual)"), "matmul"),
-    FamilyEntry(F.Projector, ("Projector",), ("Projector",), ("MlpProjector",), ("concat", "GEMM (addmm)"), "matmul"),
-    FamilyEntry(F.ImageLayout, ("DeepseekOCRModel.image_newline", "DeepseekOCRModel.view_seperator"), (), (),
+    FamilyEntry("projector", ("Projector",), ("Projector",), ("MlpProjector",), ("concat", "GEMM (addmm)"), "matmul"),
+    FamilyEntry("image_layout", ("DeepseekOCRModel.image_newline", "DeepseekOCRModel.view_seperator"), (), (),
                 ("concat",), "memory/routing"),
-    FamilyEntry(F.TokenEmbedding, ("Embedding",), ("Embedding",), ("Embedding",),
+    FamilyEntry("embedding", ("Embedding",), ("Embedding",), ("Embedding",),
                 ("embedding (gather)", "masked_scatter"), "memory/routing", r"(^|\.)embed_tokens$"),
-    FamilyEntry(F.RMSNorm, ("RMSNorm",), ("RMSNorm",), ("DeepseekV2RMSNorm",),
+    FamilyEntry("rmsnorm", ("RMSNorm",), ("RMSNorm",), ("DeepseekV2RMSNorm",),
                 ("norm (reduction + elementwise, fp32)",), "norm"),
-    FamilyEntry(F.RoPE, ("RotaryEmbedding",), ("RotaryEmbedding",),
+    FamilyEntry("rope", ("RotaryEmbedding",), ("RotaryEmbedding",),
                 ("LlamaRotaryEmbedding", "DeepseekV2RotaryEmbedding"),
                 ("bmm (inv_freq @ positions)", "elementwise (cos, sin, rotate)"), "rope"),
-    FamilyEntry(F.LLMAttention, ("Attention",), ("Attention",), ("LlamaAttention", "LlamaFlashAttention2"),
+    FamilyEntry("llm_attention", ("Attention",), ("Attention",), ("LlamaAttention", "LlamaFlashAttention2"),
                 ("GEMM (mm: q/k/v/o)", "SDPA / flash / eager matmul+softmax", "KV cache cat"), "matmul",
                 r"(^|\.)layers\.\d+\.self_attn$"),
-    FamilyEntry(F.DenseMLP, ("SwiGLU",), ("SwiGLU",), ("DeepseekV2MLP",),
+    FamilyEntry("dense_mlp", ("SwiGLU",), ("SwiGLU",), ("DeepseekV2MLP",),
                 ("GEMM (mm: gate, up, down)", "elementwise (SiLU, product, residual)"), "matmul",
                 r"(^|\.)layers\.\d+\.mlp$"),
-    FamilyEntry(F.MoEGate, ("MoEGate",), ("MoEGate",), ("MoEGate",), ("GEMM (mm, fp32)", "softmax", "topk"),
+    FamilyEntry("moe_gate", ("MoEGate",), ("MoEGate",), ("MoEGate",), ("GEMM (mm, fp32)", "softmax", "topk"),
                 "matmul"),
-    FamilyEntry(F.MoERouted, ("MoE.experts", "SwiGLU"), ("SwiGLU",), ("DeepseekV2MLP",),
+    FamilyEntry("moe_routed", ("MoE.experts", "SwiGLU"), ("SwiGLU",), ("DeepseekV2MLP",),
                 ("gather / argsort / scatter", "GEMM (mm) per touched expert",
                  "elementwise (SiLU, product, weighted sum)", "device-to-host copy of counts"), "matmul",
                 r"\.experts\.\d+$"),
-    FamilyEntry(F.MoEShared, ("MoE.shared_experts", "SwiGLU"), ("SwiGLU",), ("DeepseekV2MLP",),
+    FamilyEntry("moe_shared", ("MoE.shared_experts", "SwiGLU"), ("SwiGLU",), ("DeepseekV2MLP",),
                 ("GEMM (mm: gate, up, down)", "elementwise (SiLU, product, adds)"), "matmul", r"\.shared_experts$"),
-    FamilyEntry(F.LMHead, ("Linear (lm_head)",), ("Linear",), ("Linear",), ("GEMM (mm)", "cast to fp32"), "matmul",
+    FamilyEntry("lm_head", ("Linear (lm_head)",), ("Linear",), ("Linear",), ("GEMM (mm)", "cast to fp32"), "matmul",
                 r"^lm_head$"),
 )
 BY_FAMILY = {e.family: e for e in REGISTRY}
@@ -146,8 +143,8 @@ def vendor_class(cls: str) -> str:
 
 
 def op_group_families(group: str) -> tuple:
-    """The analytic families of roofline op group ``group``, in ``families.FAMILIES`` order."""
-    return tuple(cls.family for cls in F.FAMILIES if BY_FAMILY[cls.family].op_group == group)
+    """The families of roofline op group ``group``, in ``REGISTRY`` order."""
+    return tuple(e.family for e in REGISTRY if e.op_group == group)
 
 
 __all__ = ["FamilyEntry", "REGISTRY", "BY_FAMILY", "CONTAINERS", "LEAF_OPS", "OP_GROUP_NAMES", "family_of",

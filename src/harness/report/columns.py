@@ -1,0 +1,259 @@
+"""The report's columns, each declared once: name, header text, unit, provenance, formatter.
+
+A ``Column`` says what one report column holds: its ``header`` text and ``unit``, where its
+number comes from (``provenance``: *measured* in this run, *analytic* from the cost model,
+*derived* from both; empty for labels), the ``basis`` of that (which ceiling, which request, what
+it divides) and how a value is written (``fmt``). Its title is built from these, so every
+header states its provenance the same way: ``e2e ms (measured) [min–max]``.
+
+A section puts records (dicts keyed by column name) through ``table(names, records)``, which
+writes them with the one Markdown table writer (``harness.markdown.table``). A new column is one
+``Column`` in ``COLUMNS`` and its name in a section's list.
+
+Formatters (``fmt``) take the record's value: a number, or a tuple for composite cells
+(``spread``: value, min, max; ``pair``: datasheet, calibrated; ``utilisation``: MFU or MBU with
+both). Missing values (None, NaN) are written as ``DASH``; a string is a finished cell (a section's
+'=' or 'overhead') and is written as given.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from ..floats import finite as _f
+from ..markdown import LEFT, RIGHT
+from ..markdown import table as markdown_table
+from ..roofline.flags import ABOVE_CEILING
+
+DASH = "–"
+
+
+# ------------------------------------------------------------------------------- formatters
+
+def fixed(fmt: str = "{:,.2f}") -> Callable:
+    """A number through ``fmt`` (``DASH`` when missing)."""
+    def write(v) -> str:
+        if isinstance(v, str):
+            return v
+        x = _f(v)
+        return DASH if x is None else fmt.format(x)
+    return write
+
+
+def sig(scale: float = 1.0) -> Callable:
+    """A number / ``scale`` with about 4 significant digits, thousands separators for large values."""
+    def write(v) -> str:
+        if isinstance(v, str):
+            return v
+        x = _f(v)
+        if x is None:
+            return DASH
+        x /= scale
+        if x == 0:
+            return "0"
+        if abs(x) >= 1000:
+            return f"{x:,.0f}"
+        if abs(x) >= 1:
+            return f"{x:,.2f}"
+        return f"{x:.3g}"
+    return write
+
+
+def pct(v) -> str:
+    """A fraction as a percentage with one decimal."""
+    if isinstance(v, str):
+        return v
+    x = _f(v)
+    return DASH if x is None else f"{100 * x:.1f}%"
+
+
+def efficiency(v) -> str:
+    """An efficiency, MFU or MBU (a fraction of a ceiling) as a percentage; above 1.0 never as a
+    figure: the flag ``ABOVE_CEILING`` (the bytes, the FLOPs or the ceiling is wrong; the report's
+    caveats say which to check, ``harness.roofline.flags.caveats``)."""
+    x = _f(v) if not isinstance(v, str) else None
+    if x is not None and x > 1.0:
+        return ABOVE_CEILING.format(pct=100 * x)
+    return pct(v)
+
+
+def text(v) -> str:
+    """A label as written; ``DASH`` for None or NaN."""
+    return DASH if v is None or (isinstance(v, float) and v != v) else str(v)
+
+
+def spread(fmt: Callable = sig()) -> Callable:
+    """(value, min, max) -> 'value [min–max]' (min/max over the timed repeats); the value alone when
+    they are missing or equal."""
+    def write(v) -> str:
+        if v is None or isinstance(v, str):
+            return text(v)
+        value, lo, hi = v
+        if _f(value) is None:
+            return DASH
+        if _f(lo) is None or _f(hi) is None or _f(lo) == _f(hi):
+            return fmt(value)
+        return f"{fmt(value)} [{fmt(lo)}–{fmt(hi)}]"
+    return write
+
+
+def pair(fmt: Callable = efficiency, sep: str = " / ") -> Callable:
+    """(a, b) -> 'a / b' (datasheet / calibrated)."""
+    def write(v) -> str:
+        if v is None or isinstance(v, str):
+            return text(v)
+        return sep.join(fmt(x) for x in v)
+    return write
+
+
+def interval(v) -> str:
+    """(ratio, low, high, unstable) -> '33.7x [29.5–43.3]' ('unstable' appended when flagged; the
+    value alone without an interval); ``DASH`` for None."""
+    if v is None:
+        return DASH
+    ratio, lo, hi, unstable = v
+    text_ = f"{ratio:,.2f}x" if _f(lo) is None or _f(hi) is None else f"{ratio:,.2f}x [{lo:,.2f}–{hi:,.2f}]"
+    return text_ + (" unstable" if unstable else "")
+
+
+def utilisation(v) -> str:
+    """(kind, datasheet, calibrated) -> 'MFU a / b' (kind MFU or MBU); ``DASH`` for None."""
+    if v is None:
+        return DASH
+    kind, a, b = v
+    return f"{kind} {efficiency(a)} / {efficiency(b)}"
+
+
+def joined(fmt: Callable, sep: str = " / ") -> Callable:
+    """Any number of values -> 'a / b / c' (p50 / p90 / p99)."""
+    def write(v) -> str:
+        return sep.join(fmt(x) for x in v)
+    return write
+
+
+# ---------------------------------------------------------------------------------- columns
+
+@dataclass(frozen=True)
+class Column:
+    """One report column (module docstring). ``align``: ``RIGHT`` for numbers, ``LEFT`` for text."""
+
+    name: str
+    header: str
+    unit: str = ""
+    provenance: str = ""
+    basis: str = ""
+    suffix: str = ""
+    fmt: Callable = text
+    align: str = RIGHT
+
+    @property
+    def title(self) -> str:
+        """'header unit (provenance, basis) suffix', the parts that are set."""
+        head = f"{self.header} {self.unit}".strip()
+        how = ", ".join(p for p in (self.provenance, self.basis) if p)
+        return " ".join(p for p in (head, f"({how})" if how else "", self.suffix) if p)
+
+    def cell(self, record: dict) -> str:
+        return self.fmt(record.get(self.name))
+
+
+def _label(name: str, header: Optional[str] = None, align: str = LEFT) -> Column:
+    return Column(name, header if header is not None else name, align=align)
+
+
+_SIG = sig()
+_SHEET_CAL = "sheet / cal"
+_COLUMNS = [
+    # labels
+    _label("case"), _label("mode"), _label("grid"), _label("stage"), _label("execution"),
+    _label("batch", align=RIGHT), _label("tokens", "tokens image / prefill / decode", RIGHT),
+    _label("requests", "warm-up + timed", RIGHT), _label("median_request", "median request", RIGHT),
+    _label("dominant", "dominant stage: bound"), _label("op_family", "op family"),
+    _label("op_kernels", "kernels (module attribution)"), _label("op_families", "analytic families"),
+    _label("op_categories", "kernel categories (runs without module attribution)"),
+    _label("kernel"), _label("category"), _label("steps", align=RIGHT), _label("first_kv", f"first 128: kv"),
+    _label("last_kv", "last 128: kv"), _label("window", "steps"),
+    # headline (the median request)
+    Column("e2e", "e2e", "ms", "measured", suffix="[min–max]", fmt=spread()),
+    Column("pages_s", "pages/s", "", "derived", fmt=fixed("{:,.3g}")),
+    Column("ttft", "TTFT", "ms", "measured", suffix="[min–max]", fmt=spread()),
+    Column("ttft_e2e", "TTFT + prep + copy", "ms", "measured", suffix="[min–max]", fmt=spread()),
+    Column("tpot_pcts", "TPOT p50 / p90 / p99", "ms", "measured", fmt=joined(fixed())),
+    Column("tok_s_head", "tok/s", "", "derived", fmt=fixed("{:,.1f}")),
+    Column("request_eff", "request eff", "", "derived", _SHEET_CAL, fmt=pair()),
+    # stage times of the median request
+    *[Column(f"{s}_ms", s, "ms", "measured", fmt=_SIG) for s in ("sam", "clip", "projector", "prefill", "decode")],
+    Column("stage_sum", "stage sum", "ms", "derived", fmt=_SIG),
+    Column("between", "between stages", "ms", "derived", "e2e - sum", fmt=_SIG),
+    Column("stage_share", "stage sum / e2e", "", "derived", fmt=pct),
+    Column("ttft_share", "vision + prefill / TTFT", "", "derived", fmt=pct),
+    # execution variants
+    Column("tok_s", "tok/s", "", "measured", "median request", fmt=fixed("{:,.1f}")),
+    Column("tpot_p50", "TPOT p50", "ms", "measured", fmt=fixed("{:,.3f}")),
+    Column("tpot_p90", "p90", "ms", "measured", fmt=fixed("{:,.3f}")),
+    Column("tpot_p99", "p99", "ms", "measured", fmt=fixed("{:,.3f}")),
+    Column("ttft_ms", "TTFT", "ms", "measured", fmt=fixed("{:,.2f}")),
+    Column("kernels_per_step", "kernels/step", "", "measured", "profiled", fmt=fixed("{:,.0f}")),
+    Column("syncs_per_step", "syncs/step", "", "measured", "profiled", fmt=fixed("{:,.1f}")),
+    Column("decode_idle", "decode idle", "", "derived", fmt=pct),
+    Column("decode_cv", "decode CV", "", "measured", fmt=pct),
+    Column("mbu_pair", "MBU", "", "derived", _SHEET_CAL, fmt=pair()),
+    Column("speedup", "speed-up", "", "derived", "decode tok/s / vendor-style batch-1 tok/s, 95% CI",
+           fmt=interval),
+    Column("busy_ratio", "kernel-busy ratio", "", "derived", "vendor-style busy / this busy per decode step",
+           fmt=fixed("{:,.2f}x")),
+    Column("span_ratio", "span ratio", "", "derived", "speed-up / kernel-busy ratio", fmt=fixed("{:,.2f}x")),
+    Column("tput_vs_b1", "throughput vs best batch 1", "", "derived", "decode tok/s / best batch-1 tok/s, 95% CI",
+           fmt=interval),
+    Column("tpot_vs_b1", "time per token vs best batch 1", "", "derived", "TPOT p50 / best batch-1 TPOT p50, 95% CI",
+           fmt=interval),
+    Column("setup_s", "set-up", "s", "measured", fmt=fixed("{:,.1f}")),
+    # roofline per stage and per op family
+    Column("span_gpu", "GPU span", "ms", "measured", "CUDA events", "[min–max]", fmt=spread()),
+    Column("span_host", "host span", "ms", "measured", "host clock", "[min–max]", fmt=spread()),
+    Column("host_span", "host span", "ms", "measured", fmt=_SIG),
+    Column("busy", "busy", "ms", "measured", "profiled", fmt=_SIG),
+    Column("idle", "idle", "", "derived", fmt=pct),
+    Column("gflop", "tensor GFLOP", "", "analytic", fmt=sig(1e9)),
+    Column("mb", "MB", "", "analytic", fmt=sig(1e6)),
+    Column("intensity", "FLOP/B", "", "analytic", fmt=_SIG),
+    Column("tflops", "TFLOP/s", "", "derived", "analytic / measured", fmt=_SIG),
+    Column("gbs", "GB/s", "", "derived", "analytic / measured", fmt=_SIG),
+    Column("floor", "floor", "ms", "derived", _SHEET_CAL, fmt=pair(_SIG)),
+    Column("floor_sheet", "floor", "ms", "derived", "sheet", fmt=_SIG),
+    Column("eff_span", "eff vs span", "", "derived", _SHEET_CAL, fmt=pair()),
+    Column("eff_busy", "eff vs busy", "", "derived", _SHEET_CAL, fmt=pair()),
+    Column("util", "MFU / MBU", "", "derived", _SHEET_CAL, fmt=utilisation),
+    Column("bound", "bound", "", "derived", "from idle", fmt=text, align=LEFT),
+    Column("op_bound", "bound", "", "derived", "intensity vs ridge", fmt=text, align=LEFT),
+    Column("kernels", "kernels", "", "measured", fmt=fixed("{:,.0f}")),
+    Column("kernel_categories", "kernel categories", "", "", "by busy time", fmt=text, align=LEFT),
+    # top kernels
+    Column("calls", "calls", "", "measured", fmt=fixed("{:,.0f}")),
+    Column("total_ms", "total", "ms", "measured", fmt=fixed("{:,.3f}")),
+    Column("mean_us", "mean", "µs", "measured", fmt=fixed("{:,.1f}")),
+    Column("busy_share", "of stage busy", "", "derived", fmt=pct),
+    # TPOT against position
+    Column("tpot_p50_all", "TPOT p50", "ms", "measured", fmt=fixed()),
+    Column("first_p50", "p50", "ms", "measured", fmt=fixed()),
+    Column("last_p50", "p50", "ms", "measured", fmt=fixed()),
+    Column("last_over_first", "last / first", "", "derived", fmt=fixed("{:,.3f}")),
+]
+COLUMNS = {c.name: c for c in _COLUMNS}
+assert len(COLUMNS) == len(_COLUMNS), "a column name is declared twice"
+
+
+def column(name: str) -> Column:
+    return COLUMNS[name]
+
+
+def table(names: list, records: list, columns: Optional[dict] = None) -> list:
+    """Markdown lines of ``records`` (dicts keyed by column name) under the columns ``names``
+    (from ``COLUMNS``, or ``columns`` for per-table ones such as one column per case)."""
+    cols = [(columns or {}).get(n) or COLUMNS[n] for n in names]
+    return markdown_table([c.title for c in cols], [[c.cell(r) for c in cols] for r in records],
+                          [c.align for c in cols])
+
+
+__all__ = ["Column", "COLUMNS", "column", "table", "DASH", "fixed", "sig", "pct", "efficiency", "text", "spread",
+           "pair", "joined", "utilisation", "interval"]

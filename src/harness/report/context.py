@@ -1,0 +1,180 @@
+"""The report's context sections: device ceilings, environment, caveats and files of a run.
+
+Each section is a function from the run (``harness.rundir.RunData``, its manifest) and what the
+report derived (ceilings ``Peaks``, the measured ``Summary`` stages and headline) to Markdown lines.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import pandas as pd
+
+from ..floats import finite as _f
+from ..markdown import LEFT, table
+from ..measure import host
+from ..roofline.specs import Peaks
+from ..rundir import RunData
+from .columns import fixed, pct
+
+CV_LIMIT = 0.02
+
+
+def case_info(man: dict) -> dict:
+    """{case name: its manifest entry}."""
+    return {c.get("name"): c for c in man.get("cases") or []}
+
+
+def warmup_counts(manifest: dict) -> dict:
+    """{case: untimed warm-up requests} from the manifest's case entries (else its resolved ``measure``
+    section; None where neither recorded it)."""
+    default = (manifest.get("measure") or {}).get("warmup")
+    return {c.get("name"): (len(c["warmup_ms"]) if isinstance(c.get("warmup_ms"), list) else default)
+            for c in manifest.get("cases") or []}
+
+
+def weights_of(man: dict) -> Optional[str]:
+    """'random' / 'path' / 'safetensors' of the model that ran (None: not recorded): the reference
+    adapter records a string, the vendor adapter a dict ({'source': 'random' | 'safetensors', ...})."""
+    model = man.get("model") or {}
+    w = model.get("weights", ((man.get("config") or {}).get("model") or {}).get("weights"))
+    if isinstance(w, dict):
+        return str(w["source"]) if w.get("source") else None
+    return None if w is None else str(w)
+
+
+def calibration_line(man: dict, p: Peaks) -> str:
+    """How this run got its calibrated ceilings (the manifest's ``calibration`` entry)."""
+    entry = man.get("calibration") or {}
+    status = entry.get("status")
+    if status == "measured":
+        return f"measured by this run on first use ({fixed('{:.1f}')(entry.get('seconds'))} s), cached at {entry.get('path')}"
+    if status == "cached":
+        return f"cached record of this device ({entry.get('measured') or 'date not recorded'}): {entry.get('path')}"
+    if status:
+        return f"{status}: {entry.get('reason', '')}".rstrip(": ")
+    return p.cal_source or "not calibrated"
+
+
+def _pairs(rows: list) -> list:
+    """A two-column key / value table (no header text)."""
+    return table(["", ""], rows, [LEFT, LEFT])
+
+
+def ceilings_section(p: Peaks, man: Optional[dict] = None) -> list:
+    L = ["## Device ceilings", ""]
+    rows = [["device (reported)", p.device_name],
+            ["datasheet entry", p.spec_name or "unknown (no datasheet peak)"],
+            [f"peak {p.dtype} (dense)", fixed("{:,.1f} TFLOP/s")(p.peak_tflops)],
+            ["memory bandwidth", fixed("{:,.0f} GB/s")(p.mem_bw_gbs)],
+            ["ridge (datasheet)", fixed("{:,.1f} FLOP/B")(p.ridge)],
+            ["calibrated GEMM", fixed("{:,.4g} TFLOP/s")(p.cal_tflops) + (f" ({p.cal_dtype})" if p.cal_dtype else "")],
+            ["calibrated copy", fixed("{:,.4g} GB/s")(p.cal_gbs)],
+            ["ridge (calibrated)", fixed("{:,.1f} FLOP/B")(p.cal_ridge)],
+            ["calibration", calibration_line(man or {}, p) if p.cal_source or (man or {}).get("calibration")
+             else "not calibrated"],
+            ["source", p.source]]
+    L += _pairs(rows)
+    if p.notes:
+        L += [""] + [f"- {n}" for n in p.notes]
+    return L + [""]
+
+
+def environment_section(man: dict) -> list:
+    L = ["## Environment", ""]
+    dev = man.get("device") or {}
+    ver = man.get("versions") or {}
+    git = man.get("git") or {}
+    model = man.get("model") or {}
+    rows = [["device", ", ".join(f"{k}={v}" for k, v in dev.items() if k != "nvidia_smi") or "-"]]
+    smi = dev.get("nvidia_smi")
+    if smi:
+        rows.append(["nvidia-smi", ", ".join(f"{k}={v}" for k, v in smi.items()) if isinstance(smi, dict) else str(smi)])
+    rows += [["dtype", man.get("dtype", "-")],
+             ["model", ", ".join(f"{k}={v}" for k, v in model.items() if not isinstance(v, (dict, list))) or "-"],
+             ["decode loop", ", ".join(f"{k}={v}" for k, v in (model.get("loop") or {}).items()) or "-"],
+             ["attention kernels used", "; ".join(f"{k}: {', '.join(v)}" for k, v in (man.get("attention") or {}).items())
+              or "-"],
+             ["versions", ", ".join(f"{k} {v}" for k, v in ver.items() if v)],
+             ["git", f"{git.get('revision') or 'no revision'}" + (" (dirty)" if git.get("dirty") else "")
+              + (f" ({git.get('reason')[:80]})" if git.get("reason") else "")],
+             ["command", " ".join(map(str, man.get("argv") or []))]]
+    L += _pairs(rows)
+    return L + [""]
+
+
+def caveats_section(run: RunData, p: Peaks, measured: pd.DataFrame, notes: list,
+                    head: Optional[pd.DataFrame] = None) -> list:
+    man = run.manifest
+    out = []
+    weights = weights_of(man)
+    if weights in (None, "random"):
+        out.append("Random weights: decoding runs a fixed token budget (EOS ignored) and MoE routing follows random "
+                   "gates, so the expert spread (and MoE weight bytes) is not the trained model's.")
+    if len(measured) and (measured["timer"] == "host").any():
+        out.append("Host timers: no CUDA device, stage times are host wall clock and 'kernels' are CPU ops; the "
+                   "CPU has no datasheet peak, so only calibrated ceilings apply.")
+    if not p.known:
+        out.append(f"Unknown device {p.device_name!r}: no datasheet peak is assumed.")
+    if not p.cal_source:
+        out.append("Not calibrated: no measured ceilings (`python -m harness calibrate` caches them per device; a run "
+                   "calibrates on first use unless hardware.calibrate=false).")
+    if not len(run.kernels):
+        out.append("No kernel capture: no op-family rows, no busy or idle time, so launch/host-bound stages cannot be "
+                   "told apart from slow kernels.")
+    if man.get("status") == "running":
+        out.append(f"Partial: the run is still going (or was interrupted) after {len(man.get('cases') or [])} case(s).")
+    elif man.get("status") in ("failed", "interrupted"):
+        out.append(f"Partial: the run {man['status']} after {len(man.get('cases') or [])} finished case(s): "
+                   f"{man.get('error')}.")
+    out.append("Measured vs analytic: TFLOP/s and GB/s are the analytic FLOPs and minimum DRAM bytes divided by the "
+               "measured time; they are not measured FLOP rates or traffic (ncu measures those).")
+    if head is not None and len(head):
+        if head["ttft_e2e_ms"].isna().all():
+            out.append("TTFT excludes building the request (preprocessing) and copying it to the device: this run did "
+                       "not time them.")
+        else:
+            out.append("TTFT excludes preprocessing and the copy to the device; *TTFT + prep + copy* includes them "
+                       "(host-timed building of the request from its loaded pages, then `.to(device)`).")
+    if len(measured):
+        for r in measured[measured["stage"] == "request"].to_dict("records"):
+            if (_f(r.get("unattributed_kernel_ms")) or 0) > 0:
+                out.append(f"{r['case']}: {_f(r['unattributed_kernel_ms']):.3f} ms of kernel time outside any stage "
+                           f"(attributed {pct(r.get('attributed_fraction'))}).")
+        noisy = measured[(measured["cv"] > CV_LIMIT) & (measured["time_ms"] >= 1.0) & (measured["stage"] != "request")]
+        if len(noisy):
+            out.append("Repeat CV above 2%: " + ", ".join(f"{r.case}/{r.stage} {100 * r.cv:.1f}%"
+                                                           for r in noisy.itertuples()) + ".")
+        steady = man.get("host_steadiness") or {}
+        if steady:
+            out.append("Host steadiness (fixed host work, launch-bound stages cannot vary less): "
+                       + "; ".join(f"{k} the cases, {host.describe(steady[k])}" for k in ("before", "after")
+                                   if k in steady)
+                       + ". A stage whose idle share is high runs at the host's pace: its CV cannot drop below the "
+                         "host's, whatever the harness does; its busy time (profiler) is the host-noise-robust "
+                         "figure.")
+        few = measured[measured["repeats"] < 3]
+        if len(few):
+            out.append(f"Fewer than 3 timed repeats for {', '.join(dict.fromkeys(few['case']))}: medians are weak.")
+    if len(run.kernels) and not ("op_group" in run.kernels and run.kernels["op_group"].notna().any()):
+        out.append("Op families: kernels grouped by name (this run predates module attribution): GEMM, convolution "
+                   "and attention kernels are one `matmul` group because the analytic attention families include "
+                   "their projection GEMMs; elementwise kernels have no analytic work, so their time is overhead.")
+    out += notes
+    out += [f"Run warning: {w}" for w in man.get("warnings") or [] if not str(w).startswith("report not written")]
+    return ["## Caveats", ""] + [f"- {c}" for c in out] + [""]
+
+
+def files_section(run: RunData) -> list:
+    L = ["## Files", ""]
+    if not run.path.is_dir():
+        return L + [""]
+    files = sorted(p.name for p in run.path.iterdir() if p.is_file() and not p.name.endswith(".tmp"))
+    L += [f"- `{f}`" for f in files]
+    traces = sorted((run.path / "traces").glob("*/trace.json.gz")) if (run.path / "traces").is_dir() else []
+    L += [f"- `{t.relative_to(run.path)}` ({t.stat().st_size / 1e6:,.1f} MB: Chrome/Perfetto trace of the profiled "
+          "request)" for t in traces]
+    return L + [""]
+
+
+__all__ = ["case_info", "warmup_counts", "weights_of", "calibration_line", "ceilings_section", "environment_section",
+           "caveats_section", "files_section", "CV_LIMIT"]

@@ -1,0 +1,201 @@
+"""The report's measurement sections: headline (the median request), its stage times, roofline per
+stage, op families per stage, top kernels and charts.
+
+Each section is a function from the run (``harness.rundir.RunData``), the measured ``Summary``
+(``harness.measure.summary``) and the roofline rows (``harness.roofline.table``) to Markdown lines;
+its tables are records keyed by the column names of ``harness.report.columns``.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from ..floats import finite as _f
+from ..measure.observations import busy_ms
+from ..measure.summary import Summary
+from ..roofline.join import OP_GROUPS
+from ..rundir import RunData
+from ..anatomy.stages import PREPROCESS, STAGES
+from .columns import fixed, pct, table
+from .context import case_info
+
+TOP_KERNELS = 5
+
+
+def _pair(r, key: str) -> tuple:
+    """(datasheet, calibrated) of an efficiency column of a roofline row."""
+    return r.get(key), r.get(key + "_cal")
+
+
+def _dominant(stages: pd.DataFrame) -> str:
+    """'prefill 52.3%: compute': the stage with the longest median span, its share and bound."""
+    if not len(stages) or stages["measured_ms"].isna().all():
+        return ""
+    d = stages.loc[stages["measured_ms"].idxmax()]
+    total = stages["measured_ms"].sum()
+    return f"{d['stage']} {pct(d['measured_ms'] / total if total else None)}: {d['bound']}"
+
+
+def headline_section(run: RunData, st: pd.DataFrame, summary: Summary) -> list:
+    """The median request of every case, then its stage times."""
+    measured, head = summary.stages, summary.headline
+    L = ["## Headline", ""]
+    if not len(measured) or not len(head):
+        return L + ["_No stage measurements yet._", ""]
+    info = case_info(run.manifest)
+    timer = "host" if (measured["timer"] == "host").any() else "GPU"
+    rows, stage_rows = [], []
+    for h in head.to_dict("records"):
+        case = h["case"]
+        ci = info.get(case, {})
+        s = st[st["case"] == case] if len(st) else st
+        rq = s[s["stage"] == "request"]
+        warm = _f(h.get("warmup"))
+        rows.append({"case": case, "mode": ci.get("mode", h.get("mode") or "?"), "grid": ci.get("grid") or "-",
+                     "batch": ci.get("batch", h.get("batch")),
+                     "tokens": f"{ci.get('image_tokens', '?')} / {ci.get('prefill_tokens', '?')} / "
+                               f"{ci.get('decode_tokens', '?')}",
+                     "requests": f"{'?' if warm is None else int(warm)} + {int(h['repeats'])}",
+                     "median_request": f"#{h['repeat']}",
+                     **{k: (h.get(c), h.get(f"{c}_min"), h.get(f"{c}_max"))
+                        for k, c in (("e2e", "e2e_ms"), ("ttft", "ttft_ms"), ("ttft_e2e", "ttft_e2e_ms"))},
+                     "pages_s": h.get("pages_s"),
+                     "tpot_pcts": tuple(h.get(c) for c in ("tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms")),
+                     "tok_s_head": h.get("decode_tok_s"),
+                     "request_eff": _pair(rq.iloc[0], "efficiency") if len(rq) else None,
+                     "dominant": _dominant(s[s["stage"].isin(STAGES)])})
+        total, e2e = _f(h.get("stage_sum_ms")), _f(h.get("e2e_ms"))
+        stage_rows.append({"case": case, **{f"{x}_ms": h.get(f"{x}_ms") for x in STAGES}, "stage_sum": total,
+                           "between": e2e - total if e2e is not None and total is not None else None,
+                           "stage_share": total / e2e if total and e2e else None,
+                           "ttft_share": h["ttft_stage_sum_ms"] / h["ttft_ms"] if _f(h.get("ttft_ms")) else None})
+    L += table(["case", "mode", "grid", "batch", "tokens", "requests", "median_request", "e2e", "pages_s", "ttft",
+                "ttft_e2e", "tpot_pcts", "tok_s_head", "request_eff", "dominant"], rows)
+    L += ["", f"One row per case: the **median request**, the timed repeat whose end-to-end time is the median "
+          f"(with an even count the lower middle), every value from that one request; [min–max] over the timed "
+          f"repeats (`headline.csv` also has the seeded bootstrap 95% interval of the median). Times: {timer} clock "
+          f"({'CUDA events' if timer == 'GPU' else 'host wall clock, no CUDA'}). TTFT runs from the request's "
+          "start to the first token (vision + prefill) and excludes building the request (preprocessing) and its "
+          "copy to the device, which *TTFT + prep + copy* adds. TPOT percentiles and tok/s come from the same "
+          "per-step distribution: tok/s = batch x 1000 / mean decode-step ms. pages/s = batch x 1000 / e2e ms.", "",
+          "### Stage times of the median request", ""]
+    L += table(["case", *[f"{x}_ms" for x in STAGES], "stage_sum", "between", "stage_share", "ttft_share"], stage_rows)
+    L += ["", "The stages are disjoint: their sum falls short of the end-to-end time by the host time between "
+          "the stage ranges (GPU idle there when the host is the bottleneck), and vision + prefill ends where "
+          "TTFT ends.", ""]
+    pre = measured[measured["stage"] == PREPROCESS]
+    if len(pre):
+        L += ["Preprocess (the vendor's infer() preparing the page itself, before its first forward; in e2e and "
+              "TTFT, not in the stage columns): " + ", ".join(f"{r.case} {fixed()(r.time_ms)} ms"
+                                                             for r in pre.itertuples()) + ".", ""]
+    return L
+
+
+def _utilisation(r) -> tuple | None:
+    """('MFU', sheet, cal) for the vision stages and prefill, ('MBU', ...) for decode, else None."""
+    for kind in ("mfu", "mbu"):
+        if _f(r.get(kind)) is not None or _f(r.get(kind + "_cal")) is not None:
+            return (kind.upper(), *_pair(r, kind))
+    return None
+
+
+def stage_section(st: pd.DataFrame) -> list:
+    """Roofline per stage: spans, busy, idle, analytic work, rates, floor, efficiencies, bound."""
+    L = ["## Roofline per stage", ""]
+    if not len(st):
+        return L + ["_No analytic join (no measured stages or no analytic costs)._", ""]
+    host_timer = (st["timer"] == "host").any()
+    span = "span_host" if host_timer else "span_gpu"
+    rows = [{"case": r["case"], "stage": r["stage"], span: (r["measured_ms"], r["measured_min_ms"], r["measured_max_ms"]),
+             "host_span": "=" if host_timer else r["host_ms"], "busy": r["kernel_busy_ms"],
+             "idle": r["idle_fraction"], "gflop": r["tensor_flops"], "mb": r["bytes"], "intensity": r["intensity"],
+             "tflops": r["achieved_tflops"], "gbs": r["achieved_gbs"], "floor": (r["floor_ms"], r["floor_ms_cal"]),
+             "eff_span": _pair(r, "efficiency"), "eff_busy": _pair(r, "efficiency_busy"), "util": _utilisation(r),
+             "bound": r["bound"]} for r in st.to_dict("records")]
+    L += table(["case", "stage", span, "host_span", "busy", "idle", "gflop", "mb", "intensity", "tflops", "gbs",
+                "floor", "eff_span", "eff_busy", "util", "bound"], rows)
+    return L + ["", "Span = median of the timed repeats ([min–max] over them); busy = union of the stage's kernel "
+                "intervals in the one profiled request (robust to host noise; on a CPU run the top-level CPU ops); "
+                "idle = max(span - busy, 0) / span: idle from the timed repeats, busy from the profiled request. "
+                "bound = `launch/host` when idle > 50%, else compute/memory by intensity vs ridge, from the idle "
+                "shown. Efficiency against busy time is what the kernels achieve while they run; against the span "
+                "it includes launch gaps. GPU spans on one stream can absorb the previous stage's queued work (or "
+                "miss launch time spent while the GPU finished it): compare them with the host span and with busy "
+                "time (the `note` column of roofline.csv flags spans that differ by more than 1.5x).", ""]
+
+
+OP_GROUP_TEXT = {"matmul": "GEMM/conv/attention modules incl. their own elementwise kernels",
+                 "kv_cache": "KV-cache update kernels (the growing cache's copies)",
+                 "norm": "LayerNorm / LayerNorm2d / RMSNorm modules", "rope": "rotary cos/sin tables",
+                 "elementwise": "container glue (residual adds, casts in decoder layers and blocks)",
+                 "memory/routing": "embedding, image layout, CLIP embeddings",
+                 "routing/indexing": "the MoE container's own kernels (argsort, gather, scatter, counts, host copy)",
+                 "other": "kernels outside every module (adapter glue, argmax)"}
+
+
+def op_section(table_rows: pd.DataFrame) -> list:
+    """Op families per stage: what each group holds, then kernel busy time against its analytic work."""
+    L = ["## Op families per stage", ""]
+    op = table_rows[table_rows["level"] == "op_family"] if len(table_rows) else table_rows
+    if not len(op):
+        return L + ["_No kernel capture in this run (`measure.kernels=true` adds it)._", ""]
+    by_module = (op["attribution"] == "module").any()
+    mapping = [{"op_family": g, "op_kernels": OP_GROUP_TEXT.get(g, ""),
+                "op_families": ", ".join(f) or ("llm_attention (KV copy bytes only)" if g == "kv_cache"
+                                                else "– (no analytic work)"),
+                "op_categories": ", ".join(c) or "–"} for g, (c, f) in OP_GROUPS.items()]
+    L += table(["op_family", "op_kernels", "op_families", "op_categories"], mapping)
+    L.append("")
+    rows = [{"case": r["case"], "stage": r["stage"], "op_family": r["op_family"], "kernels": r["kernels"],
+             "busy": r["kernel_busy_ms"], "kernel_categories": r.get("kernel_categories") or "–",
+             "gflop": r["tensor_flops"], "mb": r["bytes"], "floor_sheet": r["floor_ms"],
+             "eff_busy": "overhead" if r["bound"] == "overhead" else _pair(r, "efficiency_busy"),
+             "op_bound": r["bound"]} for r in op.to_dict("records")]
+    L += table(["case", "stage", "op_family", "kernels", "busy", "kernel_categories", "gflop", "mb", "floor_sheet",
+                "eff_busy", "op_bound"], rows)
+    how = ("each kernel belongs to the innermost module open when it was launched (forward hooks in the profiled "
+           "request only) and that module's analytic family; the KV cache's copy traffic (growing minus static "
+           "cache) is its own row, the attention keeps the KV reads it needs" if by_module else
+           "this run predates module attribution: kernels are grouped by their names (kernel categories), so "
+           "unfused norms, KV-cache copies and MoE indexing land in elementwise/memory rows")
+    return L + ["", f"busy ms = union of the group's kernel intervals in the profiled request; {how}. A row without "
+                "analytic work is `overhead` (no efficiency).", ""]
+
+
+def charts_section(run: RunData) -> list:
+    L = [f"![{what}]({name})" for name, what in (("time_breakdown.png", "where the time goes"),
+                                                 ("roofline.png", "roofline")) if (run.path / name).is_file()]
+    return (["## Charts", ""] + L + [""]) if L else []
+
+
+def top_kernels_section(run: RunData) -> list:
+    """The ``TOP_KERNELS`` longest kernels (by total time) of each case x stage of the profiled request."""
+    L = ["## Top kernels per stage", ""]
+    k = run.kernels
+    if k is None or not len(k):
+        return L + ["_No kernel capture in this run._", ""]
+    k = k[k["stage"].notna()]
+    by_case: dict = {}
+    for (case, stage), ks in k.groupby(["case", "stage"], sort=False):
+        by_case.setdefault(case, {})[stage] = ks
+    for case, stages in by_case.items():
+        L += [f"### {case}", ""]
+        rows = []
+        for stage in STAGES:
+            ks = stages.get(stage)
+            if ks is None or not len(ks):
+                continue
+            busy = busy_ms(ks)
+            g = ks.groupby("name", sort=False).agg(category=("category", "first"), calls=("dur_ms", "size"),
+                                                   total=("dur_ms", "sum")).sort_values("total", ascending=False)
+            for name, r in g.head(TOP_KERNELS).iterrows():
+                short = name if len(name) <= 80 else name[:77] + "..."
+                rows.append({"stage": stage, "kernel": f"`{short}`", "category": r["category"], "calls": r["calls"],
+                             "total_ms": r["total"], "mean_us": 1e3 * r["total"] / r["calls"],
+                             "busy_share": r["total"] / busy if busy else None})
+        L += table(["stage", "kernel", "category", "calls", "total_ms", "mean_us", "busy_share"], rows)
+        L.append("")
+    return L
+
+
+__all__ = ["headline_section", "stage_section", "op_section", "charts_section", "top_kernels_section",
+           "OP_GROUP_TEXT", "TOP_KERNELS"]
