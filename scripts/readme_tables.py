@@ -53,7 +53,7 @@ def evidence(folder: Path) -> dict:
     ``tpot_p50_ms``, ``ttft_ms`` (headline.csv: the median request); ``launches_per_step``,
     ``syncs_per_step`` (stages.csv: the profiled request's decode row); ``<stage>_ms``,
     ``<stage>_mfu_cal``, ``mbu``, ``mbu_cal`` (roofline.csv: stage rows, median span over the
-    repeats); ``pages`` / ``distinct_pages`` (manifest.json's case entry: the page of each row).
+    repeats); ``rows``, ``distinct_pages`` (manifest.json's case entry: the page of each row).
     """
     from harness.report.steps import tpot_edges
 
@@ -160,8 +160,8 @@ def vision(folder: Path, ev: dict, cases: list) -> list:
     out = table(["case", "sam ms (measured)", "clip ms (measured)", "projector ms (measured)",
                  "sam MFU cal (derived)", "clip MFU cal (derived)"], ["---", "---:", "---:", "---:", "---:", "---:"],
                 rows)
-    return out + ["", source(folder, ev["device"], "roofline.csv: median span over the timed repeats, analytic FLOPs over it "
-                                         "against the calibrated GEMM ceiling")]
+    return out + ["", source(folder, ev["device"], "roofline.csv: median span over the timed repeats, analytic "
+                                                   "FLOPs over it against the calibrated GEMM ceiling")]
 
 
 def tpot(folder: Path, _ev: dict, _cases: list) -> list:

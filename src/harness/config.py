@@ -204,7 +204,7 @@ class WorkloadConfig:
 
     mode: Any = "base"                     # tiny | small | base | large | gundam | {name, base_size, image_size, crop}
     images: Optional[str] = None           # image file or directory; None -> synthetic pages
-    pages: Optional[int] = _f(None, min=1)   # distinct synthetic pages the requests cycle through; None: new ones per request
+    pages: Optional[int] = _f(None, min=1)  # distinct synthetic pages requests cycle through; None: new per request
     page_size: Optional[List[int]] = None  # [width, height] of synthetic pages (pixels)
     batch: int = _f(1, min=1)              # pages decoded together in one request (same layout)
     repeat_pages: bool = False             # allow a batch of copies when fewer distinct pages than `batch` exist
@@ -213,6 +213,14 @@ class WorkloadConfig:
     text_tokens: int = _f(12, min=0)       # prompt text tokens (BOS excluded) when there is no tokenizer
     seed: int = 0
     max_pixels: int = _f(60_000_000, min=1)  # larger pages are refused with a clear error
+
+
+def check_page_size(w: WorkloadConfig, where: str = "") -> None:
+    """Refuse a ``page_size`` that is not [width, height] in pixels (``where``: a prefix naming the case)."""
+    ps = w.page_size
+    if ps is not None and (len(ps) != 2 or min(ps) < 1):
+        raise HarnessError(f"{where}workload.page_size={list(ps)} is not [width, height] in pixels",
+                           "write it as [1240, 1754]")
 
 
 def _optional_fields(cls) -> list:
@@ -528,10 +536,7 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
     dev = str(cfg.device)
     if dev not in ("auto", "cpu", "cuda") and not (dev.startswith("cuda:") and dev[5:].isdigit()):
         raise HarnessError(f"device={dev!r} is not a device the harness runs on", f"use {DEVICES_HELP}")
-    ps = cfg.workload.page_size
-    if ps is not None and (len(ps) != 2 or min(ps) < 1):
-        raise HarnessError(f"workload.page_size={list(ps)} is not [width, height] in pixels",
-                           "write it as [1240, 1754]")
+    check_page_size(cfg.workload)
     check_vendor_knobs(cfg.model)
     if cfg.run.only is not None:
         names = [c.name for c in cfg.cases or []]
@@ -553,6 +558,7 @@ def check_vendor_knobs(m: ModelConfig) -> None:
 register()   # at import, so any Hydra composition of conf/ (the CLI, tests, user code) finds the schema
 
 __all__ = ["LLMConfig", "SAMConfig", "CLIPConfig", "ProjectorConfig", "ExecutionConfig", "ExecutionOverrides",
-           "ModelConfig", "WorkloadConfig", "CaseConfig", "case_model", "check_execution", "check_decode_attention",
+           "ModelConfig", "WorkloadConfig", "check_page_size", "CaseConfig", "case_model", "check_execution",
+           "check_decode_attention",
            "MeasureConfig", "HardwareConfig", "ProfileConfig", "RunConfig", "HarnessConfig", "ATTN_IMPLEMENTATIONS",
            "register", "from_dict", "to_config", "to_dict", "validate", "config_error", "SCHEMA_NAME"]

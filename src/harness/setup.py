@@ -26,7 +26,7 @@ import torch
 from PIL import Image
 
 from . import workload as wl
-from .config import CaseConfig, HarnessConfig, ModelConfig, WorkloadConfig, case_model
+from .config import CaseConfig, HarnessConfig, ModelConfig, WorkloadConfig, case_model, check_page_size
 from .dtypes import torch_dtype
 from .errors import HarnessError
 
@@ -219,6 +219,7 @@ def page_source(w: WorkloadConfig) -> str:
 def check_pages(w: WorkloadConfig, name: str | None) -> None:
     """Refuse page settings that contradict each other (one-line HarnessError; ``name``: the case)."""
     where = f"case {name}: " if name else ""
+    check_page_size(w, where)
     if w.images and w.pages is not None:
         raise HarnessError(f"{where}workload.pages={w.pages} counts synthetic pages, but workload.images="
                            f"{w.images} gives the pages", "drop workload.pages (the pages of workload.images "
@@ -325,6 +326,6 @@ def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, se
     return model, info
 
 
-__all__ = ["resolve_device", "resolve_dtype", "device_info", "CaseInputs", "WARMUP_STREAM", "distinct_pages", "page_size",
-           "synthetic_pages", "page_source", "check_pages", "request_pages", "case_workloads", "prepare_cases",
+__all__ = ["resolve_device", "resolve_dtype", "device_info", "CaseInputs", "WARMUP_STREAM", "distinct_pages",
+           "page_size", "synthetic_pages", "page_source", "check_pages", "request_pages", "case_workloads", "prepare_cases",
            "load_adapter"]
