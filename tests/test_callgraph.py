@@ -40,11 +40,12 @@ def graph_run(tmp_path_factory, tiny_cfg_dict):
 def reference_routing(tiny_cfg_dict):
     """What the model itself reports: GenerationResult.routing of prefill + one decode step."""
     from harness import workload as wl
+    from harness.config import WorkloadConfig
     from harness.models.build import build_model
+    from harness.setup import synthetic_pages
 
     model = build_model(load_tiny_cfg(), "cpu", torch.float32, seed=0)
-    page = wl.Page("synthetic-000", wl.synthetic_page(0, seed=1000), "synthetic")
-    req = wl.build_request([page], TINY_MODE, decode_tokens=2)
+    req = wl.build_request(synthetic_pages(WorkloadConfig(pages=1), 0), TINY_MODE, decode_tokens=2)   # graph_run's page
     res = model.generate(req, max_new_tokens=2)
     return res.routing, req
 

@@ -38,7 +38,7 @@ def test_experiment_composes_and_prepares(name):
     assert len(cases) == len(plain["cases"]) >= 1
     assert len({c.name for c in cases}) == len(cases)
     for c in cases:
-        assert c.request.image_tokens == image_token_count(c.request.mode, c.request.grid)
+        assert c.case.image_tokens == image_token_count(c.case.mode, c.case.grid)
 
 
 def test_gundam_grids_select_the_named_grids():
@@ -49,17 +49,17 @@ def test_gundam_grids_select_the_named_grids():
         w, h = ov["page_size"]
         assert select_grid(w, h, gundam.image_size) == grid
         assert tile_grid_for(w, h, gundam) == grid
-        assert case.request.grid == grid and case.name == f"gundam-{grid[0]}x{grid[1]}"
-    assert [c.request.image_tokens for c in cases] == [273 + (10 * c + 1) * (10 * r) for c, r in want]
+        assert case.case.grid == grid and case.name == f"gundam-{grid[0]}x{grid[1]}"
+    assert [c.case.image_tokens for c in cases] == [273 + (10 * c + 1) * (10 * r) for c, r in want]
 
 
 def test_batch_and_decode_len_values():
     _, cases = _cases("batch")
-    assert [c.request.batch for c in cases] == [1, 2, 4, 8]
+    assert [c.case.batch for c in cases] == [1, 2, 4, 8]
     assert [c.name for c in cases] == ["base", "base-b2", "base-b4", "base-b8"]
     _, cases = _cases("decode_len")
-    assert [c.request.decode_tokens for c in cases] == [128, 512, 1024, 2048]
-    assert all(c.request.mode.name == "base" for c in cases)
+    assert [c.case.decode_tokens for c in cases] == [128, 512, 1024, 2048]
+    assert all(c.case.mode.name == "base" for c in cases)
 
 
 def test_attention_is_a_hydra_sweep():
@@ -73,9 +73,9 @@ def test_attention_is_a_hydra_sweep():
 
 def test_long_decode_and_vendor_paths():
     _, cases = _cases("decode_len_long")
-    assert [(c.name, c.request.decode_tokens) for c in cases] == [("base-d8192", 8192)]
+    assert [(c.name, c.case.decode_tokens) for c in cases] == [("base-d8192", 8192)]
     _, cases = _cases("vendor_paths")
-    assert [(c.name, c.request.decode_tokens, c.request.mode.name) for c in cases] == [
+    assert [(c.name, c.case.decode_tokens, c.case.mode.name) for c in cases] == [
         ("base-d128", 128, "base"), ("base-d2048", 2048, "base")]
     cfg = _compose(["+experiment=vendor_paths", "model=vendor"], hydra_cfg=True)
     values = str(cfg.hydra.sweeper.params["model.vendor_loop"]).split(",")

@@ -113,8 +113,8 @@ def runs(tmp_path_factory):
     jobs = {
         # the first two run into the same directory name, started together
         "pages-b1": ([*FAST, f"workload.images={pages}", f"hydra.run.dir={same / 'shared'}"], None),
-        "pages-b2": ([*FAST, f"workload.images={pages}", "workload.batch=2", f"hydra.run.dir={same / 'shared'}"],
-                     None),
+        "pages-b2": ([*FAST, f"workload.images={pages}", "workload.batch=2", "workload.repeat_pages=true",
+                      f"hydra.run.dir={same / 'shared'}"], None),
         "sigint-repeat": (FAST, "signal:SIGINT@case=1,repeat=0"),
         "sigterm-warmup": ([*FAST, "measure.warmup=1"], "signal:SIGTERM@case=1,warmup=0"),
         "sigterm-between": ([*FAST, TWO_CASES], "signal:SIGTERM@case=1,done"),
@@ -182,7 +182,10 @@ def test_page_folder_every_page_measured_in_batches_of_one_layout(runs):
                 "t-2x3-b2-p001+p003": (2, "2x3", ["p001.png", "p003.png"]),
                 "t-4x2-b2-p002+p004": (2, "4x2", ["p002.png", "p004.png"]),
                 "t-b2-p005": (2, None, ["p005.png", "p005.png"])}
-            assert "t-b2-p005: the last 1 page(s) of this tile grid fill a batch of 2 by repeating" in man["warnings"]
+            assert ("t-b2-p005: batch of 2 copies of 1 page (workload.repeat_pages=true): identical rows route "
+                    "identically, so its tok/s and MBU do not describe a batch of distinct pages") in man["warnings"]
+            assert [c["pages_label"] for c in cases.values()] == ["batch of 2 distinct pages"] * 2 + [
+                "batch of 2 copies of 1 page"]
         assert "p004.png: I;16 pixels (values 0..4000) scaled linearly to 8 bits" in man["warnings"]
         st = _stages(d)
         req = st[(st["stage"] == "request") & (st["repeat"] == 0)]

@@ -310,23 +310,43 @@ def _sized(*sizes) -> list:
 
 
 def test_batch_pages_groups_a_folder_by_layout():
-    """Tiny mode (128 global, 64 tiles): 120x180 -> 2x3, 200x100 -> 4x2, 50x50 -> no tiles. Batches
-    of one layout in name order, a short last batch filled with its own pages, requests ordered
-    by their first page, labels by position in name order."""
+    """Tiny mode (128 global, 64 tiles): 120x180 -> 2x3, 200x100 -> 4x2, 50x50 -> no tiles. So the
+    six pages form three layout groups, in name order: 2x3 = pages 1, 3, 5; 4x2 = 2, 6; none = 4.
+    A batch holds distinct pages of one layout; a group's last request continues from the group's
+    start; requests are ordered by their first page; labels name the distinct pages by position."""
     mode = {"name": "t", "base_size": 128, "image_size": 64, "crop": True}
     pages = _sized((120, 180), (200, 100), (120, 180), (50, 50), (120, 180), (200, 100))
     one = wl.batch_pages(pages, mode, 1)
     assert [(label, [p.name for p in group]) for label, group in one] == [
         (f"p00{i + 1}", [f"0{i}.png"]) for i in range(6)]
-    two = wl.batch_pages(pages, mode, 2)
+    # batch 2: the no-tiles group has one page -> refused without repeat_pages
+    msg = _one_line_error(lambda: wl.batch_pages(pages, mode, 2, where="workload.images=DIR"))
+    assert msg == ("workload.images=DIR has fewer than workload.batch=2 distinct pages of one layout (no tiles: "
+                   "1 page(s), 03.png); fix: set workload.repeat_pages=true to fill each batch by repeating pages "
+                   "(measured as copies), or use workload.batch=1, or add pages of that layout")
+    two = wl.batch_pages(pages, mode, 2, repeat=True)
+    # 2x3 (3 pages): 1+3, then 5 continued by 1; 4x2: 2+6; no tiles: 4 copied
     assert [(label, [p.name for p in group]) for label, group in two] == [
         ("p001+p003", ["00.png", "02.png"]), ("p002+p006", ["01.png", "05.png"]),
-        ("p004", ["03.png", "03.png"]), ("p005", ["04.png", "04.png"])]
-    three = wl.batch_pages(pages, mode, 3)
+        ("p004", ["03.png", "03.png"]), ("p005+p001", ["04.png", "00.png"])]
+    three = wl.batch_pages(pages, mode, 3, repeat=True)
     assert [label for label, _ in three] == ["p001+p003+p005", "p002+p006", "p004"]
     assert [p.name for p in three[1][1]] == ["01.png", "05.png", "01.png"]
     for _, group in two + three:   # every request builds: one layout per batch
         wl.build_request(group, mode, decode_tokens=1)
+    # two groups short at batch 3: both named; batch 1 is what every group can fill
+    msg = _one_line_error(lambda: wl.batch_pages(pages, mode, 3))
+    assert msg.startswith("the folder has fewer than workload.batch=3 distinct pages of one layout (tile grid 4x2: "
+                          "2 page(s), 01.png, 05.png; no tiles: 1 page(s), 03.png); fix: ") and "workload.batch=1," in msg
+
+
+def test_batch_wording():
+    assert wl.batch_wording(1, 1) == "1 page"
+    assert wl.batch_wording(4, 4) == "batch of 4 distinct pages"
+    assert wl.batch_wording(32, 1) == "batch of 32 copies of 1 page"
+    assert wl.batch_wording(4, 2) == "batch of 4 copies of 2 pages"
+    assert wl.names_text(["a", "b"]) == "a, b"
+    assert wl.names_text([f"p{i}" for i in range(32)]) == "p0, p1, p2, ..., p31 (32 pages)"
 
 
 def test_build_request_layout_base():

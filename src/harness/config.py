@@ -224,18 +224,36 @@ EXECUTION_KNOBS = tuple(f.name for f in fields(ExecutionConfig))
 
 @dataclass
 class WorkloadConfig:
-    """What one request contains. Token counts are exact; sizes are pixels."""
+    """What one request contains. Token counts are exact; sizes are pixels.
+
+    Pages of a batch (``harness.setup.synthetic_pages``, ``harness.workload.batch_pages``): a batch of
+    ``batch`` rows holds ``batch`` distinct pages. Synthetic pages (``images`` None) all have one size
+    (``page_size``, default A4 portrait at 150 dpi), so a batch shares one tile grid. ``pages`` None:
+    every request draws new pages; ``pages`` = P: a set of P distinct pages that the requests cycle
+    through in batches (P >= ``batch``). Fewer distinct pages than ``batch`` (P < batch, a folder
+    layout or an image file with fewer pages) is refused unless ``repeat_pages``: the batch is then
+    made of copies (``pages`` unset: copies of one page) and the run says so.
+    """
 
     mode: Any = "base"                     # tiny | small | base | large | gundam | {name, base_size, image_size, crop}
     images: Optional[str] = None           # image file or directory; None -> synthetic pages
-    pages: int = _f(1, min=1)              # synthetic pages to generate when images is None
+    pages: Optional[int] = _f(None, min=1)  # distinct synthetic pages requests cycle through; None: new per request
     page_size: Optional[List[int]] = None  # [width, height] of synthetic pages (pixels)
-    batch: int = _f(1, min=1)              # requests decoded together (same layout)
+    batch: int = _f(1, min=1)              # pages decoded together in one request (same layout)
+    repeat_pages: bool = False             # allow a batch of copies when fewer distinct pages than `batch` exist
     decode_tokens: int = _f(128, min=0)    # fixed greedy decode budget (EOS ignored)
     prompt: str = "<image>\n<|grounding|>Convert the document to markdown. "
     text_tokens: int = _f(12, min=0)       # prompt text tokens (BOS excluded) when there is no tokenizer
     seed: int = 0
     max_pixels: int = _f(60_000_000, min=1)  # larger pages are refused with a clear error
+
+
+def check_page_size(w: WorkloadConfig, where: str = "") -> None:
+    """Refuse a ``page_size`` that is not [width, height] in pixels (``where``: a prefix naming the case)."""
+    ps = w.page_size
+    if ps is not None and (len(ps) != 2 or min(ps) < 1):
+        raise HarnessError(f"{where}workload.page_size={list(ps)} is not [width, height] in pixels",
+                           "write it as [1240, 1754]")
 
 
 def _optional_fields(cls) -> list:
@@ -273,7 +291,7 @@ class MeasureConfig:
     trace: bool = True              # with kernels: save the profiled request as traces/<case>/trace.json.gz (Perfetto)
     module_hooks: bool = True       # with kernels: forward hooks in the profiled request attribute kernels to modules
     layer_ranges: bool = False      # per-layer NVTX ranges (``layer``, payload = index)
-    fresh_inputs: bool = True       # a new synthetic page per repeat (same layout)
+    fresh_inputs: bool = True       # new synthetic pages per repeat (same layout); false: repeat 0's every time
     settle_ms: float = _f(0.0, min=0)   # GPU kept busy this long (matmuls) right before each timed request
 
     def resolved(self, cuda: bool) -> "MeasureConfig":
@@ -548,10 +566,7 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
     dev = str(cfg.device)
     if dev not in ("auto", "cpu", "cuda") and not (dev.startswith("cuda:") and dev[5:].isdigit()):
         raise HarnessError(f"device={dev!r} is not a device the harness runs on", f"use {DEVICES_HELP}")
-    ps = cfg.workload.page_size
-    if ps is not None and (len(ps) != 2 or min(ps) < 1):
-        raise HarnessError(f"workload.page_size={list(ps)} is not [width, height] in pixels",
-                           "write it as [1240, 1754]")
+    check_page_size(cfg.workload)
     check_vendor_knobs(cfg.model)
     if cfg.run.only is not None:
         names = [c.name for c in cfg.cases or []]
@@ -573,7 +588,7 @@ def check_vendor_knobs(m: ModelConfig) -> None:
 register()   # at import, so any Hydra composition of conf/ (the CLI, tests, user code) finds the schema
 
 __all__ = ["LLMConfig", "SAMConfig", "CLIPConfig", "ProjectorConfig", "ExecutionConfig", "ExecutionOverrides",
-           "ModelConfig", "CostModelConfig", "cost_config", "EXECUTION_KNOBS", "WorkloadConfig", "CaseConfig",
-           "case_execution", "check_vendor_execution", "moved_knob",
+           "ModelConfig", "CostModelConfig", "cost_config", "EXECUTION_KNOBS", "WorkloadConfig", "check_page_size",
+           "CaseConfig", "case_execution", "check_vendor_execution", "moved_knob",
            "MeasureConfig", "HardwareConfig", "ProfileConfig", "RunConfig", "HarnessConfig", "ATTN_IMPLEMENTATIONS",
            "register", "from_dict", "to_config", "to_dict", "validate", "config_error", "SCHEMA_NAME"]

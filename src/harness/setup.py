@@ -4,9 +4,11 @@
   (auto: bf16 on CUDA, fp32 on the CPU) with one-line errors for what cannot run here.
 * ``device_info``: name, memory, capability, driver and clocks setting (for manifests, calibration).
 * ``prepare_cases``: the config's cases (``workload`` merged with each ``cases`` entry) with their
-  pages loaded and the first request built, so bad input fails before any model is built. A
-  folder of pages (``workload.images=DIR``) is a set of requests, one case each
-  (``workload.batch_pages``: ``batch`` pages of one layout per request, named by their pages).
+  page settings checked, pages loaded and the first request built, so bad input fails before any
+  model is built. A batch holds distinct pages (``synthetic_pages``: new synthetic pages for every
+  request; a folder, ``workload.images=DIR``, is a set of requests, one case each,
+  ``workload.batch_pages``: ``batch`` pages of one layout per request, named by their pages); a
+  batch of copies only with ``workload.repeat_pages=true``.
 * ``check_cases``: every case's execution checked as a whole on the device (``harness.variants.check``)
   before any model is built: refused with one line, or, for a case of an experiment that only this
   device cannot run, skipped with its reason.
@@ -15,6 +17,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import platform
 import shutil
 import subprocess
@@ -24,9 +27,10 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from PIL import Image
 
 from . import workload as wl
-from .config import CaseConfig, ExecutionConfig, HarnessConfig, ModelConfig, WorkloadConfig, case_execution
+from .config import CaseConfig, ExecutionConfig, HarnessConfig, ModelConfig, WorkloadConfig, case_execution, check_page_size
 from .dtypes import torch_dtype
 from .errors import HarnessError
 
@@ -92,29 +96,53 @@ def device_info(device: torch.device) -> dict:
 
 @dataclass
 class CaseInputs:
-    """One case of a run: its ``case`` (the shape), its workload settings, the execution it runs
-    (``execution``: the run's with the case's overrides), its pages, the validated
-    request of repeat 0 (``request``, CPU tensors) and ``notes`` for the run's warnings (pages
-    converted on loading, a batch filled by repeating pages)."""
+    """One case of a run: its ``case`` (the shape, validated), its workload settings, the execution
+    it runs (``execution``: the run's with the case's overrides), its pages from files (``files``,
+    one per row; None: synthetic pages, drawn per request) and ``notes`` for the run's warnings
+    (pages converted on loading, a batch of copies). ``pages`` and ``request`` (repeat 0's, CPU
+    tensors) are made on first use, so checking a case draws and preprocesses no batch."""
 
     case: wl.Case
     workload: WorkloadConfig
     execution: ExecutionConfig
-    pages: list
     tokenizer: object
-    request: wl.Request
+    files: list | None = None
     notes: list = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return self.case.name
 
+    @functools.cached_property
+    def pages(self) -> list:
+        """The pages of repeat 0, one per row."""
+        return self.files if self.files is not None else synthetic_pages(self.workload, 0)
+
+    @functools.cached_property
+    def request(self) -> wl.Request:
+        """The request of repeat 0 (CPU tensors)."""
+        return self.build(self.pages)
+
+    @property
+    def distinct_pages(self) -> int:
+        """Different pages among a request's rows (the same count in every request of the case)."""
+        return distinct_pages(self.workload) if self.files is None else len({id(p) for p in self.files})
+
+    def pages_entry(self) -> dict:
+        """The manifest case entry's page fields: ``pages`` (request 0's page names, one per row; a
+        one-line summary past 16 rows), ``distinct_pages``, ``copies`` (rows repeat pages),
+        ``pages_label`` (``workload.batch_wording``) and ``page_source`` (where the pages come from)."""
+        names = [p.name for p in self.pages]
+        distinct = self.distinct_pages
+        return {"pages": names if len(names) <= 16 else wl.names_text(names), "distinct_pages": distinct,
+                "copies": distinct < len(names), "pages_label": wl.batch_wording(len(names), distinct),
+                "page_source": page_source(self.workload)}
+
     def pages_of(self, repeat: int) -> list:
-        """The pages of request ``repeat`` (< 0: warm-ups). Synthetic pages are drawn anew per
-        request (same size, new text: seed offset by the request index) so no repeat reuses the
-        previous one's input; pages from files are the same every time."""
+        """The pages of request ``repeat`` (< 0: warm-ups): synthetic pages are new for every request
+        (``synthetic_pages``); pages from files are the same every time."""
         w = self.workload
-        return self.pages if (repeat == 0 or w.images) else pages_for(w, repeat)
+        return self.pages if (repeat == 0 or w.images) else synthetic_pages(w, repeat)
 
     def build(self, pages: list) -> wl.Request:
         """The request of ``pages``: preprocessing (resize/pad, normalisation, tiles) and the token layout."""
@@ -142,21 +170,69 @@ class CaseInputs:
         return req, {"prep_ms": (t1 - t0) * 1e3, "h2d_ms": (t2 - t1) * 1e3}
 
 
-def pages_for(w: WorkloadConfig, repeat: int) -> list:
-    """Synthetic pages of request ``repeat``: ``w.pages`` pages seeded by the request index,
-    repeated or cut to ``w.batch``."""
-    size = tuple(w.page_size) if w.page_size else None
-    seed = w.seed + 1000 * (repeat + 1)
-    pages = [wl.Page(f"synthetic-{i:03d}", wl.synthetic_page(i, seed=seed, size=size), f"synthetic:{seed}")
-             for i in range(w.pages)]
-    if w.batch > 1 and len(pages) == 1:
-        pages = pages * w.batch
-    elif w.batch > 1:
-        pages = pages[: w.batch]
-        if len(pages) < w.batch:
-            raise HarnessError(f"batch={w.batch} needs {w.batch} pages but only {len(pages)} were given",
-                               "add pages or lower workload.batch")
-    return pages
+#: XOR'ed into workload.seed for the warm-up requests' own stream of synthetic pages
+WARMUP_STREAM = 0x5EED
+
+
+def distinct_pages(w: WorkloadConfig) -> int:
+    """Distinct synthetic pages in one request: ``w.batch``; ``min(w.pages, w.batch)`` when
+    ``w.pages`` is set; 1 with ``w.repeat_pages`` and no ``w.pages`` (copies of one page)."""
+    if w.pages is None:
+        return 1 if w.repeat_pages else w.batch
+    return min(w.pages, w.batch)
+
+
+def page_size(w: WorkloadConfig) -> tuple:
+    """(width, height) pixels of every synthetic page: ``w.page_size``, else A4 portrait at 150 dpi."""
+    return tuple(w.page_size) if w.page_size else wl.SYNTHETIC_SIZES[0]
+
+
+def synthetic_pages(w: WorkloadConfig, request: int) -> list:
+    """The ``w.batch`` synthetic pages (rows) of request ``request``: 0, 1, ... the timed repeats
+    (then the profiled request), < 0 the warm-ups.
+
+    Rule: page k of a stream is ``synthetic_page(k, seed, page_size(w))`` (content drawn from
+    (seed, k); one size, so one layout), named ``synthetic-KKKK``. Request r takes d =
+    ``distinct_pages(w)`` consecutive pages, k = r*d ... r*d + d - 1, modulo ``w.pages`` when it is
+    set (the page set that the requests cycle through: d consecutive pages modulo P >= d are
+    distinct), and its rows repeat them only when d < ``w.batch`` (``repeat_pages``). Without
+    ``w.pages`` every request draws new pages; the warm-ups draw from their own stream (seed ^
+    ``WARMUP_STREAM``, names ``synthetic-wKKKK``), so no timed request reuses a warm-up's page.
+    """
+    d, size = distinct_pages(w), page_size(w)
+    warm = request < 0 and w.pages is None
+    seed = w.seed ^ WARMUP_STREAM if warm else w.seed
+    first = (-1 - request) * d if warm else request * d
+    ks = [(first + j) % w.pages if w.pages else first + j for j in range(d)]
+    tag = "w" if warm else ""
+    pages = [wl.Page(f"synthetic-{tag}{k:04d}", wl.synthetic_page(k, seed=seed, size=size), f"synthetic:{seed}:{k}")
+             for k in ks]
+    return [pages[j % d] for j in range(w.batch)]
+
+
+def page_source(w: WorkloadConfig) -> str:
+    """Where a case's pages come from, in words (the manifest's ``page_source``)."""
+    if w.images:
+        return f"workload.images={w.images} (every repeat measures the same pages)"
+    width, height = page_size(w)
+    drawn = (f"a set of {w.pages} that the requests cycle through" if w.pages
+             else "new ones for every request")
+    return f"synthetic pages of {width}x{height} px, {drawn} (seed {w.seed})"
+
+
+def check_pages(w: WorkloadConfig, name: str | None) -> None:
+    """Refuse page settings that contradict each other (one-line HarnessError; ``name``: the case)."""
+    where = f"case {name}: " if name else ""
+    check_page_size(w, where)
+    if w.images and w.pages is not None:
+        raise HarnessError(f"{where}workload.pages={w.pages} counts synthetic pages, but workload.images="
+                           f"{w.images} gives the pages", "drop workload.pages (the pages of workload.images "
+                           "are its files)")
+    if not w.images and w.pages is not None and w.pages < w.batch and not w.repeat_pages:
+        raise HarnessError(f"{where}workload.pages={w.pages} distinct page(s) cannot fill workload.batch={w.batch} "
+                           "without repeating pages",
+                           f"drop workload.pages (each request then draws {w.batch} new pages) or set it to "
+                           f"{w.batch} or more, or set workload.repeat_pages=true to measure a batch of copies")
 
 
 def case_workloads(cfg: HarnessConfig) -> list:
@@ -174,36 +250,47 @@ def case_workloads(cfg: HarnessConfig) -> list:
 
 
 def request_pages(w: WorkloadConfig) -> list:
-    """[(label, pages)]: the requests of one case's workload. Synthetic pages (``pages_for``) or
-    one image file (repeated to ``w.batch``) make one request, label ""; a folder makes
-    ``workload.batch_pages``' requests, labelled by their pages (``p003+p004``)."""
+    """[(label, pages)]: the requests of one case's workload. Synthetic pages make one request,
+    label "", pages None (drawn per request: ``synthetic_pages``); one image file makes one request,
+    label ""; a folder makes ``workload.batch_pages``' requests, labelled by their pages
+    (``p003+p004``). A page source with fewer distinct pages of one layout than ``w.batch`` is
+    refused unless ``w.repeat_pages`` (``workload.check_enough_pages``)."""
     if not w.images:
-        return [("", pages_for(w, 0))]
+        return [("", None)]
     pages = wl.load_pages(w.images, seed=w.seed, max_pixels=w.max_pixels)
+    where = f"workload.images={w.images}"
     if Path(w.images).expanduser().is_dir():
-        return wl.batch_pages(pages, w.mode, w.batch)
+        return wl.batch_pages(pages, w.mode, w.batch, w.repeat_pages, where)
+    wl.check_enough_pages(wl.layout_groups(pages, w.mode), w.batch, w.repeat_pages, where)
     return [("", pages * w.batch)]
 
 
 def prepare_cases(cfg: HarnessConfig) -> tuple:
-    """([CaseInputs], tokenizer note): every case validated (pages load, mode known, layout
-    consistent, names distinct) before any model is built. A case whose requests come from a
-    folder becomes one case per request, named ``<name>-<label>`` (e.g. ``gundam-2x3-p003``,
-    ``gundam-2x3-b2-p003+p004``)."""
+    """([CaseInputs], tokenizer note): every case validated (page settings consistent, pages load,
+    mode known, layout consistent, names distinct) before any model is built. A case whose requests
+    come from a folder becomes one case per request, named ``<name>-<label>`` (e.g.
+    ``gundam-2x3-p003``, ``gundam-2x3-b2-p003+p004``). A case whose rows repeat pages
+    (``workload.repeat_pages``) gets a note that says so (``workload.batch_wording``)."""
     tokenizer, reason = wl.load_tokenizer(cfg.model.path, cfg.workload.text_tokens)
     cases = []
     for name, w, m in case_workloads(cfg):
-        for label, pages in request_pages(w):
-            req = wl.build_request(pages, w.mode, decode_tokens=w.decode_tokens, prompt=w.prompt,
-                                   tokenizer=tokenizer, text_tokens=w.text_tokens, seed=w.seed, name=name or "")
-            notes = [p.note for p in {id(p): p for p in pages}.values() if p.note]
+        check_pages(w, name)
+        for label, files in request_pages(w):
+            # synthetic pages all have one size: a blank page of that size has their layout
+            shown = files if files is not None else [wl.Page("layout", Image.new("RGB", page_size(w)), "layout")]
+            req = wl.build_request(shown, w.mode, decode_tokens=w.decode_tokens, prompt=w.prompt,
+                                   tokenizer=tokenizer, text_tokens=w.text_tokens, seed=w.seed)
+            c = req.case
+            case = wl.Case(c.mode, c.grid, w.batch, c.text_tokens, c.decode_tokens, name or "")
             if label:
-                req = dataclasses.replace(req, case=dataclasses.replace(req.case, name=f"{req.case.name}-{label}"))
-                distinct = label.count("+") + 1
-                if distinct < w.batch:
-                    notes.append(f"{req.case.name}: the last {distinct} page(s) of this tile grid fill a batch of "
-                                 f"{w.batch} by repeating")
-            cases.append(CaseInputs(req.case, w, m, pages, tokenizer, req, notes))
+                case = dataclasses.replace(case, name=f"{case.name}-{label}")
+            notes = [p.note for p in {id(p): p for p in files or []}.values() if p.note]
+            inputs = CaseInputs(case, w, m, tokenizer, files, notes)
+            if inputs.distinct_pages < w.batch:
+                notes.append(f"{inputs.name}: {wl.batch_wording(w.batch, inputs.distinct_pages)} "
+                             "(workload.repeat_pages=true): identical rows route identically, so its tok/s and MBU "
+                             "do not describe a batch of distinct pages")
+            cases.append(inputs)
     names = [c.name for c in cases]
     if len(set(names)) != len(names):
         raise HarnessError(f"two cases share a name ({names})", "give each case a distinct `name`")
@@ -226,7 +313,7 @@ def check_cases(cfg: HarnessConfig, cases: Optional[list] = None, device: Option
     dtype = dtype or resolve_dtype(cfg.dtype, device)
     if cases is None and any(ex.static_cache_len is not None for _, _, ex in case_workloads(cfg)):
         cases, _ = prepare_cases(cfg)
-    entries = ([(c.name, c.execution, c.execution.positions(c.request.prefill_tokens, c.workload.decode_tokens))
+    entries = ([(c.name, c.execution, c.execution.positions(c.case.prefill_tokens, c.workload.decode_tokens))
                 for c in cases] if cases is not None else
                [(name, ex, None) for name, _, ex in case_workloads(cfg)])
     skipped, first = {}, None
@@ -278,5 +365,6 @@ def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, se
     return model, info
 
 
-__all__ = ["resolve_device", "resolve_dtype", "device_info", "CaseInputs", "pages_for", "request_pages", "case_workloads",
-           "prepare_cases", "check_cases", "load_adapter"]
+__all__ = ["resolve_device", "resolve_dtype", "device_info", "CaseInputs", "WARMUP_STREAM", "distinct_pages",
+           "page_size", "synthetic_pages", "page_source", "check_pages", "request_pages", "case_workloads", "prepare_cases",
+           "check_cases", "load_adapter"]

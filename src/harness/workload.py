@@ -7,8 +7,10 @@ here has exactly the token count and tensors the vendor path would feed the mode
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
+import random
 import warnings
 from collections.abc import Mapping
 import dataclasses
@@ -266,6 +268,7 @@ _SYLLABLES = ("ka", "lo", "mi", "re", "tan", "vo", "shi", "pe", "dor", "nu", "ga
               "ba", "on", "se", "qua", "lim", "zo", "der", "fa", "mor", "ti", "ul")
 
 
+@functools.lru_cache(maxsize=None)
 def _font(px: int):
     try:
         return ImageFont.load_default(size=px)
@@ -273,55 +276,83 @@ def _font(px: int):
         return ImageFont.load_default()
 
 
-def _word(rng: np.random.Generator) -> str:
-    n = int(rng.integers(1, 4))
-    return "".join(_SYLLABLES[int(i)] for i in rng.integers(0, len(_SYLLABLES), size=n))
+@functools.lru_cache(maxsize=None)
+def _glyph(char: str, px: int) -> tuple:
+    """(mask, advance px) of one character in the ``px`` font: rendered once, pasted everywhere."""
+    font = _font(px)
+    right, bottom = font.getbbox(char)[2:]
+    mask = Image.new("L", (max(1, int(right) + 1), max(1, int(bottom) + 1)), 0)
+    ImageDraw.Draw(mask).text((0, 0), char, fill=255, font=font)
+    return mask, font.getlength(char)
+
+
+def _text_px(text: str, px: int) -> float:
+    """Width in pixels of ``text`` as ``_draw_text`` sets it (sum of the characters' advances)."""
+    return sum(_glyph(c, px)[1] for c in text)
+
+
+def _draw_text(page: Image.Image, xy: tuple, text: str, px: int, fill: tuple) -> None:
+    """Set ``text`` at ``xy`` (top left) by pasting cached glyphs: a page of about 8,000 characters
+    costs a few thousand pastes instead of one font rendering per line (several times faster)."""
+    x, y = xy
+    for char in text:
+        mask, advance = _glyph(char, px)
+        if not char.isspace():
+            page.paste(fill, (int(round(x)), int(y)), mask)
+        x += advance
+
+
+def _word(rng: random.Random) -> str:
+    return "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 3)))
 
 
 def synthetic_page(index: int, seed: int = 0, size: tuple[int, int] | None = None) -> Image.Image:
     """A deterministic RGB document page: title, text lines and a ruled table.
 
-    Same (index, seed, size) -> identical pixels. Size (pixels) cycles with ``index`` through
-    ``SYNTHETIC_SIZES`` unless given; index 0 is an A4 portrait page (1240 x 1754).
+    Same (index, seed, size) -> identical pixels; the text is drawn from (seed, index). Size
+    (pixels) cycles with ``index`` through ``SYNTHETIC_SIZES`` unless given; index 0 is an A4
+    portrait page (1240 x 1754).
     """
     width, height = size if size is not None else SYNTHETIC_SIZES[index % len(SYNTHETIC_SIZES)]
     if width <= 0 or height <= 0:
         raise HarnessError(f"synthetic page size {width}x{height} pixels is empty",
                            "give a positive width and height")
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(index)]))
+    state = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(index)]).generate_state(2)
+    rng = random.Random(int(state[0]) << 32 | int(state[1]))
     page = Image.new("RGB", (width, height), (255, 255, 255))
     draw = ImageDraw.Draw(page)
     margin = max(8, width // 16)
     body_px = max(10, width // 70)
-    body, title_font = _font(body_px), _font(body_px * 2)
     line_h = int(body_px * 1.5)
     right = width - margin
 
     y = margin
-    title = " ".join(_word(rng).capitalize() for _ in range(int(rng.integers(2, 5))))
-    draw.text((margin, y), title, fill=(0, 0, 0), font=title_font)
+    title = " ".join(_word(rng).capitalize() for _ in range(rng.randint(2, 4)))
+    _draw_text(page, (margin, y), title, body_px * 2, (0, 0, 0))
     y += body_px * 3
 
     # paragraphs of pseudo-random words, filling about half the page
     text_end = margin + int((height - 2 * margin) * 0.5)
+    space = _text_px(" ", body_px)
     while y + line_h <= text_end:
         if rng.random() < 0.15:          # paragraph break
             y += line_h // 2
         x = margin + (body_px * 2 if rng.random() < 0.1 else 0)
-        words = []
+        words, used = [], 0.0       # a line's width: its words' widths plus one space between each
         while True:
-            candidate = " ".join(words + [_word(rng)])
-            if x + draw.textlength(candidate, font=body) > right:
+            word = _word(rng)
+            add = _text_px(word, body_px) + (space if words else 0.0)
+            if x + used + add > right:
                 break
-            words = candidate.split(" ")
-        if words:
-            draw.text((x, y), " ".join(words), fill=(20, 20, 20), font=body)
+            words.append(word)
+            used += add
+        _draw_text(page, (x, y), " ".join(words), body_px, (20, 20, 20))
         y += line_h
 
     # ruled table with cell text
     y += line_h
-    n_cols = int(rng.integers(3, 6))
-    n_rows = int(rng.integers(3, 9))
+    n_cols = rng.randint(3, 5)
+    n_rows = rng.randint(3, 8)
     row_h = line_h + body_px // 2
     n_rows = max(0, min(n_rows, (height - margin - y) // row_h))
     if n_rows >= 2:
@@ -333,18 +364,17 @@ def synthetic_page(index: int, seed: int = 0, size: tuple[int, int] | None = Non
             draw.line([(xc, y), (xc, y + n_rows * row_h)], fill=(0, 0, 0), width=1)
         for r in range(n_rows):
             for c in range(n_cols):
-                cell = _word(rng) if r == 0 else (
-                    f"{float(rng.integers(0, 100000)) / 100:.2f}" if c else _word(rng))
-                while cell and draw.textlength(cell, font=body) > col_w - 6:
+                cell = _word(rng) if r == 0 or not c else f"{rng.randrange(100000) / 100:.2f}"
+                while cell and _text_px(cell, body_px) > col_w - 6:
                     cell = cell[:-1]
-                draw.text((int(margin + c * col_w) + 3, y + r * row_h + body_px // 4), cell,
-                          fill=(0, 0, 0), font=body)
+                _draw_text(page, (int(margin + c * col_w) + 3, y + r * row_h + body_px // 4), cell, body_px,
+                           (0, 0, 0))
         y += n_rows * row_h + line_h
 
     # footer lines where room is left
     while y + line_h <= height - margin:
-        draw.text((margin, y), " ".join(_word(rng) for _ in range(int(rng.integers(2, 7)))),
-                  fill=(60, 60, 60), font=body)
+        _draw_text(page, (margin, y), " ".join(_word(rng) for _ in range(rng.randint(2, 6))), body_px,
+                   (60, 60, 60))
         y += line_h
     return page
 
@@ -662,28 +692,70 @@ def _filler_ids(count: int, seed: int) -> list[int]:
     return [int(v) for v in rng.integers(1000, 100000, size=count)]
 
 
-def batch_pages(pages: list[Page], mode, batch: int) -> list:
+def batch_wording(batch: int, distinct: int) -> str:
+    """How a request's pages are named everywhere (manifest case entry, warnings, report):
+    ``batch of 32 copies of 1 page`` when its ``batch`` rows hold only ``distinct`` different pages,
+    else ``batch of 4 distinct pages`` (``1 page`` at batch 1)."""
+    if distinct >= batch:
+        return "1 page" if batch == 1 else f"batch of {batch} distinct pages"
+    return f"batch of {batch} copies of {distinct} page{'' if distinct == 1 else 's'}"
+
+
+def names_text(names: list, limit: int = 4) -> str:
+    """Page names for one line: all of them up to ``limit``, else the first three, an ellipsis, the
+    last one and the count (``a.png, b.png, c.png, ..., z.png (26 pages)``)."""
+    names = [str(n) for n in names]
+    if len(names) <= limit:
+        return ", ".join(names)
+    return f"{', '.join(names[:3])}, ..., {names[-1]} ({len(names)} pages)"
+
+
+def layout_groups(pages: list[Page], mode) -> dict:
+    """{tile grid or None: [(1-based position in ``pages``, page)]}: pages grouped by their layout in
+    ``mode`` (the tile grid fixes the image-token count, so only one layout fits in a batch)."""
+    groups: dict = {}
+    for number, page in enumerate(pages, 1):
+        groups.setdefault(tile_grid_for(*page.image.size, mode), []).append((number, page))
+    return groups
+
+
+def check_enough_pages(groups: dict, batch: int, repeat: bool, where: str) -> None:
+    """Refuse a layout group with fewer than ``batch`` distinct pages unless ``repeat`` (then its
+    batches are copies). ``where`` names the page source in the one-line error."""
+    short = {g: m for g, m in groups.items() if len(m) < batch}
+    if not short or repeat:
+        return
+    found = "; ".join(f"{'tile grid ' + grid_text(g) if g else 'no tiles'}: {len(m)} page(s), "
+                      f"{names_text([p.name for _, p in m])}" for g, m in short.items())
+    fewest = min(len(m) for m in groups.values())
+    raise HarnessError(f"{where} has fewer than workload.batch={batch} distinct pages of one layout ({found})",
+                       "set workload.repeat_pages=true to fill each batch by repeating pages (measured as "
+                       f"copies), or use workload.batch={fewest}, or add pages of that layout")
+
+
+def batch_pages(pages: list[Page], mode, batch: int, repeat: bool = False, where: str = "the folder") -> list:
     """The requests of a folder of pages: [(label, pages)], ``batch`` pages each.
 
-    Rule: the pages, in name order, are grouped by layout in ``mode`` (their tile grid, which fixes
-    the image-token count); each group is cut into consecutive batches of ``batch`` pages; a
-    group's short last batch is filled by repeating its own pages in order, so every request has
-    exactly ``batch`` pages and every page is measured. Requests are ordered by their first page.
-    ``label`` names the distinct pages by their 1-based position in name order: ``p003``,
-    ``p003+p004``.
+    Rule: the pages, in name order, are grouped by layout in ``mode`` (``layout_groups``). A group of
+    n >= ``batch`` pages is cut into ceil(n / batch) requests of ``batch`` consecutive pages; the
+    last one continues from the group's start (n = 5, batch 4: p1-p4, then p5 p1 p2 p3), so every
+    page is measured and no request holds a page twice. A group of fewer than ``batch`` pages is
+    refused (``check_enough_pages``) unless ``repeat``: its one request then cycles through its
+    pages (a batch of copies). Requests are ordered by their first page. ``label`` names the
+    request's distinct pages by their 1-based position in name order: ``p003``, ``p003+p004``.
     """
     mode = get_mode(mode)
     batch = _count(batch, "workload.batch", 1)
     width = max(3, len(str(len(pages))))
-    groups: dict = {}
-    for number, page in enumerate(pages, 1):
-        groups.setdefault(tile_grid_for(*page.image.size, mode), []).append((number, page))
+    groups = layout_groups(pages, mode)
+    check_enough_pages(groups, batch, repeat, where)
     requests = []
     for members in groups.values():
         for start in range(0, len(members), batch):
-            chunk = members[start:start + batch]
-            label = "+".join(f"p{number:0{width}d}" for number, _ in chunk)
-            requests.append((chunk[0][0], label, [chunk[j % len(chunk)][1] for j in range(batch)]))
+            chunk = [members[(start + j) % len(members)] for j in range(batch)]
+            distinct = list({number: (number, page) for number, page in chunk}.values())
+            label = "+".join(f"p{number:0{width}d}" for number, _ in distinct)
+            requests.append((chunk[0][0], label, [page for _, page in chunk]))
     return [(label, group) for _, label, group in sorted(requests, key=lambda r: r[0])]
 
 
@@ -786,6 +858,7 @@ __all__ = [
     "Case", "as_case", "parse_grid", "grid_text", "default_grid",
     "CropMode", "get_mode", "queries_per_side", "select_grid", "tile_grid_for",
     "image_token_count", "PreparedImage", "to_tensor", "preprocess", "Page", "SYNTHETIC_SIZES",
-    "synthetic_page", "load_pages", "to_8bit", "batch_pages", "Request", "build_request", "load_tokenizer",
+    "synthetic_page", "load_pages", "to_8bit", "batch_pages", "batch_wording", "names_text", "layout_groups",
+    "check_enough_pages", "Request", "build_request", "load_tokenizer",
     "tokenizer_or_reason", "describe",
 ]

@@ -1,0 +1,236 @@
+"""README.md's result tables, generated from the committed evidence under runs/examples/.
+
+    python scripts/readme_tables.py            # rewrite README.md's generated blocks
+    python scripts/readme_tables.py --check    # exit 1, naming each block, when README.md differs
+
+A generated block in README.md is
+
+    <!-- generated: KIND FOLDER [CASE ...] -->
+    (written by this script)
+    <!-- end generated -->
+
+FOLDER is a run folder under runs/examples/ (the table names it underneath); KIND is
+* ``ladder``: one row per case: batch, pages, tok/s, TPOT p50, TTFT, kernels and host syncs per
+  decode step, decode MBU against the datasheet and the calibrated bandwidth;
+* ``vision``: the named CASEs' sam / clip / projector time and MFU (calibrated);
+* ``tpot``: FOLDER's run subfolders side by side: TPOT p50 over all decode steps, the first and the
+  last 128 (the vendor's decode paths against a faster execution);
+* ``overhead``: the request ratio of ``scripts/bench_overhead.py`` (FOLDER/bench_overhead.log).
+
+Every figure is read by ``evidence`` (the one function that knows the run files) and printed as
+the run measured or derived it. A batched case whose rows repeat pages (a batch of copies, the
+workload of runs before distinct pages) is marked superseded and shows no figures: identical rows
+route identically, so its tok/s and MBU describe no real batch. An efficiency above 100% is never
+printed as a number: it is flagged (bytes, FLOPs or ceiling wrong).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # tpot_table, beside this script
+
+BLOCK = re.compile(r"<!-- generated: (?P<spec>[^>]*?) -->\n(?P<body>.*?)<!-- end generated -->", re.S)
+OVERHEAD = re.compile(r"nvtx\+events\s+request\s+ratio median\s+(?P<ratio>[\d.]+)\s+95% CI \[(?P<lo>[\d.]+), "
+                      r"(?P<hi>[\d.]+)\]\s+\(rounds (?P<rounds>\d+)")
+FLAGGED = "flagged: above 100%"
+
+
+# ------------------------------------------------------------------------------ reading
+
+def evidence(folder: Path) -> dict:
+    """What one evidence folder holds, as plain values: the one place that reads run files (adapt
+    it here when they change).
+
+    {"device": manifest's device name, "cases": {case: figures}, "tpot": {case: tpot_edges row},
+    "overhead": {ratio, lo, hi, rounds} or None}. Figures per case: ``batch``, ``decode_tok_s``,
+    ``tpot_p50_ms``, ``ttft_ms`` (headline.csv: the median request); ``launches_per_step``,
+    ``syncs_per_step`` (stages.csv: the profiled request's decode row); ``<stage>_ms``,
+    ``<stage>_mfu_cal``, ``mbu``, ``mbu_cal`` (roofline.csv: stage rows, median span over the
+    repeats); ``rows``, ``distinct_pages`` (manifest.json's case entry: the page of each row).
+    """
+    from harness.report.steps import tpot_edges
+
+    manifest = json.loads((folder / "manifest.json").read_text())
+    cases = {}
+    for entry in manifest.get("cases") or []:
+        names = entry.get("pages")
+        rows = len(names) if isinstance(names, list) else int(entry["batch"])
+        distinct = entry.get("distinct_pages", len(set(names)) if isinstance(names, list) else rows)
+        cases[entry["name"]] = {"batch": int(entry["batch"]), "rows": rows, "distinct_pages": int(distinct)}
+    if (folder / "headline.csv").exists():
+        for r in pd.read_csv(folder / "headline.csv").to_dict("records"):
+            cases.setdefault(r["case"], {}).update({k: r[k] for k in ("decode_tok_s", "tpot_p50_ms", "ttft_ms")})
+    if (folder / "stages.csv").exists():
+        st = pd.read_csv(folder / "stages.csv", low_memory=False)
+        prof = st[(st["stage"] == "decode") & (st["repeat"].astype(str) == "profiled")
+                  & (st["call"].astype(str) == "all")]
+        for r in prof.to_dict("records"):
+            cases.setdefault(r["case"], {}).update({k: r.get(k) for k in ("launches_per_step", "syncs_per_step")})
+    if (folder / "roofline.csv").exists():
+        rf = pd.read_csv(folder / "roofline.csv", low_memory=False)
+        for r in rf[rf["level"] == "stage"].to_dict("records"):
+            fig = cases.setdefault(r["case"], {})
+            fig.update({f"{r['stage']}_ms": r["measured_ms"], f"{r['stage']}_mfu_cal": r["mfu_cal"]})
+            if r["stage"] == "decode":
+                fig.update(mbu=r["mbu"], mbu_cal=r["mbu_cal"])
+    tpot = {}
+    if (folder / "steps.csv").exists():
+        tpot = {r["case"]: r for r in tpot_edges(pd.read_csv(folder / "steps.csv")).to_dict("records")}
+    log = folder / "bench_overhead.log"
+    hit = OVERHEAD.search(log.read_text()) if log.exists() else None
+    return {"device": (manifest.get("device") or {}).get("name") or "no CUDA device", "manifest": manifest,
+            "cases": cases, "tpot": tpot, "overhead": hit.groupdict() if hit else None}
+
+
+# ----------------------------------------------------------------------------- formatting
+
+def number(value, fmt: str) -> str:
+    """``fmt`` of a measured or derived value; '–' where the evidence has none."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "–"
+    return fmt.format(value)
+
+
+def share(fraction) -> str:
+    """A fraction of a ceiling as a percentage; above 1 it is flagged, never printed as a figure."""
+    if fraction is None or fraction != fraction:
+        return "–"
+    return FLAGGED if fraction > 1 else f"{fraction:.1%}"
+
+
+def copies(fig: dict) -> bool:
+    """Whether a case's rows repeat pages (a batch of copies)."""
+    return fig.get("distinct_pages", fig.get("rows", 1)) < fig.get("rows", 1)
+
+
+def pages_cell(fig: dict) -> str:
+    from harness.workload import batch_wording
+
+    wording = batch_wording(fig["rows"], fig["distinct_pages"])
+    return f"superseded: {wording}" if copies(fig) else wording
+
+
+def table(header: list, align: list, rows: list) -> list:
+    return ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def source(folder: Path, device: str, files: str) -> str:
+    return f"Evidence: `runs/examples/{folder.name}/` ({device}; {files})."
+
+
+# ---------------------------------------------------------------------------------- blocks
+
+def ladder(folder: Path, ev: dict, _cases: list) -> list:
+    rows = []
+    for case, fig in ev["cases"].items():
+        if "decode_tok_s" not in fig:
+            continue
+        if copies(fig):
+            rows.append([case, str(fig["batch"]), pages_cell(fig)] + ["–"] * 6)
+            continue
+        rows.append([case, str(fig["batch"]), pages_cell(fig), number(fig["decode_tok_s"], "{:,.1f}"),
+                     number(fig["tpot_p50_ms"], "{:.3f}"), number(fig["ttft_ms"], "{:.2f}"),
+                     number(fig.get("launches_per_step"), "{:,.0f}"), number(fig.get("syncs_per_step"), "{:.0f}"),
+                     f"{share(fig.get('mbu'))} / {share(fig.get('mbu_cal'))}"])
+    out = table(["case", "batch", "pages", "tok/s (derived)", "TPOT p50 ms (measured)", "TTFT ms (measured)",
+                 "kernels/step (measured)", "host syncs/step (measured)", "decode MBU sheet / cal (derived)"],
+                ["---", "---:", "---", "---:", "---:", "---:", "---:", "---:", "---:"], rows)
+    superseded = [c for c, f in ev["cases"].items() if "decode_tok_s" in f and copies(f)]
+    note = [""] + ([f"Superseded rows ({', '.join(superseded)}): batches of copies, whose identical rows route onto "
+                    "the same experts, so their tok/s and MBU describe no real batch; their figures stay in the "
+                    "evidence folder's report only."] if superseded else [])
+    return out + note + ["", source(folder, ev["device"], "headline.csv: the median request; stages.csv: the profiled "
+                                                 "request; roofline.csv; manifest.json: the pages")]
+
+
+def vision(folder: Path, ev: dict, cases: list) -> list:
+    rows = []
+    for case in cases:
+        fig = ev["cases"][case]
+        rows.append([case] + [number(fig.get(f"{s}_ms"), "{:.2f}" if s != "projector" else "{:.3f}")
+                              for s in ("sam", "clip", "projector")]
+                    + [share(fig.get(f"{s}_mfu_cal")) for s in ("sam", "clip")])
+    out = table(["case", "sam ms (measured)", "clip ms (measured)", "projector ms (measured)",
+                 "sam MFU cal (derived)", "clip MFU cal (derived)"], ["---", "---:", "---:", "---:", "---:", "---:"],
+                rows)
+    return out + ["", source(folder, ev["device"], "roofline.csv: median span over the timed repeats, analytic "
+                                                   "FLOPs over it against the calibrated GEMM ceiling")]
+
+
+def tpot(folder: Path, _ev: dict, _cases: list) -> list:
+    from tpot_table import label
+
+    rows, devices = [], []
+    runs = {sub: evidence(sub) for sub in folder.iterdir() if (sub / "manifest.json").exists()}
+    for sub, sev in sorted(runs.items(), key=lambda kv: str(kv[1]["manifest"].get("started"))):   # as they ran
+        devices.append(sev["device"])
+        edges = sorted(sev["tpot"].values(), key=lambda r: r["steps"])
+        short, long = edges[0], edges[-1]
+        rows.append([f"`{sub.name}`: {label(sev['manifest'])}", f"{short['steps'] + 1:,}",
+                     number(short["tpot_p50_ms"], "{:.3f}"), f"{long['steps'] + 1:,}",
+                     " / ".join(number(long[k], "{:.3f}") for k in ("tpot_p50_ms", "first_p50_ms", "last_p50_ms"))])
+    out = table(["run", "decode tokens", "TPOT p50 ms (measured)", "decode tokens", "TPOT p50 ms (measured): all / "
+                 "first 128 / last 128 steps"], ["---", "---:", "---:", "---:", "---"], rows)
+    return out + ["", source(folder, ", ".join(dict.fromkeys(devices)), "each run's steps.csv: GPU ms from CUDA "
+                                                                          "events, median over repeats and steps")]
+
+
+def overhead(folder: Path, ev: dict, _cases: list) -> list:
+    o = ev["overhead"]
+    return [f"Measured on the best variant ({ev['device']}): NVTX ranges + CUDA events / bare request = {o['ratio']} "
+            f"[{o['lo']}, {o['hi']}] (median of {o['rounds']} interleaved rounds, bootstrap 95% interval; "
+            f"`runs/examples/{folder.name}/bench_overhead.log`)."]
+
+
+KINDS = {"ladder": ladder, "vision": vision, "tpot": tpot, "overhead": overhead}
+
+
+def render(spec: str, examples: Path) -> str:
+    """The text of block ``spec`` ("KIND FOLDER [CASE ...]")."""
+    kind, folder, *cases = spec.split()
+    path = examples / folder
+    ev = evidence(path) if (path / "manifest.json").exists() else {}
+    return "\n".join(KINDS[kind](path, ev, cases)) + "\n"
+
+
+def generate(text: str, examples: Path) -> tuple:
+    """(README text with every generated block rewritten, [specs of the blocks that changed])."""
+    changed = []
+
+    def one(m):
+        body = render(m["spec"], examples)
+        if body != m["body"]:
+            changed.append(m["spec"])
+        return f"<!-- generated: {m['spec']} -->\n{body}<!-- end generated -->"
+
+    return BLOCK.sub(one, text), changed
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 when README.md differs from what would be written")
+    ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    ap.add_argument("--examples", type=Path, default=ROOT / "runs" / "examples")
+    args = ap.parse_args(argv)
+    text = args.readme.read_text()
+    new, changed = generate(text, args.examples)
+    if args.check:
+        for spec in changed:
+            print(f"{args.readme}: generated block '{spec}' differs from its evidence; "
+                  "run python scripts/readme_tables.py", file=sys.stderr)
+        return 1 if changed else 0
+    if new != text:
+        args.readme.write_text(new)
+    print(f"{args.readme}: {len(changed)} block(s) rewritten" if changed else f"{args.readme}: up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
