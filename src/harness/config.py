@@ -309,7 +309,6 @@ class ThroughputConfig:
       reached [s, pages] (None: 30 s and 0 pages / 0 s and 4 pages).
     * ``warmup_batches``: batches run before the window (compile, capture, pool warm-up) (None: 2 / 1).
     * ``tokens``: None = ``workload.decode_tokens`` for every page; else a seeded per-page distribution.
-    * ``preprocess``: where pages are resized and normalised (``cpu``: the vendor's PIL path in workers).
     * ``best``: run the ``best`` case's execution of ``conf/experiment/optimize.yaml`` with the
       ``model.*`` knobs that differ from the defaults on top (None: on CUDA; the CPU runs ``model.*``).
     * ``execution``: execution knobs over all of that (None = as above), e.g. ``vision_compile: false``.
@@ -324,7 +323,6 @@ class ThroughputConfig:
     window_pages: Optional[int] = _f(None, min=0)
     warmup_batches: Optional[int] = _f(None, min=0)
     tokens: Optional[TokensConfig] = None
-    preprocess: str = _f("cpu", choices=("cpu",))
     best: Optional[bool] = None
     execution: Optional[ExecutionOverrides] = None
     prefetch: int = _f(2, min=1)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from ..roofline.plot import STAGE_COLORS, save_figure
@@ -87,10 +86,6 @@ def plot_timeline(panels: list, path, title: str = "") -> Path:
     if title:
         fig.suptitle(title, fontsize=10)
     return save_figure(fig, Path(path))
-
-
-def finite(v) -> bool:
-    return v is not None and np.isfinite(float(v))
 
 
 __all__ = ["plot_throughput", "plot_timeline", "timeline_lanes", "BOUND_MARKERS", "PUBLISHED_PAGES_S"]

@@ -44,9 +44,11 @@ class Marks:
         return ev
 
     def _sync_mark(self):
+        """(a mark, the host time it completed) with the device idle."""
         if self.cuda:
             torch.cuda.synchronize()
         m = self.mark()
+        self.done(m)
         return m, time.perf_counter_ns()
 
     def base(self) -> None:
