@@ -25,7 +25,9 @@ from test_faults import harness  # noqa: E402 - the CLI as a subprocess, with an
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "throughput"
 TINY = ["+experiment=throughput", "model=tiny", "workload.mode={name: t, base_size: 128, image_size: 64, crop: true}"]
-FAST = [*TINY, "workload.decode_tokens=3", "throughput.pages=6", "throughput.window_pages=2"]
+# small synthetic pages (quick to draw), one layout in the tiny mode (2x3)
+FAST = [*TINY, "workload.decode_tokens=3", "workload.page_size=[160,240]", "throughput.pages=4",
+        "throughput.window_pages=2"]
 
 
 def _window():
@@ -211,9 +213,7 @@ def test_cpu_run_writes_every_file(runs):
     for pages in batches["pages"]:
         ids = pages.split("+")
         assert len(set(ids)) == len(ids)                        # distinct pages in every batch
-    # six synthetic pages in the tiny mode: 2x3 (0, 1, 5), 3x2 (2, 4) and 1x3 (3): batch 2 leaves 1x3 out
-    assert any("layout 1x3 left out" in w for w in man["warnings"])
-    assert "3" not in set("+".join(batches.loc[batches["config"] == "b2", "pages"]).split("+"))
+    assert set("+".join(batches["pages"]).split("+")) <= {"0", "1", "2", "3"}
     md = (d / "report.md").read_text()
     assert "## Throughput (sustained pipeline)" in md and "200k pages/day" in md and "| b2 | 2 |" in md
 
