@@ -13,6 +13,8 @@ from harness.workload import get_mode, image_token_count, select_grid, tile_grid
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+#: experiments that measure something other than cases (their own test below)
+PIPELINES = ("throughput",)
 
 
 def _compose(overrides, hydra_cfg=False):
@@ -32,13 +34,24 @@ def test_expected_experiments_exist():
     assert {"crop_mode", "gundam_grids", "batch", "decode_len", "attention"} <= set(EXPERIMENTS)
 
 
-@pytest.mark.parametrize("name", EXPERIMENTS)
+@pytest.mark.parametrize("name", [e for e in EXPERIMENTS if e not in PIPELINES])
 def test_experiment_composes_and_prepares(name):
     plain, cases = _cases(name)
     assert len(cases) == len(plain["cases"]) >= 1
     assert len({c.name for c in cases}) == len(cases)
     for c in cases:
         assert c.case.image_tokens == image_token_count(c.case.mode, c.case.grid)
+
+
+def test_throughput_composes_and_prepares(tmp_path):
+    from harness.throughput.pipeline import prepare
+
+    cfg = to_config(_compose(["+experiment=throughput", "workload.decode_tokens=512"]))
+    setup = prepare(cfg, cuda=True, folder=tmp_path)     # the CUDA defaults; no model, no pool, no page drawn
+    assert setup.settings.batches == (1, 8, 32, 64) and len(setup.sources) == 256
+    assert set(setup.layouts) == {None}                  # base mode: one layout, every page in every batch size
+    # base: 273 image tokens + BOS + 12 text tokens; cache = 286 + 512 rounded up to a multiple of 64
+    assert setup.layouts[None].seq == 286 and setup.cache_len == 832
 
 
 def test_gundam_grids_select_the_named_grids():

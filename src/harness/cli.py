@@ -184,7 +184,10 @@ def _task(verb: str):
             from .sweep import pin_gpu_for_job
             pin_gpu_for_job(out)          # a sweep job's own GPU, before anything touches CUDA
             hc = to_config(cfg)
-            if verb == "run":
+            if verb == "run" and hc.throughput is not None:
+                from .throughput.pipeline import run_throughput
+                run_throughput(hc, out)
+            elif verb == "run":
                 from .run import run
                 run(hc, out)
             elif verb == "analyze":

@@ -338,6 +338,49 @@ class RunConfig:
 
 
 @dataclass
+class TokensConfig:
+    """A seeded decode budget per page: uniform integers in [mean - spread, mean + spread] tokens,
+    drawn once per distinct page (``harness.throughput.plan.page_budgets``)."""
+
+    mean: int = _f(620, min=1)
+    spread: int = _f(0, min=0)
+    seed: int = 0
+
+
+@dataclass
+class ThroughputConfig:
+    """``+experiment=throughput``: sustained pages/s of the OCR pipeline (``harness.throughput``).
+    None = the device's default (CUDA / CPU); the run's manifest records what was used.
+
+    * ``batches``: batch sizes swept in one run, model built once (None: [1, 8, 32, 64] / [1, 2]).
+    * ``workers``: preprocessing processes (None: the CPU count - 2, between 1 and 8).
+    * ``pages``: distinct synthetic pages N (sizes cycled as ``workload.synthetic_page``), ignored with
+      ``workload.images=DIR`` (the folder's pages) (None: 256 / 10).
+    * ``window_s`` / ``window_pages``: the steady window closes at the first batch end where both are
+      reached [s, pages] (None: 30 s and 0 pages / 0 s and 4 pages).
+    * ``warmup_batches``: batches run before the window (compile, capture, pool warm-up) (None: 2 / 1).
+    * ``tokens``: None = ``workload.decode_tokens`` for every page; else a seeded per-page distribution.
+    * ``best``: run the ``best`` case's execution of ``conf/experiment/optimize.yaml`` with the
+      ``model.*`` knobs that differ from the defaults on top (None: on CUDA; the CPU runs ``model.*``).
+    * ``execution``: execution knobs over all of that (None = as above), e.g. ``vision_compile: false``.
+    * ``prefetch``: batches prepared ahead of the one running (at least 2 x workers pages).
+    * ``timeline_batches``: batches of each configuration drawn in ``throughput_timeline.png``.
+    """
+
+    batches: Optional[List[int]] = None
+    workers: Optional[int] = _f(None, min=1)
+    pages: Optional[int] = _f(None, min=2)
+    window_s: Optional[float] = _f(None, min=0)
+    window_pages: Optional[int] = _f(None, min=0)
+    warmup_batches: Optional[int] = _f(None, min=0)
+    tokens: Optional[TokensConfig] = None
+    best: Optional[bool] = None
+    execution: Optional[ExecutionOverrides] = None
+    prefetch: int = _f(2, min=1)
+    timeline_batches: int = _f(3, min=1)
+
+
+@dataclass
 class HarnessConfig:
     """The whole configuration of one verb invocation."""
 
@@ -355,6 +398,7 @@ class HarnessConfig:
     tool: str = _f("ncu", choices=("ncu", "nsys"))                  # profile verb: which profiler
     stage: str = _f("decode", choices=STAGES)   # profile verb: the stage whose NVTX range is profiled
     experiment_name: str = "default"       # experiments set their own name; it names the run directory
+    throughput: Optional[ThroughputConfig] = None   # set: the run verb measures the pipeline (harness.throughput)
 
 
 SCHEMA_NAME = "harness_schema"
@@ -568,6 +612,8 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
         raise HarnessError(f"device={dev!r} is not a device the harness runs on", f"use {DEVICES_HELP}")
     check_page_size(cfg.workload)
     check_vendor_knobs(cfg.model)
+    if cfg.throughput is not None:
+        check_throughput(cfg.throughput)
     if cfg.run.only is not None:
         names = [c.name for c in cfg.cases or []]
         unknown = [n for n in cfg.run.only if n not in names]
@@ -575,6 +621,22 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
             raise HarnessError(f"run.only={list(cfg.run.only)}: {'no case named ' + ', '.join(map(str, unknown)) if unknown else 'empty'}",
                                f"name cases of the experiment: {', '.join(str(n) for n in names) or '(it has none)'}")
     return cfg
+
+
+def check_throughput(t: ThroughputConfig) -> None:
+    """Throughput settings a type cannot check: batch sizes, a batch larger than the synthetic pages,
+    a decode distribution reaching below one token (one-line HarnessErrors)."""
+    batches = list(t.batches or [])
+    if t.batches is not None and (not batches or min(batches) < 1 or len(set(batches)) != len(batches)):
+        raise HarnessError(f"throughput.batches={batches} is not a list of distinct batch sizes >= 1",
+                           "write it like throughput.batches=[1,8,32,64]")
+    if t.pages is not None and batches and max(batches) > t.pages:
+        raise HarnessError(f"throughput.batches={batches}: a batch of {max(batches)} pages is larger than the "
+                           f"{t.pages} distinct pages (throughput.pages)",
+                           f"set throughput.pages={max(batches)} or more, or lower the batch")
+    if t.tokens is not None and t.tokens.spread >= t.tokens.mean:
+        raise HarnessError(f"throughput.tokens: spread {t.tokens.spread} reaches below 1 token around mean "
+                           f"{t.tokens.mean}", f"set throughput.tokens.spread to {t.tokens.mean - 1} or less")
 
 
 def check_vendor_knobs(m: ModelConfig) -> None:
@@ -589,6 +651,7 @@ register()   # at import, so any Hydra composition of conf/ (the CLI, tests, use
 
 __all__ = ["LLMConfig", "SAMConfig", "CLIPConfig", "ProjectorConfig", "ExecutionConfig", "ExecutionOverrides",
            "ModelConfig", "CostModelConfig", "cost_config", "EXECUTION_KNOBS", "WorkloadConfig", "check_page_size",
-           "CaseConfig", "case_execution", "check_vendor_execution", "moved_knob",
+           "CaseConfig", "case_execution", "check_vendor_execution", "moved_knob", "TokensConfig", "ThroughputConfig",
+           "check_throughput",
            "MeasureConfig", "HardwareConfig", "ProfileConfig", "RunConfig", "HarnessConfig", "ATTN_IMPLEMENTATIONS",
            "register", "from_dict", "to_config", "to_dict", "validate", "config_error", "SCHEMA_NAME"]

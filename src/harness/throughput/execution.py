@@ -1,0 +1,61 @@
+"""The execution a throughput run gives the model: the one place that sets it.
+
+``best_execution``: the knobs of the ``best`` case of ``conf/experiment/optimize.yaml`` (read from
+that file, so the two experiments cannot drift apart). ``execution_for``: the execution a run
+runs: with ``best`` (the CUDA default) those knobs, with every ``execution.*`` knob that differs
+from its default on top; without it ``execution.*`` as given (the vendor-style default on the CPU);
+then ``throughput.execution``'s knobs over either. A static cache without
+``execution.static_cache_len`` gets the length of the longest request of the run (``cache_len``),
+so one decoder (one compile, one capture) serves every batch of a batch size whatever its pages'
+budgets. ``apply_execution``: ``harness.variants.apply`` with it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import torch
+
+from .. import variants
+from ..config import ExecutionConfig, HarnessConfig, case_execution
+
+BEST_CASE = "best"
+
+
+def conf_dir() -> Path:
+    """The Hydra tree the CLI composes (``HARNESS_CONF``, else the package's ``conf``)."""
+    return Path(os.environ.get("HARNESS_CONF", Path(__file__).resolve().parents[1] / "conf"))
+
+
+def best_execution() -> dict:
+    """The execution knobs of the ``best`` case of ``experiment/optimize.yaml``."""
+    from omegaconf import OmegaConf
+
+    cases = OmegaConf.to_container(OmegaConf.load(conf_dir() / "experiment" / "optimize.yaml"))["cases"]
+    return dict(next(c for c in cases if c.get("name") == BEST_CASE)["execution"])
+
+
+def execution_for(cfg: HarnessConfig, best: bool, cache_len: int, device=None, dtype=None) -> ExecutionConfig:
+    """The execution the run runs (see the module docstring), checked on ``device`` in ``dtype``
+    (``harness.variants.check``: refused in one line where it cannot run)."""
+    ex = cfg.execution
+    if best:
+        defaults = ExecutionConfig()
+        changed = {k: v for k, v in ex.execution().items() if v != getattr(defaults, k)}
+        ex = dataclasses.replace(ex, **{**best_execution(), **changed})
+    ex = case_execution(ex, cfg.throughput)
+    if ex.kv_cache == "static" and ex.static_cache_len is None:
+        ex = dataclasses.replace(ex, static_cache_len=cache_len)
+    if device is not None:
+        variants.check(ex, device, dtype or torch.float32, model=cfg.model, positions=cache_len)
+    return ex
+
+
+def apply_execution(model, cfg: HarnessConfig, best: bool, cache_len: int) -> dict:
+    """Run ``model`` as ``execution_for`` (``harness.variants.apply``); returns what runs (for the manifest)."""
+    p = next(model.parameters())
+    return variants.apply(model, execution_for(cfg, best, cache_len), p.device)
+
+
+__all__ = ["BEST_CASE", "best_execution", "execution_for", "apply_execution"]

@@ -1,0 +1,362 @@
+"""``python -m harness run +experiment=throughput``: the pipeline's sustained pages/s per batch size.
+
+Set-up, in this order, so bad input fails before any model is built: device and dtype; the settings
+(``plan.resolve``); the pages (a folder, or N synthetic pages) with their decode budgets; the batch
+groups of every batch size; one template request per layout (shapes of the host buffers); the
+execution (``execution.execution_for``, checked). Then the worker pool starts (it writes the
+synthetic pages while the model is built), and the model is built once.
+
+Per configuration (batch size): the execution is applied, host buffers are allocated (pinned on
+CUDA), a ``Feeder`` thread keeps the workers busy ahead of the device, ``warmup_batches`` batches
+run (compile, capture), then the steady window: batches run back to back until it closes
+(``Settings``), each batch's copy to the device issued before the previous batch is launched, so
+it overlaps it. Its raw tables (``window``) and its row are written as soon as it finishes, whole
+(a signal waits for the end of the write); a signal or an error keeps the finished configurations
+and closes the run directory (``harness.stopping``).
+"""
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+import torch
+from PIL import Image
+
+from .. import workload as wl
+from ..config import ExecutionConfig, HarnessConfig, to_dict
+from ..errors import HarnessError
+from ..interrupts import catch_signals
+from ..measure.nvtx_ranges import NvtxRanges
+from ..models.generate import generate
+from ..rundir import RunData, RunDir
+from ..run import _log_errors_quiet
+from ..setup import device_info, load_adapter, resolve_device, resolve_dtype
+from ..stopping import Position, close_run
+from . import plan, prep
+from .clock import BatchClock, Marks
+from .execution import apply_execution, execution_for
+from .feeder import Feeder, HostBatch, Layout
+from .section import write_outputs
+from .staging import Staged, Stager
+from .window import BATCH_COLUMNS, COLUMN_NAMES, PREP_COLUMNS, SPAN_COLUMNS, summarize
+
+SPARE_BUFFERS = 2   # host buffers beyond those being filled: the batch running and the one staged
+
+
+def buffer_counts(groups: dict, depth: int) -> dict:
+    """Host buffers per layout: ``depth + SPARE_BUFFERS`` shared by the layouts in proportion to their
+    pages, at least 2 each (one being filled while the device reads another)."""
+    total = sum(len(v) for v in groups.values())
+    return {k: max(2, -(-(depth + SPARE_BUFFERS) * len(v) // total)) for k, v in groups.items()}
+
+
+@dataclass
+class Setup:
+    """Everything a configuration needs that is fixed for the run."""
+
+    settings: plan.Settings
+    mode: wl.CropMode
+    sources: list
+    groups: dict            # batch size -> {layout: [page index]}
+    layouts: dict           # layout key -> Layout
+    cache_len: int
+    execution_text: str
+    notes: list = field(default_factory=list)
+
+
+class Outputs:
+    """The run's tables, grown one finished configuration at a time (``add``) and written with the
+    report section (``write``)."""
+
+    def __init__(self, rd: RunDir):
+        self.rd = rd
+        self.rows: list = []
+        self.timeline: list = []
+        self.lanes: dict = {}
+
+    @property
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=COLUMN_NAMES)
+
+    def add(self, row: dict, batches: pd.DataFrame, spans: pd.DataFrame, prep_rows: pd.DataFrame, panel,
+            case_entry: dict) -> None:
+        rd = self.rd
+        rd.write_csv("throughput.csv", pd.DataFrame(self.rows + [row], columns=COLUMN_NAMES))
+        self.rows.append(row)
+        rd.append_csv("throughput_batches.csv", batches)
+        rd.append_csv("throughput_spans.csv", spans)
+        if len(prep_rows):
+            rd.append_csv("throughput_prep.csv", prep_rows)
+        self.timeline.append(panel)
+        rd.manifest["cases"].append(case_entry)
+        rd.save()
+
+    def write(self, plot: bool) -> dict:
+        return write_outputs(self.rd, self.table, self.timeline, plot=plot)
+
+    def lane(self, pid: int) -> int:
+        """The timeline lane of a worker process, in order of first appearance."""
+        return self.lanes.setdefault(pid, len(self.lanes))
+
+
+def run_throughput(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
+    """Execute a throughput run into ``run_path`` (see the module docstring); as ``harness.run.run``,
+    a signal or error closes the run directory and raises ``RunStopped``."""
+    say = progress or print
+    where = Position(cases=0)
+    with catch_signals() as signals, _log_errors_quiet():
+        with signals.deferred():
+            rd = RunDir(run_path, to_dict(cfg))
+            data = RunData(rd.path, rd.manifest)
+        out = Outputs(rd)
+        try:
+            with contextlib.ExitStack() as stack:
+                _measure(cfg, rd, out, where, signals, say, stack)
+            where.at("report")
+            rd.complete(save=False)
+            out.write(plot=True)
+            with signals.deferred():
+                rd.save()
+        except BaseException as exc:
+            signals.stopping()
+            raise close_run(rd, data, exc, where, lambda r, d: out.write(plot=True)) from exc
+    say(f"[harness] wrote {rd.path}")
+    return rd
+
+
+# ------------------------------------------------------------------------------------ set-up
+
+def prepare(cfg: HarnessConfig, cuda: bool, folder: Path) -> Setup:
+    """Settings, pages, budgets, batch groups, layouts and execution, checked (no model, no pool)."""
+    s = plan.resolve(cfg.throughput, cuda)
+    w = cfg.workload
+    mode = wl.get_mode(w.mode)
+    if s.tokens is None and w.decode_tokens < 1:
+        raise HarnessError(f"workload.decode_tokens={w.decode_tokens}: a throughput run decodes at least one "
+                           "token per page", "set workload.decode_tokens=1 or more, or throughput.tokens")
+    if s.best and not cuda:
+        raise HarnessError("throughput.best=true runs CUDA graphs and compiled kernels, and there is no CUDA "
+                           "device here", "leave throughput.best unset on the CPU (it runs model.*)")
+    if w.images:
+        sources = plan.folder_sources(w, w.decode_tokens, s.tokens)
+    else:
+        sources = plan.synthetic_sources(w, s.pages, folder, plan.page_budgets(s.pages, w.decode_tokens, s.tokens))
+    if max(s.batches) > len(sources):
+        raise HarnessError(f"throughput.batches={list(s.batches)}: a batch of {max(s.batches)} pages is larger "
+                           f"than the {len(sources)} distinct pages",
+                           "lower the batch, or give more pages (throughput.pages, or a larger folder)")
+    groups, notes = {}, []
+    for b in s.batches:
+        groups[b], skipped = plan.batch_groups(sources, b)
+        notes += skipped
+    tokenizer, _ = wl.load_tokenizer(cfg.model.path, w.text_tokens)
+    layouts = {}
+    for key in {k for g in groups.values() for k in g}:
+        first = next(src for src in sources if src.layout == key)
+        blank = wl.Page(first.name, Image.new("RGB", first.size, (255, 255, 255)), "template")
+        layouts[key] = Layout.of(wl.build_request([blank], mode, decode_tokens=0, prompt=w.prompt,
+                                                  tokenizer=tokenizer, text_tokens=w.text_tokens, seed=w.seed))
+    longest = max(lay.seq for lay in layouts.values())
+    cache_len = ExecutionConfig().cache_len(longest, max(src.budget for src in sources))
+    device = resolve_device(cfg.device)   # checked where the run runs (a plan for CUDA made on a CPU is not)
+    here = device if (device.type == "cuda") == cuda else None
+    m = execution_for(cfg, s.best, cache_len, here, resolve_dtype(cfg.dtype, device))
+    changed = {k: v for k, v in m.execution().items() if v != getattr(ExecutionConfig(), k)}
+    text = ("best: " if s.best else "execution.*: ") + (", ".join(f"{k}={v}" for k, v in changed.items()) or "vendor-style")
+    return Setup(s, mode, sources, groups, layouts, cache_len, text, notes)
+
+
+def start_pool(cfg: HarnessConfig, setup: Setup, stack: contextlib.ExitStack) -> tuple:
+    """(pool, futures of the synthetic pages being written): ``workers`` spawned processes."""
+    w = cfg.workload
+    spec = prep.PrepSpec(tuple(src.path for src in setup.sources), setup.mode, w.prompt, w.text_tokens, w.seed,
+                         cfg.model.path, w.max_pixels, cfg.measure.nvtx)
+    pool = ProcessPoolExecutor(setup.settings.workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=prep.init_worker, initargs=(spec,))
+    stack.callback(pool.shutdown, wait=True, cancel_futures=True)
+    for _ in range(setup.settings.workers):
+        pool.submit(prep.started)
+    draws = [] if w.images else [pool.submit(prep.draw_page, src.index, w.seed, src.size, src.path)
+                                 for src in setup.sources]
+    return pool, draws
+
+
+def _measure(cfg: HarnessConfig, rd: RunDir, out: Outputs, where: Position, signals, say, stack) -> None:
+    where.at("setup")
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    cuda = device.type == "cuda"
+    rd.update(device=device_info(device), dtype=str(dtype).replace("torch.", ""))
+    folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="harness-pages-")))
+    setup = prepare(cfg, cuda, folder)
+    s = setup.settings
+    where.cases = len(s.batches)
+    for note in setup.notes:
+        rd.warn(note)
+    pool, draws = start_pool(cfg, setup, stack)
+    say(f"[harness] throughput: device {device} dtype {dtype}; {len(setup.sources)} distinct pages, batches "
+        f"{list(s.batches)}, {s.workers} worker(s); building the model")
+    model, info = load_adapter(cfg.model, device, dtype, cfg.seed)
+    say(f"[harness] model {info.get('adapter')} built in {info['build_s']:.1f} s")
+    for f in draws:
+        f.result()
+    rd.update(model=info, throughput={
+        **s.to_dict(), "mode": setup.mode.name, "page_kind": "pages from " + str(cfg.workload.images)
+        if cfg.workload.images else "synthetic pages", "pages": len(setup.sources),
+        "tokens": plan.tokens_text(s.tokens, cfg.workload.decode_tokens), "execution_label": setup.execution_text,
+        "static_cache_len": setup.cache_len, "notes": setup.notes})
+    nvtx = NvtxRanges(cfg.measure.nvtx)
+    if not nvtx.available:
+        rd.warn(nvtx.reason)
+    marks = Marks(cuda)
+    for i, batch in enumerate(s.batches):
+        name = f"b{batch}"
+        where.at("case", name, i + 1)
+        execution = apply_execution(model, cfg, s.best, setup.cache_len)
+        run = ConfigRun(cfg, setup, model, batch, name, pool, marks, Stager(device, dtype, marks, nvtx), nvtx, out.lane)
+        try:
+            row, tables, panel, warm_s = run.measure(where, i + 1, say)
+        finally:
+            run.close()
+        row.update(config=name, batch=batch, workers=s.workers, pages=len(setup.sources),
+                   tokens=plan.tokens_text(s.tokens, cfg.workload.decode_tokens))
+        where.at("case", name, i + 1, "writing")
+        entry = {**run.last_case.to_dict(), "name": name, "execution": {**execution, **_setup_s(model)},
+                 "warmup_s": round(warm_s, 3), "throughput": {k: row[k] for k in ("pages_s", "bound", "window_s")}}
+        with signals.deferred():
+            out.add(row, *tables, panel=panel, case_entry=entry)
+            if i + 1 < len(s.batches):
+                out.write(plot=False)
+            where.request = "done"
+        say(f"[harness] {name}: {row['pages_s']:,.2f} pages/s, {row['decode_tok_s']:,.0f} tok/s over "
+            f"{row['window_s']:.1f} s ({row['window_pages']} pages); bound {row['bound']}")
+
+
+def _setup_s(model) -> dict:
+    setup = (getattr(model, "info", None) or {}).get("setup_s") or {}
+    return {"setup_s": dict(setup)} if setup else {}
+
+
+# ------------------------------------------------------------------------------ one configuration
+
+@dataclass
+class BatchRecord:
+    staged: Staged
+    clock: BatchClock
+    wait_ms: float
+
+
+class ConfigRun:
+    """One batch size: its feeder, its batches (``run_batch``), its warm-up and window (``measure``)."""
+
+    def __init__(self, cfg, setup: Setup, model, batch: int, name: str, pool, marks: Marks, stager: Stager, nvtx,
+                 lane):
+        self.cfg, self.setup, self.model, self.batch, self.name, self.lane = cfg, setup, model, batch, name, lane
+        self.marks, self.stager, self.nvtx = marks, stager, nvtx
+        groups = setup.groups[batch]
+        depth = max(setup.settings.prefetch, -(-2 * setup.settings.workers // batch))
+        buffers = {k: [HostBatch(k, setup.layouts[k], batch, pin=stager.cuda) for _ in range(n)]
+                   for k, n in buffer_counts(groups, depth).items()}
+        layout_of = {i: k for k, members in groups.items() for i in members}
+        self.feeder = Feeder(pool, plan.batch_stream(groups, batch), layout_of, buffers, depth)
+        self.staged: Optional[Staged] = None
+        self.staged_wait_ms = 0.0
+        self.last_case: Optional[wl.Case] = None
+        self.feeder.start()
+
+    def close(self) -> None:
+        self.feeder.stop()
+        self.staged = None
+
+    def _stage(self, block: bool) -> Optional[Staged]:
+        t0 = time.perf_counter_ns()
+        ready = self.feeder.get() if block else self.feeder.poll()
+        if ready is None:
+            return None
+        self.staged_wait_ms = (time.perf_counter_ns() - t0) / 1e6 if block else 0.0
+        src = [self.setup.sources[i] for i in ready.pages]
+        lay = self.setup.layouts[ready.layout]
+        case = wl.Case(self.setup.mode, lay.grid, len(src), lay.text_tokens, max(p.budget for p in src), self.name)
+        return self.stager.stage(ready, case, [p.name for p in src], self.cfg.workload.prompt)
+
+    def run_batch(self) -> BatchRecord:
+        """One batch: its copy waited for, the next batch's copy issued, the batch generated."""
+        cur = self.staged or self._stage(block=True)
+        wait_ms = self.staged_wait_ms if self.staged is None else 0.0
+        self.stager.wait(cur)
+        self.staged = self._stage(block=False)
+        clock = BatchClock(self.marks, self.nvtx)
+        self.nvtx.push("batch", cur.ready.number)
+        try:
+            generate(self.model, cur.request, clock)
+        finally:
+            self.nvtx.pop()
+        self.marks.done(cur.copy_end)
+        self.feeder.release(cur.ready.host)
+        self.last_case = cur.request.case
+        return BatchRecord(cur, clock, wait_ms)
+
+    def measure(self, where: Position, index: int, say) -> tuple:
+        """(row, (batches, spans, prep) frames, timeline panel, warm-up seconds)."""
+        s = self.setup.settings
+        self.marks.base()
+        t0 = time.perf_counter()
+        for k in range(s.warmup_batches):
+            where.at("case", self.name, index, f"warmup={k}")
+            self.run_batch()
+        warm_s = time.perf_counter() - t0
+        say(f"[harness] {self.name}: {s.warmup_batches} warm-up batch(es) in {warm_s:.1f} s; steady window")
+        self.marks.origin()
+        cuda = self.stager.cuda
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        where.at("case", self.name, index, "window")
+        records, pages = [], 0
+        while True:
+            records.append(self.run_batch())
+            pages += self.batch
+            elapsed = (time.perf_counter_ns() - self.marks.origin_ns) / 1e9
+            if elapsed >= s.window_s and pages >= s.window_pages:
+                break
+        window_s = self.marks.finish()
+        peak = torch.cuda.max_memory_allocated() if cuda else None
+        self.feeder.stop()
+        batches, spans = self._frames(records)
+        prep_rows = self._prep(window_s)
+        row = summarize(batches, spans, prep_rows, window_s, s.workers, peak)
+        first = sorted(spans["batch_no"].unique())[:s.timeline_batches]
+        shown = spans[spans["batch_no"].isin(first)]
+        lo, hi = (float(shown["start_s"].min()), float(shown["end_s"].max())) if len(shown) else (0.0, 0.0)
+        lanes = max(s.workers, int(prep_rows["worker"].max()) + 1 if len(prep_rows) else 0)
+        panel = (self.name, shown, prep_rows[(prep_rows["end_s"] >= lo) & (prep_rows["start_s"] <= hi)], lanes)
+        return row, (batches, spans, prep_rows), panel, warm_s
+
+    def _frames(self, records: list) -> tuple:
+        """The window's batches and spans tables (``window``) from its records."""
+        brows, srows = [], []
+        for r in records:
+            st, n = r.staged, r.staged.ready.number
+            budgets = [self.setup.sources[i].budget for i in st.ready.pages]
+            brows.append([self.name, n, len(budgets), "+".join(map(str, st.ready.pages)), max(budgets), sum(budgets),
+                          st.nbytes, r.wait_ms])
+            srows += [[self.name, n, rng, a, b] for rng, a, b in r.clock.spans()]
+            srows.append([self.name, n, "copy", self.marks.seconds(st.copy_start), self.marks.seconds(st.copy_end)])
+        return pd.DataFrame(brows, columns=BATCH_COLUMNS), pd.DataFrame(srows, columns=SPAN_COLUMNS)
+
+    def _prep(self, window_s: float) -> pd.DataFrame:
+        """Pages the workers prepared that overlap the window, on the window's time axis."""
+        rows = []
+        for page, pid, a, b in self.feeder.prep:
+            start, end = self.marks.host_seconds(a), self.marks.host_seconds(b)
+            if end >= 0 and start <= window_s:
+                rows.append([self.name, page, self.lane(pid), start, end])
+        return pd.DataFrame(rows, columns=PREP_COLUMNS)
+
+__all__ = ["run_throughput", "prepare", "Setup", "ConfigRun", "Outputs"]

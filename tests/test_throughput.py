@@ -1,0 +1,233 @@
+"""The throughput pipeline (issue 25): the window arithmetic, wasted decode slots and the bound rule
+on checked-in numbers (tests/data/throughput: three batches of 4 pages in a 2 s window, two
+workers), the page plan, and ``python -m harness run +experiment=throughput`` end to end on the
+tiny model: bad input (exit 2, one line, no model built), a complete CPU run with its files, and
+SIGINT during the second configuration's window keeping the first.
+
+The subprocesses start together from one module-scoped pool (as tests/test_cli.py does).
+"""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.config import ThroughputConfig, TokensConfig
+from harness.errors import HarnessError
+from harness.throughput import plan
+from harness.throughput.window import COLUMN_NAMES, bound, summarize, wasted_fraction
+from test_faults import harness  # noqa: E402 - the CLI as a subprocess, with an optional injected fault
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data" / "throughput"
+TINY = ["+experiment=throughput", "model=tiny", "workload.mode={name: t, base_size: 128, image_size: 64, crop: true}"]
+# small synthetic pages (quick to draw), one layout in the tiny mode (2x3)
+FAST = [*TINY, "workload.decode_tokens=3", "workload.page_size=[160,240]", "throughput.pages=4",
+        "throughput.window_pages=2"]
+
+
+def _window():
+    return tuple(pd.read_csv(DATA / f) for f in ("batches.csv", "spans.csv", "prep.csv"))
+
+
+# --------------------------------------------------------------------------- window arithmetic
+
+def test_window_row_from_checked_in_numbers():
+    batches, spans, prep = _window()
+    row = summarize(batches, spans, prep, window_s=2.0, workers=2, peak_mem_bytes=123)
+    approx = pytest.approx
+    # 3 batches x 4 pages in 2 s
+    assert row["window_batches"] == 3 and row["window_pages"] == 12
+    assert row["pages_s"] == approx(12 / 2.0)
+    # useful tokens 100 + 160 + 40 = 300; slots 4 x 40 + 4 x 40 + 4 x 25 = 420
+    assert row["decode_tok_s"] == approx(300 / 2.0)
+    assert row["slot_tok_s"] == approx(420 / 2.0)
+    assert row["wasted_decode_slots"] == approx((420 - 300) / 420)
+    # every batch: sam 100, clip 50, projector 10 (batch 3 in two parts of 5), prefill 40, decode 400 ms
+    for stage, ms in (("sam", 100), ("clip", 50), ("projector", 10), ("prefill", 40), ("decode", 400)):
+        assert row[f"{stage}_ms"] == approx(ms), stage
+    assert row["batch_ms"] == approx(600)
+    assert row["gpu_busy"] == approx(3 * 0.6 / 2.0)
+    # pages that finished inside [0, 2]: 0.6, 0.3, 0.4 and 0.2 s of worker time -> 375 ms a page
+    assert row["prep_ms_page"] == approx(375)
+    assert row["prep_pages_s"] == approx(2 * 1000 / 375)
+    # busy inside the window: 0.1 + 0.3 + 0.4 + 0.2 + 0.1 (the page running past the end) = 1.1 of 2 x 2 s
+    assert row["prep_busy"] == approx(1.1 / 4)
+    # copies of 4, 5 and 6 ms for 3 x 4 MB; the first ran before the window
+    assert row["h2d_ms"] == approx(5)
+    assert row["h2d_gbs"] == approx(12e6 / 0.015 / 1e9)
+    assert row["copy_busy"] == approx((0.005 + 0.006) / 2.0)
+    assert row["wait_s"] == approx(0.05)
+    assert row["peak_mem_bytes"] == 123
+    # device busy 90% >= 85%: saturated, decode has the largest share (400 of 600 ms)
+    assert row["bound"] == "decode"
+    assert set(row) <= set(COLUMN_NAMES)
+
+
+def test_wasted_slots_by_hand():
+    one = pd.DataFrame({"size": [2], "budget_max": [100], "budget_sum": [150]})
+    assert wasted_fraction(one) == pytest.approx(50 / 200)          # one page idles for 50 of its 100 slots
+    same = pd.DataFrame({"size": [8, 1], "budget_max": [512, 512], "budget_sum": [8 * 512, 512]})
+    assert wasted_fraction(same) == 0.0                             # fixed budgets waste nothing
+
+
+@pytest.mark.parametrize("busy, stage_ms, expected", [
+    ((0.97, 0.10, 0.60), {"decode": 900}, "preprocessing"),        # workers saturated, the device waits
+    ((0.20, 0.90, 0.50), {"decode": 900}, "copy"),
+    ((0.30, 0.05, 0.95), {"sam": 30, "clip": 10, "projector": 2, "prefill": 5, "decode": 40}, "vision"),
+    ((0.30, 0.05, 0.95), {"sam": 3, "clip": 1, "projector": 1, "prefill": 50, "decode": 40}, "prefill"),
+    ((0.84, 0.50, 0.20), {"decode": 900}, "host"),                  # nothing at 85%
+    ((0.90, 0.10, 0.90), {"decode": 900}, "decode"),                # a tie goes to the device
+])
+def test_bound_rule(busy, stage_ms, expected):
+    prep, copy, gpu = busy
+    assert bound(prep, copy, gpu, stage_ms) == expected
+
+
+# -------------------------------------------------------------------------------- page plan
+
+def test_budgets_fixed_and_seeded():
+    assert plan.page_budgets(3, 512, None) == [512, 512, 512]
+    spec = TokensConfig(mean=620, spread=150, seed=0)
+    draws = plan.page_budgets(2000, 512, spec)
+    assert min(draws) >= 470 and max(draws) <= 770
+    assert draws == plan.page_budgets(2000, 512, spec)                          # seeded
+    assert draws != plan.page_budgets(2000, 512, TokensConfig(620, 150, 1))
+    # uniform on 470..770: mean 620, sd 301 / sqrt(12) = 86.9; 2000 draws: standard error 1.9
+    assert abs(np.mean(draws) - 620) < 10
+
+
+def test_batch_stream_keeps_layouts_apart_and_pages_distinct():
+    # layouts as the tiny mode gives the cycled synthetic sizes: A 2x3, B 3x2, C 1x3
+    groups = {"A": [0, 1, 5, 6], "B": [2, 4, 7, 9], "C": [3, 8]}
+    stream = plan.batch_stream(groups, 2)
+    # cycling 0..9: 0,1 fill A; 2 waits in B; 3 in C; 4 fills B; 5,6 fill A; 7 in B; 8 fills C; 9 fills B
+    assert [next(stream) for _ in range(5)] == [[0, 1], [2, 4], [5, 6], [3, 8], [7, 9]]
+    for batch in (next(stream) for _ in range(40)):
+        assert len(set(batch)) == 2
+
+
+def test_batch_groups_leave_out_small_layouts_and_refuse_when_none_is_left():
+    src = [plan.PageSource(i, f"p{i}", "", (1, 1), (2, 3) if i < 3 else (3, 2), 1) for i in range(4)]
+    kept, notes = plan.batch_groups(src, 3)
+    assert kept == {(2, 3): [0, 1, 2]} and len(notes) == 1 and "1 page(s) of layout 3x2 left out" in notes[0]
+    with pytest.raises(HarnessError, match="needs 4 distinct pages of one layout; the largest layout group has 3"):
+        plan.batch_groups(src, 4)
+
+
+def test_device_defaults():
+    gpu, cpu = plan.resolve(ThroughputConfig(), True, 16), plan.resolve(ThroughputConfig(), False, 2)
+    assert gpu.batches == (1, 8, 32, 64) and gpu.window_s == 30 and gpu.workers == 8 and gpu.best
+    assert cpu.batches == (1, 2) and cpu.window_s == 0 and cpu.workers == 1 and not cpu.best
+
+
+def test_best_execution_is_the_optimize_best_case_with_execution_knobs_on_top():
+    from harness.config import ExecutionConfig, ExecutionOverrides, HarnessConfig
+    from harness.throughput.execution import execution_for
+
+    cfg = HarnessConfig(execution=ExecutionConfig(decode_attention="sdpa", moe_kernel="torch"),
+                        throughput=ThroughputConfig(execution=None))
+    m = execution_for(cfg, best=True, cache_len=832)
+    # the best case of conf/experiment/optimize.yaml, read here by hand
+    assert (m.kv_cache, m.moe_impl, m.cuda_graphs, m.compile, m.prefill_graphs, m.linear_impl, m.vision_impl,
+            m.vision_compile) == ("static", "grouped", "decode", True, True, "fused", "fused", True)
+    assert m.decode_attention == "triton"          # execution.decode_attention=sdpa is the default: best's stays
+    assert m.moe_kernel == "torch"                 # an execution.* knob that differs from its default wins
+    assert m.static_cache_len == 832
+    cfg.throughput.execution = ExecutionOverrides(vision_compile=False)     # throughput.execution over best
+    assert not execution_for(cfg, best=True, cache_len=832).vision_compile
+
+
+# -------------------------------------------------------------------------- end to end (CLI)
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every run started at once (3 at a time); id -> Future[Result]."""
+    from PIL import Image
+
+    tmp = tmp_path_factory.mktemp("throughput")
+    one = tmp / "one-page"
+    one.mkdir()
+    Image.new("RGB", (120, 180), (250, 250, 250)).save(one / "p001.png")
+    jobs = {
+        "complete": (FAST, None),
+        "sigint": (FAST, "signal:SIGINT@case=2,window"),
+        "workers0": ([*TINY, "throughput.workers=0"], None),
+        "batch-over-pages": ([*TINY, "throughput.pages=4", "throughput.batches=[1,8]"], None),
+        "one-page-folder": ([*TINY, f"workload.images={one}"], None),
+    }
+    pool = ThreadPoolExecutor(3)
+    futures = {k: pool.submit(harness, tmp / k, ov, fault) for k, (ov, fault) in jobs.items()}
+    yield futures
+    pool.shutdown(wait=True)
+
+
+def _manifest(d: Path) -> dict:
+    return json.loads((d / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("job, text", [
+    ("workers0", "error: throughput.workers=0 is below its minimum 1; fix: set throughput.workers to 1 or more"),
+    ("batch-over-pages", "error: throughput.batches=[1, 8]: a batch of 8 pages is larger than the 4 distinct pages "
+                         "(throughput.pages); fix: set throughput.pages=8 or more, or lower the batch"),
+])
+def test_bad_settings_fail_before_any_run_directory(runs, job, text):
+    res = runs[job].result()
+    assert res.rc == 2, res.describe()
+    assert res.line() == text
+    assert not res.root.exists() or not any(res.root.iterdir())
+
+
+def test_a_folder_of_one_page_fails_before_the_model_is_built(runs):
+    res = runs["one-page-folder"].result()
+    assert res.rc == 2, res.describe()
+    line = res.line()
+    assert line.startswith("error: workload.images=") and "holds 1 page: a throughput window needs distinct pages; " \
+        "fix: add pages to the folder" in line
+    d = res.only_dir()
+    man = _manifest(d)
+    assert man["status"] == "failed" and man["model"] is None and d.name.endswith("-failed")
+
+
+def test_cpu_run_writes_every_file(runs):
+    res = runs["complete"].result()
+    assert res.rc == 0, res.describe()
+    d = res.only_dir()
+    man = _manifest(d)
+    assert man["status"] == "complete"
+    for f in ("throughput.csv", "throughput.md", "report.md", "throughput.png", "throughput_timeline.png",
+              "throughput_batches.csv", "throughput_spans.csv", "throughput_prep.csv"):
+        assert (d / f).is_file() and (d / f).stat().st_size > 0, f
+    table = pd.read_csv(d / "throughput.csv")
+    assert list(table.columns) == COLUMN_NAMES
+    assert list(table["config"]) == ["b1", "b2"] and list(table["batch"]) == [1, 2]
+    assert (table["window_pages"] >= 2).all()
+    assert np.allclose(table["pages_s"], table["window_pages"] / table["window_s"])
+    assert set(table["bound"]) <= {"preprocessing", "copy", "vision", "prefill", "decode", "host"}
+    assert (table["wasted_decode_slots"] == 0).all()           # fixed budgets
+    batches = pd.read_csv(d / "throughput_batches.csv", dtype={"pages": str})
+    for pages in batches["pages"]:
+        ids = pages.split("+")
+        assert len(set(ids)) == len(ids)                        # distinct pages in every batch
+    assert set("+".join(batches["pages"]).split("+")) <= {"0", "1", "2", "3"}
+    md = (d / "report.md").read_text()
+    assert "## Throughput (sustained pipeline)" in md and "200k pages/day" in md and "| b2 | 2 |" in md
+
+
+def test_sigint_during_the_window_keeps_the_finished_configuration(runs):
+    res = runs["sigint"].result()
+    assert res.rc == 130, res.describe()
+    d = res.only_dir()
+    assert d.name.endswith("-throughput-interrupted")
+    assert res.line() == f"interrupted: SIGINT during case b2 (2 of 2), window; 1 finished case(s) kept in {d}"
+    man = _manifest(d)
+    assert man["status"] == "interrupted" and [c["name"] for c in man["cases"]] == ["b1"]
+    assert list(pd.read_csv(d / "throughput.csv")["config"]) == ["b1"]
+    assert set(pd.read_csv(d / "throughput_batches.csv")["config"]) == {"b1"}
+    md = (d / "report.md").read_text()
+    assert "Status **interrupted**" in md and "| b1 | 1 |" in md
+    assert (d / "throughput.png").is_file()
