@@ -206,3 +206,17 @@ def test_refusals():
         FusedDecodeStep(w, cache, pos, counts=(torch.zeros(4, 3, 7, dtype=torch.int64, device=DEV), one))
     with pytest.raises(HarnessError, match="forced routing must be"):
         FusedDecodeStep(w, cache, pos, forced=torch.zeros(1, MAX_LEN - 1, 3, 2, dtype=torch.int64, device=DEV))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the script's refusal without CUDA")
+def test_bench_script_refuses_without_cuda(repo_root, capsys, monkeypatch):
+    import importlib.util
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))     # the script puts src/ first on sys.path
+    spec = importlib.util.spec_from_file_location("bench_decode_step", repo_root / "scripts" / "bench_decode_step.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main([]) == 1
+    assert "no CUDA device" in capsys.readouterr().err
+    assert bench.union_us([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]) == 4.0     # [0, 3] and [5, 6]
