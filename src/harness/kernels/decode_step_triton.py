@@ -31,8 +31,8 @@ Programmatic dependent launch (``USE_PDL``, Hopper): every kernel issues its wei
 invariant: when it starts, the kernel two launches before it has completed. So before its wait a
 kernel may read, besides weights, what was written two or more launches earlier (``.cg`` loads:
 from L2, past the SM's L1): the attention reads the position and the cached keys/values of earlier
-positions, the down kernel the router's experts and weights. No kernel writes anything before its
-wait. Without PDL ``gdc_*`` are not emitted and the same code runs as plain kernels.
+positions, the q/k/v kernel of every layer but the first the position and its RoPE row, the down
+kernel the router's experts and weights. No kernel writes anything before its wait. Without PDL ``gdc_*`` are not emitted and the same code runs as plain kernels.
 
 Roundings are the vendor's (eager bf16): RMSNorm in fp32, ``x * rsqrt`` rounded, times the weight,
 rounded; every linear's fp32 accumulation rounded once; RoPE terms and their sum rounded; SwiGLU
@@ -185,6 +185,16 @@ def _rms_norm(xa, xb, lna, lnb, act: tl.constexpr, K: tl.constexpr, KB: tl.const
 
 
 @triton.jit
+def _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF: tl.constexpr):
+    """cos and sin of position ``pos`` at columns ``dim`` and ``dim + HALF`` (fp32), from the tables."""
+    cos_a = tl.load(cos_ptr + pos * stride_ct + dim).to(tl.float32)
+    cos_b = tl.load(cos_ptr + pos * stride_ct + dim + HALF).to(tl.float32)
+    sin_a = tl.load(sin_ptr + pos * stride_st + dim).to(tl.float32)
+    sin_b = tl.load(sin_ptr + pos * stride_st + dim + HALF).to(tl.float32)
+    return cos_a, cos_b, sin_a, sin_b
+
+
+@triton.jit
 def _qkv_rope_kernel(embed_ptr, tok_ptr, h_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr,
                      q_cols, kv_cols, max_len, stride_et, stride_wn, stride_ct, stride_st, stride_kh, stride_kn,
                      stride_vh, stride_vn,
@@ -200,7 +210,13 @@ def _qkv_rope_kernel(embed_ptr, tok_ptr, h_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr,
     w_aa, w_ab = _load_rows(w_ptr + col_a[:, None].to(tl.int64) * stride_wn, ok, H, HA, HB)
     w_ba, w_bb = _load_rows(w_ptr + col_b[:, None].to(tl.int64) * stride_wn, ok, H, HA, HB)
     lna, lnb = _load_vec(ln_ptr, H, HA, HB)
+    if not EMBED:           # layers after the first: the position was written more than two launches ago
+        pos = tl.load(pos_ptr, cache_modifier=".cg")
+        cos_a, cos_b, sin_a, sin_b = _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF)
     _pdl_wait(USE_PDL)
+    if EMBED:               # the first layer: the previous kernel (last step's lm_head) advanced it
+        pos = tl.load(pos_ptr)
+        cos_a, cos_b, sin_a, sin_b = _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF)
     act = q_ptr.dtype.element_ty
     if EMBED:                                       # the step's first layer: h is the token's embedding
         x_row = embed_ptr + tl.load(tok_ptr) * stride_et
@@ -213,11 +229,6 @@ def _qkv_rope_kernel(embed_ptr, tok_ptr, h_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr,
     na, nb = _rms_norm(xa, xb, lna, lnb, act, H, HB, EPS, EMU)
     ya = _rounded(_dot_rows(w_aa, w_ab, na, nb, HB), act, EMU)      # the linear's output
     yb = _rounded(_dot_rows(w_ba, w_bb, na, nb, HB), act, EMU)
-    pos = tl.load(pos_ptr)
-    cos_a = tl.load(cos_ptr + pos * stride_ct + dim).to(tl.float32)
-    cos_b = tl.load(cos_ptr + pos * stride_ct + dim + HALF).to(tl.float32)
-    sin_a = tl.load(sin_ptr + pos * stride_st + dim).to(tl.float32)
-    sin_b = tl.load(sin_ptr + pos * stride_st + dim + HALF).to(tl.float32)
     # q * cos + rotate_half(q) * sin, rotate_half(q) = (-q[a + HALF], q[a]) at (a, a + HALF)
     ra = _rne(_rounded(ya * cos_a, act, EMU) + _rounded(-yb * sin_a, act, EMU), EMU).to(act)
     rb = _rne(_rounded(yb * cos_b, act, EMU) + _rounded(ya * sin_b, act, EMU), EMU).to(act)
