@@ -337,7 +337,8 @@ def parity(model, dec, steps: dict, graphs: dict, args, cache, pos, token) -> No
 
     def agreement(tokens) -> str:
         same = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), len(tokens))
-        return f"{same} of {n} greedy tokens equal before the first divergence, {sum(a == b for a, b in zip(tokens, ref_tokens))} equal in all"
+        equal = sum(a == b for a, b in zip(tokens, ref_tokens))
+        return f"{same} of {n} greedy tokens equal before the first divergence, {equal} equal in all"
 
     print(f"\nparity (bf16) against the vendor-style step, prompt {args.prompt} random tokens, {n} steps:")
     if dec is not None:
@@ -366,7 +367,8 @@ def parity(model, dec, steps: dict, graphs: dict, args, cache, pos, token) -> No
             flips += int(token) != ref_tokens[i]
         scale = max(float(t.abs().max()) for t in ref_logits)
         print(f"  {label + (' (graph)' if label in graphs else ' (eager)'):18s} {agreement(tokens)}; teacher-forced: "
-              f"max |logit diff| {worst:.4g} (largest |logit| {scale:.4g}), greedy token differs at {flips} of {n} steps")
+              f"max |logit diff| {worst:.4g} (largest |logit| {scale:.4g}), greedy token differs at {flips} of {n} "
+              "steps")
 
 
 def sweep(weights, cache, pos, token, counts, step_index, reset, args, pdl: bool, total, spec) -> None:

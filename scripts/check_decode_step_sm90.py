@@ -74,7 +74,8 @@ def pdl_order(ptx: str) -> str:
         return "no griddepcontrol.wait"
     before = sum(1 for i in loads if i < wait[0])
     ok = launch and launch[0] > wait[0]
-    return f"{before} of {len(loads)} global loads before the wait; launch_dependents {'after' if ok else 'NOT after'} it"
+    where = "after" if ok else "NOT after"
+    return f"{before} of {len(loads)} global loads before the wait; launch_dependents {where} it"
 
 
 def main(argv=None) -> int:

@@ -191,8 +191,8 @@ class FusedDecodeStep:
         if dense:
             self.dense_act = zeros(1, dense[0].down.shape[1])
         n_tiles = -(-w.lm_head.shape[0] // config.lm_head[0])
-        programs = config.lm_programs or (
-            torch.cuda.get_device_properties(dev).multi_processor_count * config.lm_head[2] if dev.type == "cuda" else 4)
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
+        programs = config.lm_programs or (sms * config.lm_head[2] if sms else 4)
         programs = max(1, min(programs, n_tiles))
         self.lm_pmax, self.lm_pidx, self.lm_sem = zeros(programs, dtype=f32), zeros(programs, dtype=i32), \
             zeros(1, dtype=i32)

@@ -28,11 +28,14 @@ into the token buffer the next step reads, advances the device position (and the
 Programmatic dependent launch (``USE_PDL``, Hopper): every kernel issues its weight loads, then
 ``gdc_wait`` (the previous kernel of the stream has completed and its writes are visible), then
 ``gdc_launch_dependents`` at once. Triggering only after the wait gives every kernel this
-invariant: when it starts, the kernel two launches before it has completed. So before its wait a
-kernel may read, besides weights, what was written two or more launches earlier (``.cg`` loads:
-from L2, past the SM's L1): the attention reads the position and the cached keys/values of earlier
-positions, the q/k/v kernel of every layer but the first the position and its RoPE row, the down
-kernel the router's experts and weights. No kernel writes anything before its wait. Without PDL ``gdc_*`` are not emitted and the same code runs as plain kernels.
+invariant: when it starts, the kernel two launches before it has completed (a kernel's dependents
+launch once each of its programs has triggered or exited, and at least one program of every kernel
+here triggers after its wait: the attention's split 0 of each head always has keys). So before its
+wait a kernel may read, besides weights, what was written two or more launches earlier (``.cg``
+loads: from L2, past the SM's L1): the attention reads the position and the cached keys/values of
+earlier positions, the q/k/v kernel of every layer but the first the position and its RoPE row,
+the down kernel the router's experts and weights. No kernel writes anything before its wait.
+Without PDL ``gdc_*`` are not emitted and the same code runs as plain kernels.
 
 Roundings are the vendor's (eager bf16): RMSNorm in fp32, ``x * rsqrt`` rounded, times the weight,
 rounded; every linear's fp32 accumulation rounded once; RoPE terms and their sum rounded; SwiGLU
