@@ -1,0 +1,403 @@
+"""Batch-1 decode step on the GPU: the best execution's captured step against the fused step
+(``harness.kernels.decode_step``), with and without programmatic dependent launch (PDL) and with
+and without a CUDA graph; MBU against the datasheet; bf16 parity with the vendor-style step.
+
+    python scripts/bench_decode_step.py                  # < 4 min on an H100 (cold Triton cache)
+    python scripts/bench_decode_step.py --sweep          # + alternative tiles of the fused step (~2 min more)
+
+The full-size reference model (random weights, seed 0, bf16) is built once. Rows of the step table:
+
+- ``best (graph)``: the ladder's best decode knobs (static cache, grouped MoE with the Triton
+  kernels, fused linears, Triton decode attention, torch.compile, CUDA graph): the captured step
+  replayed (``StaticDecoder.graph``; the host-side token copy around it is not included).
+- ``fused [PDL] (graph | eager)``: ``FusedDecodeStep`` (72 launches), captured in a CUDA graph and
+  replayed, or launched from Python every step (eager: the host's Triton launches pace it).
+
+Columns: ``us/step`` (measured): CUDA events around ``--reps`` back-to-back steps / reps, the median
+of ``--rounds`` rounds (min-max beside it); the position is reset to ``--pos`` before each round, so
+a round covers positions pos..pos+reps-1 of a ``--len``-position cache. ``GB/s`` (derived): the
+step's bytes / us; ``MBU`` (derived): GB/s / the datasheet bandwidth of this GPU
+(``harness.roofline.specs``). Bytes (analytic, printed with their parts): every weight the step
+reads once (embedding row, 12 x attention, the dense MLP, 11 x (router, the k = 6 routed experts a
+token picks, the shared expert), final norm and lm_head; ``FusedDecodeStep.weight_bytes``) plus K/V
+of positions 0..pos at the round's mean position; the same bytes for every row (the function's
+minimum traffic; activations and scratch, a few hundred KB, are left out).
+
+Then: the per-kernel table of one replayed step of each captured row (torch.profiler; with PDL a
+kernel's interval starts while its predecessor runs, so durations overlap and their sum exceeds the
+span), and the parity check: after a ``--prompt``-token random prefill (vendor-style execution),
+``--check-steps`` greedy steps of the vendor-style step (eager, the reference) against the best
+step and each fused step from the same cache state: tokens equal before the first divergence, and
+for the fused steps fed the reference's tokens (teacher forcing), the max |logit difference| and
+the steps whose greedy token differs. A kernel that fails to compile is named and its rows are
+skipped; the other rows still run. Needs CUDA (without it: a message and exit status 1).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_fast_moe import capture as capture_after_warmup  # noqa: E402
+
+from harness.config import ExecutionConfig, ModelConfig  # noqa: E402
+
+BEST = dict(kv_cache="static", moe_impl="grouped", moe_kernel="triton", cuda_graphs="decode", compile=True,
+            linear_impl="fused", decode_attention="triton")
+
+
+def per_step_us(fn, reset, reps: int, rounds: int) -> list:
+    """us per step of ``fn`` over ``reps`` back-to-back calls, one value per round."""
+    out = []
+    for _ in range(rounds):
+        reset()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) * 1e3 / reps)
+    return out
+
+
+def capture(run, reset) -> torch.cuda.CUDAGraph:
+    """``run`` captured (``bench_fast_moe.capture``: warm-up calls on a side stream first), the
+    step's state reset afterwards (the warm-up advanced it)."""
+    graph, _ = capture_after_warmup(run)
+    torch.cuda.synchronize()
+    reset()
+    return graph
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[-1] if text else ''}"[:300]
+
+
+def compile_check(step, failures: dict) -> bool:
+    """Launch each kernel of ``step`` once, naming the ones that fail (the step's state is garbage
+    afterwards: reset it). True when all compiled and ran."""
+    from harness.kernels import decode_step_triton as kt
+
+    orig = kt._launch
+
+    def guarded(kernel, grid, warps, pdl, *a, **meta):
+        name = kernel.fn.__name__ + (" (PDL)" if pdl else "")
+        if name in failures:
+            return
+        try:
+            orig(kernel, grid, warps, pdl, *a, **meta)
+        except Exception as exc:                      # noqa: BLE001 - reported, the others go on
+            failures[name] = first_line(exc)
+
+    before = len(failures)
+    kt._launch = guarded
+    try:
+        step.run()
+        torch.cuda.synchronize()
+    finally:
+        kt._launch = orig
+    return len(failures) == before
+
+
+def kernel_table(graph, replays: int = 3) -> list:
+    """(rows [(kernel name, launches, sum of durations us)], span us, busy us (union of intervals),
+    kernels) of the last of ``replays`` profiled replays of ``graph``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+            torch.cuda.synchronize()
+            time.sleep(0.002)
+    ev = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+    groups, cur = [], []
+    for e in ev:                                      # replays are separated by the host's sleeps
+        if cur and e.time_range.start - max(c.time_range.end for c in cur) > 500:
+            groups.append(cur)
+            cur = []
+        cur.append(e)
+    if cur:
+        groups.append(cur)
+    last = groups[-1] if groups else []
+    rows: dict = {}
+    for e in last:
+        r = rows.setdefault(e.name, [0, 0.0])
+        r[0] += 1
+        r[1] += e.time_range.end - e.time_range.start
+    span = (max(e.time_range.end for e in last) - min(e.time_range.start for e in last)) if last else 0.0
+    busy = union_us([(e.time_range.start, e.time_range.end) for e in last])
+    return sorted(((n, c, us) for n, (c, us) in rows.items()), key=lambda r: -r[2]), span, busy, len(last)
+
+
+def union_us(intervals) -> float:
+    total, end = 0.0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def print_kernels(label: str, table) -> None:
+    rows, span, busy, n = table
+    total = sum(us for _, _, us in rows)
+    print(f"\n{label}: {n} kernels, span {span:.1f} us, busy (union) {busy:.1f} us, sum of durations {total:.1f} us"
+          f"{' (> span: overlapping kernels, PDL)' if total > span * 1.001 else ''}")
+    print(f"  {'kernel':58s} {'launches':>8s} {'us sum':>9s} {'us mean':>8s}")
+    for name, count, us in rows[:18]:
+        print(f"  {name[:58]:58s} {count:8d} {us:9.1f} {us / count:8.2f}")
+    if len(rows) > 18:
+        rest = rows[18:]
+        print(f"  {'(' + str(len(rest)) + ' more names)':58s} {sum(c for _, c, _ in rest):8d} "
+              f"{sum(u for _, _, u in rest):9.1f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--len", type=int, default=512, help="static cache positions")
+    ap.add_argument("--pos", type=int, default=286, help="first position of each timed round (base page prompt)")
+    ap.add_argument("--reps", type=int, default=200, help="steps per timed round")
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds (the median is reported)")
+    ap.add_argument("--prompt", type=int, default=286, help="prefill tokens before the parity check")
+    ap.add_argument("--check-steps", type=int, default=64, help="greedy steps of the parity check")
+    ap.add_argument("--no-best", action="store_true", help="skip the best execution (its compile takes ~40 s)")
+    ap.add_argument("--sweep", action="store_true", help="also time alternative tiles of the fused step")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_decode_step: no CUDA device; this benchmark needs a GPU", file=sys.stderr)
+        return 1
+    if args.pos + args.reps > args.len or args.prompt + args.check_steps > args.len:
+        print(f"bench_decode_step: --len {args.len} must hold --pos + --reps and --prompt + --check-steps",
+              file=sys.stderr)
+        return 2
+    import triton
+
+    from harness.kernels import decode_step as ds
+    from harness.kernels import decode_step_triton as kt
+    from harness.models.build import build_model
+    from harness.models.static_cache import StaticKVCache
+    from harness.roofline.specs import match_device
+
+    t_start = time.perf_counter()
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    name = torch.cuda.get_device_name()
+    spec = match_device(name)
+    sheet = f"datasheet {spec.mem_bw_gbs:.0f} GB/s ({spec.source})" if spec else "unknown device: no datasheet, no MBU"
+    print(f"device {name} ({torch.cuda.get_device_properties(dev).multi_processor_count} SMs), torch "
+          f"{torch.__version__}, CUDA {torch.version.cuda}, triton {triton.__version__}; {sheet}")
+    pdl_ok, pdl_why = kt.pdl_support(dev)
+    print(f"PDL: {'yes' if pdl_ok else 'no'} ({pdl_why})")
+    cfg = ModelConfig()
+    L = cfg.llm
+    model = build_model(cfg, dev, dt, seed=0)
+    print(f"model built in {time.perf_counter() - t_start:.1f} s")
+
+    results, tables, failures = [], {}, {}
+    steps = {}
+    reset_pos = None
+
+    # -------------------------------------------------------------------- the best execution
+    dec = None
+    if not args.no_best:
+        try:
+            t0 = time.perf_counter()
+            model.configure(ExecutionConfig(**BEST))
+            dec = model.static_decoder(1, args.len)
+            print(f"best step compiled and captured in {time.perf_counter() - t0:.1f} s")
+        except Exception as exc:                      # noqa: BLE001
+            print(f"best execution failed: {first_line(exc)}")
+            traceback.print_exc(limit=2)
+    # ------------------------------------------------------------------------- fused steps
+    cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, args.len, L.head_dim, dt, dev, query_heads=L.num_heads)
+    pos = torch.zeros(1, dtype=torch.int64, device=dev)
+    token = torch.zeros(1, dtype=torch.int64, device=dev)
+    counts = torch.zeros(args.reps + 8, L.num_layers, L.n_routed_experts, dtype=torch.int64, device=dev)
+    step_index = torch.zeros(1, dtype=torch.int64, device=dev)
+    weights = ds.weights_from_model(model)
+
+    def reset_fused():
+        pos.fill_(args.pos)
+        step_index.zero_()
+        token.fill_(1)
+
+    for pdl in ([False, True] if pdl_ok else [False]):
+        label = "fused PDL" if pdl else "fused"
+        try:
+            t0 = time.perf_counter()
+            step = ds.FusedDecodeStep(weights, cache, pos, token=token, pdl=pdl, counts=(counts, step_index))
+            if not compile_check(step, failures):
+                print(f"{label}: kernels failed, its rows are skipped")
+                continue
+            reset_fused()
+            steps[label] = step
+            print(f"{label}: {step.launches} launches per step, compiled in {time.perf_counter() - t0:.1f} s")
+        except Exception as exc:                      # noqa: BLE001
+            print(f"{label} failed: {first_line(exc)}")
+    nbytes = next(iter(steps.values())).weight_bytes() if steps else None
+
+    # ------------------------------------------------------------------------------ timing
+    def row(label, fn, reset):
+        try:
+            us = per_step_us(fn, reset, args.reps, args.rounds)
+            results.append((label, statistics.median(us), min(us), max(us)))
+        except Exception as exc:                      # noqa: BLE001
+            print(f"{label}: timing failed: {first_line(exc)}")
+
+    if dec is not None:
+        def reset_best():
+            dec.cache.position.fill_(args.pos)
+            dec.decode_counts.zero()
+        row("best (graph)", dec.graph.replay, reset_best)
+        tables["best (graph)"] = kernel_table(dec.graph)
+    graphs = {}
+    for label, step in steps.items():
+        try:
+            graphs[label] = capture(step.run, reset_fused)
+            row(f"{label} (graph)", graphs[label].replay, reset_fused)
+            tables[f"{label} (graph)"] = kernel_table(graphs[label])
+        except Exception as exc:                      # noqa: BLE001
+            print(f"{label}: CUDA-graph capture or replay failed: {first_line(exc)}")
+        row(f"{label} (eager)", step.run, reset_fused)
+
+    mean_pos = args.pos + args.reps // 2
+    if nbytes is not None:
+        kv = next(iter(steps.values())).kv_bytes(mean_pos)
+        total = nbytes["total"] + kv
+        print("\nbytes per step (analytic): " + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in nbytes.items()
+                                                        if k != "total")
+              + f", K/V at position {mean_pos} {kv / 1e6:.2f} MB; total {total / 1e6:.1f} MB")
+    else:
+        total = None
+    print(f"\n{'step':22s} {'us/step':>9s} {'min-max':>15s} {'GB/s':>7s} {'MBU':>7s}   (position {args.pos}.."
+          f"{args.pos + args.reps - 1}, {args.rounds} rounds of {args.reps})")
+    for label, med, lo, hi in results:
+        gbs = total / (med * 1e-6) / 1e9 if total else None
+        mbu = gbs / spec.mem_bw_gbs if gbs and spec else None
+        mbu_txt = ("BUG>100%" if mbu > 1 else f"{mbu:.1%}") if mbu is not None else "n/a"
+        print(f"{label:22s} {med:9.1f} {lo:7.1f}-{hi:<7.1f} {gbs or 0:7.0f} {mbu_txt:>7s}")
+    for label, table in tables.items():
+        print_kernels(label, table)
+
+    # ------------------------------------------------------------------------ parity check
+    try:
+        parity(model, dec, steps, graphs, args, cache, pos, token)
+    except Exception as exc:                          # noqa: BLE001
+        print(f"parity check failed: {first_line(exc)}")
+        traceback.print_exc(limit=3)
+    if args.sweep and steps:
+        sweep(weights, cache, pos, token, counts, step_index, reset_fused, args, pdl_ok, total, spec)
+    for name, why in failures.items():
+        print(f"FAILED kernel {name}: {why}")
+    print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
+    return 1 if failures else 0
+
+
+def parity(model, dec, steps: dict, graphs: dict, args, cache, pos, token) -> None:
+    """Greedy tokens and teacher-forced logits of every step against the vendor-style reference."""
+    from harness.models.static_cache import StaticKVCache
+
+    L = model.cfg.llm
+    dev, n = cache.k[0].device, args.check_steps
+    model.configure(ExecutionConfig(kv_cache="static"))   # vendor-style: the reference function
+    model.route_moe(None)                                  # (the best decoder pointed it at its device counts)
+    ref_cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, args.len, L.head_dim, cache.k[0].dtype, dev,
+                              query_heads=L.num_heads)
+    ref_cache.position = torch.zeros(1, dtype=torch.int64, device=dev)
+    ids = torch.randint(0, L.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(7)).to(dev)
+    with torch.inference_mode():
+        first = model.prefill(ids, torch.zeros_like(ids, dtype=torch.bool), None, ref_cache)[:, -1:].float().argmax(-1)
+    state = [t.clone() for t in ref_cache.k + ref_cache.v + [ref_cache.position]]
+
+    def restore(target_k, target_v, target_pos):
+        for dst, src in zip(list(target_k) + list(target_v) + [target_pos], state):
+            dst.copy_(src)
+
+    ref_tokens, ref_logits = [], []
+    tok = first
+    with torch.inference_mode():
+        for _ in range(n):
+            out = model.decode_step(tok, ref_cache)[0, -1]
+            tok = out.float().argmax().view(1, 1)
+            ref_tokens.append(int(tok))
+            ref_logits.append(out.float())
+
+    def agreement(tokens) -> str:
+        same = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), len(tokens))
+        equal = sum(a == b for a, b in zip(tokens, ref_tokens))
+        return f"{same} of {n} greedy tokens equal before the first divergence, {equal} equal in all"
+
+    print(f"\nparity (bf16) against the vendor-style step, prompt {args.prompt} random tokens, {n} steps:")
+    if dec is not None:
+        restore(dec.cache.k, dec.cache.v, dec.cache.position)
+        dec.cache.length = args.prompt
+        tok, tokens = first, []
+        for _ in range(n):
+            tok = dec.step(tok)
+            tokens.append(int(tok))
+        print(f"  best (graph):      {agreement(tokens)}")
+    for label, step in steps.items():
+        run = graphs[label].replay if label in graphs else step.run
+        restore(cache.k, cache.v, pos)
+        token.fill_(int(first))
+        tokens = []
+        for _ in range(n):
+            run()
+            tokens.append(int(token))
+        restore(cache.k, cache.v, pos)
+        worst, flips = 0.0, 0
+        feed = [int(first)] + ref_tokens[:-1]
+        for i in range(n):
+            token.fill_(feed[i])
+            run()
+            worst = max(worst, float((step.logits.float() - ref_logits[i]).abs().max()))
+            flips += int(token) != ref_tokens[i]
+        scale = max(float(t.abs().max()) for t in ref_logits)
+        print(f"  {label + (' (graph)' if label in graphs else ' (eager)'):18s} {agreement(tokens)}; teacher-forced: "
+              f"max |logit diff| {worst:.4g} (largest |logit| {scale:.4g}), greedy token differs at {flips} of {n} "
+              "steps")
+
+
+def sweep(weights, cache, pos, token, counts, step_index, reset, args, pdl: bool, total, spec) -> None:
+    """One tile changed at a time from the default; each fused step captured and timed (3 rounds)."""
+    import dataclasses
+
+    from harness.kernels import decode_step as ds
+
+    base = ds.DecodeStepConfig()
+    variants = [("default", base)]
+    for field, values in (("qkv", [(2, 4), (8, 4)]), ("o_proj", [(2, 4), (8, 4)]), ("router", [(1, 2), (4, 4)]),
+                          ("gate_up", [(2, 4), (8, 4), (4, 8)]), ("down", [(1, 4), (2, 4), (4, 8)]),
+                          ("dense_gate_up", [(2, 4), (8, 4)]), ("dense_down", [(2, 4), (1, 8)]),
+                          ("attention", [(16, 4), (64, 4)]),
+                          ("lm_head", [(8, 8, 1), (8, 8, 3), (16, 8, 2), (4, 4, 4)])):
+        variants += [(f"{field}={v}", dataclasses.replace(base, **{field: v})) for v in values]
+    variants.append(("gate_up_norm=True", dataclasses.replace(base, gate_up_norm=True)))
+    print(f"\nsweep ({'PDL, ' if pdl else ''}graph, 3 rounds of {args.reps}):")
+    for label, cfg in variants:
+        try:
+            step = ds.FusedDecodeStep(weights, cache, pos, token=token, pdl=pdl, counts=(counts, step_index),
+                                      config=cfg)
+            graph = capture(step.run, reset)
+            us = statistics.median(per_step_us(graph.replay, reset, args.reps, 3))
+            mbu = f"{total / (us * 1e-6) / 1e9 / spec.mem_bw_gbs:.1%}" if total and spec else "n/a"
+            print(f"  {label:24s} {us:8.1f} us  MBU {mbu}")
+        except Exception as exc:                      # noqa: BLE001
+            print(f"  {label:24s} failed: {first_line(exc)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

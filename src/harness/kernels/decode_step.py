@@ -1,0 +1,326 @@
+"""One batch-1 decode step of the reference LLM as the fused Triton kernels of ``decode_step_triton``.
+
+``weights_from_model(model)`` collects the tensors a step reads from a ``DeepseekOCR`` (fusing q/k/v
+and the dense / shared gate+up weights and stacking the routed experts the way
+``DeepseekOCR.configure`` does: views, the state_dict unchanged, reused when already there).
+``FusedDecodeStep(weights, cache, pos)`` owns the step's scratch and launches, on every ``run()``:
+
+    layer 0 (dense):  qkv+RoPE+KV (embedding, norm) | attention | o_proj+residual | gate/up (norm) | down+residual
+    layers 1.. (MoE): qkv+RoPE+KV (norm) | attention | o_proj+residual | router (norm) | gate/up | down+residual
+    end:              final norm + lm_head + argmax: the next token, position + 1
+
+i.e. 5 + 6 (L - 1) + 1 launches (72 for DeepSeek-OCR), no torch op and no host sync: capturable in
+a CUDA graph, whose replays decode greedily (the token buffer is the next step's input). The step
+reads its token from ``token`` (int64 [1]) and its position from ``pos`` (int64 [1], the static
+cache's ``position``), writes K/V at ``pos`` into the cache, the logits into ``logits`` [V] (the
+activation dtype, as ``lm_head`` returns them) and the next token into ``token``; it does not touch
+the cache's host ``length``.
+
+Options: ``counts`` = (int64 [steps, layers, experts], int64 [1] step index on the device): the
+router adds 1 per chosen expert at [step, layer] and the step end advances the index (a step
+outside [0, steps) counts nothing). ``forced``: int64 [rows, positions, layers, k] expert ids: each
+MoE layer takes table[0, pos, layer] (and their softmax probabilities) instead of its top-k; it
+must hold a row for every position the step runs at (the cache length). ``pdl``: programmatic
+dependent launch (Hopper; ``decode_step_triton.pdl_support``), refused where it cannot run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from ..errors import HarnessError
+from . import decode_step_triton as k
+
+
+@dataclass(frozen=True)
+class DecodeStepConfig:
+    """Tiles of the step's kernels: (block, num_warps) each. ``qkv``: RoPE pairs per program;
+    ``attention``: keys per split; ``o_proj``, ``dense_down``: output rows per program; ``router``:
+    gate rows per program; ``gate_up``, ``dense_gate_up``: SwiGLU columns per program; ``down``: output
+    columns per program (all k + P expert rows of them); ``lm_head``: (rows per tile, num_warps,
+    programs per SM). ``lm_programs``: lm_head programs (None: SMs x the third ``lm_head`` entry on
+    CUDA, 4 elsewhere). ``gate_up_norm``: the MoE gate/up kernel recomputes RMSNorm(h) itself
+    instead of reading the router's. Defaults sized for H100/H200 at DeepSeek-OCR's shapes (module
+    docstring of ``decode_step_triton``; not yet tuned on a GPU)."""
+    qkv: tuple = (4, 4)
+    attention: tuple = (32, 4)
+    o_proj: tuple = (4, 4)
+    router: tuple = (2, 2)
+    gate_up: tuple = (4, 4)
+    down: tuple = (2, 8)
+    dense_gate_up: tuple = (4, 4)
+    dense_down: tuple = (1, 4)
+    lm_head: tuple = (8, 8, 2)
+    lm_programs: Optional[int] = None
+    gate_up_norm: bool = False
+
+    def check(self) -> None:
+        for name in ("qkv", "attention", "o_proj", "router", "gate_up", "down", "dense_gate_up", "dense_down",
+                     "lm_head"):
+            tile = getattr(self, name)
+            block, warps = tile[0], tile[1]
+            if block < 1 or block & (block - 1) or warps not in (1, 2, 4, 8, 16):
+                raise HarnessError(f"DecodeStepConfig.{name}={tile}: the block must be a power of two, "
+                                   "num_warps one of 1, 2, 4, 8, 16")
+        if self.lm_programs is not None and self.lm_programs < 1:
+            raise HarnessError(f"DecodeStepConfig.lm_programs={self.lm_programs} must be >= 1 (or None)")
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer's tensors ([out, in] as nn.Linear). Dense: ``gate_up`` [2I, H], ``down``
+    [H, I]. MoE: ``gate_up``/``down`` the shared expert's ([2S, H], [H, S]), ``router`` [E, H],
+    ``experts_gate_up`` [E, 2I, H], ``experts_down`` [E, H, I]."""
+    ln_in: torch.Tensor
+    qkv: torch.Tensor
+    o: torch.Tensor
+    ln_post: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    router: Optional[torch.Tensor] = None
+    experts_gate_up: Optional[torch.Tensor] = None
+    experts_down: Optional[torch.Tensor] = None
+
+    @property
+    def moe(self) -> bool:
+        return self.router is not None
+
+
+@dataclass
+class DecodeWeights:
+    """What a step reads, and the model facts it needs. ``rotary``: the model's RotaryEmbedding
+    module (the RoPE tables are computed with it, so they equal the reference's values bit for bit)."""
+    embed: torch.Tensor
+    layers: list
+    norm: torch.Tensor
+    lm_head: torch.Tensor
+    rotary: object
+    num_heads: int
+    eps: float
+    top_k: int
+    norm_topk: bool
+    scale: float
+    extras: dict = field(default_factory=dict)
+
+
+def weights_from_model(model) -> DecodeWeights:
+    """The tensors of ``model`` (a ``DeepseekOCR``) a fused step reads. q/k/v and the dense / shared
+    gate+up weights are fused (``fused_linear.fuse_rows``) and the routed experts stacked
+    (``fast_moe.stack_experts``) unless the model already holds them (``configure``'s attributes)."""
+    from ..models import fast_moe, fused_linear
+    from ..models.llm import MoE
+
+    L = model.cfg.llm
+    layers = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+        if getattr(attn, "_qkv_fused", None) is None or not fused_linear.shares_rows(qkv, attn._qkv_fused):
+            attn._qkv_fused = fused_linear.fuse_rows(qkv)
+        moe = isinstance(mlp, MoE)
+        swiglu = mlp.shared_experts if moe else mlp
+        gu = [swiglu.gate_proj, swiglu.up_proj]
+        if getattr(swiglu, "_gate_up_fused", None) is None or not fused_linear.shares_rows(gu, swiglu._gate_up_fused):
+            swiglu._gate_up_fused = fused_linear.fuse_rows(gu)
+        lw = LayerWeights(ln_in=layer.input_layernorm.weight, qkv=attn._qkv_fused, o=attn.o_proj.weight,
+                          ln_post=layer.post_attention_layernorm.weight, gate_up=swiglu._gate_up_fused,
+                          down=swiglu.down_proj.weight)
+        if moe:
+            if mlp.experts_stacked is None or not fast_moe.shares_storage(mlp, mlp.experts_stacked):
+                mlp.experts_stacked = fast_moe.stack_experts(mlp)
+            lw.router = mlp.gate.weight
+            lw.experts_gate_up, lw.experts_down = mlp.experts_stacked.gate_up, mlp.experts_stacked.down
+        layers.append(lw)
+    return DecodeWeights(embed=model.model.embed_tokens.weight, layers=layers, norm=model.model.norm.weight,
+                         lm_head=model.lm_head.weight, rotary=model.model.layers[0].self_attn.rotary_emb,
+                         num_heads=L.num_heads, eps=L.rms_norm_eps, top_k=L.num_experts_per_tok,
+                         norm_topk=L.norm_topk_prob, scale=L.routed_scaling_factor)
+
+
+def _refuse(what: str, fix: str = "build the step from the reference model's weights (weights_from_model)"):
+    raise HarnessError(f"FusedDecodeStep: {what}", fix)
+
+
+class FusedDecodeStep:
+    """The fused batch-1 decode step over ``weights`` and a static cache (``cache.k``/``cache.v``:
+    per-layer [1, nkv, L, d] buffers, ``cache.max_len``); see the module docstring."""
+
+    def __init__(self, weights: DecodeWeights, cache, pos: torch.Tensor, *, token: Optional[torch.Tensor] = None,
+                 config: DecodeStepConfig = DecodeStepConfig(), pdl: bool = False, counts: Optional[tuple] = None,
+                 forced: Optional[torch.Tensor] = None):
+        config.check()
+        w = weights
+        self.w, self.cache, self.pos, self.config = w, cache, pos, config
+        dev, dt = w.embed.device, w.embed.dtype
+        k.check_runnable(w.embed)
+        if pdl:
+            ok, why = k.pdl_support(dev)
+            if not ok:
+                raise HarnessError(f"FusedDecodeStep: pdl=True cannot run here: {why}", "use pdl=False")
+        self.pdl = pdl
+        self._check(w, cache, pos, dev, dt)
+        H = w.embed.shape[1]
+        k0 = cache.k[0]
+        nkv, L, d = k0.shape[1], k0.shape[2], k0.shape[3]
+        nh = w.num_heads
+        moe = [lw for lw in w.layers if lw.moe]
+        dense = [lw for lw in w.layers if not lw.moe]
+        self.token = token if token is not None else torch.zeros(1, dtype=torch.int64, device=dev)
+        if self.token.dtype != torch.int64 or self.token.numel() != 1 or self.token.device != dev:
+            _refuse(f"token must be int64 [1] on {dev}, got {self.token.dtype} {tuple(self.token.shape)}",
+                    "pass a one-element int64 device tensor")
+        f32, i32 = torch.float32, torch.int32
+        zeros = lambda *shape, dtype=dt: torch.zeros(shape, dtype=dtype, device=dev)  # noqa: E731
+        self.h, self.q, self.attn_out = zeros(H), zeros(nh * d), zeros(nh * d)
+        splits = k.attention_splits(L, config.attention[0])
+        self.attn_acc, self.attn_m, self.attn_l = zeros(nh * splits, d, dtype=f32), zeros(nh * splits, dtype=f32), \
+            zeros(nh * splits, dtype=f32)
+        self.attn_sem = zeros(nh, dtype=i32)
+        cos, sin = w.rotary(torch.zeros(1, dtype=dt, device=dev), torch.arange(L, device=dev)[None])
+        self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()
+        self.logits = zeros(w.lm_head.shape[0])
+        if moe:
+            E, inter = moe[0].experts_down.shape[0], moe[0].experts_down.shape[2]
+            parts = moe[0].down.shape[1] // inter
+            self.xn, self.router_logits, self.router_sem = zeros(H), zeros(E, dtype=f32), zeros(1, dtype=i32)
+            self.ids = zeros(len(w.layers), w.top_k, dtype=torch.int64)
+            self.wts = zeros(len(w.layers), w.top_k, dtype=f32)
+            self.moe_act = zeros(w.top_k + parts, inter)
+        if dense:
+            self.dense_act = zeros(1, dense[0].down.shape[1])
+        n_tiles = -(-w.lm_head.shape[0] // config.lm_head[0])
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
+        programs = config.lm_programs or (sms * config.lm_head[2] if sms else 4)
+        programs = max(1, min(programs, n_tiles))
+        self.lm_pmax, self.lm_pidx, self.lm_sem = zeros(programs, dtype=f32), zeros(programs, dtype=i32), \
+            zeros(1, dtype=i32)
+        self.counts = self._check_counts(counts, len(w.layers), moe, dev)
+        self.forced = self._check_forced(forced, len(w.layers), w.top_k, L, moe, dev)
+
+    # ------------------------------------------------------------------ checks (host metadata only)
+    @staticmethod
+    def _check(w: DecodeWeights, cache, pos, dev, dt) -> None:
+        if pos.dtype != torch.int64 or pos.numel() != 1 or pos.device != dev:
+            _refuse(f"pos must be int64 [1] on {dev} (the static cache's position), got {pos.dtype} "
+                    f"{tuple(pos.shape)} on {pos.device}", "pass cache.position")
+        H = w.embed.shape[1]
+        k0 = cache.k[0]
+        if k0.dim() != 4 or k0.shape[0] != 1:
+            _refuse(f"batch 1 only: the cache holds {tuple(k0.shape)} (need [1, nkv, L, d])",
+                    "use the step at batch 1 (larger batches: the existing decode path)")
+        nkv, d = k0.shape[1], k0.shape[3]
+        nh = w.num_heads
+        if d & (d - 1) or nh % nkv or len(cache.k) != len(w.layers):
+            _refuse(f"head dim {d} (a power of two needed), {nh} heads over {nkv} KV heads, {len(cache.k)} cache "
+                    f"layers for {len(w.layers)} decoder layers")
+        tensors = [w.embed, w.norm, w.lm_head] + list(cache.k) + list(cache.v)
+        for i, lw in enumerate(w.layers):
+            want = {"qkv": ((nh + 2 * nkv) * d, H), "o": (H, nh * d), "ln_in": (H,), "ln_post": (H,)}
+            for name, shape in want.items():
+                if tuple(getattr(lw, name).shape) != shape:
+                    _refuse(f"layer {i} {name} is {tuple(getattr(lw, name).shape)}, expected {shape}")
+            if lw.moe:
+                inter = lw.experts_down.shape[2]
+                s_inter = lw.down.shape[1]
+                if s_inter % inter or s_inter == 0 or tuple(lw.gate_up.shape) != (2 * s_inter, H):
+                    _refuse(f"layer {i}: the shared expert ({tuple(lw.gate_up.shape)}, {tuple(lw.down.shape)}) is "
+                            f"not P >= 1 parts of the expert width {inter}")
+                tensors += [lw.router, lw.experts_gate_up, lw.experts_down]
+            elif tuple(lw.gate_up.shape) != (2 * lw.down.shape[1], H):
+                _refuse(f"layer {i}: dense gate_up {tuple(lw.gate_up.shape)} and down {tuple(lw.down.shape)} differ")
+            tensors += [lw.ln_in, lw.qkv, lw.o, lw.ln_post, lw.gate_up, lw.down]
+        for t in tensors:
+            if t.device != dev or t.dtype != dt or t.stride(-1) != 1:
+                _refuse(f"every weight and cache buffer must be {dt} on {dev} with unit stride in its last dim; "
+                        f"got {t.dtype} {tuple(t.shape)} stride {t.stride()} on {t.device}")
+
+    @staticmethod
+    def _check_counts(counts, layers: int, moe: list, dev):
+        if counts is None:
+            return None
+        buf, step = counts
+        E = moe[0].router.shape[0] if moe else 0
+        if (buf.dtype != torch.int64 or buf.dim() != 3 or tuple(buf.shape[1:]) != (layers, E) or not buf.is_contiguous()
+                or step.dtype != torch.int64 or step.numel() != 1 or buf.device != dev or step.device != dev):
+            _refuse(f"counts must be (contiguous int64 [steps, {layers}, {E}], int64 [1] step index) on {dev}; got "
+                    f"{buf.dtype} {tuple(buf.shape)}, {step.dtype} {tuple(step.shape)}", "allocate them so")
+        return buf, step
+
+    @staticmethod
+    def _check_forced(forced, layers: int, top_k: int, max_len: int, moe: list, dev):
+        if forced is None:
+            return None
+        if not moe:
+            _refuse("a forced routing table needs MoE layers")
+        if (forced.dtype != torch.int64 or forced.dim() != 4 or forced.shape[0] < 1 or forced.shape[1] < max_len
+                or tuple(forced.shape[2:]) != (layers, top_k) or forced.device != dev or forced.stride(-1) != 1):
+            _refuse(f"forced routing must be int64 [rows, positions >= {max_len}, {layers}, {top_k}] on {dev}; got "
+                    f"{forced.dtype} {tuple(forced.shape)} on {forced.device}",
+                    "one row of expert ids per position the cache holds")
+        return forced
+
+    # ------------------------------------------------------------------------------------ the step
+    @property
+    def launches(self) -> int:
+        """Kernel launches per step."""
+        return sum(6 if lw.moe else 5 for lw in self.w.layers) + 1
+
+    def run(self) -> None:
+        """One step: the token in ``token`` at position ``pos`` -> ``logits``, the next token in
+        ``token``, ``pos`` + 1 (all on the device; nothing read back)."""
+        w, cfg, pdl = self.w, self.config, self.pdl
+        cache = self.cache
+        for i, lw in enumerate(w.layers):
+            first = i == 0
+            k.qkv_rope(self.h, lw.ln_in, lw.qkv, self.cos, self.sin, self.pos, self.q, cache.k[i], cache.v[i], w.eps,
+                       embed=w.embed if first else None, token=self.token if first else None, tile=cfg.qkv, pdl=pdl)
+            k.attention(self.q, cache.k[i], cache.v[i], self.pos, self.attn_out, self.attn_acc, self.attn_m,
+                        self.attn_l, self.attn_sem, tile=cfg.attention, pdl=pdl)
+            k.gemv_residual(self.attn_out, lw.o, self.h, tile=cfg.o_proj, pdl=pdl)
+            if lw.moe:
+                counts = (self.counts[0], self.counts[1], i) if self.counts is not None else None
+                forced = (self.forced, self.pos, i) if self.forced is not None else None
+                k.route(self.h, lw.ln_post, lw.router, self.xn, self.router_logits, self.router_sem, self.ids[i],
+                        self.wts[i], w.eps, w.top_k, w.norm_topk, w.scale, counts=counts, forced=forced,
+                        tile=cfg.router, pdl=pdl)
+                norm = cfg.gate_up_norm
+                k.gate_up(self.h if norm else self.xn, lw.gate_up, self.moe_act, ln=lw.ln_post if norm else None,
+                          eps=w.eps, experts_gate_up=lw.experts_gate_up, ids=self.ids[i], top_k=w.top_k,
+                          tile=cfg.gate_up, pdl=pdl)
+                k.moe_down(self.moe_act, lw.experts_down, lw.down, self.ids[i], self.wts[i], self.h, tile=cfg.down,
+                           pdl=pdl)
+            else:
+                k.gate_up(self.h, lw.gate_up, self.dense_act, ln=lw.ln_post, eps=w.eps, tile=cfg.dense_gate_up,
+                          pdl=pdl)
+                k.gemv_residual(self.dense_act[0], lw.down, self.h, tile=cfg.dense_down, pdl=pdl)
+        k.lm_head_argmax(self.h, w.norm, w.lm_head, self.logits, self.lm_pmax, self.lm_pidx, self.lm_sem, self.token,
+                         self.pos, w.eps, step=self.counts[1] if self.counts is not None else None,
+                         tile=cfg.lm_head[:2], pdl=pdl)
+
+    # ------------------------------------------------------------------------------- accounting
+    def weight_bytes(self) -> dict:
+        """Bytes of weights one step reads, by part (analytic: every weight row the kernels load, once;
+        the routed experts are the k a token picks, distinct by construction of the top-k)."""
+        w = self.w
+        n = lambda t: t.numel() * t.element_size()  # noqa: E731
+        out = {"embedding row": w.embed[0].numel() * w.embed.element_size(), "attention": 0, "dense mlp": 0,
+               "router": 0, "routed experts": 0, "shared experts": 0, "final norm + lm_head": n(w.norm) + n(w.lm_head)}
+        for lw in w.layers:
+            out["attention"] += n(lw.ln_in) + n(lw.qkv) + n(lw.o)
+            if lw.moe:
+                out["router"] += n(lw.ln_post) + n(lw.router)
+                out["routed experts"] += w.top_k * (n(lw.experts_gate_up[0]) + n(lw.experts_down[0]))
+                out["shared experts"] += n(lw.gate_up) + n(lw.down)
+            else:
+                out["dense mlp"] += n(lw.ln_post) + n(lw.gate_up) + n(lw.down)
+        out["total"] = sum(out.values())
+        return out
+
+    def kv_bytes(self, pos: int) -> int:
+        """Bytes of K and V one step reads at position ``pos`` (keys 0..pos of every layer and KV head),
+        plus the one position it writes."""
+        k0 = self.cache.k[0]
+        per_pos = 2 * k0.shape[1] * k0.shape[3] * k0.element_size() * len(self.cache.k)
+        return per_pos * (min(pos + 1, k0.shape[2]) + 1)

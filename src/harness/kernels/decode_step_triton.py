@@ -1,0 +1,685 @@
+"""Triton kernels of one fused batch-1 decode step (issue 24): 6 launches per MoE layer, 5 for a
+dense layer, 1 for the final norm, lm_head and greedy token; no torch op in between.
+
+Per layer (h: the residual stream [H] in the activation dtype, updated in place):
+
+1. ``_qkv_rope_kernel``: RMSNorm(h) recomputed by every program (H elements), q/k/v GEMV, RoPE from
+   a precomputed cos/sin table read at the device position, k and v written into the static cache
+   at that position. The first layer reads h as the token's embedding row (and writes it to h).
+2. ``_attention_kernel``: split-KV attention of the step's q over positions 0..pos; the last split
+   of a head to finish combines (per-head counters back at 0 afterwards).
+3. ``_gemv_residual_kernel``: h += o_proj(attention out), rounded as ``x + o(..)`` rounds.
+4. MoE layer: ``_router_kernel``: RMSNorm(h) (program 0 writes it, ``xn``), fp32 gate GEMV over
+   many programs, then the last program to finish: softmax, top-k by rank (or the experts of a
+   forced routing table), renormalisation and scale, the routing count. Dense layer: nothing.
+5. ``_gate_up_kernel``: silu(gate(x)) * up(x) rows of the k routed experts and of the shared
+   expert (P parts of the expert width, programs of the shared rows first); dense layer: the
+   SwiGLU's rows, with RMSNorm(h) recomputed in every program.
+6. MoE: ``_moe_down_kernel``: per output column block, the k routed down rows weighted and summed
+   in fp32, the shared expert's P fp32 partials, y = routed + shared, h += y, with the vendor's
+   roundings. Dense: ``_gemv_residual_kernel`` over the SwiGLU's rows (K = 6848).
+
+Step end: ``_lm_head_argmax_kernel``: every program (about two per SM) recomputes RMSNorm(h) and
+streams a contiguous, balanced range of lm_head rows (the next tile loaded while the current one
+is reduced), writes the logits in the activation dtype and keeps the first index of its maximum;
+the last program to finish picks the token (first index of the max, as torch.argmax), writes it
+into the token buffer the next step reads, advances the device position (and the step index).
+
+Programmatic dependent launch (``USE_PDL``, Hopper): every kernel issues its weight loads, then
+``gdc_wait`` (the previous kernel of the stream has completed and its writes are visible), then
+``gdc_launch_dependents`` at once. Triggering only after the wait gives every kernel this
+invariant: when it starts, the kernel two launches before it has completed (a kernel's dependents
+launch once each of its programs has triggered or exited, and at least one program of every kernel
+here triggers after its wait: the attention's split 0 of each head always has keys). So before its
+wait a kernel may read, besides weights, what was written two or more launches earlier (``.cg``
+loads: from L2, past the SM's L1): the attention reads the position and the cached keys/values of
+earlier positions, the q/k/v kernel of every layer but the first the position and its RoPE row,
+the down kernel the router's experts and weights. No kernel writes anything before its wait.
+Without PDL ``gdc_*`` are not emitted and the same code runs as plain kernels.
+
+Roundings are the vendor's (eager bf16): RMSNorm in fp32, ``x * rsqrt`` rounded, times the weight,
+rounded; every linear's fp32 accumulation rounded once; RoPE terms and their sum rounded; SwiGLU
+gate, up, silu and product rounded; routed rows rounded, times the fp32 gate weight, summed over k
+in fp32 and rounded; shared down (fp32 partials summed) rounded; routed + shared rounded; each
+residual add rounded; logits rounded before the argmax. Summation orders differ from cuBLAS and
+torch (fp32 rounding-level differences). Importing this module imports triton; with
+``TRITON_INTERPRET=1`` set before the first import of ``fast_moe_triton`` the kernels run on CPU
+tensors (tests), where ``EMU`` rounds fp32 -> bf16 to nearest-even as compiled code does.
+
+Weight tiles hold a whole row range in registers: a reduction length K is loaded as two tiles,
+KA (the largest power of two <= K) and KB (the next power of two >= K - KA, masked; 0 if K = KA).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..errors import HarnessError
+from ..models.fast_moe_triton import INTERPRETED, _check_runnable, _rne, _rounded, _swiglu
+
+try:                                        # Triton >= 3.4 (grid dependency control, sm90+)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    HAS_GDC = True
+except ImportError:                         # pragma: no cover - older Triton
+    gdc_wait = gdc_launch_dependents = None
+    HAS_GDC = False
+
+LOG2E = 1.4426950408889634
+
+__all__ = ["HAS_GDC", "INTERPRETED", "k_parts", "pdl_support", "check_runnable"]
+
+
+def k_parts(k: int) -> tuple:
+    """(KA, KB) of a reduction length ``k``: KA the largest power of two <= k, KB the next power of
+    two >= k - KA (0 when k is a power of two). 1280 -> (1024, 256); 896 -> (512, 512); 6848 -> (4096, 4096)."""
+    if k < 1:
+        raise HarnessError(f"reduction length {k} must be >= 1")
+    ka = 1 << (k.bit_length() - 1)
+    rest = k - ka
+    return ka, (triton.next_power_of_2(rest) if rest else 0)
+
+
+def pdl_support(device) -> tuple:
+    """(whether programmatic dependent launch can run on ``device``, why or why not)."""
+    device = torch.device(device)
+    if not HAS_GDC:
+        return False, f"triton {triton.__version__} has no triton.language.extra.cuda.gdc_wait (needs >= 3.4)"
+    if device.type != "cuda":
+        return False, f"PDL is a CUDA launch attribute; the device is {device.type}"
+    if INTERPRETED:
+        return False, "the kernels were defined for Triton's interpreter (TRITON_INTERPRET=1)"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 9:
+        return False, f"PDL needs sm90 or newer; this GPU is sm{major}{minor}"
+    return True, f"sm{major}{minor}: kernels launched with launch_pdl=True, gdc_wait/gdc_launch_dependents inside"
+
+
+def check_runnable(x: torch.Tensor) -> None:
+    """Refuse CUDA tensors when the kernels were defined for the interpreter."""
+    _check_runnable(x)
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+
+@triton.jit
+def _pdl_wait(USE_PDL: tl.constexpr):
+    """Wait for the previous kernel (complete, its writes visible), then let the next one launch."""
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+@triton.jit
+def _load_rows(w_rows, n_ok, K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr):
+    """Weight rows [BLOCK_N, K] (pointers [BLOCK_N, 1] to each row's first element, unit stride
+    along K) as tiles [BLOCK_N, KA] and [BLOCK_N, KB] (masked past K; KB = 0: the first tile twice)."""
+    offs_a = tl.arange(0, KA)
+    wa = tl.load(w_rows + offs_a[None, :], mask=n_ok[:, None], other=0.0)
+    if KB > 0:
+        offs_b = KA + tl.arange(0, KB)
+        wb = tl.load(w_rows + offs_b[None, :], mask=n_ok[:, None] & (offs_b < K)[None, :], other=0.0)
+    else:
+        wb = wa
+    return wa, wb
+
+
+@triton.jit
+def _zero_rows(BLOCK_N: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, dtype: tl.constexpr):
+    """Zero tiles shaped as ``_load_rows``'."""
+    za = tl.zeros([BLOCK_N, KA], dtype)
+    if KB > 0:
+        zb = tl.zeros([BLOCK_N, KB], dtype)
+    else:
+        zb = za
+    return za, zb
+
+
+@triton.jit
+def _load_vec(p, K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr):
+    """A row of K elements at ``p`` as fp32 parts [KA], [KB] (padding 0)."""
+    offs_a = tl.arange(0, KA)
+    xa = tl.load(p + offs_a).to(tl.float32)
+    if KB > 0:
+        offs_b = KA + tl.arange(0, KB)
+        xb = tl.load(p + offs_b, mask=offs_b < K, other=0.0).to(tl.float32)
+    else:
+        xb = xa
+    return xa, xb
+
+
+@triton.jit
+def _store_vec(p, xa, xb, K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr):
+    """Store parts of a row whose fp32 values are exact in ``p``'s dtype (no rounding needed)."""
+    tl.store(p + tl.arange(0, KA), xa.to(p.dtype.element_ty))
+    if KB > 0:
+        offs_b = KA + tl.arange(0, KB)
+        tl.store(p + offs_b, xb.to(p.dtype.element_ty), mask=offs_b < K)
+
+
+@triton.jit
+def _dot_rows(wa, wb, xa, xb, KB: tl.constexpr):
+    """sum_k w[n, k] x[k] in fp32 for the tiles of ``_load_rows`` and the parts of ``_load_vec``."""
+    acc = tl.sum(wa.to(tl.float32) * xa[None, :], axis=1)
+    if KB > 0:
+        acc += tl.sum(wb.to(tl.float32) * xb[None, :], axis=1)
+    return acc
+
+
+@triton.jit
+def _rms_norm(xa, xb, lna, lnb, act: tl.constexpr, K: tl.constexpr, KB: tl.constexpr, EPS: tl.constexpr,
+              EMU: tl.constexpr):
+    """The vendor RMSNorm of one row (fp32 parts, padding 0): mean of squares in fp32 (the sum times
+    fp32(1/K), as ATen's mean), ``x * rsqrt(mean + eps)`` rounded to ``act``, times the weight, rounded."""
+    ss = tl.sum(xa * xa, axis=0)
+    if KB > 0:
+        ss += tl.sum(xb * xb, axis=0)
+    r = tl.rsqrt(ss * (1.0 / K) + EPS)
+    ya = _rounded(lna * _rounded(xa * r, act, EMU), act, EMU)
+    if KB > 0:
+        yb = _rounded(lnb * _rounded(xb * r, act, EMU), act, EMU)
+    else:
+        yb = ya
+    return ya, yb
+
+
+# ------------------------------------------------------------------------ 1. q/k/v + RoPE + KV
+
+
+@triton.jit
+def _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF: tl.constexpr):
+    """cos and sin of position ``pos`` at columns ``dim`` and ``dim + HALF`` (fp32), from the tables."""
+    cos_a = tl.load(cos_ptr + pos * stride_ct + dim).to(tl.float32)
+    cos_b = tl.load(cos_ptr + pos * stride_ct + dim + HALF).to(tl.float32)
+    sin_a = tl.load(sin_ptr + pos * stride_st + dim).to(tl.float32)
+    sin_b = tl.load(sin_ptr + pos * stride_st + dim + HALF).to(tl.float32)
+    return cos_a, cos_b, sin_a, sin_b
+
+
+@triton.jit
+def _qkv_rope_kernel(embed_ptr, tok_ptr, h_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr,
+                     q_cols, kv_cols, max_len, stride_et, stride_wn, stride_ct, stride_st, stride_kh, stride_kn,
+                     stride_vh, stride_vn,
+                     H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, HALF: tl.constexpr,
+                     BLOCK_P: tl.constexpr, EPS: tl.constexpr, EMBED: tl.constexpr, USE_PDL: tl.constexpr,
+                     EMU: tl.constexpr):
+    # pair j: columns a and a + HALF of one head (rotate_half pairs them); q, k, v heads one after the other
+    offs_j = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    ok = offs_j < (q_cols + 2 * kv_cols) // 2
+    dim = offs_j % HALF
+    col_a = (offs_j // HALF) * (2 * HALF) + dim
+    col_b = col_a + HALF
+    w_aa, w_ab = _load_rows(w_ptr + col_a[:, None].to(tl.int64) * stride_wn, ok, H, HA, HB)
+    w_ba, w_bb = _load_rows(w_ptr + col_b[:, None].to(tl.int64) * stride_wn, ok, H, HA, HB)
+    lna, lnb = _load_vec(ln_ptr, H, HA, HB)
+    if not EMBED:           # layers after the first: the position was written more than two launches ago
+        pos = tl.load(pos_ptr, cache_modifier=".cg")
+        cos_a, cos_b, sin_a, sin_b = _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF)
+    _pdl_wait(USE_PDL)
+    if EMBED:               # the first layer: the previous kernel (last step's lm_head) advanced it
+        pos = tl.load(pos_ptr)
+        cos_a, cos_b, sin_a, sin_b = _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF)
+    act = q_ptr.dtype.element_ty
+    if EMBED:                                       # the step's first layer: h is the token's embedding
+        x_row = embed_ptr + tl.load(tok_ptr) * stride_et
+    else:
+        x_row = h_ptr
+    xa, xb = _load_vec(x_row, H, HA, HB)
+    if EMBED:
+        if tl.program_id(0) == 0:
+            _store_vec(h_ptr, xa, xb, H, HA, HB)
+    na, nb = _rms_norm(xa, xb, lna, lnb, act, H, HB, EPS, EMU)
+    ya = _rounded(_dot_rows(w_aa, w_ab, na, nb, HB), act, EMU)      # the linear's output
+    yb = _rounded(_dot_rows(w_ba, w_bb, na, nb, HB), act, EMU)
+    # q * cos + rotate_half(q) * sin, rotate_half(q) = (-q[a + HALF], q[a]) at (a, a + HALF)
+    ra = _rne(_rounded(ya * cos_a, act, EMU) + _rounded(-yb * sin_a, act, EMU), EMU).to(act)
+    rb = _rne(_rounded(yb * cos_b, act, EMU) + _rounded(ya * sin_b, act, EMU), EMU).to(act)
+    in_cache = (offs_j * 0 + pos) < max_len                        # (vector masks only: the interpreter
+    #                                                                 refuses a vector & scalar mask)
+    is_q = col_a < q_cols
+    is_k = (col_a >= q_cols) & (col_a < q_cols + kv_cols)
+    is_v = col_a >= q_cols + kv_cols
+    tl.store(q_ptr + col_a, ra, mask=ok & is_q)
+    tl.store(q_ptr + col_b, rb, mask=ok & is_q)
+    kc = col_a - q_cols                                              # head * 2 HALF + dim
+    k_at = k_ptr + (kc // (2 * HALF)).to(tl.int64) * stride_kh + pos * stride_kn + dim
+    tl.store(k_at, ra, mask=ok & is_k & in_cache)
+    tl.store(k_at + HALF, rb, mask=ok & is_k & in_cache)
+    vc = col_a - q_cols - kv_cols
+    v_at = v_ptr + (vc // (2 * HALF)).to(tl.int64) * stride_vh + pos * stride_vn + dim
+    tl.store(v_at, ya.to(act), mask=ok & is_v & in_cache)
+    tl.store(v_at + HALF, yb.to(act), mask=ok & is_v & in_cache)
+
+
+# ---------------------------------------------------------------------------- 2. attention
+
+
+@triton.jit
+def _attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, acc_ptr, m_ptr, l_ptr, sem_ptr, max_len,
+                      stride_kh, stride_kn, stride_vh, stride_vn,
+                      GROUP: tl.constexpr, SCALE_LOG2: tl.constexpr, D: tl.constexpr, SPLIT_N: tl.constexpr,
+                      NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, USE_PDL: tl.constexpr,
+                      EMU: tl.constexpr):
+    h = tl.program_id(0)
+    split = tl.program_id(1)
+    kvh = (h // GROUP).to(tl.int64)
+    pos = tl.load(pos_ptr, cache_modifier=".cg").to(tl.int32)   # fixed since the step began (module docstring)
+    n_keys = tl.minimum(pos + 1, max_len)
+    start = split * SPLIT_N
+    if start >= n_keys:                                      # wholly past the position: nothing to do
+        return
+    offs_n = start + tl.arange(0, SPLIT_N)
+    offs_d = tl.arange(0, D)
+    k_tile = k_ptr + kvh * stride_kh + offs_n[:, None].to(tl.int64) * stride_kn + offs_d[None, :]
+    v_tile = v_ptr + kvh * stride_vh + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :]
+    earlier = (offs_n < tl.minimum(pos, max_len))[:, None]   # written by earlier steps: read before the wait
+    k = tl.load(k_tile, mask=earlier, other=0.0, cache_modifier=".cg")
+    v = tl.load(v_tile, mask=earlier, other=0.0, cache_modifier=".cg")
+    _pdl_wait(USE_PDL)
+    now = ((offs_n == pos) & (offs_n < max_len))[:, None]    # written by this step's q/k/v kernel
+    k = tl.where(now, tl.load(k_tile, mask=now, other=0.0), k).to(tl.float32)
+    v = tl.where(now, tl.load(v_tile, mask=now, other=0.0), v).to(tl.float32)
+    # the scale is a compile-time constant (a runtime float reaches a kernel as fp64 under torch.compile)
+    q = tl.load(q_ptr + h * D + offs_d).to(tl.float32) * SCALE_LOG2
+    s = tl.where(offs_n < n_keys, tl.sum(k * q[None, :], axis=1), float("-inf"))
+    m = tl.max(s, axis=0)
+    p = tl.exp2(s - m)                                       # exactly 0 past the position
+    ls = tl.sum(p, axis=0)
+    acc = tl.sum(p[:, None] * v, axis=0)
+    n_used = (n_keys + SPLIT_N - 1) // SPLIT_N
+    act = out_ptr.dtype.element_ty
+    if n_used == 1:
+        tl.store(out_ptr + h * D + offs_d, _rne(acc / ls, EMU).to(act))
+    else:
+        row = h * NUM_SPLITS + split
+        tl.store(acc_ptr + row * D + offs_d, acc)
+        tl.store(m_ptr + row, m)
+        tl.store(l_ptr + row, ls)
+        tl.debug_barrier()                                   # every thread's partials stored
+        arrived = tl.atomic_add(sem_ptr + h, 1, sem="acq_rel", scope="gpu")
+        if arrived == n_used - 1:                            # the head's other splits are done
+            offs_s = tl.arange(0, SPLITS_P2)
+            s_ok = offs_s < n_used
+            rows = h * NUM_SPLITS + offs_s
+            ms = tl.load(m_ptr + rows, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
+            lss = tl.load(l_ptr + rows, mask=s_ok, other=0.0, cache_modifier=".cg")
+            w = tl.exp2(ms - tl.max(ms, axis=0))
+            accs = tl.load(acc_ptr + rows[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0,
+                           cache_modifier=".cg")
+            out = tl.sum(accs * w[:, None], axis=0) / tl.sum(lss * w, axis=0)
+            tl.store(out_ptr + h * D + offs_d, _rne(out, EMU).to(act))
+            tl.store(sem_ptr + h, 0)                         # for the next layer / step
+
+
+# ---------------------------------------------------------------- 3. GEMV + residual (o, dense down)
+
+
+@triton.jit
+def _gemv_residual_kernel(x_ptr, w_ptr, h_ptr, n_out, stride_wn,
+                          K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, BLOCK_N: tl.constexpr,
+                          USE_PDL: tl.constexpr, EMU: tl.constexpr):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < n_out
+    wa, wb = _load_rows(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn, n_ok, K, KA, KB)
+    _pdl_wait(USE_PDL)
+    xa, xb = _load_vec(x_ptr, K, KA, KB)
+    act = h_ptr.dtype.element_ty
+    y = _rounded(_dot_rows(wa, wb, xa, xb, KB), act, EMU)               # the linear's output
+    res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(h_ptr + offs_n, _rne(res + y, EMU).to(act), mask=n_ok)      # x + linear(..), rounded
+
+
+# ------------------------------------------------------------------------------- 4. router
+
+
+@triton.jit
+def _top_k(p, offs_e, offs_k):
+    """(ids int64, values) [BLOCK_TOPK] of the largest ``p`` [BLOCK_E] in descending order, ties to the
+    lower index (padding lanes hold -1, below any probability): each lane's rank is the number of
+    lanes before it in that order, and slot j takes the lane of rank j. One [E, E] comparison instead
+    of k dependent rounds of reductions."""
+    before = (p[None, :] > p[:, None]) | ((p[None, :] == p[:, None]) & (offs_e[None, :] < offs_e[:, None]))
+    rank = tl.sum(before.to(tl.int32), axis=1)                        # [BLOCK_E]
+    hit = rank[None, :] == offs_k[:, None]                            # [BLOCK_TOPK, BLOCK_E]
+    ids = tl.sum(tl.where(hit, offs_e[None, :], 0), axis=1).to(tl.int64)
+    return ids, tl.sum(tl.where(hit, p[None, :], 0.0), axis=1)
+
+
+
+@triton.jit
+def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, wts_ptr, counts_ptr, step_ptr,
+                   forced_ptr, pos_ptr, n_exp, n_steps, counts_offset, counts_step_stride, forced_offset,
+                   forced_positions, forced_pos_stride, stride_wn,
+                   H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, ROWS: tl.constexpr, TOP_K: tl.constexpr,
+                   BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr, NORM_TOPK: tl.constexpr, SCALE: tl.constexpr,
+                   EPS: tl.constexpr, HAS_COUNTS: tl.constexpr, FORCED: tl.constexpr, USE_PDL: tl.constexpr,
+                   EMU: tl.constexpr):
+    offs_r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    r_ok = offs_r < n_exp
+    wa, wb = _load_rows(w_ptr + offs_r[:, None].to(tl.int64) * stride_wn, r_ok, H, HA, HB)
+    lna, lnb = _load_vec(ln_ptr, H, HA, HB)
+    _pdl_wait(USE_PDL)
+    xa, xb = _load_vec(h_ptr, H, HA, HB)
+    na, nb = _rms_norm(xa, xb, lna, lnb, xn_ptr.dtype.element_ty, H, HB, EPS, EMU)
+    if tl.program_id(0) == 0:                        # post_attention_layernorm(h), for the gate_up kernel
+        _store_vec(xn_ptr, na, nb, H, HA, HB)
+    # the vendor gate: F.linear(x.float(), w.float()): exact products, fp32 sums
+    tl.store(logits_ptr + offs_r, _dot_rows(wa, wb, na, nb, HB), mask=r_ok)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu")
+    if arrived == tl.num_programs(0) - 1:            # every logit is stored: softmax, top-k, count
+        offs_e = tl.arange(0, BLOCK_E)
+        e_ok = offs_e < n_exp
+        logits = tl.load(logits_ptr + offs_e, mask=e_ok, other=float("-inf"), cache_modifier=".cg")
+        ex = tl.exp(logits - tl.max(logits, axis=0))
+        probs = ex / tl.sum(ex, axis=0)
+        offs_k = tl.arange(0, BLOCK_TOPK)
+        k_ok = offs_k < TOP_K
+        if FORCED:                                   # the table's experts at this position, their probabilities
+            row = tl.minimum(tl.load(pos_ptr), forced_positions - 1)
+            sel_i = tl.load(forced_ptr + forced_offset + row * forced_pos_stride + offs_k, mask=k_ok, other=0)
+            sel_w = tl.sum(tl.where(offs_e[None, :] == sel_i[:, None], probs[None, :], 0.0), axis=1)
+        else:
+            sel_i, sel_w = _top_k(tl.where(e_ok, probs, -1.0), offs_e, offs_k)
+        sel_w = tl.where(k_ok, sel_w, 0.0)          # slots past k (BLOCK_TOPK padding) weigh nothing
+        if NORM_TOPK:
+            sel_w = sel_w / (tl.sum(sel_w, axis=0) + 1e-20)
+        sel_w = sel_w * SCALE
+        tl.store(ids_ptr + offs_k, sel_i, mask=k_ok)
+        tl.store(wts_ptr + offs_k, sel_w, mask=k_ok)
+        if HAS_COUNTS:                               # counts[step, layer, e] += 1 per chosen e
+            step = tl.load(step_ptr) + offs_k * 0
+            at = counts_ptr + step * counts_step_stride + counts_offset + sel_i
+            tl.atomic_add(at, 1, mask=k_ok & (step >= 0) & (step < n_steps))
+        tl.store(sem_ptr, 0)
+
+
+# ------------------------------------------------------------------------------- 5. gate/up
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride_we, stride_wn, stride_sn, stride_ar,
+                    H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, INTER: tl.constexpr,
+                    S_INTER: tl.constexpr, TOP_K: tl.constexpr, PARTS: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCKS: tl.constexpr, NORM: tl.constexpr, EPS: tl.constexpr, USE_PDL: tl.constexpr,
+                    EMU: tl.constexpr):
+    # program slot s = pid // BLOCKS (BLOCKS = cdiv(INTER, BLOCK_N)): s < PARTS the shared (or dense)
+    # rows [s*INTER, (s+1)*INTER), else routed slot s - PARTS; h row: routed j -> j, shared p -> TOP_K + p
+    slot = tl.program_id(0) // BLOCKS
+    offs_n = (tl.program_id(0) % BLOCKS) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < INTER
+    if slot < PARTS:                                 # shared / dense weights: known before the wait
+        rows = (slot * INTER + offs_n).to(tl.int64)
+        ga, gb = _load_rows(sw_ptr + rows[:, None] * stride_sn, n_ok, H, HA, HB)
+        ua, ub = _load_rows(sw_ptr + (rows + S_INTER)[:, None] * stride_sn, n_ok, H, HA, HB)
+    else:
+        ga, gb = _zero_rows(BLOCK_N, HA, HB, sw_ptr.dtype.element_ty)
+        ua, ub = _zero_rows(BLOCK_N, HA, HB, sw_ptr.dtype.element_ty)
+    if NORM:
+        lna, lnb = _load_vec(ln_ptr, H, HA, HB)
+    _pdl_wait(USE_PDL)
+    if slot >= PARTS:                                # routed: the expert the router chose (previous kernel)
+        expert = tl.load(ids_ptr + slot - PARTS).to(tl.int64)
+        base = ew_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+        ga, gb = _load_rows(base, n_ok, H, HA, HB)
+        ua, ub = _load_rows(base + INTER * stride_wn, n_ok, H, HA, HB)
+    xa, xb = _load_vec(x_ptr, H, HA, HB)
+    if NORM:
+        xa, xb = _rms_norm(xa, xb, lna, lnb, act_ptr.dtype.element_ty, H, HB, EPS, EMU)
+    hv = _swiglu(_dot_rows(ga, gb, xa, xb, HB), _dot_rows(ua, ub, xa, xb, HB), act_ptr, EMU)
+    row = tl.where(slot < PARTS, TOP_K + slot, slot - PARTS)
+    tl.store(act_ptr + row * stride_ar + offs_n, hv, mask=n_ok)
+
+
+# ------------------------------------------------------------------------- 6. MoE down + residual
+
+
+@triton.jit
+def _moe_down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, stride_ar, stride_we, stride_wn, stride_sn,
+                     H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, TOP_K: tl.constexpr,
+                     KP2: tl.constexpr, PARTS: tl.constexpr, PP2: tl.constexpr, BLOCK_N: tl.constexpr,
+                     USE_PDL: tl.constexpr, EMU: tl.constexpr):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < H
+    offs_k = tl.arange(0, KP2)
+    k_ok = offs_k < TOP_K
+    # the router (two launches back) has completed: its experts and weights can be read now
+    expert = tl.load(ids_ptr + offs_k, mask=k_ok, other=0, cache_modifier=".cg").to(tl.int64)
+    gate_w = tl.load(wts_ptr + offs_k, mask=k_ok, other=0.0, cache_modifier=".cg")
+    offs_ia = tl.arange(0, IA)
+    r_rows = ew_ptr + expert[:, None, None] * stride_we + offs_n[None, :, None].to(tl.int64) * stride_wn
+    r_ok = k_ok[:, None, None] & n_ok[None, :, None]
+    w_ra = tl.load(r_rows + offs_ia[None, None, :], mask=r_ok, other=0.0)          # [KP2, BLOCK_N, IA]
+    offs_p = tl.arange(0, PP2)
+    p_ok = offs_p < PARTS
+    s_rows = sw_ptr + offs_n[None, :, None].to(tl.int64) * stride_sn + (offs_p * INTER)[:, None, None]
+    s_ok = p_ok[:, None, None] & n_ok[None, :, None]
+    w_sa = tl.load(s_rows + offs_ia[None, None, :], mask=s_ok, other=0.0)          # [PP2, BLOCK_N, IA]
+    if IB > 0:
+        offs_ib = IA + tl.arange(0, IB)
+        ib_ok = (offs_ib < INTER)[None, None, :]
+        w_rb = tl.load(r_rows + offs_ib[None, None, :], mask=r_ok & ib_ok, other=0.0)
+        w_sb = tl.load(s_rows + offs_ib[None, None, :], mask=s_ok & ib_ok, other=0.0)
+    _pdl_wait(USE_PDL)
+    act = h_ptr.dtype.element_ty
+    a_r = tl.load(act_ptr + offs_k[:, None] * stride_ar + offs_ia[None, :], mask=k_ok[:, None], other=0.0)
+    a_s = tl.load(act_ptr + (TOP_K + offs_p)[:, None] * stride_ar + offs_ia[None, :], mask=p_ok[:, None], other=0.0)
+    part_r = tl.sum(w_ra.to(tl.float32) * a_r.to(tl.float32)[:, None, :], axis=2)     # [KP2, BLOCK_N]
+    part_s = tl.sum(w_sa.to(tl.float32) * a_s.to(tl.float32)[:, None, :], axis=2)     # [PP2, BLOCK_N]
+    if IB > 0:
+        a_rb = tl.load(act_ptr + offs_k[:, None] * stride_ar + offs_ib[None, :],
+                       mask=k_ok[:, None] & (offs_ib < INTER)[None, :], other=0.0)
+        a_sb = tl.load(act_ptr + (TOP_K + offs_p)[:, None] * stride_ar + offs_ib[None, :],
+                       mask=p_ok[:, None] & (offs_ib < INTER)[None, :], other=0.0)
+        part_r += tl.sum(w_rb.to(tl.float32) * a_rb.to(tl.float32)[:, None, :], axis=2)
+        part_s += tl.sum(w_sb.to(tl.float32) * a_sb.to(tl.float32)[:, None, :], axis=2)
+    # each routed row's down_proj rounded, times its fp32 gate weight, summed over k in fp32, rounded
+    routed = _rounded(tl.sum(_rounded(part_r, act, EMU) * gate_w[:, None], axis=0), act, EMU)
+    shared = _rounded(tl.sum(part_s, axis=0), act, EMU)     # one fp32 GEMM over the shared width, rounded
+    y = _rounded(routed + shared, act, EMU)                  # MoE output: routed + shared_experts(x)
+    res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(h_ptr + offs_n, _rne(res + y, EMU).to(act), mask=n_ok)
+
+
+# ------------------------------------------------------------------ 7. final norm, lm_head, token
+
+
+@triton.jit
+def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr, sem_ptr, tok_ptr, pos_ptr,
+                           step_ptr, vocab, n_tiles, stride_wn,
+                           H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, BLOCK_N: tl.constexpr,
+                           G_P2: tl.constexpr, EPS: tl.constexpr, HAS_STEP: tl.constexpr, USE_PDL: tl.constexpr,
+                           EMU: tl.constexpr):
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    t0 = pid * n_tiles // n_prog                     # a contiguous, balanced range of row tiles
+    t1 = (pid + 1) * n_tiles // n_prog
+    offs = tl.arange(0, BLOCK_N)
+    rows = t0 * BLOCK_N + offs
+    end = tl.minimum(vocab, t1 * BLOCK_N)           # rows past the range: not this program's (or none)
+    cur_a, cur_b = _load_rows(w_ptr + rows[:, None].to(tl.int64) * stride_wn, rows < end, H, HA, HB)
+    lna, lnb = _load_vec(ln_ptr, H, HA, HB)
+    _pdl_wait(USE_PDL)
+    act = logits_ptr.dtype.element_ty
+    xa, xb = _load_vec(h_ptr, H, HA, HB)
+    na, nb = _rms_norm(xa, xb, lna, lnb, act, H, HB, EPS, EMU)
+    best = tl.full([], float("-inf"), tl.float32)
+    best_i = tl.full([], 0, tl.int32)
+    for t in range(t0, t1):
+        nxt = (t + 1) * BLOCK_N + offs              # the next tile in flight while this one is reduced
+        nxt_a, nxt_b = _load_rows(w_ptr + nxt[:, None].to(tl.int64) * stride_wn, nxt < end, H, HA, HB)
+        rows = t * BLOCK_N + offs
+        r_ok = rows < vocab
+        y = _rounded(_dot_rows(cur_a, cur_b, na, nb, HB), act, EMU)   # logits in the activation dtype
+        tl.store(logits_ptr + rows, y.to(act), mask=r_ok)
+        y = tl.where(r_ok, y, float("-inf"))
+        m = tl.max(y, axis=0)
+        at = tl.min(tl.where(y == m, rows, vocab), axis=0)
+        take = m > best                              # strictly: an equal later max keeps the first index
+        best_i = tl.where(take, at, best_i)
+        best = tl.where(take, m, best)
+        cur_a, cur_b = nxt_a, nxt_b
+    tl.store(pmax_ptr + pid, best)
+    tl.store(pidx_ptr + pid, best_i)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu")
+    if arrived == n_prog - 1:                        # every program's maximum is stored: pick the token
+        offs_g = tl.arange(0, G_P2)
+        g_ok = offs_g < n_prog
+        pm = tl.load(pmax_ptr + offs_g, mask=g_ok, other=float("-inf"), cache_modifier=".cg")
+        pi = tl.load(pidx_ptr + offs_g, mask=g_ok, other=vocab, cache_modifier=".cg")
+        top = tl.max(pm, axis=0)
+        token = tl.min(tl.where(pm == top, pi, vocab), axis=0)      # programs own increasing rows
+        tl.store(tok_ptr, token.to(tl.int64))
+        tl.store(pos_ptr, tl.load(pos_ptr) + 1)
+        if HAS_STEP:
+            tl.store(step_ptr, tl.load(step_ptr) + 1)
+        tl.store(sem_ptr, 0)
+
+
+# ------------------------------------------------------------------------------- launchers
+#
+# Thin host wrappers: no allocation, no device read, shapes from tensor metadata only (callable
+# inside CUDA-graph capture). ``FusedDecodeStep`` checks shapes and dtypes once; tests call these
+# directly. ``tile`` = (block size, num_warps); ``pdl`` launches with programmatic dependent launch.
+
+
+def _launch(kernel, grid, warps: int, pdl: bool, *args, **meta) -> None:
+    if pdl:
+        meta["launch_pdl"] = True
+    kernel[grid](*args, num_warps=warps, **meta)
+
+
+def _emu(t: torch.Tensor) -> bool:
+    """Round fp32 -> bf16 to nearest-even by hand: interpreted bf16 runs only."""
+    return INTERPRETED and t.dtype == torch.bfloat16
+
+
+def qkv_rope(h, ln, w, cos, sin, pos, q, k_cache, v_cache, eps: float, *, embed=None, token=None,
+             tile=(4, 4), pdl: bool = False) -> None:
+    """q [nh*d] <- RoPE(q rows of w @ RMSNorm(x)); k, v rows written into ``k_cache``/``v_cache``
+    [1, nkv, L, d] at position ``pos`` (int64 [1]). x = h [H], or with ``embed`` [V, H] and
+    ``token`` (int64 [1]) the token's embedding row, which is also written to h. ``cos``/``sin``
+    [L, d] tables in the activation dtype."""
+    d, nkv, L = k_cache.shape[-1], k_cache.shape[1], k_cache.shape[2]
+    H = h.numel()
+    ha, hb = k_parts(H)
+    q_cols, kv_cols = q.numel(), nkv * d
+    block_p, warps = tile
+    has_embed = embed is not None
+    _launch(_qkv_rope_kernel, (triton.cdiv((q_cols + 2 * kv_cols) // 2, block_p),), warps, pdl,
+            embed if has_embed else h, token if has_embed else pos, h, ln, w, cos, sin, pos, q, k_cache, v_cache,
+            q_cols, kv_cols, L, embed.stride(0) if has_embed else 0, w.stride(0), cos.stride(0), sin.stride(0),
+            k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
+            H=H, HA=ha, HB=hb, HALF=d // 2, BLOCK_P=block_p, EPS=float(eps), EMBED=has_embed, USE_PDL=pdl,
+            EMU=_emu(q))
+
+
+def attention_splits(max_len: int, split_n: int) -> int:
+    """Splits of a head over a cache of ``max_len`` positions (a function of shapes: fixed for capture)."""
+    return triton.cdiv(max_len, split_n)
+
+
+def attention(q, k_cache, v_cache, pos, out, acc, m, ls, sem, *, tile=(32, 4), pdl: bool = False) -> None:
+    """out [nh*d] <- softmax(q . k_j / sqrt(d), j = 0..pos) . v over ``k_cache``/``v_cache``
+    [1, nkv, L, d]. Scratch: ``acc`` fp32 [nh * splits, d], ``m``, ``ls`` fp32 [nh * splits],
+    ``sem`` int32 [nh] zeros (left zero), splits = ``attention_splits(L, tile[0])``."""
+    d, nkv, L = k_cache.shape[-1], k_cache.shape[1], k_cache.shape[2]
+    nh = q.numel() // d
+    split_n, warps = tile
+    splits = attention_splits(L, split_n)
+    _launch(_attention_kernel, (nh, splits), warps, pdl,
+            q, k_cache, v_cache, pos, out, acc, m, ls, sem, L,
+            k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
+            GROUP=nh // nkv, SCALE_LOG2=d ** -0.5 * LOG2E, D=d, SPLIT_N=split_n, NUM_SPLITS=splits,
+            SPLITS_P2=triton.next_power_of_2(splits), USE_PDL=pdl, EMU=_emu(q))
+
+
+def gemv_residual(x, w, h, *, tile=(4, 4), pdl: bool = False) -> None:
+    """h [N] <- h + (w [N, K] @ x [K]), the product rounded to h's dtype, then the sum."""
+    K = x.numel()
+    ka, kb = k_parts(K)
+    block_n, warps = tile
+    _launch(_gemv_residual_kernel, (triton.cdiv(w.shape[0], block_n),), warps, pdl,
+            x, w, h, w.shape[0], w.stride(0), K=K, KA=ka, KB=kb, BLOCK_N=block_n, USE_PDL=pdl, EMU=_emu(h))
+
+
+def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk: bool, scale: float, *,
+          counts=None, forced=None, tile=(2, 2), pdl: bool = False) -> None:
+    """The MoE router of one token: xn [H] <- RMSNorm(h); fp32 logits [E] = w [E, H] @ xn; ids
+    int64 [k] and wts fp32 [k] <- the top-k softmax probabilities (descending, ties to the lowest
+    index), renormalised if ``norm_topk``, times ``scale``. ``sem`` int32 [1] zero (left zero).
+
+    ``counts`` = (buffer int64 [steps, layers, E], step int64 [1], layer): buffer[step, layer, e]
+    += 1 per chosen e (nothing when step is outside [0, steps)). ``forced`` = (table int64
+    [rows, P, layers, k], pos int64 [1], layer): the experts are table[0, min(pos, P-1), layer]
+    with their softmax probabilities instead of the top-k."""
+    H, E = h.numel(), w.shape[0]
+    ha, hb = k_parts(H)
+    rows, warps = tile
+    buf, step, layer = counts if counts is not None else (ids, ids, 0)
+    table, pos, f_layer = forced if forced is not None else (ids, ids, 0)
+    _launch(_router_kernel, (triton.cdiv(E, rows),), warps, pdl,
+            h, ln, w, xn, logits, sem, ids, wts, buf, step, table, pos, E,
+            buf.shape[0] if counts is not None else 0, layer * E, buf.stride(0) if counts is not None else 0,
+            f_layer * top_k if forced is not None else 0, table.shape[1] if forced is not None else 1,
+            table.stride(1) if forced is not None else 0, w.stride(0),
+            H=H, HA=ha, HB=hb, ROWS=rows, TOP_K=top_k, BLOCK_E=triton.next_power_of_2(E),
+            BLOCK_TOPK=triton.next_power_of_2(top_k), NORM_TOPK=bool(norm_topk and top_k > 1), SCALE=float(scale),
+            EPS=float(eps), HAS_COUNTS=counts is not None, FORCED=forced is not None, USE_PDL=pdl, EMU=_emu(xn))
+
+
+def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_up=None, ids=None, top_k: int = 0,
+            tile=(4, 4), pdl: bool = False) -> None:
+    """SwiGLU rows silu(x @ gate^T) * (x @ up^T) into ``act`` [top_k + P, I] (act dtype).
+
+    ``shared_gate_up`` [2S, H] (gate rows, then up rows; S = P * I) gives rows top_k..top_k+P-1
+    (part p: h columns [p*I, (p+1)*I) of the shared expert; a dense SwiGLU is P = 1, top_k = 0).
+    With ``experts_gate_up`` [E, 2I, H] and ``ids`` int64 [top_k], row j is expert ids[j]'s.
+    ``ln`` given: x is h and RMSNorm(h) (weight ``ln``, ``eps``) is recomputed in every program."""
+    H = x.numel()
+    ha, hb = k_parts(H)
+    inter = act.shape[1]
+    s_inter = shared_gate_up.shape[0] // 2
+    block_n, warps = tile
+    blocks = triton.cdiv(inter, block_n)
+    ew = experts_gate_up if experts_gate_up is not None else shared_gate_up
+    _launch(_gate_up_kernel, ((s_inter // inter + top_k) * blocks,), warps, pdl,
+            x, ln if ln is not None else x, ew, shared_gate_up, ids if ids is not None else act, act,
+            ew.stride(0) if experts_gate_up is not None else 0, ew.stride(1), shared_gate_up.stride(0), act.stride(0),
+            H=H, HA=ha, HB=hb, INTER=inter, S_INTER=s_inter, TOP_K=top_k, PARTS=s_inter // inter, BLOCK_N=block_n,
+            BLOCKS=blocks, NORM=ln is not None, EPS=float(eps), USE_PDL=pdl, EMU=_emu(act))
+
+
+def moe_down(act, experts_down, shared_down, ids, wts, h, *, tile=(2, 8), pdl: bool = False) -> None:
+    """h [H] <- h + (routed + shared): routed = sum_j wts[j] * round(down[ids[j]] @ act[j]) (fp32 sum,
+    rounded), shared = shared_down [H, P*I] @ act[top_k:].flatten() (fp32, rounded), each step
+    rounded to h's dtype as the vendor's MoE and decoder layer round."""
+    top_k = ids.numel()
+    inter = act.shape[1]
+    parts = shared_down.shape[1] // inter
+    ia, ib = k_parts(inter)
+    block_n, warps = tile
+    H = h.numel()
+    _launch(_moe_down_kernel, (triton.cdiv(H, block_n),), warps, pdl,
+            act, experts_down, shared_down, ids, wts, h, act.stride(0), experts_down.stride(0),
+            experts_down.stride(1), shared_down.stride(0),
+            H=H, INTER=inter, IA=ia, IB=ib, TOP_K=top_k, KP2=triton.next_power_of_2(top_k), PARTS=parts,
+            PP2=triton.next_power_of_2(parts), BLOCK_N=block_n, USE_PDL=pdl, EMU=_emu(h))
+
+
+def lm_head_argmax(h, ln, w, logits, pmax, pidx, sem, token, pos, eps: float, *, step=None, tile=(8, 8),
+                   pdl: bool = False) -> None:
+    """logits [V] <- w [V, H] @ RMSNorm(h) in h's dtype; token (int64 [1]) <- the first index of the
+    maximum logit; pos (and ``step``, if given) += 1. One program per entry of ``pmax`` (fp32) /
+    ``pidx`` (int32) scratch; ``sem`` int32 [1] zero (left zero)."""
+    H, V = h.numel(), w.shape[0]
+    ha, hb = k_parts(H)
+    block_n, warps = tile
+    programs = pmax.numel()
+    _launch(_lm_head_argmax_kernel, (programs,), warps, pdl,
+            h, ln, w, logits, pmax, pidx, sem, token, pos, step if step is not None else pos, V,
+            triton.cdiv(V, block_n), w.stride(0),
+            H=H, HA=ha, HB=hb, BLOCK_N=block_n, G_P2=triton.next_power_of_2(programs), EPS=float(eps),
+            HAS_STEP=step is not None, USE_PDL=pdl, EMU=_emu(logits))

@@ -1,0 +1,222 @@
+"""The fused decode step (``harness.kernels.decode_step``) against the reference model's decode.
+
+A tiny DeepSeek-OCR (conf/model/tiny.yaml: 3 layers, dense layer 0, 8 experts top-2, 2 shared
+parts; vocabulary cut to 500 so the interpreter's lm_head is quick) prefills a random prompt into a
+static cache; the reference then decodes greedily with ``decode_step`` (vendor-style: SDPA over the
+masked buffer, the per-expert loop, its routing counted per step on the host), and the fused step
+decodes from a copy of the same cache state, its token buffer fed only by itself. Kernel tiles are
+chosen so each launch has few programs (Triton's interpreter is slow), with the attention still
+split in two (its last-split combine runs).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from conftest import DEV, load_tiny_cfg, needs_triton
+from harness.errors import HarnessError
+from harness.models.build import build_model
+from harness.models.routing import RoutingCounter
+from harness.models.static_cache import StaticKVCache
+from test_decode_step_triton import one_cpu_thread  # noqa: F401 (the module's autouse fixture)
+
+pytestmark = needs_triton
+
+VOCAB, PROMPT, MAX_LEN = 500, 7, 32
+
+
+def small_tiles():
+    from harness.kernels.decode_step import DecodeStepConfig
+
+    return DecodeStepConfig(qkv=(128, 4), attention=(16, 4), o_proj=(64, 4), router=(8, 2), gate_up=(32, 4),
+                            down=(64, 4), dense_gate_up=(128, 4), dense_down=(64, 4), lm_head=(128, 4, 1),
+                            lm_programs=2)
+
+
+def tiny_model(dtype):
+    cfg = load_tiny_cfg()
+    cfg = dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm, vocab_size=VOCAB))
+    return build_model(cfg, DEV, dtype, seed=0)
+
+
+def new_cache(model, dtype):
+    L = model.cfg.llm
+    cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, MAX_LEN, L.head_dim, dtype, DEV, query_heads=L.num_heads)
+    cache.position = torch.zeros(1, dtype=torch.int64, device=DEV)
+    return cache
+
+
+def prefilled(model, dtype):
+    """(cache after a random prompt, the first token [1, 1])."""
+    cache = new_cache(model, dtype)
+    ids = torch.randint(0, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(1)).to(DEV)
+    with torch.inference_mode():
+        logits = model.prefill(ids, torch.zeros_like(ids, dtype=torch.bool), None, cache)
+    return cache, logits[:, -1:].float().argmax(-1)
+
+
+def copy_of(model, cache, dtype):
+    other = new_cache(model, dtype)
+    for dst, src in zip(other.k + other.v + [other.position], cache.k + cache.v + [cache.position]):
+        dst.copy_(src)
+    return other
+
+
+def reference_decode(model, cache, token, steps, feed=None):
+    """Greedy reference steps: (tokens, logits [V] per step, routing counts [steps, layers, E]).
+    ``feed``: the tokens to feed instead of the greedy ones (teacher forcing)."""
+    L = model.cfg.llm
+    counter = RoutingCounter(L.num_layers, L.n_routed_experts)
+    counter.plan_steps(steps)
+    model.route_moe(counter)
+    tokens, logits = [], []
+    try:
+        with torch.inference_mode():
+            counter.phase("decode")
+            for i in range(steps):
+                counter.step(i)
+                out = model.decode_step(token if feed is None else feed[i].view(1, 1), cache)[0, -1]
+                token = out.float().argmax().view(1, 1)
+                tokens.append(int(token))
+                logits.append(out)
+    finally:
+        model.route_moe(None)
+    return tokens, logits, counter.steps_result()
+
+
+def test_fused_step_decodes_the_reference_tokens_fp32():
+    """16 greedy steps in fp32: the same tokens, the same routing counts per step and layer, logits
+    within 1e-5 of the reference's largest (fp32 summation order); the device position and the
+    step index advance once per step, and a step is 18 launches (5 dense + 2 x 6 MoE + 1)."""
+    from harness.kernels.decode_step import FusedDecodeStep, weights_from_model
+
+    dt, steps = torch.float32, 16
+    model = tiny_model(dt)
+    cache, token = prefilled(model, dt)
+    fused_cache = copy_of(model, cache, dt)
+    ref_tokens, ref_logits, ref_counts = reference_decode(model, cache, token, steps)
+    L = model.cfg.llm
+    counts = torch.zeros(steps, L.num_layers, L.n_routed_experts, dtype=torch.int64, device=DEV)
+    step_index = torch.zeros(1, dtype=torch.int64, device=DEV)
+    step = FusedDecodeStep(weights_from_model(model), fused_cache, fused_cache.position, token=token.view(1).clone(),
+                           config=small_tiles(), counts=(counts, step_index))
+    assert step.launches == 18
+    got = []
+    with torch.inference_mode():
+        for i in range(steps):
+            step.run()
+            got.append(int(step.token))
+            err = (step.logits.double() - ref_logits[i].double()).abs().max() / ref_logits[i].double().abs().max()
+            assert float(err) <= 1e-5, (i, float(err))
+    assert got == ref_tokens
+    assert torch.equal(counts.cpu(), torch.from_numpy(ref_counts))
+    assert int(fused_cache.position) == PROMPT + steps and int(step_index) == steps
+    assert int(ref_counts.sum()) == steps * 2 * L.num_experts_per_tok      # 2 MoE layers, k each
+
+
+def test_fused_step_bf16_teacher_forced_logits():
+    """bf16, 4 steps fed the reference's tokens: logits within 2e-2 of the reference's largest (the
+    norms, attention and summation orders round differently at bf16's 8 bits), the same greedy
+    token at every step."""
+    from harness.kernels.decode_step import FusedDecodeStep, weights_from_model
+
+    dt, steps = torch.bfloat16, 4
+    model = tiny_model(dt)
+    cache, token = prefilled(model, dt)
+    fused_cache = copy_of(model, cache, dt)
+    ref_tokens, ref_logits, _ = reference_decode(model, cache, token, steps)
+    feed = [int(token)] + ref_tokens[:-1]
+    step = FusedDecodeStep(weights_from_model(model), fused_cache, fused_cache.position, config=small_tiles())
+    with torch.inference_mode():
+        for i in range(steps):
+            step.token.fill_(feed[i])
+            step.run()
+            ref = ref_logits[i].double()
+            assert float((step.logits.double() - ref).abs().max() / ref.abs().max()) <= 2e-2, i
+            assert int(step.token) == ref_tokens[i], i
+
+
+def test_forced_routing_counts_the_table():
+    """With a forced table every MoE layer routes to the table's experts at the step's position: the
+    per-step counts are exactly the table's rows at positions PROMPT and PROMPT + 1."""
+    from harness.kernels.decode_step import FusedDecodeStep, weights_from_model
+
+    dt = torch.float32
+    model = tiny_model(dt)
+    L = model.cfg.llm
+    cache, token = prefilled(model, dt)
+    g = torch.Generator().manual_seed(4)
+    table = torch.stack([torch.randperm(L.n_routed_experts, generator=g)[:L.num_experts_per_tok]
+                         for _ in range(MAX_LEN * L.num_layers)]).view(1, MAX_LEN, L.num_layers, -1)
+    counts = torch.zeros(2, L.num_layers, L.n_routed_experts, dtype=torch.int64, device=DEV)
+    step = FusedDecodeStep(weights_from_model(model), cache, cache.position, token=token.view(1).clone(),
+                           config=small_tiles(), counts=(counts, torch.zeros(1, dtype=torch.int64, device=DEV)),
+                           forced=table.to(DEV))
+    with torch.inference_mode():
+        step.run()
+        step.run()
+    want = torch.zeros(2, L.num_layers, L.n_routed_experts, dtype=torch.int64)
+    for s in range(2):
+        for layer in (1, 2):                                  # the MoE layers
+            want[s, layer, table[0, PROMPT + s, layer]] = 1
+    assert torch.equal(counts.cpu(), want)
+    assert torch.equal(step.ids[1:].cpu(), table[0, PROMPT + 1, 1:])
+
+
+def test_weight_bytes_by_hand():
+    """Tiny model, fp32 (4 B), hidden 64, 4 heads of 16, dense 128, experts 8 x 32 (top-2), shared
+    2 x 32, vocabulary 500, 3 layers (1 dense):
+    embedding row 64; attention 3 x (64 norm + 192 x 64 qkv + 64 x 64 o) = 49,344; dense mlp
+    64 + 256 x 64 + 64 x 128 = 24,640; router 2 x (64 + 8 x 64) = 1,152; routed 2 layers x 2 x
+    (64 x 64 + 64 x 32) = 24,576; shared 2 x (128 x 64 + 64 x 64) = 24,576; final norm + lm_head
+    64 + 500 x 64 = 32,064 elements: 156,416 x 4 = 625,664 bytes. KV at position 9: 10 positions
+    read + 1 written, x 3 layers x 2 (K, V) x 4 heads x 16 x 4 B = 16,896."""
+    from harness.kernels.decode_step import FusedDecodeStep, weights_from_model
+
+    model = tiny_model(torch.float32)
+    cache = new_cache(model, torch.float32)
+    step = FusedDecodeStep(weights_from_model(model), cache, cache.position, config=small_tiles())
+    got = step.weight_bytes()
+    assert {k: v // 4 for k, v in got.items()} == {
+        "embedding row": 64, "attention": 49_344, "dense mlp": 24_640, "router": 1_152, "routed experts": 24_576,
+        "shared experts": 24_576, "final norm + lm_head": 32_064, "total": 156_416}
+    assert step.kv_bytes(9) == 16_896
+
+
+def test_refusals():
+    """PDL off a Hopper GPU, a batch-2 cache, a counts buffer of the wrong shape and a forced table
+    shorter than the cache are refused with one-line errors."""
+    from harness.kernels.decode_step import FusedDecodeStep, weights_from_model
+
+    model = tiny_model(torch.float32)
+    w = weights_from_model(model)
+    cache = new_cache(model, torch.float32)
+    pos = cache.position
+    if DEV == "cpu":
+        with pytest.raises(HarnessError, match="pdl=True cannot run here"):
+            FusedDecodeStep(w, cache, pos, pdl=True)
+    L = model.cfg.llm
+    two = StaticKVCache(L.num_layers, 2, L.num_kv_heads, MAX_LEN, L.head_dim, torch.float32, DEV)
+    with pytest.raises(HarnessError, match="batch 1 only"):
+        FusedDecodeStep(w, two, pos)
+    one = torch.zeros(1, dtype=torch.int64, device=DEV)
+    with pytest.raises(HarnessError, match="counts must be"):
+        FusedDecodeStep(w, cache, pos, counts=(torch.zeros(4, 3, 7, dtype=torch.int64, device=DEV), one))
+    with pytest.raises(HarnessError, match="forced routing must be"):
+        FusedDecodeStep(w, cache, pos, forced=torch.zeros(1, MAX_LEN - 1, 3, 2, dtype=torch.int64, device=DEV))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the script's refusal without CUDA")
+def test_bench_script_refuses_without_cuda(repo_root, capsys, monkeypatch):
+    import importlib.util
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))     # the script puts src/ first on sys.path
+    spec = importlib.util.spec_from_file_location("bench_decode_step", repo_root / "scripts" / "bench_decode_step.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main([]) == 1
+    assert "no CUDA device" in capsys.readouterr().err
+    assert bench.union_us([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]) == 4.0     # [0, 3] and [5, 6]
