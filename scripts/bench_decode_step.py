@@ -189,7 +189,7 @@ def main(argv=None) -> int:
     from harness.kernels import decode_step as ds
     from harness.kernels import decode_step_triton as kt
     from harness.models.build import build_model
-    from harness.models.static_cache import StaticKVCache
+    from harness.variants.static_kv import StaticKVCache
     from harness.roofline.specs import match_device
 
     t_start = time.perf_counter()
@@ -308,7 +308,7 @@ def main(argv=None) -> int:
 
 def parity(model, dec, steps: dict, graphs: dict, args, cache, pos, token) -> None:
     """Greedy tokens and teacher-forced logits of every step against the vendor-style reference."""
-    from harness.models.static_cache import StaticKVCache
+    from harness.variants.static_kv import StaticKVCache
 
     L = model.cfg.llm
     dev, n = cache.k[0].device, args.check_steps

@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     from harness.kernels import decode_step as ds
     from harness.kernels import decode_step_triton as kt
     from harness.models.build import build_model
-    from harness.models.static_cache import StaticKVCache
+    from harness.variants.static_kv import StaticKVCache
 
     if args.tiny:
         from omegaconf import OmegaConf

@@ -19,7 +19,7 @@ from conftest import DEV, load_tiny_cfg, needs_triton
 from harness.errors import HarnessError
 from harness.models.build import build_model
 from harness.models.routing import RoutingCounter
-from harness.models.static_cache import StaticKVCache
+from harness.variants.static_kv import StaticKVCache
 from test_decode_step_triton import one_cpu_thread  # noqa: F401 (the module's autouse fixture)
 
 pytestmark = needs_triton

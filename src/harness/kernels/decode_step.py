@@ -109,7 +109,7 @@ def weights_from_model(model) -> DecodeWeights:
     """The tensors of ``model`` (a ``DeepseekOCR``) a fused step reads. q/k/v and the dense / shared
     gate+up weights are fused (``fused_linear.fuse_rows``) and the routed experts stacked
     (``fast_moe.stack_experts``) unless the model already holds them (``configure``'s attributes)."""
-    from ..models import fast_moe, fused_linear
+    from ..variants import fast_moe, fused_linears as fused_linear
     from ..models.llm import MoE
 
     L = model.cfg.llm

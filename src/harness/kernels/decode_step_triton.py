@@ -43,7 +43,7 @@ gate, up, silu and product rounded; routed rows rounded, times the fp32 gate wei
 in fp32 and rounded; shared down (fp32 partials summed) rounded; routed + shared rounded; each
 residual add rounded; logits rounded before the argmax. Summation orders differ from cuBLAS and
 torch (fp32 rounding-level differences). Importing this module imports triton; with
-``TRITON_INTERPRET=1`` set before the first import of ``fast_moe_triton`` the kernels run on CPU
+``TRITON_INTERPRET=1`` set before the first import of ``kernels.common`` the kernels run on CPU
 tensors (tests), where ``EMU`` rounds fp32 -> bf16 to nearest-even as compiled code does.
 
 Weight tiles hold a whole row range in registers: a reduction length K is loaded as two tiles,
@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from ..models.fast_moe_triton import INTERPRETED, _check_runnable, _rne, _rounded, _swiglu
+from .common import INTERPRETED, check_runnable, rne, rounded, swiglu
 
 try:                                        # Triton >= 3.4 (grid dependency control, sm90+)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -97,7 +97,7 @@ def pdl_support(device) -> tuple:
 
 def check_runnable(x: torch.Tensor) -> None:
     """Refuse CUDA tensors when the kernels were defined for the interpreter."""
-    _check_runnable(x)
+    check_runnable(x)
 
 
 # ----------------------------------------------------------------------------------- helpers
@@ -176,9 +176,9 @@ def _rms_norm(xa, xb, lna, lnb, act: tl.constexpr, K: tl.constexpr, KB: tl.const
     if KB > 0:
         ss += tl.sum(xb * xb, axis=0)
     r = tl.rsqrt(ss * (1.0 / K) + EPS)
-    ya = _rounded(lna * _rounded(xa * r, act, EMU), act, EMU)
+    ya = rounded(lna * rounded(xa * r, act, EMU), act, EMU)
     if KB > 0:
-        yb = _rounded(lnb * _rounded(xb * r, act, EMU), act, EMU)
+        yb = rounded(lnb * rounded(xb * r, act, EMU), act, EMU)
     else:
         yb = ya
     return ya, yb
@@ -230,11 +230,11 @@ def _qkv_rope_kernel(embed_ptr, tok_ptr, h_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr,
         if tl.program_id(0) == 0:
             _store_vec(h_ptr, xa, xb, H, HA, HB)
     na, nb = _rms_norm(xa, xb, lna, lnb, act, H, HB, EPS, EMU)
-    ya = _rounded(_dot_rows(w_aa, w_ab, na, nb, HB), act, EMU)      # the linear's output
-    yb = _rounded(_dot_rows(w_ba, w_bb, na, nb, HB), act, EMU)
+    ya = rounded(_dot_rows(w_aa, w_ab, na, nb, HB), act, EMU)      # the linear's output
+    yb = rounded(_dot_rows(w_ba, w_bb, na, nb, HB), act, EMU)
     # q * cos + rotate_half(q) * sin, rotate_half(q) = (-q[a + HALF], q[a]) at (a, a + HALF)
-    ra = _rne(_rounded(ya * cos_a, act, EMU) + _rounded(-yb * sin_a, act, EMU), EMU).to(act)
-    rb = _rne(_rounded(yb * cos_b, act, EMU) + _rounded(ya * sin_b, act, EMU), EMU).to(act)
+    ra = rne(rounded(ya * cos_a, act, EMU) + rounded(-yb * sin_a, act, EMU), EMU).to(act)
+    rb = rne(rounded(yb * cos_b, act, EMU) + rounded(ya * sin_b, act, EMU), EMU).to(act)
     in_cache = (offs_j * 0 + pos) < max_len                        # (vector masks only: the interpreter
     #                                                                 refuses a vector & scalar mask)
     is_q = col_a < q_cols
@@ -290,7 +290,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, acc_ptr, m_ptr, l_p
     n_used = (n_keys + SPLIT_N - 1) // SPLIT_N
     act = out_ptr.dtype.element_ty
     if n_used == 1:
-        tl.store(out_ptr + h * D + offs_d, _rne(acc / ls, EMU).to(act))
+        tl.store(out_ptr + h * D + offs_d, rne(acc / ls, EMU).to(act))
     else:
         row = h * NUM_SPLITS + split
         tl.store(acc_ptr + row * D + offs_d, acc)
@@ -308,7 +308,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, acc_ptr, m_ptr, l_p
             accs = tl.load(acc_ptr + rows[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0,
                            cache_modifier=".cg")
             out = tl.sum(accs * w[:, None], axis=0) / tl.sum(lss * w, axis=0)
-            tl.store(out_ptr + h * D + offs_d, _rne(out, EMU).to(act))
+            tl.store(out_ptr + h * D + offs_d, rne(out, EMU).to(act))
             tl.store(sem_ptr + h, 0)                         # for the next layer / step
 
 
@@ -325,9 +325,9 @@ def _gemv_residual_kernel(x_ptr, w_ptr, h_ptr, n_out, stride_wn,
     _pdl_wait(USE_PDL)
     xa, xb = _load_vec(x_ptr, K, KA, KB)
     act = h_ptr.dtype.element_ty
-    y = _rounded(_dot_rows(wa, wb, xa, xb, KB), act, EMU)               # the linear's output
+    y = rounded(_dot_rows(wa, wb, xa, xb, KB), act, EMU)               # the linear's output
     res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-    tl.store(h_ptr + offs_n, _rne(res + y, EMU).to(act), mask=n_ok)      # x + linear(..), rounded
+    tl.store(h_ptr + offs_n, rne(res + y, EMU).to(act), mask=n_ok)      # x + linear(..), rounded
 
 
 # ------------------------------------------------------------------------------- 4. router
@@ -427,7 +427,7 @@ def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride_we, 
     xa, xb = _load_vec(x_ptr, H, HA, HB)
     if NORM:
         xa, xb = _rms_norm(xa, xb, lna, lnb, act_ptr.dtype.element_ty, H, HB, EPS, EMU)
-    hv = _swiglu(_dot_rows(ga, gb, xa, xb, HB), _dot_rows(ua, ub, xa, xb, HB), act_ptr, EMU)
+    hv = swiglu(_dot_rows(ga, gb, xa, xb, HB), _dot_rows(ua, ub, xa, xb, HB), act_ptr, EMU)
     row = tl.where(slot < PARTS, TOP_K + slot, slot - PARTS)
     tl.store(act_ptr + row * stride_ar + offs_n, hv, mask=n_ok)
 
@@ -475,11 +475,11 @@ def _moe_down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, stride_ar
         part_r += tl.sum(w_rb.to(tl.float32) * a_rb.to(tl.float32)[:, None, :], axis=2)
         part_s += tl.sum(w_sb.to(tl.float32) * a_sb.to(tl.float32)[:, None, :], axis=2)
     # each routed row's down_proj rounded, times its fp32 gate weight, summed over k in fp32, rounded
-    routed = _rounded(tl.sum(_rounded(part_r, act, EMU) * gate_w[:, None], axis=0), act, EMU)
-    shared = _rounded(tl.sum(part_s, axis=0), act, EMU)     # one fp32 GEMM over the shared width, rounded
-    y = _rounded(routed + shared, act, EMU)                  # MoE output: routed + shared_experts(x)
+    routed = rounded(tl.sum(rounded(part_r, act, EMU) * gate_w[:, None], axis=0), act, EMU)
+    shared = rounded(tl.sum(part_s, axis=0), act, EMU)     # one fp32 GEMM over the shared width, rounded
+    y = rounded(routed + shared, act, EMU)                  # MoE output: routed + shared_experts(x)
     res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-    tl.store(h_ptr + offs_n, _rne(res + y, EMU).to(act), mask=n_ok)
+    tl.store(h_ptr + offs_n, rne(res + y, EMU).to(act), mask=n_ok)
 
 
 # ------------------------------------------------------------------ 7. final norm, lm_head, token
@@ -511,7 +511,7 @@ def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr,
         nxt_a, nxt_b = _load_rows(w_ptr + nxt[:, None].to(tl.int64) * stride_wn, nxt < end, H, HA, HB)
         rows = t * BLOCK_N + offs
         r_ok = rows < vocab
-        y = _rounded(_dot_rows(cur_a, cur_b, na, nb, HB), act, EMU)   # logits in the activation dtype
+        y = rounded(_dot_rows(cur_a, cur_b, na, nb, HB), act, EMU)   # logits in the activation dtype
         tl.store(logits_ptr + rows, y.to(act), mask=r_ok)
         y = tl.where(r_ok, y, float("-inf"))
         m = tl.max(y, axis=0)
