@@ -7,7 +7,6 @@ import dataclasses
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -94,14 +93,14 @@ def test_manifest_configs_of_older_runs_load_without_unknown_keys():
 
 
 def test_command_line_refusal_exits_2_before_any_model_is_built(tmp_path):
-    """As a user sees it: exit 2, exactly one `error:` line, no traceback, no run directory, fast."""
+    """As a user sees it: exit 2, exactly one `error:` line, no traceback, no run directory, and
+    nothing printed by a run that started (no device line, no model built)."""
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     for override in ("workload.batch=two", "measure.repeats=0", "+workload.foo=1"):
-        t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "harness", "run", override, f"run.root={tmp_path}"], cwd=ROOT,
-                              capture_output=True, text=True, timeout=60, env=env)
-        seconds = time.perf_counter() - t0
+                              capture_output=True, text=True, timeout=120, env=env)
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-        assert "Traceback" not in proc.stderr + proc.stdout and seconds < 20
+        assert "Traceback" not in proc.stderr + proc.stdout
+        assert "[harness]" not in proc.stdout                      # the run verb never started
         assert not any(tmp_path.iterdir())
