@@ -50,12 +50,26 @@ def test_a_bad_swept_value_is_refused_too():
 
 
 def test_run_only_selects_cases_by_name_and_refuses_unknown_names():
-    from harness.setup import case_workloads
+    from harness.setup import prepare_cases
     cfg = check_overrides(["+experiment=optimize", "run.only=[best-b32,vendor-style]"])
-    assert [name for name, _, _ in case_workloads(cfg)] == ["vendor-style", "best-b32"]   # the experiment's order
-    assert case_workloads(cfg)[1][1].batch == 32
+    cases, _ = prepare_cases(cfg)
+    assert [c.name for c in cases] == ["vendor-style", "best-b32"]   # the experiment's order
+    assert cases[1].workload.batch == 32
     with pytest.raises(HarnessError, match="no case named best-b7.*best-b8"):
         check_overrides(["+experiment=optimize", "run.only=[best-b7]"])
+    with pytest.raises(HarnessError, match="selects no case"):
+        check_overrides(["+experiment=optimize", "run.only=[]"])
+
+
+def test_run_only_takes_the_names_the_run_prints_for_unnamed_cases():
+    """crop_mode's cases have no `name`: the run names them after mode and tile grid."""
+    from harness.setup import prepare_cases
+    cfg = check_overrides(["+experiment=crop_mode", "run.only=[gundam-2x3,tiny]"])
+    assert [c.name for c in prepare_cases(cfg)[0]] == ["tiny", "gundam-2x3"]
+    with pytest.raises(HarnessError) as exc:
+        check_overrides(["+experiment=crop_mode", "run.only=[gundam]"])
+    assert str(exc.value) == ("run.only=['gundam']: no case named gundam; fix: name cases as the run prints them: "
+                              "tiny, small, base, large, gundam-2x3")
 
 
 def test_defaults_and_experiments_compose_typed():

@@ -157,12 +157,11 @@ def pages_for(w: WorkloadConfig, repeat: int) -> list:
 
 def case_workloads(cfg: HarnessConfig) -> list:
     """[(name or None, WorkloadConfig, ModelConfig)]: ``workload`` with each ``cases`` entry's non-None
-    workload fields, ``model`` with its execution overrides; only the cases named in ``run.only`` when set."""
+    workload fields, ``model`` with its execution overrides (every case: ``run.only`` selects among the
+    prepared cases, ``select_cases``)."""
     out = []
     names = {f.name for f in dataclasses.fields(WorkloadConfig)}
     for ov in cfg.cases or [CaseConfig()]:
-        if cfg.run.only is not None and ov.name not in cfg.run.only:
-            continue
         fields = {f.name: getattr(ov, f.name) for f in dataclasses.fields(ov) if f.name in names}
         w = dataclasses.replace(cfg.workload, **{k: v for k, v in fields.items() if v is not None})
         out.append((ov.name, w, case_model(cfg.model, ov)))
@@ -187,7 +186,7 @@ def prepare_cases(cfg: HarnessConfig) -> tuple:
     folder becomes one case per request, named ``<name>-<label>`` (e.g. ``gundam-2x3-p003``,
     ``gundam-2x3-b2-p003+p004``)."""
     tokenizer, reason = wl.load_tokenizer(cfg.model.path, cfg.workload.text_tokens)
-    cases = []
+    cases, entries = [], []
     for name, w, m in case_workloads(cfg):
         for label, pages in request_pages(w):
             req = wl.build_request(pages, w.mode, decode_tokens=w.decode_tokens, prompt=w.prompt,
@@ -200,10 +199,37 @@ def prepare_cases(cfg: HarnessConfig) -> tuple:
                     notes.append(f"{req.case.name}: the last {distinct} page(s) of this tile grid fill a batch of "
                                  f"{w.batch} by repeating")
             cases.append(CaseInputs(req.case, w, m, pages, tokenizer, req, notes))
+            entries.append(name)
     names = [c.name for c in cases]
     if len(set(names)) != len(names):
         raise HarnessError(f"two cases share a name ({names})", "give each case a distinct `name`")
-    return cases, reason
+    return select_cases(cases, entries, cfg.run.only), reason
+
+
+def select_cases(cases: list, entries: list, only) -> list:
+    """The ``cases`` (``CaseInputs``) that ``run.only`` names, in the run's order (all when None). A
+    case is named by the name the run prints (``CaseInputs.name``: ``tiny``, ``gundam-2x3``, ...) or
+    by the ``name`` of its ``cases`` entry (``entries``, None where unnamed; it selects every case a
+    folder of pages makes of that entry). An unknown name is refused, listing the run's names."""
+    if only is None:
+        return cases
+    wanted = set(map(str, only))
+    known = {c.name for c in cases} | {e for e in entries if e}
+    unknown = [n for n in map(str, only) if n not in known]
+    if unknown or not wanted:
+        raise HarnessError(f"run.only={list(map(str, only))}: "
+                           + (f"no case named {', '.join(unknown)}" if unknown else "names no case"),
+                           f"name cases as the run prints them: {', '.join(c.name for c in cases)}")
+    return [c for c, e in zip(cases, entries) if c.name in wanted or e in wanted]
+
+
+def check_run_only(cfg: HarnessConfig) -> None:
+    """Refuse a ``run.only`` that names no case of ``cfg`` before any run directory exists; the
+    cases' printed names come from their pages (``prepare_cases``), prepared only when ``run.only``
+    names something that is not an explicit ``name`` of a ``cases`` entry."""
+    named = {c.name for c in cfg.cases or [] if c.name}
+    if cfg.run.only is not None and not (cfg.run.only and set(map(str, cfg.run.only)) <= named):
+        prepare_cases(cfg)
 
 
 # ------------------------------------------------------------------------------------ model
@@ -240,4 +266,4 @@ def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, se
 
 
 __all__ = ["resolve_device", "resolve_dtype", "device_info", "CaseInputs", "pages_for", "request_pages", "case_workloads",
-           "prepare_cases", "load_adapter"]
+           "prepare_cases", "select_cases", "check_run_only", "load_adapter"]
