@@ -87,10 +87,11 @@ def test_claim_output_dir_hands_hydra_a_fresh_directory(tmp_path):
         and stamp.endswith("-x")
     first = claim_output_dir(["model=tiny", "hydra.run.dir=elsewhere"], dirs)   # the same second, twice
     second = claim_output_dir(["model=tiny"], dirs)
-    assert first == ["model=tiny", f"hydra.run.dir='{tmp_path / stamp}'"]
-    assert second == ["model=tiny", f"hydra.run.dir='{tmp_path / stamp}-2'"]
-    assert claim_output_dir(["-m", "workload.batch=1,2"], dirs)[-1] == f"hydra.sweep.dir='{dirs['hydra.sweep.dir']}'"
-    assert claim_output_dir(["--cfg", "job"], dirs) == ["--cfg", "job"]      # prints only: nothing claimed
+    assert first == (["model=tiny", f"hydra.run.dir='{tmp_path / stamp}'"], tmp_path / stamp)
+    assert second == (["model=tiny", f"hydra.run.dir='{tmp_path / stamp}-2'"], tmp_path / f"{stamp}-2")
+    assert claim_output_dir(["-m", "workload.batch=1,2"], dirs)[0][-1] == \
+        f"hydra.sweep.dir='{dirs['hydra.sweep.dir']}'"
+    assert claim_output_dir(["--cfg", "job"], dirs) == (["--cfg", "job"], None)   # prints only: nothing claimed
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([stamp, f"{stamp}-2",
                                                                  Path(dirs["hydra.sweep.dir"]).name])
 
@@ -117,7 +118,7 @@ def test_failed_atomic_write_keeps_the_old_file_and_no_tmp(tmp_path, full_disk):
         rd.write_csv("stages.csv", pd.DataFrame({"a": [1, 2]}))
     assert exc.value.errno == 28 and exc.value.filename == str(rd.path / "stages.csv")
     assert pd.read_csv(rd.path / "stages.csv")["a"].tolist() == [1]
-    assert sorted(p.name for p in rd.path.iterdir()) == ["manifest.json", "stages.csv"]
+    assert sorted(p.name for p in rd.path.iterdir()) == [".manifest-failed.json", "manifest.json", "stages.csv"]
 
 
 def test_failed_append_is_cut_back(tmp_path, full_disk):

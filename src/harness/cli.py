@@ -15,6 +15,7 @@ by SIGINT / SIGTERM / SIGHUP (``interrupted: ...``).
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -128,25 +129,35 @@ def _compose_checked(args: list[str]) -> tuple:
         hc = to_config(cfg)
         first = first or hc
     GlobalHydra.instance().clear()
+    if first.run.only is not None:
+        from .setup import check_run_only
+        check_run_only(first)
     return first, dirs
 
 
-def claim_output_dir(args: list[str], dirs: dict) -> list[str]:
-    """``args`` with the directory Hydra writes into (``hydra.run.dir``, or ``hydra.sweep.dir``
+def _multirun(args: list[str]) -> bool:
+    return "-m" in args or "--multirun" in args
+
+
+def claim_output_dir(args: list[str], dirs: dict) -> tuple:
+    """(``args`` with the directory Hydra writes into (``hydra.run.dir``, or ``hydra.sweep.dir``
     under ``-m``; ``dirs`` as ``_compose_checked`` resolved them) replaced by one this process
-    created (``harness.rundir.claim``). Unchanged when a flag only prints (``--cfg``, ``--help``)."""
+    created (``harness.rundir.claim``), that directory). Unchanged args and None when a flag only
+    prints (``--cfg``, ``--help``)."""
     from .rundir import claim
 
     if any(a.split("=", 1)[0] in HYDRA_INFO_FLAGS for a in args):
-        return list(args)
-    key = "hydra.sweep.dir" if ("-m" in args or "--multirun" in args) else "hydra.run.dir"
+        return list(args), None
+    key = "hydra.sweep.dir" if _multirun(args) else "hydra.run.dir"
     try:
-        path = str(claim(Path(dirs[key])))
+        path = claim(Path(dirs[key]))
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise                        # a full disk: exit 1 (``_main``)
         raise HarnessError(f"cannot create the run directory {dirs[key]} ({exc.strerror or exc})",
                            "point run.root at a folder you can write to") from None
     kept = [a for a in args if a.split("=", 1)[0].lstrip("+~") != key]
-    return kept + [f"{key}='" + path.replace("'", "\\'") + "'"]   # quoted: spaces and the like survive
+    return kept + [f"{key}='" + str(path).replace("'", "\\'") + "'"], path   # quoted: spaces and the like survive
 
 
 def _task(verb: str):
@@ -185,17 +196,25 @@ def _task(verb: str):
             if multirun:      # fail this job only: Hydra marks it failed and the sweep's other jobs go on
                 print(f"error: {exc}", file=sys.stderr)
                 raise
-            _fail(exc)
+            _fail_unstarted(verb, out, exc)
         except ImportError as exc:
-            _fail(HarnessError(f"verb {verb!r} is not available in this build ({exc})",
-                               "update the harness"))
+            _fail_unstarted(verb, out, HarnessError(f"verb {verb!r} is not available in this build ({exc})",
+                                                    "update the harness"))
     return task
+
+
+def _fail_unstarted(verb: str, out: Path, exc: HarnessError) -> None:
+    """``_fail``; a run refused before it took its directory over marks that directory failed first."""
+    if verb == "run":
+        from .rundir import close_unstarted
+        close_unstarted(out, "failed", str(exc))
+    _fail(exc)
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
-    except KeyboardInterrupt:   # Ctrl-C outside a run's own handlers (imports, other verbs)
+    except KeyboardInterrupt:   # Ctrl-C before any run directory exists (imports, composing the config)
         print("interrupted: SIGINT", file=sys.stderr)
         return 130
 
@@ -219,13 +238,80 @@ def _main(argv: list[str] | None = None) -> int:
         print(f"error: unknown verb {verb!r}; fix: use one of run, analyze, graph, calibrate, profile, compare, "
               "summarize", file=sys.stderr)
         return 2
-    import hydra
+    logging.raiseExceptions = False   # a log record a full disk cannot take is dropped, not printed with a traceback
+    from .stopping import write_fix
 
     try:
         _, dirs = _compose_checked(rest)
-        rest = claim_output_dir(rest, dirs)
+        rest, claimed = claim_output_dir(rest, dirs)
+        prepared = claimed if (verb == "run" and claimed is not None and not _multirun(rest)) else None
+        if prepared is not None:
+            from .rundir import prepare
+            try:
+                prepare(prepared, [f"harness-{verb}"] + rest)
+            except OSError:
+                import shutil
+                shutil.rmtree(prepared, ignore_errors=True)   # nothing of this run was written: leave no directory
+                raise
     except HarnessError as exc:
         _fail(exc)
+    except OSError as exc:   # a full disk before anything of the run was written
+        print(f"error: cannot create the run directory ({exc.strerror or exc} writing {exc.filename}); fix: "
+              f"{write_fix(exc)}", file=sys.stderr)
+        return 1
     sys.argv = [f"harness-{verb}"] + rest
-    hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")(_task(verb))()
-    return 0
+    return _hydra_main(verb, prepared)
+
+
+def _hydra_main(verb: str, prepared) -> int:
+    """Run the verb under Hydra. For a single run (``prepared``: the directory ``rundir.prepare``
+    made), what stops it before the run takes that directory over (Hydra failing to write its own
+    files, a signal while the harness starts) closes the directory (``rundir.close_unstarted``) and
+    prints one line; Hydra's own errors reach this function instead of its printed traceback."""
+    import hydra
+
+    from . import faults
+    from .interrupts import catch_signals, interrupted_by
+
+    saved = os.environ.get("HYDRA_FULL_ERROR")
+    if prepared is not None:
+        os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        with catch_signals():   # SIGTERM / SIGHUP raise like SIGINT from here on (the run installs its own)
+            faults.reached("start")
+            hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")(_task(verb))()
+        return 0
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        if prepared is None and interrupted_by(exc) is None:
+            raise
+        return _stopped_early(prepared, exc)
+    finally:
+        if prepared is not None:
+            os.environ.pop("HYDRA_FULL_ERROR", None) if saved is None else os.environ.update(HYDRA_FULL_ERROR=saved)
+
+
+def _stopped_early(prepared, exc: BaseException) -> int:
+    """Close ``prepared`` (None: no directory) after ``exc`` stopped the harness outside a run's own
+    handling; prints the one line and returns the exit code."""
+    import traceback
+
+    from .interrupts import interrupted_by
+    from .rundir import close_unstarted
+    from .stopping import failure_text, stop_line
+
+    signal = interrupted_by(exc)
+    if prepared is None:
+        print(f"interrupted: {signal.name}", file=sys.stderr)
+        return signal.exit_code
+    when = "while the harness was starting (no case started)"
+    if signal is not None:
+        status, code, error = "interrupted", signal.exit_code, f"interrupted by {signal.name} {when}"
+    else:
+        status, code, error = "failed", 1, failure_text(exc, when)
+    trace = {} if signal else {"traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
+    path, problem = close_unstarted(prepared, status, error, **trace)
+    print(stop_line(status, exc, error, 0, path, [f"manifest.json not updated ({problem})"] if problem else [],
+                    signal is not None), file=sys.stderr)
+    return code

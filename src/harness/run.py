@@ -72,9 +72,9 @@ def _setup_of(model) -> dict:
 
 
 class CaseTables:
-    """The run's tables, grown one finished case at a time (``add``): each file is written first,
-    then the in-memory ``RunData`` and the manifest follow, so memory, manifest and CSVs agree
-    on the cases kept whatever stops the run."""
+    """The run's tables, grown one finished case at a time (``add``): a case's files and the
+    manifest that lists it are written as one unit (``RunDir.case_files``), then the in-memory
+    ``RunData`` follows, so memory, manifest and CSVs agree on the cases kept whatever stops the run."""
 
     def __init__(self, rd: RunDir, data: RunData):
         self.rd, self.data = rd, data
@@ -82,46 +82,54 @@ class CaseTables:
 
     def add(self, inputs, warm: dict, stages: pd.DataFrame, kernels: pd.DataFrame, counts: dict,
             analytic: tuple, execution: dict, steps: list = ()) -> None:
-        """One case: stages.csv (then the manifest's case entry), kernels.csv, routing.csv, then the
-        manifest is saved. ``analytic`` = ``analytic_for_case``'s (frame, MBU bytes, notes);
-        ``execution``: what the adapter ran (``configure``) with its set-up seconds."""
+        """One case: stages.csv, kernels.csv, steps.csv, routing_steps.csv, routing.csv, then the
+        manifest with the case's entry; when any of them fails, all are put back and the case is not
+        kept. ``analytic`` = ``analytic_for_case``'s (frame, MBU bytes, notes); ``execution``: what
+        the adapter ran (``configure``) with its set-up seconds."""
         rd, data, case = self.rd, self.data, inputs.case
         grown = pd.concat(self.stages + [stages], ignore_index=True)
-        rd.write_csv("stages.csv", grown)
+        frame_steps = pd.DataFrame(list(steps), columns=STEP_COLUMNS) if steps else None
+        per_step = routing_step_rows(case.name, counts.get("decode_steps"))
+        frame_rs = pd.DataFrame(per_step) if per_step else None
+        rows = routing_rows(case.name, counts)
+        table = pd.DataFrame(self.routing + rows) if rows else None
+        entry = {**case.to_dict(), "pages": [p.name for p in inputs.pages], "execution": execution,
+                 "warmup_ms": [round(t, 3) for t in warm.get("warmup_ms", [])], "warmup_steady": warm.get("steady"),
+                 "trace": {"file": trace_name(case.name), "bytes": warm["trace"]["bytes"]}
+                 if warm.get("trace") else None}
+        with rd.case_files():
+            rd.write_csv("stages.csv", grown)
+            for name, frame in (("kernels.csv", kernels if len(kernels) else None), ("steps.csv", frame_steps),
+                                ("routing_steps.csv", frame_rs)):
+                if frame is not None:
+                    rd.append_csv(name, frame)
+            if table is not None:
+                rd.write_csv("routing.csv", table)
+            rd.manifest["cases"].append(entry)
+            rd.manifest["attention"] = {k: list(v) for k, v in attn_probe.SEEN.items()}
+            try:
+                rd.save()
+            except BaseException:
+                rd.manifest["cases"].pop()
+                raise
         self.stages.append(stages)
         data.stages = grown
-        rd.manifest["cases"].append({**case.to_dict(), "pages": [p.name for p in inputs.pages],
-                                     "execution": execution,
-                                     "warmup_ms": [round(t, 3) for t in warm.get("warmup_ms", [])],
-                                     "warmup_steady": warm.get("steady"),
-                                     "trace": {"file": trace_name(case.name), "bytes": warm["trace"]["bytes"]}
-                                     if warm.get("trace") else None})
         frame, mbu, notes = analytic
         data.analytic = pd.concat([data.analytic, frame], ignore_index=True)
         data.mbu_bytes[case.name] = mbu
         data.notes += notes
         if len(kernels):
-            rd.append_csv("kernels.csv", kernels)
             self.kernels.append(kernels)
             data.kernels = pd.concat(self.kernels, ignore_index=True)
-        if steps:
-            frame_steps = pd.DataFrame(list(steps), columns=STEP_COLUMNS)
-            rd.append_csv("steps.csv", frame_steps)
+        if frame_steps is not None:
             self.steps.append(frame_steps)
             data.steps = pd.concat(self.steps, ignore_index=True)
-        per_step = routing_step_rows(case.name, counts.get("decode_steps"))
-        if per_step:
-            frame_rs = pd.DataFrame(per_step)
-            rd.append_csv("routing_steps.csv", frame_rs)
+        if frame_rs is not None:
             self.routing_steps.append(frame_rs)
             data.routing_steps = pd.concat(self.routing_steps, ignore_index=True)
-        rows = routing_rows(case.name, counts)
-        if rows:
-            table = pd.DataFrame(self.routing + rows)
-            rd.write_csv("routing.csv", table)
+        if table is not None:
             self.routing += rows
             data.routing = table
-        rd.update(attention={k: list(v) for k, v in attn_probe.SEEN.items()})
 
 
 def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:

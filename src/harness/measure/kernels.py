@@ -14,7 +14,6 @@ from __future__ import annotations
 import bisect
 import functools
 import gzip
-import os
 import re
 import shutil
 from pathlib import Path
@@ -103,13 +102,18 @@ class KernelCapture:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         raw = path.with_name(path.name.removesuffix(".gz") + ".tmp")
-        if self._fallback is not None:
-            self._fallback.export_chrome_trace(str(raw))
-        else:
-            self.kineto_results.save(str(raw))
-        with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=6) as dst:
-            shutil.copyfileobj(src, dst)
-        os.remove(raw)
+        try:
+            if self._fallback is not None:
+                self._fallback.export_chrome_trace(str(raw))
+            else:
+                self.kineto_results.save(str(raw))
+            with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=6) as dst:
+                shutil.copyfileobj(src, dst)
+        except BaseException:
+            path.unlink(missing_ok=True)    # a failed write (a full disk) leaves no partial trace
+            raise
+        finally:
+            raw.unlink(missing_ok=True)
         return path.stat().st_size
 
 
