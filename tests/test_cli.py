@@ -192,3 +192,59 @@ def test_bad_input_fails_cleanly(runs, case):
         manifest = json.loads((d / "manifest.json").read_text()) if (d / "manifest.json").exists() else {}
         assert manifest.get("status") != "complete", d
         assert d.name.endswith("-failed") and (d / "FAILED").is_file(), (d, sorted(p.name for p in d.iterdir()))
+
+
+# ------------------------------------------------------- one-line errors in-process (issue 26 item 9)
+
+def _main_line(capsys, argv: list) -> tuple:
+    """(exit code, the stderr lines) of ``harness.cli.main(argv)`` run in this process."""
+    from harness.cli import main
+
+    try:
+        rc = main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    return rc, [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+
+
+def test_a_value_split_at_a_space_gets_the_quoted_override(capsys, tmp_path):
+    rc, err = _main_line(capsys, ["run", "workload.images=my", "pages/", f"run.root={tmp_path}"])
+    assert rc == 2 and err == ["error: 'pages/' is not an override: a space split the value of workload.images "
+                               "into 'my' and 'pages/'; fix: quote it: \"workload.images='my pages/'\""]
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_value_with_letters_outside_ascii_gets_the_quoted_override(capsys, tmp_path):
+    rc, err = _main_line(capsys, ["run", "workload.images=pagés/", f"run.root={tmp_path}"])
+    assert rc == 2 and err == ["error: the value of workload.images ('pagés/') has letters outside ASCII, which "
+                               "Hydra's override syntax reads only in quotes; fix: quote it: "
+                               "\"workload.images='pagés/'\""]
+    from harness.cli import check_overrides
+    assert check_overrides(["workload.images='pagés/'"]).workload.images == "pagés/"   # the fix parses
+
+
+@pytest.mark.parametrize("where", ["nowhere", "empty"])
+def test_harness_conf_pointing_nowhere_names_the_variable_and_the_path(capsys, tmp_path, monkeypatch, where):
+    from harness import cli
+
+    conf = tmp_path / where
+    if where == "empty":
+        conf.mkdir()
+    monkeypatch.setenv("HARNESS_CONF", str(conf))
+    monkeypatch.setattr(cli, "CONF_DIR", conf)
+    rc, err = _main_line(capsys, ["run", f"run.root={tmp_path / 'runs'}"])
+    problem = "is not a directory" if where == "nowhere" else "has no config.yaml"
+    assert rc == 2 and err == [f"error: HARNESS_CONF={conf} {problem}; fix: point HARNESS_CONF at a Hydra config "
+                               "tree holding config.yaml (a copy of src/harness/conf), or unset it"]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_compare_into_an_existing_file_is_one_line(capsys, tmp_path):
+    data = ROOT / "tests" / "data" / "runs"
+    out = tmp_path / "taken"
+    out.write_text("a file, not a directory\n")
+    rc, err = _main_line(capsys, ["compare", str(data / "gpu_tiny_a"), str(data / "gpu_tiny_b"), "--out", str(out)])
+    assert rc == 2 and err == [f"error: cannot write into {out}: a file is in the way of a directory (File exists); "
+                               "fix: give --out a directory you can write to (a new one, or an existing directory; "
+                               "not a file)"]
+    assert out.read_text() == "a file, not a directory\n"

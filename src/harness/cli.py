@@ -69,6 +69,33 @@ def _overrides(args: list[str]) -> list[str]:
     return out
 
 
+def syntax_error(overrides: list[str], exc: Exception) -> HarnessError:
+    """The one-line error for overrides Hydra cannot parse. A value that a space split into two
+    arguments, or that holds letters outside ASCII (which Hydra reads only in quotes), gets the
+    quoted override to type instead; anything else ``config.config_error``'s message."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from .config import config_error
+
+    parser = OverridesParser.create()
+    for i, text in enumerate(overrides):
+        try:
+            parser.parse_overrides([text])
+        except Exception:  # noqa: BLE001 - this is the override that does not parse
+            break
+    else:
+        return config_error(exc)
+    key, eq, value = text.partition("=")
+    if not eq and i > 0 and "=" in overrides[i - 1]:
+        key, _, value = overrides[i - 1].partition("=")
+        return HarnessError(f"{text!r} is not an override: a space split the value of {key} into "
+                            f"{value!r} and {text!r}", f"quote it: \"{key}='{value} {text}'\"")
+    if eq and any(ord(c) > 127 for c in value):
+        return HarnessError(f"the value of {key} ({value!r}) has letters outside ASCII, which Hydra's override "
+                            "syntax reads only in quotes", f"quote it: \"{key}='{value}'\"")
+    return config_error(exc)
+
+
 def _expand(overrides: list[str]) -> list[list[str]]:
     """Override lists to validate: the overrides as given, then, for each sweep (``-m k=a,b``),
     one list per swept value (other sweeps at their first value)."""
@@ -77,8 +104,7 @@ def _expand(overrides: list[str]) -> list[list[str]]:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception as exc:  # noqa: BLE001 - Hydra's parser raises its own exception types
-        from .config import config_error
-        raise config_error(exc) from None
+        raise syntax_error(overrides, exc) from None
     base, sweeps = [], []
     for text, ov in zip(overrides, parsed):
         if ov.is_sweep_override():
@@ -200,7 +226,36 @@ def _task(verb: str):
         except ImportError as exc:
             _fail_unstarted(verb, out, HarnessError(f"verb {verb!r} is not available in this build ({exc})",
                                                     "update the harness"))
+        except OSError as exc:    # outside a run's own handling (the other verbs' outputs, caches)
+            if multirun:
+                raise
+            sys.exit(_write_failed(exc, "check that the path named is a directory you can write to"))
     return task
+
+
+def check_conf_dir() -> None:
+    """Refuse a config tree that is not there (``HARNESS_CONF`` names the variable and the path)."""
+    where = (f"HARNESS_CONF={os.environ['HARNESS_CONF']}" if os.environ.get("HARNESS_CONF")
+             else f"the packaged config tree {CONF_DIR}")
+    fix = ("point HARNESS_CONF at a Hydra config tree holding config.yaml (a copy of src/harness/conf), or unset it"
+           if os.environ.get("HARNESS_CONF") else "reinstall the harness")
+    if not CONF_DIR.is_dir():
+        raise HarnessError(f"{where} is not a directory", fix)
+    if not (CONF_DIR / "config.yaml").is_file():
+        raise HarnessError(f"{where} has no config.yaml", fix)
+
+
+def _write_failed(exc: OSError, fix: str) -> int:
+    """One line for a write that failed outside a run directory: exit 1 for a full disk, else 2."""
+    from .stopping import write_fix
+
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if isinstance(exc, (FileExistsError, NotADirectoryError)) and exc.filename:
+        what = f"cannot write into {exc.filename}: a file is in the way of a directory"
+    else:
+        what = f"cannot write {exc.filename}" if exc.filename else "a write failed"
+    print(f"error: {what} ({exc.strerror or exc}); fix: {write_fix(exc) if full else fix}", file=sys.stderr)
+    return 1 if full else 2
 
 
 def _fail_unstarted(verb: str, out: Path, exc: HarnessError) -> None:
@@ -234,6 +289,9 @@ def _main(argv: list[str] | None = None) -> int:
             return verb_main(rest)
         except HarnessError as exc:
             _fail(exc)
+        except OSError as exc:   # --out names a file, a folder it cannot write, a full disk
+            return _write_failed(exc, "give --out a directory you can write to (a new one, or an existing "
+                                      "directory; not a file)")
     if verb not in HYDRA_VERBS:
         print(f"error: unknown verb {verb!r}; fix: use one of run, analyze, graph, calibrate, profile, compare, "
               "summarize", file=sys.stderr)
@@ -242,6 +300,7 @@ def _main(argv: list[str] | None = None) -> int:
     from .stopping import write_fix
 
     try:
+        check_conf_dir()
         _, dirs = _compose_checked(rest)
         rest, claimed = claim_output_dir(rest, dirs)
         prepared = claimed if (verb == "run" and claimed is not None and not _multirun(rest)) else None
