@@ -263,6 +263,7 @@ class HardwareConfig:
     gemm_size: Optional[int] = _f(None, min=1)
     gemm_dtype: Optional[str] = _f(None, choices=("bf16", "fp16", "fp32"))
     copy_mib: Optional[int] = _f(None, min=1)
+    read_mib: Optional[int] = _f(None, min=1)      # read stream buffer; None: 8 x L2 (>= 256 MiB) on a GPU, 256 on the CPU
     warmup: Optional[int] = _f(None, min=0)
     iters: Optional[int] = _f(None, min=1)
 
