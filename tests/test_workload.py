@@ -280,6 +280,17 @@ def test_load_pages_refuses_huge_header_without_decoding(tmp_path, monkeypatch):
     assert Image.MAX_IMAGE_PIXELS == limit_before
 
 
+def test_a_multi_frame_tiff_is_measured_by_its_first_frame_with_a_note(tmp_path):
+    first, second = Image.new("RGB", (30, 20), (10, 20, 30)), Image.new("RGB", (30, 20), (200, 200, 200))
+    first.save(tmp_path / "two.tif", save_all=True, append_images=[second])
+    (page,) = wl.load_pages(str(tmp_path / "two.tif"))
+    assert page.image.getpixel((0, 0)) == (10, 20, 30)
+    assert page.note == ("two.tif: 2 frames (pages) in one file, only the first is measured (save one page per file "
+                         "to measure every page)")
+    first.save(tmp_path / "one.tif")
+    assert wl.load_pages(str(tmp_path / "one.tif"))[0].note == ""
+
+
 def test_load_pages_max_pixels_applies(tmp_path):
     Image.new("RGB", (20, 20)).save(tmp_path / "p.png")
     assert len(wl.load_pages(str(tmp_path), max_pixels=400)) == 1

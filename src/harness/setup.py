@@ -58,14 +58,16 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def device_info(device: torch.device) -> dict:
-    """Device name, memory, capability, driver and the clocks setting (nvidia-smi when present)."""
+    """Device name, index (``cuda:N``: N among the visible GPUs), memory, capability, driver and
+    the clocks setting (nvidia-smi when present)."""
     info = {"type": device.type, "host": platform.node(), "cpu": platform.processor() or platform.machine(),
             "cpu_threads": torch.get_num_threads()}
     if device.type != "cuda":
         return info
     idx = device.index if device.index is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(idx)
-    info.update(name=torch.cuda.get_device_name(idx), total_memory_bytes=props.total_memory,
+    info.update(index=idx, torch_device=f"cuda:{idx}",   # the GPU among those visible (CUDA_VISIBLE_DEVICES)
+                name=torch.cuda.get_device_name(idx), total_memory_bytes=props.total_memory,
                 capability=f"{props.major}.{props.minor}", multiprocessors=props.multi_processor_count,
                 cuda_runtime=torch.version.cuda)
     smi = shutil.which("nvidia-smi")

@@ -12,10 +12,14 @@ capture as a gzipped Chrome/Perfetto trace.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import gzip
+import os
 import re
 import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -50,6 +54,31 @@ def categorize(name: str) -> str:
     return "other"
 
 
+@contextlib.contextmanager
+def usdt_lines_dropped():
+    """Kineto prints a ``USDT:... profiler_start`` / ``profiler_stop`` line on stderr (file
+    descriptor 2) each time a capture starts and stops: inside the block, stderr goes to a
+    temporary file, and every other line is passed on to stderr after it."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):       # no file descriptor 2 to redirect: nothing to drop
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [ln for ln in tmp.read().decode(errors="replace").splitlines(True) if not ln.startswith("USDT:")]
+            if kept:
+                os.write(2, "".join(kept).encode())
+
+
 class KernelCapture:
     """CUPTI capture of GPU activity only (CUDA) or CPU ops (no CUDA), without torch's event
     post-processing.
@@ -73,15 +102,17 @@ class KernelCapture:
         try:
             self._legacy = ap.profile(use_device="cuda" if self.cuda else None, use_cpu=not self.cuda,
                                       use_kineto=True, record_shapes=False, with_stack=False)
-            self._legacy._prepare_trace()
-            self._legacy._start_trace()
+            with usdt_lines_dropped():
+                self._legacy._prepare_trace()
+                self._legacy._start_trace()
         except Exception:  # private API moved: use the public profiler (slower to stop)
             from torch.profiler import ProfilerActivity, profile
 
             self._legacy = None
             acts = [ProfilerActivity.CUDA] if self.cuda else [ProfilerActivity.CPU]
             self._fallback = profile(activities=acts, record_shapes=False, with_stack=False)
-            self._fallback.__enter__()
+            with usdt_lines_dropped():
+                self._fallback.__enter__()
         return self
 
     def __exit__(self, *exc):
@@ -90,9 +121,11 @@ class KernelCapture:
         if self._legacy is not None:
             from torch.autograd.profiler import _disable_profiler
 
-            self.kineto_results = _disable_profiler()
+            with usdt_lines_dropped():
+                self.kineto_results = _disable_profiler()
         else:
-            self._fallback.__exit__(*exc)
+            with usdt_lines_dropped():
+                self._fallback.__exit__(*exc)
             self.kineto_results = self._fallback.profiler.kineto_results
         return False
 
