@@ -168,6 +168,13 @@ def test_tiny_run_completes(runs):
     req = stages[(stages["stage"] == "request") & (stages["repeat"].astype(str) == "profiled")]
     assert len(req) == 1, stages[stages["stage"] == "request"]
     assert float(req["attributed_fraction"].iloc[0]) >= 0.99
+    # where the run's own time went: consecutive phases that add up to the total, printed at the end
+    timing = manifest["timing"]
+    assert {"set-up", "model build", "calibration", "timed repeats", "profiled request", "trace export",
+            "report"} <= set(timing["phases_s"])
+    assert sum(timing["phases_s"].values()) == pytest.approx(timing["total_s"], abs=0.01)
+    assert [ln for ln in res.stdout.splitlines() if ln.startswith("[harness] time ")]
+    assert manifest["memory"]["need_bytes"]["total"] <= manifest["memory"]["free_bytes"]
 
 
 BAD = ["images-missing", "images-empty-dir", "images-corrupt", "images-not-image", "images-20000x20000",

@@ -285,6 +285,7 @@ class RunConfig:
     name: str = "${experiment_name}"                     # run directory suffix
     root: str = "runs"                                   # where run directories are created
     only: Optional[List[str]] = None   # run only these of the experiment's cases, by name (run.only=[best,best-b32])
+    memory_check: bool = True          # refuse, before building the model, a run that cannot fit in free memory
 
 
 @dataclass

@@ -28,14 +28,16 @@ from .measure import host
 from .measure.nvtx_ranges import NvtxRanges
 from .measure.runner import measure_case
 from .measure.summarize import STEP_COLUMNS
+from .memory_check import check_memory
 from .models import attn_probe
-from .report.progress import RunProgress
+from .report.progress import RunProgress, waiting
 from .report.report import write_report
 from .roofline.calibrate import ensure_calibration
 from .roofline.join import analytic_for_case
 from .rundir import RunData, RunDir, trace_name
 from .setup import device_info, load_adapter, prepare_cases, resolve_device, resolve_dtype
 from .stopping import Position, close_run
+from .timeline import Timeline, phase_of, process_age_s
 
 log = logging.getLogger("harness.run")
 
@@ -139,24 +141,31 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
     (``harness.stopping.close_run``): the finished cases stay in the CSVs and the manifest, the
     report is rewritten, and a ``RunStopped`` carries the one stderr line and the exit code.
     """
-    where = Position(cases=0)
+    where, timeline = Position(cases=0), Timeline(before=process_age_s())
+    timeline.enter("set-up")
     with catch_signals() as signals, _log_errors_quiet():
         with signals.deferred():
             rd = RunDir(run_path, to_dict(cfg))
             data = RunData(rd.path, rd.manifest, analytic=pd.DataFrame())
         try:
-            _measure(cfg, rd, data, where, signals, progress)
+            _measure(cfg, rd, data, where, signals, progress, timeline)
             where.at("report")
+            timeline.enter("report")
             rd.complete(save=False)   # report.md says so; the manifest is saved last
             paths = write_report(rd, data, plot=True, strict=True)
+            timeline.stop()
             with signals.deferred():
-                rd.save()
+                rd.update(timing=timeline.as_dict())
         except BaseException as exc:
             signals.stopping()
+            timeline.stop()
+            rd.manifest["timing"] = timeline.as_dict()
             raise close_run(rd, data, exc, where, lambda r, d: write_report(r, d, plot=True, strict=True)) from exc
     if paths.get("report"):
         log.info("report: %s", paths["report"])
-    (progress or print)(f"[harness] wrote {rd.path}")
+    say = progress or print
+    say(f"[harness] {timeline.line()}")
+    say(f"[harness] wrote {rd.path}")
     return rd
 
 
@@ -172,8 +181,10 @@ def _log_errors_quiet():
         logging.raiseExceptions = saved
 
 
-def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, signals, progress) -> None:
-    """Set up, then measure and write every case (each case's results written whole: signals wait)."""
+def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, signals, progress,
+             timeline: Timeline) -> None:
+    """Set up, then measure and write every case (each case's results written whole: signals wait);
+    ``timeline`` follows where the time goes."""
     bar = progress is None
     progress = progress or RunProgress()
     with contextlib.ExitStack() as stack:
@@ -193,17 +204,25 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
             for note in inputs.notes:
                 rd.warn(note)
         progress(f"[harness] device {device} dtype {dtype}; {len(cases)} case(s): {', '.join(c.name for c in cases)}")
+        if cfg.run.memory_check:
+            timeline.enter("memory check")
+            rd.update(memory=check_memory(cfg.model, device, dtype, cases))
         attn_probe.reset()
-        model, info = load_adapter(cfg.model, device, dtype, cfg.seed, workdir=rd.path / "vendor_infer")
+        timeline.enter("model build")
+        with waiting(progress, f"building the {cfg.model.name} model ({dtype_name}, {cfg.model.weights} weights)"):
+            model, info = load_adapter(cfg.model, device, dtype, cfg.seed, workdir=rd.path / "vendor_infer")
         progress(f"[harness] model {info.get('adapter')} built in {info['build_s']:.1f} s")
         rd.update(model=info)
-        rd.update(calibration=ensure_calibration(device, cfg.hardware, progress=progress))
+        timeline.enter("calibration")
+        with waiting(progress, "calibrating (a cached record makes this instant)"):
+            rd.update(calibration=ensure_calibration(device, cfg.hardware, progress=progress))
         mcfg = cfg.measure.resolved(cuda)
         rd.update(measure={**dataclasses.asdict(mcfg), "gc": "Python cyclic GC paused inside each timed request",
                            "kernels_from": "one extra profiled request per case" if mcfg.kernels else None})
         if bar:
             progress.start((mcfg.warmup + mcfg.repeats + int(mcfg.kernels)) * len(cases))
             stack.callback(progress.stop)
+        timeline.enter("host probe")
         rd.update(host_steadiness={"before": host.probe(cuda)})
         nv = NvtxRanges(mcfg.nvtx)
         if not nv.available:
@@ -218,16 +237,19 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
             def make(r, inputs=inputs):
                 return inputs.timed_request(r, device, dtype)
 
+            timeline.enter("case set-up")
             execution = model.configure(inputs.model)
 
             def at(request, i=i, name=case.name):
                 where.at("case", name, i + 1, request)
+                timeline.enter(phase_of(request))
 
             warm, case_steps = {}, []
             trace = rd.path / trace_name(case.name) if (mcfg.kernels and mcfg.trace) else None
             st, kt, counts = measure_case(model, make, mcfg, ident, cuda, progress=progress, info=warm, at=at,
                                           steps=case_steps, trace_path=trace)
             at("writing")
+            timeline.carve((warm.get("trace") or {}).get("seconds") or 0.0, "trace export", "profiled request")
             ran = dataclasses.replace(inputs.model, moe_kernel=execution.get("moe_kernel_resolved")
                                       or inputs.model.moe_kernel)
             analytic = analytic_for_case(case, dataclasses.replace(model.cfg, **ran.execution()), dtype_name,
@@ -245,4 +267,5 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
                     write_report(rd, data, plot=False)
                 where.request = "done"
             at("done")
+        timeline.enter("host probe")
         rd.update(host_steadiness={**rd.manifest["host_steadiness"], "after": host.probe(cuda)})

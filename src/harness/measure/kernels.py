@@ -29,6 +29,10 @@ import torch
 KERNEL_COLUMNS = ["device", "name", "category", "range", "stage", "call", "step", "start_ms", "dur_ms",
                   "stream", "module", "family", "op_group"]
 
+#: gzip level of the exported trace: 1 compresses a 141 MB JSON trace in about a third of level 6's
+#: time (1.6 s against 4.5 s on one CPU core) for a file about 1.5x larger
+TRACE_GZIP_LEVEL = 1
+
 CATEGORIES = [  # first match wins; patterns are case-insensitive regexes over the kernel name
     ("memset", r"memset"),
     # "LoadWithCast"/"StoreWithCast" are the operand loaders of any mixed-dtype elementwise op (an fp32 +
@@ -140,7 +144,7 @@ class KernelCapture:
                 self._fallback.export_chrome_trace(str(raw))
             else:
                 self.kineto_results.save(str(raw))
-            with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=6) as dst:
+            with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=TRACE_GZIP_LEVEL) as dst:
                 shutil.copyfileobj(src, dst)
         except BaseException:
             path.unlink(missing_ok=True)    # a failed write (a full disk) leaves no partial trace

@@ -165,7 +165,7 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
     ``make_request(i)`` builds request ``i`` on the model's device (i < 0 for warm-ups), see the
     module docstring. ``case`` holds the identifying columns: case, mode, grid, batch. ``info``, if
     given, receives the warm-up record of ``warm_up`` and, with ``trace_path`` (and kernel capture),
-    ``trace`` = {"path", "bytes"}. ``at(request)`` is called before each request with its label:
+    ``trace`` = {"path", "bytes", "seconds": host seconds the export took}. ``at(request)`` is called before each request with its label:
     ``warmup=I``, ``repeat=R`` (stages.csv's repeat), ``repeat=profiled``. ``steps``, if given,
     receives one row per decode step of every timed repeat (``STEP_COLUMNS``). ``routing``: the last
     timed repeat's {phase: [layers, experts]}, plus ``decode_steps`` [steps, layers, experts] when the
@@ -223,9 +223,10 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
         kern = kernel_table(prof, cuda, ranges, modules)
         kern.insert(0, "case", case["case"])
         if trace_path is not None:
+            t_trace = time.perf_counter()
             size = prof.save_trace(trace_path)
             if info is not None:
-                info["trace"] = {"path": str(trace_path), "bytes": size}
+                info["trace"] = {"path": str(trace_path), "bytes": size, "seconds": time.perf_counter() - t_trace}
             say(f"{case['case']}: trace {trace_path} ({size / 1e6:.1f} MB)")
         n_steps = int((ranges["range"] == "decode_step").sum())
         for row in stage_rows(ranges, kern, req.batch):
