@@ -159,3 +159,29 @@ def test_signal_guard_defers_inside_a_block_and_ignores_repeats():
                 written.append("case")                       # the block completes first
     assert written == ["case"] and exc.value.name == "SIGTERM" and exc.value.exit_code == 143
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_report_that_cannot_be_rewritten_is_retried_without_charts_then_removed(tmp_path):
+    import errno
+
+    from harness.stopping import _rewrite_report
+
+    rd = RunDir(tmp_path / "r", {}, argv=["t"])
+    (rd.path / "report.md").write_text("Status **running** (written after the first case)\n")
+    calls = []
+
+    def charts_do_not_fit(r, d, plot=True):
+        calls.append(plot)
+        if plot:
+            raise OSError(errno.ENOSPC, "No space left on device", str(r.path / "roofline.png"))
+    assert _rewrite_report(rd, None, charts_do_not_fit) == [
+        f"report.md rewritten without its charts (OSError: [Errno 28] No space left on device: "
+        f"'{rd.path / 'roofline.png'}')"]
+    assert calls == [True, False]
+
+    def nothing_fits(r, d, plot=True):
+        raise OSError(errno.ENOSPC, "No space left on device", str(r.path / "report.md"))
+    said = _rewrite_report(rd, None, nothing_fits)
+    assert said == [f"report.md not rewritten (OSError: [Errno 28] No space left on device: '{rd.path / 'report.md'}'); "
+                    "the report.md written while the run went on was removed"]
+    assert not (rd.path / "report.md").exists()

@@ -9,9 +9,17 @@ exists. The output directory Hydra would use (``hydra.run.dir``, or ``hydra.swee
 ``-2``, ``-3``, ...) and handed to Hydra, so two runs started in the same second never share
 one. Each verb then gets the typed config (``to_config``: the one conversion).
 
+A single ``run`` gets its directory prepared before Hydra writes anything (``rundir.prepare``: a
+``starting`` manifest and the failed manifest in reserve), and from then on SIGTERM and SIGHUP stop
+the process like SIGINT (unless inherited as ignored: ``nohup``): what ends the process before the
+run takes the directory over (Hydra unable to write its own files on a full disk, a signal during
+the start-up) closes it as ``failed`` / ``interrupted`` with one line (``rundir.close_unstarted``).
+An override Hydra cannot parse because a space split its value, or because the value has letters
+outside ASCII, is answered with the quoted override to type.
+
 Exit codes and the one stderr line: 0 done; 2 a problem the user can fix (``error: <problem>;
-fix: <fix>``); 1 an internal or write error (``error: ...``); 130 / 143 / 129 a run interrupted
-by SIGINT / SIGTERM / SIGHUP (``interrupted: ...``).
+fix: <fix>``); 1 an internal or write error, a full disk (``error: ...``); 130 / 143 / 129 a run
+interrupted by SIGINT / SIGTERM / SIGHUP (``interrupted: ...``).
 """
 from __future__ import annotations
 

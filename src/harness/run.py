@@ -160,7 +160,8 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
             signals.stopping()
             timeline.stop()
             rd.manifest["timing"] = timeline.as_dict()
-            raise close_run(rd, data, exc, where, lambda r, d: write_report(r, d, plot=True, strict=True)) from exc
+            raise close_run(rd, data, exc, where,
+                            lambda r, d, plot=True: write_report(r, d, plot=plot, strict=True)) from exc
     if paths.get("report"):
         log.info("report: %s", paths["report"])
     say = progress or print

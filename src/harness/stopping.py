@@ -10,7 +10,8 @@ ended a run into its final state:
 * anything else (a full disk, a bug): ``failed``, exit code 1; the traceback goes to the manifest.
 
 Order of the close: status and error in memory, the directory renamed ``<name>-failed`` /
-``<name>-interrupted``, report.md (and its tables and plot) rewritten from the cases kept, the
+``<name>-interrupted``, report.md (and its tables and plot) rewritten from the cases kept (on a
+full disk without its charts, or, where even that fails, the earlier report.md removed), the
 ``FAILED`` / ``INTERRUPTED`` marker, the manifest last (on a full disk, the failed manifest the
 run directory prepared while there was room: ``harness.rundir``). What could not be written is
 stated in the manifest (where it can be written) and in the one line returned for stderr; the
@@ -90,7 +91,8 @@ class Position:
 
 def close_run(rd, data, exc: BaseException, where: Position, write_report) -> RunStopped:
     """Close the run directory ``rd`` (``harness.rundir.RunDir``; ``data`` its ``RunData``) after
-    ``exc``; ``write_report(rd, data)`` rewrites the report. Returns the ``RunStopped`` to raise."""
+    ``exc``; ``write_report(rd, data, plot=True)`` rewrites the report. Returns the ``RunStopped``
+    to raise."""
     signal = interrupted_by(exc)
     if signal is not None:
         status, code = "interrupted", signal.exit_code
@@ -103,17 +105,38 @@ def close_run(rd, data, exc: BaseException, where: Position, write_report) -> Ru
         rd.manifest["traceback"] = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     rd.stop(status, error, stopped_at=where.as_dict())
     data.path, data.manifest = rd.path, rd.manifest
-    problems = []
-    try:
-        write_report(rd, data)
-    except Exception as rexc:  # noqa: BLE001 - stated in the manifest and on stderr instead
-        rd.manifest["report_error"] = f"{rexc.__class__.__name__}: {rexc}"
-        problems.append(f"report.md not rewritten ({rd.manifest['report_error']})")
+    problems = _rewrite_report(rd, data, write_report)
     unwritten = rd.seal()
     if unwritten:
         problems.append(f"manifest.json not updated ({unwritten})")
     kept = rd.cases_on_disk()          # what the files hold (a case's CSVs are kept only with its manifest entry)
     return RunStopped(stop_line(status, exc, error, kept, rd.path, problems, signal is not None), code, rd.path)
+
+
+def _rewrite_report(rd, data, write_report) -> list:
+    """Rewrite report.md for the cases kept; on a full disk once more without its charts; where
+    even that fails, an earlier report.md (written while the run went on) is removed, so none
+    describes the run as it was before it stopped. Returns what to say about it."""
+    try:
+        write_report(rd, data)
+        return []
+    except Exception as rexc:  # noqa: BLE001 - stated in the manifest and on stderr instead
+        rd.manifest["report_error"] = f"{rexc.__class__.__name__}: {rexc}"
+        if isinstance(rexc, OSError):
+            try:
+                write_report(rd, data, plot=False)
+                return [f"report.md rewritten without its charts ({rd.manifest['report_error']})"]
+            except Exception:  # noqa: BLE001 - the first error is the one reported
+                pass
+    said = f"report.md not rewritten ({rd.manifest['report_error']})"
+    stale = rd.path / "report.md"
+    if stale.exists():
+        try:
+            stale.unlink()
+            said += "; the report.md written while the run went on was removed"
+        except OSError:
+            said += "; report.md still describes the run while it went on"
+    return [said]
 
 
 def stop_line(status: str, exc: BaseException, error: str, kept: int, path, problems: list, interrupted: bool) -> str:
