@@ -378,7 +378,7 @@ def _stopped_early(prepared, exc: BaseException) -> int:
     else:
         status, code, error = "failed", 1, failure_text(exc, when)
     trace = {} if signal else {"traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
-    path, problem = close_unstarted(prepared, status, error, **trace)
+    path, problem = close_unstarted(prepared, status, error, partial_hydra=isinstance(exc, OSError), **trace)
     print(stop_line(status, exc, error, 0, path, [f"manifest.json not updated ({problem})"] if problem else [],
                     signal is not None), file=sys.stderr)
     return code

@@ -151,12 +151,13 @@ def prepare(path, argv: list | None = None) -> None:
     RunDir.attach(path, manifest).save()
 
 
-def close_unstarted(path, status: str, error: str, **fields) -> tuple:
+def close_unstarted(path, status: str, error: str, partial_hydra: bool = False, **fields) -> tuple:
     """Close a directory ``prepare`` made whose run never took it over (Hydra failed to write its
-    own files, a signal came while the harness was starting): status ``failed`` or ``interrupted``
-    with ``error`` (and ``fields``, e.g. a traceback), the marker file, the ``-<status>`` suffix, and
-    the partial ``.hydra/`` snapshot removed. Returns (the directory's path, what could not be written or None); does nothing
-    (returns (path, None)) when the run had taken the directory over."""
+    own files, a signal came while the harness was starting, the config was refused): status
+    ``failed`` or ``interrupted`` with ``error`` (and ``fields``, e.g. a traceback), the marker
+    file, the ``-<status>`` suffix; ``partial_hydra``: Hydra stopped while writing ``.hydra/``, which
+    is removed (no half snapshot). Returns (the directory's path, what could not be written or
+    None); does nothing (returns (path, None)) when the run had taken the directory over."""
     path = Path(path)
     try:
         manifest = json.loads((path / "manifest.json").read_text())
@@ -164,8 +165,9 @@ def close_unstarted(path, status: str, error: str, **fields) -> tuple:
         manifest = None
     if not manifest or manifest.get("status") != "starting" or manifest.get("pid") != os.getpid():
         return path, None
-    import shutil
-    shutil.rmtree(path / ".hydra", ignore_errors=True)   # Hydra stopped while writing it: not a snapshot
+    if partial_hydra:
+        import shutil
+        shutil.rmtree(path / ".hydra", ignore_errors=True)
     rd = RunDir.attach(path, manifest)
     rd.stop(status, error, **fields)
     return rd.path, rd.seal()
