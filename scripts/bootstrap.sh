@@ -9,7 +9,8 @@
 #
 # Environment: PYTHON=/path/to/python3.x picks the interpreter (3.10+; default: python3, else the newest
 # python3.1x on PATH); BOOTSTRAP_FORCE=1 reinstalls the package even when nothing changed.
-# Output is quiet (pip -qq: its errors still show, its warnings do not); any failure exits non-zero.
+# Output is quiet (pip -qq: its errors still show, its warnings do not); on a terminal each long step
+# says every 15 s that it is still running. Any failure exits non-zero.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -20,6 +21,19 @@ PIP_QUIET=(-qq --disable-pip-version-check --no-input --progress-bar off)
 
 say() { printf '[bootstrap] %s\n' "$*"; }
 die() { printf '[bootstrap] error: %s\n' "$*" >&2; exit 1; }
+
+# run "$@"; on a terminal, say every 15 s that $1 is still running and for how long (quiet otherwise)
+with_heartbeat() {
+  local what=$1 rc=0 hb=""
+  shift
+  if [[ -t 1 ]]; then
+    ( s=0; while sleep 15; do s=$((s + 15)); printf '[bootstrap]   ... %s (%d s)\n' "$what" "$s"; done ) &
+    hb=$!
+  fi
+  "$@" || rc=$?
+  if [[ -n $hb ]]; then kill "$hb" 2>/dev/null; wait "$hb" 2>/dev/null || true; fi
+  return $rc
+}
 
 py_ok() {  # $1 = interpreter; true when it runs and is >= 3.10
   "$1" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' 2>/dev/null
@@ -55,14 +69,15 @@ VPY=$ROOT/$VENV/bin/python
 if "$VPY" -c 'import torch' >/dev/null 2>&1; then
   say "torch $("$VPY" -c 'import torch; print(torch.__version__)') already installed"
 elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  say "GPU found (nvidia-smi): installing the CUDA build of torch"
-  "$VPY" -m pip install "${PIP_QUIET[@]}" torch || die "pip install torch failed"
+  say "GPU found (nvidia-smi): installing the CUDA build of torch (a few minutes: about 2.5 GB to download)"
+  with_heartbeat "installing torch" "$VPY" -m pip install "${PIP_QUIET[@]}" torch || die "pip install torch failed"
   if [[ $("$VPY" -c 'import torch; print(torch.version.cuda or "")') == "" ]]; then
     say "warning: the torch that was installed is a CPU build; the harness will run on the CPU" >&2
   fi
 else
-  say "no GPU (nvidia-smi absent or failing): installing $CPU_TORCH"
-  "$VPY" -m pip install "${PIP_QUIET[@]}" "$CPU_TORCH" || die "pip install $CPU_TORCH failed"
+  say "no GPU (nvidia-smi absent or failing): installing $CPU_TORCH (a minute or two)"
+  with_heartbeat "installing $CPU_TORCH" "$VPY" -m pip install "${PIP_QUIET[@]}" "$CPU_TORCH" \
+    || die "pip install $CPU_TORCH failed"
 fi
 
 # 3. the harness itself (editable) with the test extra; skipped when nothing changed
@@ -72,11 +87,13 @@ if [[ "${BOOTSTRAP_FORCE:-0}" != 1 && -f $STAMP && "$(cat "$STAMP")" == "$want" 
    && "$VPY" -c 'import harness, pytest, hydra, torchlens' >/dev/null 2>&1; then
   say "harness already installed (pyproject.toml unchanged)"
 else
-  say "installing the harness: pip install -e '.[test]'"
-  "$VPY" -m pip install "${PIP_QUIET[@]}" -e '.[test]' || die "pip install -e '.[test]' failed"
+  say "installing the harness: pip install -e '.[test]' (a minute or two)"
+  with_heartbeat "installing the harness and its test extra" "$VPY" -m pip install "${PIP_QUIET[@]}" -e '.[test]' \
+    || die "pip install -e '.[test]' failed"
   echo "$want" > "$STAMP"
 fi
 
+say "checking that the harness imports (torch's first import takes a while)"
 "$VPY" -c 'import harness, torch; print("[bootstrap] ok: torch", torch.__version__,
       "| CUDA available:", torch.cuda.is_available())' || die "the installed harness does not import"
 say "done in $((SECONDS - t0)) s"

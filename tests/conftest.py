@@ -1,9 +1,11 @@
 """Shared test set-up: markers, the tiny model config and the tiny crop mode.
 
 The calibration cache (``HARNESS_CACHE_DIR``) of the whole session is a fresh temporary directory
-holding a small measured CPU calibration (128^3 GEMM, 4 MiB copy), so runs in tests (and the CLI
-subprocesses, which inherit the environment) find their ceilings cached instead of calibrating at
-full size, and never touch the user's cache. Tests that need an empty cache set their own.
+holding a small measured CPU calibration (128^3 GEMM, 4 MiB copy and read) stored as this CPU's
+default record (a fixture: the cache keeps records per settings, and runs look up the default
+ones), so runs in tests (and the CLI subprocesses, which inherit the environment) find their
+ceilings cached instead of calibrating at full size, and never touch the user's cache. Tests that
+need an empty cache set their own.
 
 Markers (declared in pyproject.toml, handled here):
 - ``gpu``: needs a CUDA device; skipped when ``torch.cuda.is_available()`` is false.
@@ -66,15 +68,23 @@ def pytest_unconfigure(config):
 def _session_calibration_cache() -> None:
     import tempfile
 
+    from harness.roofline.specs import cpu_name
+
     import torch
 
+    import json
+
     from harness.config import HardwareConfig
-    from harness.roofline.calibrate import calibrate
+    from harness.roofline.calibrate import DEFAULTS, cache_path, measure
 
     d = tempfile.mkdtemp(prefix="harness-test-cache-")
     os.environ["HARNESS_CACHE_DIR"] = _SESSION_CACHE["dir"] = d
-    hw = HardwareConfig(cache_dir=d, gemm_size=128, copy_mib=4, warmup=0, iters=2)
-    calibrate(torch.device("cpu"), hw, progress=lambda *_: None)
+    small = {"gemm_size": 128, "gemm_dtype": "fp32", "copy_mib": 4, "read_mib": 4, "warmup": 0, "iters": 2}
+    rec = {"device_name": cpu_name(), **measure(torch.device("cpu"), small, progress=lambda *_: None),
+           "status": "accepted", "problems": [], "settings": DEFAULTS["cpu"],
+           "fixture": f"tests/conftest.py: measured with {small}, stored as the default record"}
+    path = cache_path(cpu_name(), HardwareConfig(cache_dir=d))
+    path.write_text(json.dumps(rec, indent=2, default=str))
 
 
 def _cuda_available() -> bool:

@@ -170,6 +170,13 @@ def test_tiny_run_completes(runs):
     req = stages[(stages["stage"] == "request") & stages["profiled"]]
     assert len(req) == 1, stages[stages["stage"] == "request"]
     assert float(req["attributed_fraction"].iloc[0]) >= 0.99
+    # where the run's own time went: consecutive phases that add up to the total, printed at the end
+    timing = manifest["timing"]
+    assert {"set-up", "model build", "calibration", "timed repeats", "profiled request", "trace export",
+            "report"} <= set(timing["phases_s"])
+    assert sum(timing["phases_s"].values()) == pytest.approx(timing["total_s"], abs=0.01)
+    assert [ln for ln in res.stdout.splitlines() if ln.startswith("[harness] time ")]
+    assert manifest["memory"]["need_bytes"]["total"] <= manifest["memory"]["free_bytes"]
 
 
 BAD = ["images-missing", "images-empty-dir", "images-corrupt", "images-not-image", "images-20000x20000",
@@ -194,3 +201,59 @@ def test_bad_input_fails_cleanly(runs, case):
         manifest = json.loads((d / "manifest.json").read_text()) if (d / "manifest.json").exists() else {}
         assert manifest.get("status") != "complete", d
         assert d.name.endswith("-failed") and (d / "FAILED").is_file(), (d, sorted(p.name for p in d.iterdir()))
+
+
+# ------------------------------------------------------- one-line errors in-process (issue 26 item 9)
+
+def _main_line(capsys, argv: list) -> tuple:
+    """(exit code, the stderr lines) of ``harness.cli.main(argv)`` run in this process."""
+    from harness.cli import main
+
+    try:
+        rc = main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    return rc, [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+
+
+def test_a_value_split_at_a_space_gets_the_quoted_override(capsys, tmp_path):
+    rc, err = _main_line(capsys, ["run", "workload.images=my", "pages/", f"run.root={tmp_path}"])
+    assert rc == 2 and err == ["error: 'pages/' is not an override: a space split the value of workload.images "
+                               "into 'my' and 'pages/'; fix: quote it: \"workload.images='my pages/'\""]
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_value_with_letters_outside_ascii_gets_the_quoted_override(capsys, tmp_path):
+    rc, err = _main_line(capsys, ["run", "workload.images=pagés/", f"run.root={tmp_path}"])
+    assert rc == 2 and err == ["error: the value of workload.images ('pagés/') has letters outside ASCII, which "
+                               "Hydra's override syntax reads only in quotes; fix: quote it: "
+                               "\"workload.images='pagés/'\""]
+    from harness.cli import check_overrides
+    assert check_overrides(["workload.images='pagés/'"]).workload.images == "pagés/"   # the fix parses
+
+
+@pytest.mark.parametrize("where", ["nowhere", "empty"])
+def test_harness_conf_pointing_nowhere_names_the_variable_and_the_path(capsys, tmp_path, monkeypatch, where):
+    from harness import cli
+
+    conf = tmp_path / where
+    if where == "empty":
+        conf.mkdir()
+    monkeypatch.setenv("HARNESS_CONF", str(conf))
+    monkeypatch.setattr(cli, "CONF_DIR", conf)
+    rc, err = _main_line(capsys, ["run", f"run.root={tmp_path / 'runs'}"])
+    problem = "is not a directory" if where == "nowhere" else "has no config.yaml"
+    assert rc == 2 and err == [f"error: HARNESS_CONF={conf} {problem}; fix: point HARNESS_CONF at a Hydra config "
+                               "tree holding config.yaml (a copy of src/harness/conf), or unset it"]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_compare_into_an_existing_file_is_one_line(capsys, tmp_path):
+    data = ROOT / "tests" / "data" / "runs"
+    out = tmp_path / "taken"
+    out.write_text("a file, not a directory\n")
+    rc, err = _main_line(capsys, ["compare", str(data / "gpu_tiny_a"), str(data / "gpu_tiny_b"), "--out", str(out)])
+    assert rc == 2 and err == [f"error: cannot write into {out}: a file is in the way of a directory (File exists); "
+                               "fix: give --out a directory you can write to (a new one, or an existing directory; "
+                               "not a file)"]
+    assert out.read_text() == "a file, not a directory\n"

@@ -8,7 +8,11 @@ the tiny model, with a fault injected through ``HARNESS_FAULT`` (``harness.fault
   report: exit 128 + signal, one ``interrupted: ...`` line, status ``interrupted`` naming the case
   and request, finished cases kept in the CSVs and the manifest, ``-interrupted`` suffix;
 * a full disk (ENOSPC) while a case's stages.csv and while report.md are written: exit 1, one
-  ``error: ...`` line, status ``failed``, no ``*.tmp`` left, ``-failed`` suffix;
+  ``error: ...`` line, status ``failed``, no ``*.tmp`` / ``*.tmp.png`` left, ``-failed`` suffix;
+* a REAL full disk (a tmpfs of a few hundred KB in a user and mount namespace, filled to leave 0,
+  12 and 120 KB): the same line and status wherever the disk fills (Hydra's own files included),
+  and the line's count of kept cases equal to the manifest's and the CSVs' (skipped with the
+  reason where the machine allows no such mount);
 * a vendor config whose ``auto_map`` points at the hub: exit 2 before any model is built;
 * ``compare`` on garbage, a folder without a manifest, a failed and an empty run.
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -68,12 +73,16 @@ class Result:
         return f"rc={self.rc}\n--- stderr ---\n{self.stderr[-3000:]}\n--- stdout ---\n{self.stdout[-2000:]}"
 
 
-def harness(root: Path, overrides: list, fault: str | None = None) -> Result:
+def harness(root: Path, overrides: list, fault: str | None = None, ignore_sighup: bool = False) -> Result:
+    """``python -m harness run`` with ``fault`` injected; ``ignore_sighup``: started as ``nohup`` does
+    (SIGHUP ignored before the process starts)."""
     env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "HARNESS_FAULT")}
     if fault:
         env["HARNESS_FAULT"] = fault
     cmd = [sys.executable, "-m", "harness", "run", *overrides, f"run.root={root}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    nohup = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if ignore_sighup else None
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env=env,
+                          preexec_fn=nohup)
     return Result(proc.returncode, proc.stdout, proc.stderr, root)
 
 
@@ -104,6 +113,51 @@ def hub_vendor_dir(path: Path) -> Path:
     return path
 
 
+#: a real tiny disk: a tmpfs of TMPFS_KB, filled to leave each of these free (KB): nothing (the run
+#: directory cannot be made), about the run directory's first files (Hydra's own files fail), and
+#: room for part of the run (a case's files or the report fail)
+TMPFS_KB, REAL_FREE_KB = 400, (0, 12, 120)
+
+
+def _tmpfs_reason():
+    """None when a tmpfs can be mounted in a user and mount namespace here, else why not."""
+    import tempfile
+
+    if not shutil.which("unshare"):
+        return "no unshare(1) on this machine"
+    with tempfile.TemporaryDirectory() as d:
+        for flags in (["-rm"], ["-m"]):
+            probe = subprocess.run(["unshare", *flags, "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {d}"],
+                                   capture_output=True, text=True, timeout=30)
+            if probe.returncode == 0:
+                return None
+    return f"cannot mount a tmpfs in a namespace here ({probe.stderr.strip()[:120]})"
+
+
+TMPFS_REASON = _tmpfs_reason()
+
+
+def harness_on_tmpfs(tmp: Path, free_kb: int) -> Result:
+    """Two cases run into a fresh tmpfs with ``free_kb`` KB left free; the tmpfs exists only in
+    the namespace, so what the run left there is copied to ``tmp/runs`` before it ends."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "HARNESS_FAULT")}
+    mnt, out = tmp / "mnt", tmp / "runs"
+    mnt.mkdir(parents=True)
+    fill_kb = TMPFS_KB - free_kb
+    args = " ".join(f"'{a}'" for a in [*FAST, TWO_CASES, f"run.root={mnt}/runs"])
+    script = (f"mount -t tmpfs -o size={TMPFS_KB}k tmpfs {mnt} || exit 99\n"
+              f"head -c {fill_kb * 1024} /dev/zero > {mnt}/filler 2>/dev/null\n"
+              f"'{sys.executable}' -m harness run {args}\nrc=$?\n"
+              f"mkdir -p {out} && cp -a {mnt}/runs/. {out}/ 2>/dev/null\nexit $rc\n")
+    for flags in (["-rm"], ["-m"]):
+        proc = subprocess.run(["unshare", *flags, "sh", "-c", script], cwd=ROOT, capture_output=True, text=True,
+                              timeout=TIMEOUT_S, env=env)
+        if proc.returncode != 99:
+            break
+    out.mkdir(parents=True, exist_ok=True)
+    return Result(proc.returncode, proc.stdout, proc.stderr, out)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Every faulty run started at once (3 at a time); id -> Future[Result]."""
@@ -119,6 +173,7 @@ def runs(tmp_path_factory):
         "sigterm-warmup": ([*FAST, "measure.warmup=1"], "signal:SIGTERM@case=1,warmup=0"),
         "sigterm-between": ([*FAST, TWO_CASES], "signal:SIGTERM@case=1,done"),
         "sighup-report": (FAST, "signal:SIGHUP@report"),
+        "sigterm-start": (FAST, "signal:SIGTERM@start"),
         "enospc-stages": ([*FAST, TWO_CASES], "enospc:stages.csv#2"),
         "enospc-report": (FAST, "enospc:report.md"),
         "hub-auto-map": (["model=vendor", f"model.path={hub_vendor_dir(tmp / 'vendor-hub')}", TINY_MODE], None),
@@ -126,6 +181,10 @@ def runs(tmp_path_factory):
     pool = ThreadPoolExecutor(max_workers=3)
     futures = {name: pool.submit(harness, same if name.startswith("pages") else tmp / "runs" / name, ov, fault)
                for name, (ov, fault) in jobs.items()}
+    futures["nohup"] = pool.submit(harness, tmp / "runs" / "nohup", FAST, "signal:SIGHUP@case=1,repeat=0", True)
+    if TMPFS_REASON is None:
+        for free_kb in REAL_FREE_KB:
+            futures[f"real-{free_kb}"] = pool.submit(harness_on_tmpfs, tmp / f"real-{free_kb}", free_kb)
     yield {name: fut for name, fut in futures.items()}
     pool.shutdown(wait=True)
 
@@ -139,7 +198,11 @@ def _stages(d: Path) -> pd.DataFrame:
 
 
 def _no_tmp(d: Path) -> None:
-    assert not list(d.rglob("*.tmp")), sorted(p.name for p in d.iterdir())
+    """No temporary file (``*.tmp``, ``*.tmp.png``, ...) and no prepared failed manifest left."""
+    from harness.rundir import SPARE
+
+    left = [p for p in d.rglob("*") if ".tmp" in p.name or p.name == SPARE]
+    assert not left, sorted(p.name for p in d.iterdir())
 
 
 # ---------------------------------------------------------- simultaneous runs, folders of pages
@@ -238,6 +301,29 @@ def test_sighup_during_the_report_keeps_everything(runs):
         assert (d / f).is_file(), f
 
 
+def test_a_signal_while_the_harness_starts_marks_the_directory(runs):
+    res = runs["sigterm-start"].result()
+    assert res.rc == 143, res.describe()
+    d = res.only_dir()
+    assert d.name.endswith("-default-interrupted"), d
+    error = "interrupted by SIGTERM while the harness was starting (no case started)"
+    assert res.line() == f"interrupted: {error.removeprefix('interrupted by ')}; 0 finished case(s) kept in {d}"
+    man = _manifest(d)
+    assert (man["status"], man["error"], man["cases"]) == ("interrupted", error, [])
+    assert (d / "INTERRUPTED").read_text() == error + "\n"
+    assert sorted(p.name for p in d.iterdir()) == ["INTERRUPTED", "manifest.json"]   # Hydra never started
+
+
+def test_nohup_protects_a_run_from_sighup(runs):
+    """SIGHUP ignored when the process starts (``nohup``) stays ignored: the hang-up during a timed
+    repeat does nothing, and the run completes."""
+    res = runs["nohup"].result()
+    assert res.rc == 0, res.describe()
+    d = res.only_dir()
+    assert _manifest(d)["status"] == "complete" and not d.name.endswith("-interrupted")
+    assert set(_stages(d)["case"]) == {"t-2x3"}
+
+
 # --------------------------------------------------------------------------------- full disk
 
 def test_full_disk_while_writing_the_second_case(runs):
@@ -268,6 +354,35 @@ def test_full_disk_while_writing_the_report(runs):
     assert line.startswith(f"error: {man['error']}; fix: free space") and "report.md not rewritten" in line
     assert not (d / "report.md").exists() and set(_stages(d)["case"]) == {"t-2x3"}
     _no_tmp(d)
+
+
+@pytest.mark.skipif(TMPFS_REASON is not None, reason=str(TMPFS_REASON))
+@pytest.mark.parametrize("free_kb", REAL_FREE_KB)
+def test_a_real_full_disk_ends_failed_with_what_the_files_hold(runs, free_kb):
+    import re
+
+    res = runs[f"real-{free_kb}"].result()
+    assert res.rc == 1, res.describe()
+    line = res.line()
+    assert line.startswith("error: ") and "(No space left on device" in line, line
+    assert "; fix: free space on that disk or point run.root at another one" in line, line
+    dirs = res.dirs()
+    if not dirs:      # not even the run directory could be made: nothing is left behind
+        assert line.startswith("error: cannot create the run directory"), line
+        return
+    assert len(dirs) == 1 and dirs[0].name.endswith("-default-failed"), dirs
+    d = dirs[0]
+    man = _manifest(d)
+    assert man["status"] == "failed" and (d / "FAILED").is_file()
+    _no_tmp(d)
+    kept = int(re.search(r"(\d+) finished case\(s\) kept in ", line).group(1))
+    names = [c["name"] for c in man["cases"]]
+    assert len(names) == kept and names == ["a", "b"][:kept]
+    for table in ("stages.csv", "routing.csv", "routing_steps.csv", "steps.csv"):
+        cases = set(pd.read_csv(d / table)["case"]) if (d / table).is_file() else set()
+        assert cases == set(names), (table, cases, names)
+    if free_kb == 120:     # room for the start: Hydra's snapshot is whole
+        assert (d / ".hydra" / "config.yaml").stat().st_size > 0
 
 
 # -------------------------------------------------------------------------------- hub code

@@ -245,3 +245,18 @@ def test_recorder_reuses_events_across_requests():
         df = rec.finish()
         assert (df["gpu_ms"] > 0).all() and len(df) == 4
         assert len(rmod._EVENTS) >= 8          # 4 ranges x 2 events went back to the pool
+
+
+def test_kineto_usdt_lines_are_dropped_from_stderr(capfd):
+    """torch's kineto prints 'USDT:... profiler_start/stop' on file descriptor 2 at each capture:
+    dropped; any other line written there meanwhile still reaches stderr."""
+    import os
+
+    from harness.measure.kernels import KernelCapture, usdt_lines_dropped
+
+    capfd.readouterr()
+    with usdt_lines_dropped():
+        os.write(2, b"USDT:2026-01-01 00:00:00 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\nkept line\n")
+    with KernelCapture(cuda=False):
+        torch.ones(3).sum()
+    assert capfd.readouterr().err == "kept line\n"

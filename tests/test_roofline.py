@@ -184,12 +184,14 @@ def test_calibration_measure_and_cache(tmp_path, monkeypatch):
     rec = cal.calibrate_from_config(from_dict(HarnessConfig, {"device": "cpu", "hardware": hw}), tmp_path / "out")
     assert rec["gemm_tflops"] > 0 and rec["copy_gbs"] > 0 and rec["gemm_dtype"] == "fp32"
     assert rec["copy_bytes_moved"] == 2 * (1 << 20) and rec["gemm_flops"] == 2 * 64 ** 3
+    assert rec["read_bytes"] == 256 * (1 << 20) and rec["read_gbs"] > 0       # the CPU's default read stream
     assert (tmp_path / "out" / "calibration.json").is_file()
-    loaded = cal.load_calibration(rec["device_name"])
+    loaded = cal.load_calibration(rec["device_name"], hw)                  # found under its own settings
     assert loaded["gemm_tflops"] == pytest.approx(rec["gemm_tflops"])
     assert Path(loaded["path"]).parent == tmp_path / "cache"
-    assert cal.load_calibration(rec["device_name"], {"calibration": "none"}) is None
-    assert cal.load_calibration("NVIDIA H100 80GB HBM3") is None          # other device: not calibrated
+    assert cal.load_calibration(rec["device_name"]) is None                # never the default record
+    assert cal.load_calibration(rec["device_name"], {**hw, "calibration": "none"}) is None
+    assert cal.load_calibration("NVIDIA H100 80GB HBM3", hw) is None       # other device: not calibrated
     assert cal.summary_lines(rec)[0].startswith("device")
     del torch
 
@@ -260,3 +262,133 @@ def test_busy_ms_equals_interval_union():
             k = pd.DataFrame({"start_ms": rng.random(n) * 10, "dur_ms": rng.random(n) * rng.choice([0.01, 1.0, 5.0])})
             assert busy_ms(k) == pytest.approx(_union_reference(k), abs=1e-9)
     assert busy_ms(pd.DataFrame({"start_ms": [0.0, 0.5, 3.0], "dur_ms": [1.0, 1.0, 0.25]})) == pytest.approx(1.75)
+
+
+# ------------------------------------------------------------ calibration checks (issue 26 item 8)
+
+H100 = "NVIDIA H100 80GB HBM3"       # datasheet: 989.4 TFLOP/s bf16 dense, 3,350 GB/s
+
+
+def _h100(**fields) -> dict:
+    rec = {"device_name": H100, "gemm_tflops": 790.0, "gemm_dtype": "bf16", "copy_gbs": 3000.0, "read_gbs": 3100.0,
+           "timer": "cuda_event", "gemm_cv": 0.01, "copy_cv": 0.01, "read_cv": 0.01}
+    return {**rec, **fields}
+
+
+def test_calibration_band_and_spread_rules():
+    from harness.roofline import calibration_rules as rules
+
+    assert rules.BAND == (0.30, 1.05) and rules.CV_LIMIT == {"cuda_event": 0.05, "host": 0.25}
+    assert rules.problems(_h100(), 989.4, 3350.0) == []
+    # 0.0021 TFLOP/s (a 256^3 calibrate) is 0.0002% of 989.4: below 30%; 4,000 GB/s is 119.4% of 3,350: above 105%
+    assert rules.problems(_h100(gemm_tflops=0.0021, copy_gbs=4000.0), 989.4, 3350.0) == [
+        "GEMM 0.0021 TFLOP/s is 0.0% of the datasheet's 989.4 TFLOP/s, below the 30% floor",
+        "copy 4,000 GB/s is 119.4% of the datasheet's 3,350 GB/s, above the 105% ceiling"]
+    # the edges: 30% and 105% pass
+    assert rules.problems(_h100(gemm_tflops=0.30 * 1000, read_gbs=1.05 * 3000), 1000.0, 3000.0) == []
+    assert rules.problems(_h100(read_cv=0.06), 989.4, 3350.0) == ["read iterations vary by 6.0% (CV), over the 5% limit"]
+    cpu = {"gemm_tflops": 1e-5, "copy_gbs": 0.1, "timer": "host", "gemm_cv": 0.2, "copy_cv": 0.3}
+    assert rules.problems(cpu, None, None) == ["copy iterations vary by 30.0% (CV), over the 25% limit"]   # no band
+    # CV = population stdev / mean: times 1, 2, 3 -> sqrt(2/3) / 2
+    assert rules.spread([1.0, 2.0, 3.0]) == pytest.approx((2 / 3) ** 0.5 / 2) and rules.spread([1.0, 2.0]) is None
+
+
+def _canned(monkeypatch, *records):
+    """``calibrate.measure`` returning ``records`` in turn (CPU, host timer); the calls are counted."""
+    calls = []
+
+    def fake(device, s, progress=print):
+        calls.append(dict(s))
+        return {"gemm_dtype": s["gemm_dtype"], "timer": "host", "iters": s["iters"], "settings": dict(s),
+                **records[len(calls) - 1]}
+    monkeypatch.setattr(cal, "measure", fake)
+    return calls
+
+
+GOOD = {"gemm_tflops": 0.05, "copy_gbs": 5.0, "read_gbs": 6.0, "gemm_cv": 0.02, "copy_cv": 0.02, "read_cv": 0.02}
+NOISY = {**GOOD, "gemm_cv": 0.5}
+
+
+def test_a_noisy_calibration_is_measured_again_then_rejected(tmp_path, monkeypatch):
+    import torch
+
+    from harness.config import HardwareConfig
+
+    hw = HardwareConfig(cache_dir=str(tmp_path))
+    calls = _canned(monkeypatch, NOISY, GOOD)
+    rec = cal.calibrate(torch.device("cpu"), hw, progress=lambda *_: None)
+    assert len(calls) == 2 and (rec["status"], rec["attempts"], rec["problems"]) == ("accepted", 2, [])
+    assert Path(rec["path"]) == cal.cache_path(rec["device_name"], hw) and Path(rec["path"]).is_file()
+    Path(rec["path"]).unlink()
+    calls = _canned(monkeypatch, NOISY, NOISY)
+    said = []
+    entry = cal.ensure_calibration(torch.device("cpu"), hw, progress=said.append)
+    assert len(calls) == 2 and entry["status"] == "rejected" and "gemm_tflops" not in entry
+    assert entry["reason"] == ("measured twice, failed the calibration checks both times: GEMM iterations vary by "
+                               "50.0% (CV), over the 25% limit")
+    assert entry["rejected"]["gemm_tflops"] == 0.05 and not list(tmp_path.iterdir())      # nothing cached
+    assert any("measuring once more" in s for s in said) and any("rejected, not cached" in s for s in said)
+
+
+def test_a_rejected_calibration_is_no_ceiling_in_the_report():
+    from harness.report.report import ceilings
+
+    man = {"device": {"type": "cpu"}, "dtype": "float32", "config": {"hardware": {"calibration": "auto"}},
+           "calibration": {"status": "rejected", "reason": "measured twice, failed ...", "rejected": GOOD}}
+    p = ceilings(man)
+    assert p.cal_tflops is None and p.cal_gbs is None and p.cal_read_gbs is None
+    assert any(n.startswith("not calibrated (measured twice, failed ...)") for n in p.notes)
+
+
+def test_a_small_calibrate_never_replaces_the_default_record(tmp_path, monkeypatch):
+    import torch
+
+    from harness.config import HardwareConfig
+
+    default, small = HardwareConfig(cache_dir=str(tmp_path)), HardwareConfig(cache_dir=str(tmp_path), gemm_size=256,
+                                                                           copy_mib=8)
+    _canned(monkeypatch, GOOD, {**GOOD, "gemm_tflops": 0.0021})
+    first = cal.calibrate(torch.device("cpu"), default, progress=lambda *_: None)
+    second = cal.calibrate(torch.device("cpu"), small, progress=lambda *_: None)
+    assert first["path"] != second["path"] and Path(first["path"]).name == f"calibration-{slug(cal.cpu_name())}.json"
+    assert Path(second["path"]).name == (f"calibration-{slug(cal.cpu_name())}--gemmsize256-gemmdtypefp32-copymib8-"
+                                         "readmib256-warmup1-iters5.json")
+    assert cal.load_calibration(cal.cpu_name(), default)["gemm_tflops"] == 0.05      # the default stays
+    assert cal.load_calibration(cal.cpu_name(), small)["gemm_tflops"] == 0.0021
+    assert cal.ensure_calibration(torch.device("cpu"), default)["status"] == "cached"
+
+
+def test_cached_records_that_cannot_stand_are_not_used(tmp_path):
+    import json
+
+    hw = {"cache_dir": str(tmp_path)}
+    path = cal.cache_path(H100, hw)
+    path.write_text(json.dumps(_h100(gemm_tflops=0.0021)))              # an older record: outside the band
+    rec, why = cal.find_calibration(H100, hw)
+    assert rec is None and why == (f"the record {path} fails the calibration checks (GEMM 0.0021 TFLOP/s is 0.0% of "
+                                   "the datasheet's 989.4 TFLOP/s, below the 30% floor)")
+    path.write_text(json.dumps(_h100(gemm_size=256)))                    # older harness: a small calibrate here
+    assert cal.find_calibration(H100, hw) == (None, f"the record {path} was measured with other settings than the "
+                                                    "default ones (gemm_size=256)")
+    path.write_text(json.dumps(_h100(status="rejected", problems=["x"])))
+    assert cal.find_calibration(H100, hw)[1] == f"the record {path} was rejected when measured (x)"
+    legacy = {"device_name": H100, "gemm_tflops": 790.0, "copy_gbs": 3000.0, "gemm_dtype": "bf16"}   # no read_gbs
+    path.write_text(json.dumps(legacy))
+    rec, why = cal.find_calibration(H100, hw)
+    assert why is None and rec["gemm_tflops"] == 790.0
+    p = resolve_peaks(H100, "bf16", None, rec)
+    assert (p.cal_gbs, p.cal_read_gbs) == (3000.0, None)                  # no read stream: not shown
+    assert resolve_peaks(H100, "bf16", None, _h100()).as_dict()["calibrated_read_gbs"] == 3100.0
+
+
+def test_calibrate_into_a_file_as_cache_dir_is_one_line(tmp_path):
+    from harness.errors import HarnessError
+
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    cfg = from_dict(HarnessConfig, {"device": "cpu", "hardware": {"cache_dir": str(afile)}})
+    with pytest.raises(HarnessError) as exc:
+        cal.calibrate_from_config(cfg, tmp_path / "out")
+    assert str(exc.value) == (f"hardware.cache_dir={afile} is a file, not a directory; fix: point hardware.cache_dir "
+                              "at a directory (it is created when missing), or leave it unset")
+    assert not (tmp_path / "out").exists()

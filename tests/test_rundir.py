@@ -87,10 +87,11 @@ def test_claim_output_dir_hands_hydra_a_fresh_directory(tmp_path):
         and stamp.endswith("-x")
     first = claim_output_dir(["model=tiny", "hydra.run.dir=elsewhere"], dirs)   # the same second, twice
     second = claim_output_dir(["model=tiny"], dirs)
-    assert first == ["model=tiny", f"hydra.run.dir='{tmp_path / stamp}'"]
-    assert second == ["model=tiny", f"hydra.run.dir='{tmp_path / stamp}-2'"]
-    assert claim_output_dir(["-m", "workload.batch=1,2"], dirs)[-1] == f"hydra.sweep.dir='{dirs['hydra.sweep.dir']}'"
-    assert claim_output_dir(["--cfg", "job"], dirs) == ["--cfg", "job"]      # prints only: nothing claimed
+    assert first == (["model=tiny", f"hydra.run.dir='{tmp_path / stamp}'"], tmp_path / stamp)
+    assert second == (["model=tiny", f"hydra.run.dir='{tmp_path / stamp}-2'"], tmp_path / f"{stamp}-2")
+    assert claim_output_dir(["-m", "workload.batch=1,2"], dirs)[0][-1] == \
+        f"hydra.sweep.dir='{dirs['hydra.sweep.dir']}'"
+    assert claim_output_dir(["--cfg", "job"], dirs) == (["--cfg", "job"], None)   # prints only: nothing claimed
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([stamp, f"{stamp}-2",
                                                                  Path(dirs["hydra.sweep.dir"]).name])
 
@@ -117,7 +118,7 @@ def test_failed_atomic_write_keeps_the_old_file_and_no_tmp(tmp_path, full_disk):
         rd.write_csv("stages.csv", pd.DataFrame({"a": [1, 2]}))
     assert exc.value.errno == 28 and exc.value.filename == str(rd.path / "stages.csv")
     assert pd.read_csv(rd.path / "stages.csv")["a"].tolist() == [1]
-    assert sorted(p.name for p in rd.path.iterdir()) == ["manifest.json", "stages.csv"]
+    assert sorted(p.name for p in rd.path.iterdir()) == [".manifest-failed.json", "manifest.json", "stages.csv"]
 
 
 def test_failed_append_is_cut_back(tmp_path, full_disk):
@@ -158,3 +159,29 @@ def test_signal_guard_defers_inside_a_block_and_ignores_repeats():
                 written.append("case")                       # the block completes first
     assert written == ["case"] and exc.value.name == "SIGTERM" and exc.value.exit_code == 143
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_report_that_cannot_be_rewritten_is_retried_without_charts_then_removed(tmp_path):
+    import errno
+
+    from harness.stopping import _rewrite_report
+
+    rd = RunDir(tmp_path / "r", {}, argv=["t"])
+    (rd.path / "report.md").write_text("Status **running** (written after the first case)\n")
+    calls = []
+
+    def charts_do_not_fit(r, d, plot=True):
+        calls.append(plot)
+        if plot:
+            raise OSError(errno.ENOSPC, "No space left on device", str(r.path / "roofline.png"))
+    assert _rewrite_report(rd, None, charts_do_not_fit) == [
+        f"report.md rewritten without its charts (OSError: [Errno 28] No space left on device: "
+        f"'{rd.path / 'roofline.png'}')"]
+    assert calls == [True, False]
+
+    def nothing_fits(r, d, plot=True):
+        raise OSError(errno.ENOSPC, "No space left on device", str(r.path / "report.md"))
+    said = _rewrite_report(rd, None, nothing_fits)
+    assert said == [f"report.md not rewritten (OSError: [Errno 28] No space left on device: '{rd.path / 'report.md'}'); "
+                    "the report.md written while the run went on was removed"]
+    assert not (rd.path / "report.md").exists()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 import torch
@@ -18,6 +19,18 @@ def test_cuda_index_beyond_the_visible_gpus_is_refused(monkeypatch):
         setup.resolve_device("cuda:7")
     assert str(exc.value) == "device cuda:7 does not exist (1 GPU(s) visible); fix: pick an index below 1"
     assert setup.resolve_device("cuda:0") == torch.device("cuda:0")
+
+
+def test_device_info_reports_the_gpu_index(monkeypatch):
+    """device=cuda:7 is recorded as GPU 7 of the visible ones, not as plain 'cuda'."""
+    props = types.SimpleNamespace(total_memory=80 << 30, major=9, minor=0, multi_processor_count=132)
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: asked.append(i) or props)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"GPU {i}")
+    monkeypatch.setattr(setup.shutil, "which", lambda name: None)
+    info = setup.device_info(torch.device("cuda:7"))
+    assert (info["type"], info["index"], info["torch_device"], info["name"]) == ("cuda", 7, "cuda:7", "GPU 7")
+    assert asked == [7]
 
 
 @pytest.fixture

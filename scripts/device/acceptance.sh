@@ -15,7 +15,7 @@ vendor_env() {
 for section in "$@"; do
   echo "== $section"
   case $section in
-    calibrate) python -m harness calibrate run.root=/tmp/cal 2>&1 | quiet | tail -6 ;;
+    calibrate) python -m harness calibrate run.root=/tmp/cal 2>&1 | quiet | tail -9 ;;
     run)       python -m harness run measure.kernels=true run.root=/tmp/acc run.name=acceptance 2>&1 | quiet | tee "$OUT/run.log"
                python scripts/device/cv_table.py /tmp/acc/*-acceptance/ | tee -a "$OUT/run.log"
                (cd /tmp/acc && tar czf "$OUT/acceptance.tgz" --exclude=kernels.csv .) ;;

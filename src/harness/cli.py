@@ -9,12 +9,21 @@ exists. The output directory Hydra would use (``hydra.run.dir``, or ``hydra.swee
 ``-2``, ``-3``, ...) and handed to Hydra, so two runs started in the same second never share
 one. Each verb then gets the typed config (``to_config``: the one conversion).
 
+A single ``run`` gets its directory prepared before Hydra writes anything (``rundir.prepare``: a
+``starting`` manifest and the failed manifest in reserve), and from then on SIGTERM and SIGHUP stop
+the process like SIGINT (unless inherited as ignored: ``nohup``): what ends the process before the
+run takes the directory over (Hydra unable to write its own files on a full disk, a signal during
+the start-up) closes it as ``failed`` / ``interrupted`` with one line (``rundir.close_unstarted``).
+An override Hydra cannot parse because a space split its value, or because the value has letters
+outside ASCII, is answered with the quoted override to type.
+
 Exit codes and the one stderr line: 0 done; 2 a problem the user can fix (``error: <problem>;
-fix: <fix>``); 1 an internal or write error (``error: ...``); 130 / 143 / 129 a run interrupted
-by SIGINT / SIGTERM / SIGHUP (``interrupted: ...``).
+fix: <fix>``); 1 an internal or write error, a full disk (``error: ...``); 130 / 143 / 129 a run
+interrupted by SIGINT / SIGTERM / SIGHUP (``interrupted: ...``).
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -68,6 +77,33 @@ def _overrides(args: list[str]) -> list[str]:
     return out
 
 
+def syntax_error(overrides: list[str], exc: Exception) -> HarnessError:
+    """The one-line error for overrides Hydra cannot parse. A value that a space split into two
+    arguments, or that holds letters outside ASCII (which Hydra reads only in quotes), gets the
+    quoted override to type instead; anything else ``config.config_error``'s message."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from .config import config_error
+
+    parser = OverridesParser.create()
+    for i, text in enumerate(overrides):
+        try:
+            parser.parse_overrides([text])
+        except Exception:  # noqa: BLE001 - this is the override that does not parse
+            break
+    else:
+        return config_error(exc)
+    key, eq, value = text.partition("=")
+    if not eq and i > 0 and "=" in overrides[i - 1]:
+        key, _, value = overrides[i - 1].partition("=")
+        return HarnessError(f"{text!r} is not an override: a space split the value of {key} into "
+                            f"{value!r} and {text!r}", f"quote it: \"{key}='{value} {text}'\"")
+    if eq and any(ord(c) > 127 for c in value):
+        return HarnessError(f"the value of {key} ({value!r}) has letters outside ASCII, which Hydra's override "
+                            "syntax reads only in quotes", f"quote it: \"{key}='{value}'\"")
+    return config_error(exc)
+
+
 def _expand(overrides: list[str]) -> list[list[str]]:
     """Override lists to validate: the overrides as given, then, for each sweep (``-m k=a,b``),
     one list per swept value (other sweeps at their first value)."""
@@ -76,8 +112,7 @@ def _expand(overrides: list[str]) -> list[list[str]]:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception as exc:  # noqa: BLE001 - Hydra's parser raises its own exception types
-        from .config import config_error
-        raise config_error(exc) from None
+        raise syntax_error(overrides, exc) from None
     base, sweeps = [], []
     for text, ov in zip(overrides, parsed):
         if ov.is_sweep_override():
@@ -149,25 +184,35 @@ def _compose_checked(args: list[str], verb: str = "run") -> tuple:
             check_cases(hc)
         first = first or hc
     GlobalHydra.instance().clear()
+    if first.run.only is not None:
+        from .setup import check_run_only
+        check_run_only(first)
     return first, dirs
 
 
-def claim_output_dir(args: list[str], dirs: dict) -> list[str]:
-    """``args`` with the directory Hydra writes into (``hydra.run.dir``, or ``hydra.sweep.dir``
+def _multirun(args: list[str]) -> bool:
+    return "-m" in args or "--multirun" in args
+
+
+def claim_output_dir(args: list[str], dirs: dict) -> tuple:
+    """(``args`` with the directory Hydra writes into (``hydra.run.dir``, or ``hydra.sweep.dir``
     under ``-m``; ``dirs`` as ``_compose_checked`` resolved them) replaced by one this process
-    created (``harness.rundir.claim``). Unchanged when a flag only prints (``--cfg``, ``--help``)."""
+    created (``harness.rundir.claim``), that directory). Unchanged args and None when a flag only
+    prints (``--cfg``, ``--help``)."""
     from .rundir import claim
 
     if any(a.split("=", 1)[0] in HYDRA_INFO_FLAGS for a in args):
-        return list(args)
-    key = "hydra.sweep.dir" if ("-m" in args or "--multirun" in args) else "hydra.run.dir"
+        return list(args), None
+    key = "hydra.sweep.dir" if _multirun(args) else "hydra.run.dir"
     try:
-        path = str(claim(Path(dirs[key])))
+        path = claim(Path(dirs[key]))
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise                        # a full disk: exit 1 (``_main``)
         raise HarnessError(f"cannot create the run directory {dirs[key]} ({exc.strerror or exc})",
                            "point run.root at a folder you can write to") from None
     kept = [a for a in args if a.split("=", 1)[0].lstrip("+~") != key]
-    return kept + [f"{key}='" + path.replace("'", "\\'") + "'"]   # quoted: spaces and the like survive
+    return kept + [f"{key}='" + str(path).replace("'", "\\'") + "'"], path   # quoted: spaces and the like survive
 
 
 def _task(verb: str):
@@ -209,17 +254,54 @@ def _task(verb: str):
             if multirun:      # fail this job only: Hydra marks it failed and the sweep's other jobs go on
                 print(f"error: {exc}", file=sys.stderr)
                 raise
-            _fail(exc)
+            _fail_unstarted(verb, out, exc)
         except ImportError as exc:
-            _fail(HarnessError(f"verb {verb!r} is not available in this build ({exc})",
-                               "update the harness"))
+            _fail_unstarted(verb, out, HarnessError(f"verb {verb!r} is not available in this build ({exc})",
+                                                    "update the harness"))
+        except OSError as exc:    # outside a run's own handling (the other verbs' outputs, caches)
+            if multirun:
+                raise
+            sys.exit(_write_failed(exc, "check that the path named is a directory you can write to"))
     return task
+
+
+def check_conf_dir() -> None:
+    """Refuse a config tree that is not there (``HARNESS_CONF`` names the variable and the path)."""
+    where = (f"HARNESS_CONF={os.environ['HARNESS_CONF']}" if os.environ.get("HARNESS_CONF")
+             else f"the packaged config tree {CONF_DIR}")
+    fix = ("point HARNESS_CONF at a Hydra config tree holding config.yaml (a copy of src/harness/conf), or unset it"
+           if os.environ.get("HARNESS_CONF") else "reinstall the harness")
+    if not CONF_DIR.is_dir():
+        raise HarnessError(f"{where} is not a directory", fix)
+    if not (CONF_DIR / "config.yaml").is_file():
+        raise HarnessError(f"{where} has no config.yaml", fix)
+
+
+def _write_failed(exc: OSError, fix: str) -> int:
+    """One line for a write that failed outside a run directory: exit 1 for a full disk, else 2."""
+    from .stopping import write_fix
+
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if isinstance(exc, (FileExistsError, NotADirectoryError)) and exc.filename:
+        what = f"cannot write into {exc.filename}: a file is in the way of a directory"
+    else:
+        what = f"cannot write {exc.filename}" if exc.filename else "a write failed"
+    print(f"error: {what} ({exc.strerror or exc}); fix: {write_fix(exc) if full else fix}", file=sys.stderr)
+    return 1 if full else 2
+
+
+def _fail_unstarted(verb: str, out: Path, exc: HarnessError) -> None:
+    """``_fail``; a run refused before it took its directory over marks that directory failed first."""
+    if verb == "run":
+        from .rundir import close_unstarted
+        close_unstarted(out, "failed", str(exc))
+    _fail(exc)
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
-    except KeyboardInterrupt:   # Ctrl-C outside a run's own handlers (imports, other verbs)
+    except KeyboardInterrupt:   # Ctrl-C before any run directory exists (imports, composing the config)
         print("interrupted: SIGINT", file=sys.stderr)
         return 130
 
@@ -239,17 +321,88 @@ def _main(argv: list[str] | None = None) -> int:
             return verb_main(rest)
         except HarnessError as exc:
             _fail(exc)
+        except OSError as exc:   # --out names a file, a folder it cannot write, a full disk
+            return _write_failed(exc, "give --out a directory you can write to (a new one, or an existing "
+                                      "directory; not a file)")
     if verb not in HYDRA_VERBS:
         print(f"error: unknown verb {verb!r}; fix: use one of run, analyze, graph, calibrate, profile, compare, "
               "summarize", file=sys.stderr)
         return 2
-    import hydra
+    logging.raiseExceptions = False   # a log record a full disk cannot take is dropped, not printed with a traceback
+    from .stopping import write_fix
 
     try:
+        check_conf_dir()
         _, dirs = _compose_checked(rest, verb)
-        rest = claim_output_dir(rest, dirs)
+        rest, claimed = claim_output_dir(rest, dirs)
+        prepared = claimed if (verb == "run" and claimed is not None and not _multirun(rest)) else None
+        if prepared is not None:
+            from .rundir import prepare
+            try:
+                prepare(prepared, [f"harness-{verb}"] + rest)
+            except OSError:
+                import shutil
+                shutil.rmtree(prepared, ignore_errors=True)   # nothing of this run was written: leave no directory
+                raise
     except HarnessError as exc:
         _fail(exc)
+    except OSError as exc:   # a full disk before anything of the run was written
+        print(f"error: cannot create the run directory ({exc.strerror or exc} writing {exc.filename}); fix: "
+              f"{write_fix(exc)}", file=sys.stderr)
+        return 1
     sys.argv = [f"harness-{verb}"] + rest
-    hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")(_task(verb))()
-    return 0
+    return _hydra_main(verb, prepared)
+
+
+def _hydra_main(verb: str, prepared) -> int:
+    """Run the verb under Hydra. For a single run (``prepared``: the directory ``rundir.prepare``
+    made), what stops it before the run takes that directory over (Hydra failing to write its own
+    files, a signal while the harness starts) closes the directory (``rundir.close_unstarted``) and
+    prints one line; Hydra's own errors reach this function instead of its printed traceback."""
+    import hydra
+
+    from . import faults
+    from .interrupts import catch_signals, interrupted_by
+
+    saved = os.environ.get("HYDRA_FULL_ERROR")
+    if prepared is not None:
+        os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        with catch_signals():   # SIGTERM / SIGHUP raise like SIGINT from here on (the run installs its own)
+            faults.reached("start")
+            hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")(_task(verb))()
+        return 0
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        if prepared is None and interrupted_by(exc) is None:
+            raise
+        return _stopped_early(prepared, exc)
+    finally:
+        if prepared is not None:
+            os.environ.pop("HYDRA_FULL_ERROR", None) if saved is None else os.environ.update(HYDRA_FULL_ERROR=saved)
+
+
+def _stopped_early(prepared, exc: BaseException) -> int:
+    """Close ``prepared`` (None: no directory) after ``exc`` stopped the harness outside a run's own
+    handling; prints the one line and returns the exit code."""
+    import traceback
+
+    from .interrupts import interrupted_by
+    from .rundir import close_unstarted
+    from .stopping import failure_text, stop_line
+
+    signal = interrupted_by(exc)
+    if prepared is None:
+        print(f"interrupted: {signal.name}", file=sys.stderr)
+        return signal.exit_code
+    when = "while the harness was starting (no case started)"
+    if signal is not None:
+        status, code, error = "interrupted", signal.exit_code, f"interrupted by {signal.name} {when}"
+    else:
+        status, code, error = "failed", 1, failure_text(exc, when)
+    trace = {} if signal else {"traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
+    path, problem = close_unstarted(prepared, status, error, partial_hydra=isinstance(exc, OSError), **trace)
+    print(stop_line(status, exc, error, 0, path, [f"manifest.json not updated ({problem})"] if problem else [],
+                    signal is not None), file=sys.stderr)
+    return code

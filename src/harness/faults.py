@@ -4,7 +4,8 @@
 
 * ``signal:NAME@POINT``: when the run reaches ``POINT`` the process sends itself signal ``NAME``
   (SIGINT, SIGTERM or SIGHUP). Points (``harness.stopping.Position.point``; cases counted from 1,
-  requests from 0 as in stages.csv): ``setup`` (before the device and cases are set up),
+  requests from 0 as in stages.csv): ``start`` (the run directory is made, Hydra has not
+  started: ``harness.cli``), ``setup`` (before the device and cases are set up),
   ``case=N`` (case N starts), ``case=N,warmup=I``, ``case=N,repeat=R``, ``case=N,repeat=profiled``
   (before that request), ``case=N,writing`` (measured, before its files are written),
   ``case=N,done`` (written, before the next case), ``report`` (before the final report).

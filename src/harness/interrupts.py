@@ -7,6 +7,9 @@ is raised when that block ends, so a case is written whole or not at all. Once t
 stopping (``stopping()``), further signals are ignored so that closing the run directory
 completes; SIGKILL still ends the process at once. The process exit code of an interrupted run
 is 128 + the signal number: 130 (SIGINT), 143 (SIGTERM), 129 (SIGHUP).
+
+A signal the process inherited as ignored (``nohup`` ignores SIGHUP; a shell's background job
+may ignore SIGINT) stays ignored: its handler is not replaced, so ``nohup`` still protects a run.
 """
 from __future__ import annotations
 
@@ -50,6 +53,8 @@ class SignalGuard:
         if threading.current_thread() is not threading.main_thread():
             return  # Python runs handlers only in the main thread: nothing to install elsewhere
         for s in SIGNALS:
+            if signal.getsignal(s) is signal.SIG_IGN:
+                continue          # inherited as ignored (nohup): the caller asked for it to be ignored
             self._saved[s] = signal.signal(s, self._handle)
 
     def restore(self) -> None:

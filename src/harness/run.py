@@ -30,8 +30,9 @@ from .measure import host
 from .measure.nvtx_ranges import NvtxRanges
 from .measure.observations import STEP_COLUMNS
 from .measure.runner import CaseMeasurement, measure_case
+from .memory_check import check_memory
 from .models import attn_probe
-from .report.progress import RunProgress
+from .report.progress import RunProgress, waiting
 from .report.report import write_report
 from .roofline.calibrate import ensure_calibration
 from .roofline.join import analytic_for_case
@@ -39,6 +40,7 @@ from .rundir import RunData, RunDir, trace_name
 from .setup import check_cases, device_info, load_adapter, prepare_cases, resolve_device, resolve_dtype
 from .stopping import Position, close_run
 from .sweep import job_environment
+from .timeline import Timeline, phase_of, process_age_s
 
 log = logging.getLogger("harness.run")
 
@@ -75,57 +77,64 @@ def _setup_of(model) -> dict:
 
 
 class CaseTables:
-    """The run's tables, grown one finished case at a time (``add``): each file is written first,
-    then the in-memory ``RunData`` and the manifest follow, so memory, manifest and CSVs agree
-    on the cases kept whatever stops the run."""
+    """The run's tables, grown one finished case at a time (``add``): a case's files and the
+    manifest that lists it are written as one unit (``RunDir.case_files``), then the in-memory
+    ``RunData`` follows, so memory, manifest and CSVs agree on the cases kept whatever stops the run."""
 
     def __init__(self, rd: RunDir, data: RunData):
         self.rd, self.data = rd, data
         self.stages, self.kernels, self.routing, self.steps, self.routing_steps = [], [], [], [], []
 
     def add(self, inputs, measured: CaseMeasurement, analytic: tuple, execution: dict) -> None:
-        """One case: stages.csv (its observations; then the manifest's case entry), kernels.csv,
-        routing.csv, then the manifest is saved. ``analytic`` = ``analytic_for_case``'s (frame, MBU
-        bytes, notes); ``execution``: what the adapter ran (``variants.apply``) with its set-up seconds."""
+        """One case: stages.csv (its observations), kernels.csv, steps.csv, routing_steps.csv,
+        routing.csv, then the manifest with the case's entry; when any of them fails, all are put back
+        and the case is not kept. ``analytic`` = ``analytic_for_case``'s (frame, MBU bytes, notes);
+        ``execution``: what the adapter ran (``variants.apply``) with its set-up seconds."""
         rd, data, case = self.rd, self.data, inputs.case
         stages, kernels, counts, steps = measured.observations, measured.kernels, measured.routing, measured.steps
         warm, trace = measured.warmup, measured.trace
         grown = pd.concat(self.stages + [stages], ignore_index=True)
-        rd.write_csv("stages.csv", grown)
+        frame_steps = pd.DataFrame(list(steps), columns=STEP_COLUMNS) if steps else None
+        per_step = routing_step_rows(case.name, counts.get("decode_steps"))
+        frame_rs = pd.DataFrame(per_step) if per_step else None
+        rows = routing_rows(case.name, counts)
+        table = pd.DataFrame(self.routing + rows) if rows else None
+        entry = {**case.to_dict(), **inputs.pages_entry(), "execution": execution,
+                 "warmup_ms": [round(t, 3) for t in warm.get("warmup_ms", [])], "warmup_steady": warm.get("steady"),
+                 "trace": {"file": trace_name(case.name), "bytes": trace["bytes"]} if trace else None}
+        with rd.case_files():
+            rd.write_csv("stages.csv", grown)
+            for name, frame in (("kernels.csv", kernels if len(kernels) else None), ("steps.csv", frame_steps),
+                                ("routing_steps.csv", frame_rs)):
+                if frame is not None:
+                    rd.append_csv(name, frame)
+            if table is not None:
+                rd.write_csv("routing.csv", table)
+            rd.manifest["cases"].append(entry)
+            rd.manifest["attention"] = {k: list(v) for k, v in attn_probe.SEEN.items()}
+            try:
+                rd.save()
+            except BaseException:
+                rd.manifest["cases"].pop()
+                raise
         self.stages.append(stages)
         data.stages = grown
-        rd.manifest["cases"].append({**case.to_dict(), **inputs.pages_entry(),
-                                     "execution": execution,
-                                     "warmup_ms": [round(t, 3) for t in warm.get("warmup_ms", [])],
-                                     "warmup_steady": warm.get("steady"),
-                                     "trace": {"file": trace_name(case.name), "bytes": trace["bytes"]}
-                                     if trace else None})
         frame, mbu, notes = analytic
         data.analytic = pd.concat([data.analytic, frame], ignore_index=True)
         data.mbu_bytes[case.name] = mbu
         data.notes += notes
         if len(kernels):
-            rd.append_csv("kernels.csv", kernels)
             self.kernels.append(kernels)
             data.kernels = pd.concat(self.kernels, ignore_index=True)
-        if steps:
-            frame_steps = pd.DataFrame(list(steps), columns=STEP_COLUMNS)
-            rd.append_csv("steps.csv", frame_steps)
+        if frame_steps is not None:
             self.steps.append(frame_steps)
             data.steps = pd.concat(self.steps, ignore_index=True)
-        per_step = routing_step_rows(case.name, counts.get("decode_steps"))
-        if per_step:
-            frame_rs = pd.DataFrame(per_step)
-            rd.append_csv("routing_steps.csv", frame_rs)
+        if frame_rs is not None:
             self.routing_steps.append(frame_rs)
             data.routing_steps = pd.concat(self.routing_steps, ignore_index=True)
-        rows = routing_rows(case.name, counts)
-        if rows:
-            table = pd.DataFrame(self.routing + rows)
-            rd.write_csv("routing.csv", table)
+        if table is not None:
             self.routing += rows
             data.routing = table
-        rd.update(attention={k: list(v) for k, v in attn_probe.SEEN.items()})
 
 
 def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
@@ -135,24 +144,32 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
     (``harness.stopping.close_run``): the finished cases stay in the CSVs and the manifest, the
     report is rewritten, and a ``RunStopped`` carries the one stderr line and the exit code.
     """
-    where = Position(cases=0)
+    where, timeline = Position(cases=0), Timeline(before=process_age_s())
+    timeline.enter("set-up")
     with catch_signals() as signals, _log_errors_quiet():
         with signals.deferred():
             rd = RunDir(run_path, to_dict(cfg), launch=job_environment())
             data = RunData(rd.path, rd.manifest, analytic=pd.DataFrame())
         try:
-            _measure(cfg, rd, data, where, signals, progress)
+            _measure(cfg, rd, data, where, signals, progress, timeline)
             where.at("report")
+            timeline.enter("report")
             rd.complete(save=False)   # report.md says so; the manifest is saved last
             paths = write_report(rd, data, plot=True, strict=True)
+            timeline.stop()
             with signals.deferred():
-                rd.save()
+                rd.update(timing=timeline.as_dict())
         except BaseException as exc:
             signals.stopping()
-            raise close_run(rd, data, exc, where, lambda r, d: write_report(r, d, plot=True, strict=True)) from exc
+            timeline.stop()
+            rd.manifest["timing"] = timeline.as_dict()
+            raise close_run(rd, data, exc, where,
+                            lambda r, d, plot=True: write_report(r, d, plot=plot, strict=True)) from exc
     if paths.get("report"):
         log.info("report: %s", paths["report"])
-    (progress or print)(f"[harness] wrote {rd.path}")
+    say = progress or print
+    say(f"[harness] {timeline.line()}")
+    say(f"[harness] wrote {rd.path}")
     return rd
 
 
@@ -168,8 +185,10 @@ def _log_errors_quiet():
         logging.raiseExceptions = saved
 
 
-def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, signals, progress) -> None:
-    """Set up, then measure and write every case (each case's results written whole: signals wait)."""
+def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, signals, progress,
+             timeline: Timeline) -> None:
+    """Set up, then measure and write every case (each case's results written whole: signals wait);
+    ``timeline`` follows where the time goes."""
     bar = progress is None
     progress = progress or RunProgress()
     with contextlib.ExitStack() as stack:
@@ -195,17 +214,25 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
             for note in inputs.notes:
                 rd.warn(note)
         progress(f"[harness] device {device} dtype {dtype}; {len(cases)} case(s): {', '.join(c.name for c in cases)}")
+        if cfg.run.memory_check:
+            timeline.enter("memory check")
+            rd.update(memory=check_memory(cfg.model, device, dtype, cases))
         attn_probe.reset()
-        model, info = load_adapter(cfg.model, device, dtype, cfg.seed, workdir=rd.path / "vendor_infer")
+        timeline.enter("model build")
+        with waiting(progress, f"building the {cfg.model.name} model ({dtype_name}, {cfg.model.weights} weights)"):
+            model, info = load_adapter(cfg.model, device, dtype, cfg.seed, workdir=rd.path / "vendor_infer")
         progress(f"[harness] model {info.get('adapter')} built in {info['build_s']:.1f} s")
         rd.update(model=info)
-        rd.update(calibration=ensure_calibration(device, cfg.hardware, progress=progress))
+        timeline.enter("calibration")
+        with waiting(progress, "calibrating (a cached record makes this instant)"):
+            rd.update(calibration=ensure_calibration(device, cfg.hardware, progress=progress))
         mcfg = cfg.measure.resolved(cuda)
         rd.update(measure={**dataclasses.asdict(mcfg), "gc": "Python cyclic GC paused inside each timed request",
                            "kernels_from": "one extra profiled request per case" if mcfg.kernels else None})
         if bar:
             progress.start((mcfg.warmup + mcfg.repeats + int(mcfg.kernels)) * len(cases))
             stack.callback(progress.stop)
+        timeline.enter("host probe")
         rd.update(host_steadiness={"before": host.probe(cuda)})
         nv = NvtxRanges(mcfg.nvtx)
         if not nv.available:
@@ -220,15 +247,18 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
             def make(r, inputs=inputs):
                 return inputs.timed_request(r, device, dtype)
 
+            timeline.enter("case set-up")
             execution = variants.apply(model, inputs.execution, device)
 
             def at(request, i=i, name=case.name):
                 where.at("case", name, i + 1, request)
+                timeline.enter(phase_of(request))
 
             trace = rd.path / trace_name(case.name) if (mcfg.kernels and mcfg.trace) else None
             measured = measure_case(model, make, mcfg, ident, cuda, progress=progress, at=at, trace_path=trace)
             counts, warm = measured.routing, measured.warmup
             at("writing")
+            timeline.carve((measured.trace or {}).get("seconds") or 0.0, "trace export", "profiled request")
             ran = dataclasses.replace(inputs.execution, moe_kernel=execution.get("moe_kernel_resolved")
                                       or inputs.execution.moe_kernel)
             analytic = analytic_for_case(case, cost_config(model.cfg, variants.cost_knobs(ran)), dtype_name,
@@ -246,4 +276,5 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
                     write_report(rd, data, plot=False)
                 where.request = "done"
             at("done")
+        timeline.enter("host probe")
         rd.update(host_steadiness={**rd.manifest["host_steadiness"], "after": host.probe(cuda)})

@@ -9,6 +9,13 @@ that ends early is marked ``failed`` or ``interrupted`` (with the error), gets a
 so no such directory looks complete. Files are replaced atomically (temporary file + rename; the
 temporary file is removed when the write fails), CSV appends are cut back when they fail.
 
+A full disk cannot stop the directory from saying ``failed``: the failed manifest is prepared
+while there is room (``.manifest-failed.json``, rewritten after each save of the manifest with the
+same cases; ``prepare`` writes the first one before Hydra writes anything), so that closing the run
+needs only a rename where the manifest cannot be rewritten. The files of one case are written as a
+unit (``RunDir.case_files``): when one of them fails, the others are put back as they were, so the
+CSVs always hold the cases the manifest on disk lists.
+
 ``RunData`` is what one run measured, in memory: the run verb grows it case by case and hands it
 to the report; ``load_run`` reads a finished run directory into one (each file read once;
 ``stages.csv`` as the typed observations, an older layout converted on read). The caller passes
@@ -131,6 +138,45 @@ def claim(path) -> Path:
             n += 1
 
 
+#: the failed manifest prepared in advance (see the module docstring); never left behind by a closed run
+SPARE = ".manifest-failed.json"
+SPARE_ERROR = ("failed with no room left on its disk to record why (the run's stderr line says it); the cases "
+               "listed are those whose files were written")
+
+
+def prepare(path, argv: list | None = None) -> None:
+    """Write the manifest of a run that is starting (``status: starting``, this process's ``pid``)
+    and its prepared failed manifest into the claimed directory ``path``, before Hydra or the run
+    write anything: whatever stops the process from here on finds a directory it can mark
+    (``close_unstarted``), and ``RunDir`` takes the directory over. Raises OSError (a full disk)."""
+    manifest = {"status": "starting", "pid": os.getpid(), "started": _now(), "finished": None,
+                "argv": argv if argv is not None else sys.argv, "cwd": os.getcwd(), "cases": [], "warnings": [],
+                "error": None}
+    RunDir.attach(path, manifest).save()
+
+
+def close_unstarted(path, status: str, error: str, partial_hydra: bool = False, **fields) -> tuple:
+    """Close a directory ``prepare`` made whose run never took it over (Hydra failed to write its
+    own files, a signal came while the harness was starting, the config was refused): status
+    ``failed`` or ``interrupted`` with ``error`` (and ``fields``, e.g. a traceback), the marker
+    file, the ``-<status>`` suffix; ``partial_hydra``: Hydra stopped while writing ``.hydra/``, which
+    is removed (no half snapshot). Returns (the directory's path, what could not be written or
+    None); does nothing (returns (path, None)) when the run had taken the directory over."""
+    path = Path(path)
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError):
+        manifest = None
+    if not manifest or manifest.get("status") != "starting" or manifest.get("pid") != os.getpid():
+        return path, None
+    if partial_hydra:
+        import shutil
+        shutil.rmtree(path / ".hydra", ignore_errors=True)
+    rd = RunDir.attach(path, manifest)
+    rd.stop(status, error, **fields)
+    return rd.path, rd.seal()
+
+
 def trace_name(case: str) -> str:
     """Where a case's profiled-request trace goes, relative to the run directory: one directory
     per case (``traces/<case>/trace.json.gz``), so each is a Holistic Trace Analysis trace_dir."""
@@ -146,15 +192,20 @@ class RunDir:
         ``launch`` (what placed this process, ``harness.sweep.job_environment``; default: the pid)
         go to the manifest."""
         self.path = Path(path)
+        self._undo: Optional[dict] = None
         self.path.mkdir(parents=True, exist_ok=True)
+        started = _now()
         try:   # the manifest is created exclusively: a directory holding a run is never reused
             with open(self.path / "manifest.json", "x"):
                 pass
         except FileExistsError:
-            raise HarnessError(f"{self.path} already holds a run (manifest.json)",
-                               "give each run a new directory (leave hydra.run.dir unset)") from None
+            prepared = _read_json(self.path / "manifest.json")
+            if prepared.get("status") != "starting" or prepared.get("pid") != os.getpid():
+                raise HarnessError(f"{self.path} already holds a run (manifest.json)",
+                                   "give each run a new directory (leave hydra.run.dir unset)") from None
+            started = prepared.get("started") or started      # ``prepare`` made it for this process
         self.manifest = {
-            "status": "running", "started": _now(), "finished": None,
+            "status": "running", "started": started, "finished": None,
             "argv": argv if argv is not None else sys.argv, "cwd": os.getcwd(), "launch": launch if launch is not None else {"pid": os.getpid()},
             "config": config, "versions": package_versions(), "git": git_revision(),
             "device": None, "model": None, "attention": None, "cases": [], "warnings": [], "error": None,
@@ -165,7 +216,7 @@ class RunDir:
     def attach(cls, path, manifest: Optional[dict] = None) -> "RunDir":
         """A RunDir over an existing directory (its manifest is read, or given, not rewritten)."""
         rd = cls.__new__(cls)
-        rd.path = Path(path)
+        rd.path, rd._undo = Path(path), None
         if manifest is None:
             mp = rd.path / "manifest.json"
             manifest = json.loads(mp.read_text()) if mp.is_file() else {"warnings": [], "cases": []}
@@ -174,7 +225,36 @@ class RunDir:
         return rd
 
     def save(self) -> None:
-        _atomic_write(self.path / "manifest.json", json.dumps(self.manifest, indent=2, default=str))
+        """Write manifest.json, then, while the run goes on, the prepared failed manifest (``SPARE``)
+        with the same cases; once the manifest on disk is final, the spare is removed."""
+        self._write(self.path / "manifest.json", json.dumps(self.manifest, indent=2, default=str))
+        if self.manifest.get("status") in ("running", "starting"):
+            spare = {**self.manifest, "status": "failed", "error": SPARE_ERROR}
+            self._write(self.path / SPARE, json.dumps(spare, indent=2, default=str))
+        else:
+            _cut_back(self.path / SPARE, None)
+
+    def _write(self, path: Path, text: str) -> None:
+        """``_atomic_write``, remembering the file's previous state inside ``case_files``."""
+        if self._undo is not None and path not in self._undo:
+            self._undo[path] = path.read_bytes() if path.is_file() else None
+        _atomic_write(path, text)
+
+    @contextlib.contextmanager
+    def case_files(self):
+        """The files written in the block are one unit (one case's CSVs and the manifest that lists
+        it): when the block fails, each is put back as it was before it (a rewrite restored in
+        place, an append cut back, a new file removed; none needs more room than the file had),
+        and the exception propagates."""
+        self._undo = {}
+        try:
+            yield self
+        except BaseException:
+            for path, before in reversed(list(self._undo.items())):
+                _restore(path, before)
+            raise
+        finally:
+            self._undo = None
 
     def update(self, **fields) -> None:
         self.manifest.update(fields)
@@ -186,7 +266,7 @@ class RunDir:
             self.save()
 
     def write_csv(self, name: str, df: pd.DataFrame) -> Path:
-        _atomic_write(self.path / name, df.to_csv(index=False))
+        self._write(self.path / name, df.to_csv(index=False))
         return self.path / name
 
     def append_csv(self, name: str, df: pd.DataFrame) -> Path:
@@ -195,6 +275,8 @@ class RunDir:
         out = self.path / name
         text = df.to_csv(index=False)
         size = out.stat().st_size if out.exists() else None
+        if self._undo is not None and out not in self._undo:
+            self._undo[out] = size
         try:
             with open(out, "a") as f:
                 f.write(text if size is None else text.split("\n", 1)[1])
@@ -207,7 +289,7 @@ class RunDir:
         return out
 
     def write_text(self, name: str, text: str) -> Path:
-        _atomic_write(self.path / name, text)
+        self._write(self.path / name, text)
         return self.path / name
 
     def complete(self, save: bool = True) -> None:
@@ -251,17 +333,31 @@ class RunDir:
         return self.path
 
     def seal(self) -> Optional[str]:
-        """Write the ``FAILED`` / ``INTERRUPTED`` marker, then the manifest (the last file). Returns
-        what could not be written (a full disk), or None."""
+        """Write the ``FAILED`` / ``INTERRUPTED`` marker, then the manifest (the last file). Where the
+        manifest cannot be written (a full disk), the prepared failed manifest takes its place (a
+        rename: no room needed). Returns what could not be written, or None."""
         problems = []
-        for write in (lambda: (self.path / str(self.manifest["status"]).upper()).write_text(
-                          f"{self.manifest.get('error')}\n"),
-                      self.save):
+        marker = self.path / str(self.manifest["status"]).upper()
+        try:
+            marker.write_text(f"{self.manifest.get('error')}\n")
+        except OSError as exc:
+            problems.append(f"{marker.name} holds no error text ({exc.__class__.__name__}: {exc})")
+            _cut_back(marker, 0)          # the marker stays, empty: its name is the status
+        try:
+            self.save()
+        except OSError as exc:
+            problems.append(f"{exc.__class__.__name__}: {exc}")
             try:
-                write()
-            except OSError as exc:
-                problems.append(f"{exc.__class__.__name__}: {exc}")
+                os.replace(self.path / SPARE, self.path / "manifest.json")
+                problems[-1] += "; the failed manifest prepared earlier took its place"
+            except OSError as rexc:
+                problems[-1] += f"; it still says {_read_json(self.path / 'manifest.json').get('status')!r} ({rexc})"
         return "; ".join(problems) or None
+
+    def cases_on_disk(self) -> int:
+        """How many cases the manifest on disk lists (the in-memory count when it cannot be read)."""
+        on_disk = _read_json(self.path / "manifest.json")
+        return len(on_disk["cases"]) if isinstance(on_disk.get("cases"), list) else len(self.manifest["cases"])
 
 
 def _now() -> str:
@@ -280,6 +376,30 @@ def _atomic_write(path: Path, text: str) -> None:
         _cut_back(tmp, None)
         _name_file(exc, path)
         raise
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON file's object, {} when it cannot be read."""
+    try:
+        got = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
+def _restore(path: Path, before) -> None:
+    """Put ``path`` back as ``case_files`` found it: bytes (rewritten in place, then cut to their
+    length: the file already holds at least as many blocks), a size (an append cut back) or None (a
+    new file removed). Quietly, as a clean-up."""
+    if not isinstance(before, bytes):
+        _cut_back(path, before)
+        return
+    try:
+        with open(path, "r+b") as f:
+            f.write(before)
+            f.truncate(len(before))
+    except OSError:
+        pass
 
 
 def _cut_back(path: Path, size: Optional[int]) -> None:

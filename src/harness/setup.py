@@ -66,14 +66,16 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def device_info(device: torch.device) -> dict:
-    """Device name, memory, capability, driver and the clocks setting (nvidia-smi when present)."""
+    """Device name, index (``cuda:N``: N among the visible GPUs), memory, capability, driver and
+    the clocks setting (nvidia-smi when present)."""
     info = {"type": device.type, "host": platform.node(), "cpu": platform.processor() or platform.machine(),
             "cpu_threads": torch.get_num_threads()}
     if device.type != "cuda":
         return info
     idx = device.index if device.index is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(idx)
-    info.update(name=torch.cuda.get_device_name(idx), total_memory_bytes=props.total_memory,
+    info.update(index=idx, torch_device=f"cuda:{idx}",   # the GPU among those visible (CUDA_VISIBLE_DEVICES)
+                name=torch.cuda.get_device_name(idx), total_memory_bytes=props.total_memory,
                 capability=f"{props.major}.{props.minor}", multiprocessors=props.multi_processor_count,
                 cuda_runtime=torch.version.cuda)
     smi = shutil.which("nvidia-smi")
@@ -237,12 +239,11 @@ def check_pages(w: WorkloadConfig, name: str | None) -> None:
 
 def case_workloads(cfg: HarnessConfig) -> list:
     """[(name or None, WorkloadConfig, ExecutionConfig)]: ``workload`` with each ``cases`` entry's non-None
-    workload fields, ``execution`` with its execution overrides; only the cases named in ``run.only`` when set."""
+    workload fields, ``execution`` with its execution overrides (every case: ``run.only`` selects among
+    the prepared cases, ``select_cases``)."""
     out = []
     names = {f.name for f in dataclasses.fields(WorkloadConfig)}
     for ov in cfg.cases or [CaseConfig()]:
-        if cfg.run.only is not None and ov.name not in cfg.run.only:
-            continue
         fields = {f.name: getattr(ov, f.name) for f in dataclasses.fields(ov) if f.name in names}
         w = dataclasses.replace(cfg.workload, **{k: v for k, v in fields.items() if v is not None})
         out.append((ov.name, w, case_execution(cfg.execution, ov)))
@@ -272,7 +273,7 @@ def prepare_cases(cfg: HarnessConfig) -> tuple:
     ``gundam-2x3-p003``, ``gundam-2x3-b2-p003+p004``). A case whose rows repeat pages
     (``workload.repeat_pages``) gets a note that says so (``workload.batch_wording``)."""
     tokenizer, reason = wl.load_tokenizer(cfg.model.path, cfg.workload.text_tokens)
-    cases = []
+    cases, entries = [], []
     for name, w, m in case_workloads(cfg):
         check_pages(w, name)
         for label, files in request_pages(w):
@@ -291,10 +292,37 @@ def prepare_cases(cfg: HarnessConfig) -> tuple:
                              "(workload.repeat_pages=true): identical rows route identically, so its tok/s and MBU "
                              "do not describe a batch of distinct pages")
             cases.append(inputs)
+            entries.append(name)
     names = [c.name for c in cases]
     if len(set(names)) != len(names):
         raise HarnessError(f"two cases share a name ({names})", "give each case a distinct `name`")
-    return cases, reason
+    return select_cases(cases, entries, cfg.run.only), reason
+
+
+def select_cases(cases: list, entries: list, only) -> list:
+    """The ``cases`` (``CaseInputs``) that ``run.only`` names, in the run's order (all when None). A
+    case is named by the name the run prints (``CaseInputs.name``: ``tiny``, ``gundam-2x3``, ...) or
+    by the ``name`` of its ``cases`` entry (``entries``, None where unnamed; it selects every case a
+    folder of pages makes of that entry). An unknown name is refused, listing the run's names."""
+    if only is None:
+        return cases
+    wanted = set(map(str, only))
+    known = {c.name for c in cases} | {e for e in entries if e}
+    unknown = [n for n in map(str, only) if n not in known]
+    if unknown or not wanted:
+        raise HarnessError(f"run.only={list(map(str, only))}: "
+                           + (f"no case named {', '.join(unknown)}" if unknown else "names no case"),
+                           f"name cases as the run prints them: {', '.join(c.name for c in cases)}")
+    return [c for c, e in zip(cases, entries) if c.name in wanted or e in wanted]
+
+
+def check_run_only(cfg: HarnessConfig) -> None:
+    """Refuse a ``run.only`` that names no case of ``cfg`` before any run directory exists; the
+    cases' printed names come from their pages (``prepare_cases``), prepared only when ``run.only``
+    names something that is not an explicit ``name`` of a ``cases`` entry."""
+    named = {c.name for c in cfg.cases or [] if c.name}
+    if cfg.run.only is not None and not (cfg.run.only and set(map(str, cfg.run.only)) <= named):
+        prepare_cases(cfg)
 
 
 def check_cases(cfg: HarnessConfig, cases: Optional[list] = None, device: Optional[torch.device] = None,
@@ -305,14 +333,15 @@ def check_cases(cfg: HarnessConfig, cases: Optional[list] = None, device: Option
     else, is refused (``HarnessError``, naming the case); one that only this device cannot run
     (``CannotRunHere``) is skipped where the run has cases of an experiment, unless no case is left.
     The static cache's length is checked against each request's prompt + decode tokens (the config's
-    cases are prepared for that only when ``static_cache_len`` is set)."""
+    cases are prepared for that, and for ``run.only``'s selection, only when either is set)."""
     from . import variants
     from .variants.base import CannotRunHere
 
     device = device or resolve_device(cfg.device)
     dtype = dtype or resolve_dtype(cfg.dtype, device)
-    if cases is None and any(ex.static_cache_len is not None for _, _, ex in case_workloads(cfg)):
-        cases, _ = prepare_cases(cfg)
+    if cases is None and (cfg.run.only is not None
+                          or any(ex.static_cache_len is not None for _, _, ex in case_workloads(cfg))):
+        cases, _ = prepare_cases(cfg)      # the cases run.only selects (and their lengths): no batch drawn
     entries = ([(c.name, c.execution, c.execution.positions(c.case.prefill_tokens, c.workload.decode_tokens))
                 for c in cases] if cases is not None else
                [(name, ex, None) for name, _, ex in case_workloads(cfg)])
@@ -367,4 +396,4 @@ def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, se
 
 __all__ = ["resolve_device", "resolve_dtype", "device_info", "CaseInputs", "WARMUP_STREAM", "distinct_pages",
            "page_size", "synthetic_pages", "page_source", "check_pages", "request_pages", "case_workloads", "prepare_cases",
-           "check_cases", "load_adapter"]
+           "select_cases", "check_run_only", "check_cases", "load_adapter"]

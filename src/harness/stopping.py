@@ -10,9 +10,12 @@ ended a run into its final state:
 * anything else (a full disk, a bug): ``failed``, exit code 1; the traceback goes to the manifest.
 
 Order of the close: status and error in memory, the directory renamed ``<name>-failed`` /
-``<name>-interrupted``, report.md (and its tables and plot) rewritten from the cases kept, the
-``FAILED`` / ``INTERRUPTED`` marker, the manifest last. What could not be written is stated in the
-manifest (where it can be written) and in the one line returned for stderr.
+``<name>-interrupted``, report.md (and its tables and plot) rewritten from the cases kept (on a
+full disk without its charts, or, where even that fails, the earlier report.md removed), the
+``FAILED`` / ``INTERRUPTED`` marker, the manifest last (on a full disk, the failed manifest the
+run directory prepared while there was room: ``harness.rundir``). What could not be written is
+stated in the manifest (where it can be written) and in the one line returned for stderr; the
+line's count of kept cases is the count the manifest on disk lists.
 """
 from __future__ import annotations
 
@@ -24,6 +27,28 @@ from typing import Optional
 from . import faults
 from .errors import HarnessError, RunStopped
 from .interrupts import interrupted_by
+
+FREE_SPACE_FIX = "free space on that disk or point run.root at another one, then run again"
+
+
+def write_fix(exc: OSError) -> str:
+    """The fix for a write that failed: room on the disk (ENOSPC, EDQUOT), else a writable run.root."""
+    import errno
+
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return FREE_SPACE_FIX
+    return "make sure run.root is on a disk you can write to, then run again"
+
+
+def failure_text(exc: BaseException, when: str) -> str:
+    """What failed, for the manifest's ``error`` and the stderr line: ``cannot write FILE (why) WHEN``
+    for a write that names its file, ``a write failed (why) WHEN`` for one that does not, else the
+    exception (``Type: message (WHEN)``)."""
+    if isinstance(exc, OSError) and exc.filename:
+        return f"cannot write {Path(exc.filename).name} ({exc.strerror or exc}) {when}"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"a write failed ({exc.strerror}) {when}"
+    return f"{exc.__class__.__name__}: {exc} ({when})"
 
 
 @dataclass
@@ -66,9 +91,9 @@ class Position:
 
 def close_run(rd, data, exc: BaseException, where: Position, write_report) -> RunStopped:
     """Close the run directory ``rd`` (``harness.rundir.RunDir``; ``data`` its ``RunData``) after
-    ``exc``; ``write_report(rd, data)`` rewrites the report. Returns the ``RunStopped`` to raise."""
+    ``exc``; ``write_report(rd, data, plot=True)`` rewrites the report. Returns the ``RunStopped``
+    to raise."""
     signal = interrupted_by(exc)
-    kept = len(rd.manifest.get("cases") or [])
     if signal is not None:
         status, code = "interrupted", signal.exit_code
         error = f"interrupted by {signal.name} during {where.describe()}"
@@ -76,26 +101,45 @@ def close_run(rd, data, exc: BaseException, where: Position, write_report) -> Ru
         status, code, error = "failed", 2, str(exc)
     else:
         status, code = "failed", 1
-        if isinstance(exc, OSError) and exc.filename:
-            error = f"cannot write {Path(exc.filename).name} ({exc.strerror or exc}) during {where.describe()}"
-        else:
-            error = f"{exc.__class__.__name__}: {exc} (during {where.describe()})"
+        error = failure_text(exc, f"during {where.describe()}")
         rd.manifest["traceback"] = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     rd.stop(status, error, stopped_at=where.as_dict())
     data.path, data.manifest = rd.path, rd.manifest
-    problems = []
-    try:
-        write_report(rd, data)
-    except Exception as rexc:  # noqa: BLE001 - stated in the manifest and on stderr instead
-        rd.manifest["report_error"] = f"{rexc.__class__.__name__}: {rexc}"
-        problems.append(f"report.md not rewritten ({rd.manifest['report_error']})")
+    problems = _rewrite_report(rd, data, write_report)
     unwritten = rd.seal()
     if unwritten:
         problems.append(f"manifest.json not updated ({unwritten})")
-    return RunStopped(_line(status, exc, error, kept, rd.path, problems, signal is not None), code, rd.path)
+    kept = rd.cases_on_disk()          # what the files hold (a case's CSVs are kept only with its manifest entry)
+    return RunStopped(stop_line(status, exc, error, kept, rd.path, problems, signal is not None), code, rd.path)
 
 
-def _line(status: str, exc: BaseException, error: str, kept: int, path, problems: list, interrupted: bool) -> str:
+def _rewrite_report(rd, data, write_report) -> list:
+    """Rewrite report.md for the cases kept; on a full disk once more without its charts; where
+    even that fails, an earlier report.md (written while the run went on) is removed, so none
+    describes the run as it was before it stopped. Returns what to say about it."""
+    try:
+        write_report(rd, data)
+        return []
+    except Exception as rexc:  # noqa: BLE001 - stated in the manifest and on stderr instead
+        rd.manifest["report_error"] = f"{rexc.__class__.__name__}: {rexc}"
+        if isinstance(rexc, OSError):
+            try:
+                write_report(rd, data, plot=False)
+                return [f"report.md rewritten without its charts ({rd.manifest['report_error']})"]
+            except Exception:  # noqa: BLE001 - the first error is the one reported
+                pass
+    said = f"report.md not rewritten ({rd.manifest['report_error']})"
+    stale = rd.path / "report.md"
+    if stale.exists():
+        try:
+            stale.unlink()
+            said += "; the report.md written while the run went on was removed"
+        except OSError:
+            said += "; report.md still describes the run while it went on"
+    return [said]
+
+
+def stop_line(status: str, exc: BaseException, error: str, kept: int, path, problems: list, interrupted: bool) -> str:
     """The one stderr line of a run that ended early."""
     after = f"{kept} finished case(s) kept in {path}" + "".join(f"; {p}" for p in problems)
     if interrupted:
@@ -103,7 +147,6 @@ def _line(status: str, exc: BaseException, error: str, kept: int, path, problems
     if isinstance(exc, HarnessError):
         return f"error: {exc}" + "".join(f" ({p})" for p in problems)
     if isinstance(exc, OSError):
-        return (f"error: {error}; fix: free space on that disk or point run.root at another one, then run again "
-                f"({after})")
+        return f"error: {error}; fix: {write_fix(exc)} ({after})"
     return (f"error: internal error: {error}; fix: report it as a harness bug with {path}/manifest.json "
             f"(its traceback field) ({after})")

@@ -409,7 +409,8 @@ def to_8bit(image: Image.Image) -> tuple:
 
 def _open_page(path: Path, max_pixels: int) -> tuple:
     """Open, check (header size first, then verify and decode) and convert one image to RGB.
-    Returns (image, note): the note says how a page wider than 8 bits was converted."""
+    Returns (image, note): the note says how a page wider than 8 bits was converted, and that a
+    file of several frames (a multi-page TIFF) is measured by its first frame only."""
     try:
         nbytes = path.stat().st_size
     except OSError as exc:
@@ -430,11 +431,14 @@ def _open_page(path: Path, max_pixels: int) -> tuple:
                 probe.verify()
             with Image.open(path) as im:
                 im.load()
+                frames = getattr(im, "n_frames", 1)
+                extra = (f"{path.name}: {frames} frames (pages) in one file, only the first is measured (save one "
+                         "page per file to measure every page)") if frames > 1 else ""
                 im = ImageOps.exif_transpose(im)
                 if im.mode in WIDE_GRAY_MODES:
                     img, note = to_8bit(im)
-                    return img, f"{path.name}: {note}"
-                return im.convert("RGB"), ""
+                    return img, "; ".join(filter(None, [f"{path.name}: {note}", extra]))
+                return im.convert("RGB"), extra
         except HarnessError:
             raise
         except Exception as exc:  # PIL raises many types for bad files

@@ -12,11 +12,14 @@ capture as a gzipped Chrome/Perfetto trace.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import gzip
 import os
 import re
 import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -26,6 +29,10 @@ from ..anatomy.stages import RECORDED_STAGES
 
 KERNEL_COLUMNS = ["device", "name", "category", "range", "stage", "call", "step", "start_ms", "dur_ms",
                   "stream", "module", "family", "op_group"]
+
+#: gzip level of the exported trace: 1 compresses a 141 MB JSON trace in about a third of level 6's
+#: time (1.6 s against 4.5 s on one CPU core) for a file about 1.5x larger
+TRACE_GZIP_LEVEL = 1
 
 CATEGORIES = [  # first match wins; patterns are case-insensitive regexes over the kernel name
     ("memset", r"memset"),
@@ -52,6 +59,31 @@ def categorize(name: str) -> str:
     return "other"
 
 
+@contextlib.contextmanager
+def usdt_lines_dropped():
+    """Kineto prints a ``USDT:... profiler_start`` / ``profiler_stop`` line on stderr (file
+    descriptor 2) each time a capture starts and stops: inside the block, stderr goes to a
+    temporary file, and every other line is passed on to stderr after it."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):       # no file descriptor 2 to redirect: nothing to drop
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [ln for ln in tmp.read().decode(errors="replace").splitlines(True) if not ln.startswith("USDT:")]
+            if kept:
+                os.write(2, "".join(kept).encode())
+
+
 class KernelCapture:
     """CUPTI capture of GPU activity only (CUDA) or CPU ops (no CUDA), without torch's event
     post-processing.
@@ -75,15 +107,17 @@ class KernelCapture:
         try:
             self._legacy = ap.profile(use_device="cuda" if self.cuda else None, use_cpu=not self.cuda,
                                       use_kineto=True, record_shapes=False, with_stack=False)
-            self._legacy._prepare_trace()
-            self._legacy._start_trace()
+            with usdt_lines_dropped():
+                self._legacy._prepare_trace()
+                self._legacy._start_trace()
         except Exception:  # private API moved: use the public profiler (slower to stop)
             from torch.profiler import ProfilerActivity, profile
 
             self._legacy = None
             acts = [ProfilerActivity.CUDA] if self.cuda else [ProfilerActivity.CPU]
             self._fallback = profile(activities=acts, record_shapes=False, with_stack=False)
-            self._fallback.__enter__()
+            with usdt_lines_dropped():
+                self._fallback.__enter__()
         return self
 
     def __exit__(self, *exc):
@@ -92,9 +126,11 @@ class KernelCapture:
         if self._legacy is not None:
             from torch.autograd.profiler import _disable_profiler
 
-            self.kineto_results = _disable_profiler()
+            with usdt_lines_dropped():
+                self.kineto_results = _disable_profiler()
         else:
-            self._fallback.__exit__(*exc)
+            with usdt_lines_dropped():
+                self._fallback.__exit__(*exc)
             self.kineto_results = self._fallback.profiler.kineto_results
         return False
 
@@ -104,13 +140,18 @@ class KernelCapture:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         raw = path.with_name(path.name.removesuffix(".gz") + ".tmp")
-        if self._fallback is not None:
-            self._fallback.export_chrome_trace(str(raw))
-        else:
-            self.kineto_results.save(str(raw))
-        with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=6) as dst:
-            shutil.copyfileobj(src, dst)
-        os.remove(raw)
+        try:
+            if self._fallback is not None:
+                self._fallback.export_chrome_trace(str(raw))
+            else:
+                self.kineto_results.save(str(raw))
+            with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=TRACE_GZIP_LEVEL) as dst:
+                shutil.copyfileobj(src, dst)
+        except BaseException:
+            path.unlink(missing_ok=True)    # a failed write (a full disk) leaves no partial trace
+            raise
+        finally:
+            raw.unlink(missing_ok=True)
         return path.stat().st_size
 
 

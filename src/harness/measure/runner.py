@@ -188,9 +188,10 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
 
     ``make_request(i)`` builds request ``i`` on the model's device (i < 0 for warm-ups), see the
     module docstring. ``case`` holds the identifying columns: case, mode, grid, batch. With
-    ``trace_path`` (and kernel capture) the profiled request's trace is saved there. ``at(request)``
-    is called before each request with its label: ``warmup=I``, ``repeat=R`` (stages.csv's
-    repeat), ``repeat=profiled``.
+    ``trace_path`` (and kernel capture) the profiled request's trace is saved there (its ``trace``
+    record: {"path", "bytes", "seconds": host seconds the export took}). ``at(request)`` is called
+    before each request with its label: ``warmup=I``, ``repeat=R`` (stages.csv's repeat),
+    ``repeat=profiled``.
     """
     say = progress or (lambda msg: log.info(msg))
     mcfg = mcfg.resolved(cuda)
@@ -238,8 +239,9 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
         kern = kernel_table(prof, cuda, ranges, modules)
         kern.insert(0, "case", case["case"])
         if trace_path is not None:
+            t_trace = time.perf_counter()
             size = prof.save_trace(trace_path)
-            trace = {"path": str(trace_path), "bytes": size}
+            trace = {"path": str(trace_path), "bytes": size, "seconds": time.perf_counter() - t_trace}
             say(f"{case['case']}: trace {trace_path} ({size / 1e6:.1f} MB)")
         n_steps = int((ranges["range"] == "decode_step").sum())
         for row in stage_rows(ranges, kern, req.batch):

@@ -168,7 +168,8 @@ def files_section(run: RunData) -> list:
     L = ["## Files", ""]
     if not run.path.is_dir():
         return L + [""]
-    files = sorted(p.name for p in run.path.iterdir() if p.is_file() and not p.name.endswith(".tmp"))
+    files = sorted(p.name for p in run.path.iterdir() if p.is_file() and not p.name.endswith(".tmp")
+                   and not p.name.startswith("."))
     L += [f"- `{f}`" for f in files]
     traces = sorted((run.path / "traces").glob("*/trace.json.gz")) if (run.path / "traces").is_dir() else []
     L += [f"- `{t.relative_to(run.path)}` ({t.stat().st_size / 1e6:,.1f} MB: Chrome/Perfetto trace of the profiled "

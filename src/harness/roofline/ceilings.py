@@ -25,6 +25,8 @@ def ceilings(manifest: dict, hardware: Optional[dict] = None) -> Peaks:
     entry = manifest.get("calibration") or {}
     if _f(entry.get("gemm_tflops")) is not None and "calibration" not in (hardware or {}):
         cal = {**entry, "path": entry.get("path") or "run manifest"}
+    elif entry.get("status") == "rejected" and "calibration" not in (hardware or {}):
+        cal = None      # the run's own calibration failed its checks: no ceiling, never another record
     else:
         cal = load_calibration(name, hw)
     peaks = resolve_peaks(name, dtype, hw, cal)

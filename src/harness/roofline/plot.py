@@ -83,9 +83,16 @@ def save_figure(fig, path: Path) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        fig.savefig(tmp)
+        tmp.replace(path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)     # a failed write (a full disk) leaves no partial file
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = str(path)
+        raise
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -216,7 +216,15 @@ def slug(name: str) -> str:
 @dataclass
 class Peaks:
     """The ceilings a run is judged against: datasheet (dense, may be None for unknown devices)
-    and calibrated (measured, may be None when not calibrated). TFLOP/s and GB/s."""
+    and calibrated (measured, may be None when not calibrated). TFLOP/s and GB/s.
+
+    Which roof each figure is (``harness.roofline.calibrate``): ``peak_tflops`` / ``cal_tflops``
+    the compute roof of FLOPs (MFU); ``mem_bw_gbs`` the datasheet memory roof; ``cal_gbs`` the
+    measured copy (read + write bytes), the memory roof of the roofline and of traffic that reads
+    and writes alike; ``cal_read_gbs`` the measured read stream (a sum over a buffer many times
+    the L2 cache), the roof of read-dominated traffic such as decode (weights and KV read, little
+    written): decode MBU against it where a record has it (None for records without it, then
+    not shown)."""
 
     device_name: str
     dtype: str
@@ -226,6 +234,7 @@ class Peaks:
     mem_bw_gbs: Optional[float] = None
     cal_tflops: Optional[float] = None
     cal_gbs: Optional[float] = None
+    cal_read_gbs: Optional[float] = None
     cal_dtype: Optional[str] = None
     cal_source: Optional[str] = None       # path of the calibration JSON, or None
     source: str = ""                       # where the datasheet numbers came from
@@ -255,7 +264,8 @@ class Peaks:
         return {"device_name": self.device_name, "dtype": self.dtype, "spec_key": self.spec_key,
                 "spec_name": self.spec_name, "peak_tflops": self.peak_tflops, "mem_bw_gbs": self.mem_bw_gbs,
                 "ridge_flop_per_byte": self.ridge, "calibrated_tflops": self.cal_tflops,
-                "calibrated_gbs": self.cal_gbs, "calibrated_ridge_flop_per_byte": self.cal_ridge,
+                "calibrated_gbs": self.cal_gbs, "calibrated_read_gbs": self.cal_read_gbs,
+                "calibrated_ridge_flop_per_byte": self.cal_ridge,
                 "calibration_dtype": self.cal_dtype, "calibration": self.cal_source or "not calibrated",
                 "source": self.source, "notes": list(self.notes)}
 
@@ -273,7 +283,8 @@ def resolve_peaks(device_name: Optional[str], dtype="bf16", hardware=None,
     ``hardware`` is the ``hardware`` config group: ``name`` ('auto' = use ``device_name``; any
     other string is matched like a device name or spec key), ``peak_tflops`` and ``mem_bw_gbs``
     (override the datasheet values for this dtype). ``calibration`` is a calibration record
-    (``calibrate.load_calibration``): ``gemm_tflops``, ``copy_gbs``, ``gemm_dtype``, ``path``.
+    (``calibrate.load_calibration``): ``gemm_tflops``, ``copy_gbs``, ``read_gbs`` (absent in older
+    records), ``gemm_dtype``, ``path``.
     """
     hw = hardware_config(hardware)
     dt = norm_dtype(dtype)
@@ -313,6 +324,7 @@ def resolve_peaks(device_name: Optional[str], dtype="bf16", hardware=None,
     if calibration:
         p.cal_tflops = _num(calibration.get("gemm_tflops"))
         p.cal_gbs = _num(calibration.get("copy_gbs"))
+        p.cal_read_gbs = _num(calibration.get("read_gbs"))
         p.cal_dtype = calibration.get("gemm_dtype")
         p.cal_source = calibration.get("path") or "calibration record"
         if p.cal_dtype and p.cal_dtype != dt:
