@@ -50,9 +50,11 @@ def test_request_labels_map_to_phases():
         "warm-up", "timed repeats", "profiled request", "analytic + writing", "analytic + writing"]
 
 
-def _case(prefill: int, decode: int, batch: int = 1, kv_cache: str = "dynamic"):
+def _case(prefill: int, decode: int, batch: int = 1, kv_cache: str = "growing"):
+    from harness.config import ExecutionConfig
+
     return types.SimpleNamespace(case=types.SimpleNamespace(prefill_tokens=prefill, decode_tokens=decode, batch=batch),
-                                 model=types.SimpleNamespace(kv_cache=kv_cache))
+                                 execution=ExecutionConfig(kv_cache=kv_cache))
 
 
 def test_the_full_model_in_fp32_is_refused_where_it_cannot_fit():
