@@ -94,7 +94,7 @@ class CaseTables:
         rd.write_csv("stages.csv", grown)
         self.stages.append(stages)
         data.stages = grown
-        rd.manifest["cases"].append({**case.to_dict(), **inputs.pages_entry(),
+        rd.manifest["cases"].append({**case.to_dict(), **inputs.pages_entry(), **inputs.routing_entry(),
                                      "execution": execution,
                                      "warmup_ms": [round(t, 3) for t in warm.get("warmup_ms", [])],
                                      "warmup_steady": warm.get("steady"),
