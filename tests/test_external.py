@@ -139,7 +139,8 @@ def _ncu_child_run(tmp_path, with_steps: bool):
             steps.append({"case": "b8", "step": step, "layer": layer, "experts": n,
                           **{f"e{j}": int(c) for j, c in enumerate(counts)}})
     for layer in (1, 2):
-        rows.append({"case": "b8", "phase": "decode", "layer": layer, **{f"e{j}": int(c) for j, c in enumerate(decode[layer])}})
+        rows.append({"case": "b8", "phase": "decode", "layer": layer,
+                     **{f"e{j}": int(c) for j, c in enumerate(decode[layer])}})
     return RunData(tmp_path, manifest, routing=pd.DataFrame(rows), routing_steps=pd.DataFrame(steps))
 
 
@@ -157,11 +158,13 @@ def test_ncu_compares_dram_reads_with_the_profiled_requests_own_routing(tmp_path
     delta = (touched - 2 * 3 * 8 * (1 - 0.75 ** 8)) * per_expert
     assert totals["decode"]["bytes_weights"] - uniform["decode"]["bytes_weights"] == pytest.approx(delta, rel=1e-12)
     assert case["name"] == "b8"
-    assert routing == {"routing_source": "measured per step", "routing": "balanced (seed 3)", "experts_step": "4 [2–8]"}
+    assert routing == {"routing_source": "measured per step", "routing": "balanced (seed 3)",
+                       "experts_step": "4 [2–8]"}
     assert expected["routing_source"] == "expected routing" and expected["experts_step"] is None
     reads = sum(totals["decode"][c] for c in ("bytes_weights", "bytes_act_read", "bytes_kv_read"))
     kern = pd.DataFrame({"kernel": ["moe", "attn"], "duration_ns": [2000.0, 1000.0],
-                         "dram_read_bytes": [0.75 * 1.05 * reads, 0.25 * 1.05 * reads], "dram_write_bytes": [10.0, 10.0],
+                         "dram_read_bytes": [0.75 * 1.05 * reads, 0.25 * 1.05 * reads],
+                         "dram_write_bytes": [10.0, 10.0],
                          "tensor_flops": [None, None], "vector_flops": [None, None], "dram_bytes": [None, None]})
     row = {**compare_stage(kern, totals, "decode", "b8", 3), **routing}
     assert row["analytic_read_bytes"] == pytest.approx(reads) and row["read_ratio"] == pytest.approx(1.05)

@@ -124,7 +124,8 @@ def test_fused_router_counts_at_the_device_step_and_takes_forced_experts(tiny):
     res = _generate(model, req, dict(kv_cache="static", moe_impl="grouped", moe_kernel="torch", linear_impl="fused"))
     assert torch.equal(res.tokens, ref.tokens)
     assert (res.routing_steps.sum(axis=2) == [0, 2, 2]).all()
-    assert (res.routing_steps == ref.routing_steps).all() and (res.routing_steps == _table_counts(req, model.cfg)[1]).all()
+    assert (res.routing_steps == ref.routing_steps).all()
+    assert (res.routing_steps == _table_counts(req, model.cfg)[1]).all()
 
 
 def test_gate_weights_are_the_models_probabilities_at_the_forced_experts():

@@ -672,7 +672,8 @@ register()   # at import, so any Hydra composition of conf/ (the CLI, tests, use
 
 __all__ = ["LLMConfig", "SAMConfig", "CLIPConfig", "ProjectorConfig", "ExecutionConfig", "ExecutionOverrides",
            "ModelConfig", "CostModelConfig", "cost_config", "EXECUTION_KNOBS", "WorkloadConfig", "check_page_size",
-           "CaseConfig", "case_execution", "check_vendor_execution", "check_routing", "moved_knob", "TokensConfig", "ThroughputConfig",
+           "CaseConfig", "case_execution", "check_vendor_execution", "check_routing", "moved_knob", "TokensConfig",
+           "ThroughputConfig",
            "check_throughput",
            "MeasureConfig", "HardwareConfig", "ProfileConfig", "RunConfig", "HarnessConfig", "ATTN_IMPLEMENTATIONS",
            "register", "from_dict", "to_config", "to_dict", "validate", "config_error", "SCHEMA_NAME"]

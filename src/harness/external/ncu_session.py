@@ -254,8 +254,8 @@ def render(cmp_df: pd.DataFrame, kern: pd.DataFrame, stage: str, peaks=None, png
              + (f" Decode: {int(r['decode_steps'])} step(s)." if r["decode_steps"] == r["decode_steps"]
                 and r["decode_steps"] is not None else ""),
              "", routing_line(r),
-             "", "Analytic: `harness.analytic` for the same case (MoE bytes from the profiled request's measured routing "
-                 "unless the line above says otherwise); measured: "
+             "", "Analytic: `harness.analytic` for the same case (MoE bytes from the profiled request's measured "
+                 "routing unless the line above says otherwise); measured: "
                  "`sm__ops_path_tensor_src_bf16_dst_fp32` (FLOPs), SASS fp32/fp16 add/mul (1) and fma (2), "
                  "`dram__bytes_read`, `dram__bytes_write`.", "", f"L2 and write-back: {L2_CAVEAT}", "",
              "## Gaps", ""]

@@ -15,8 +15,7 @@ then one small kernel, one program per token:
    With a runtime flag ``on`` [1] (a compiled step shared by both routings) the forced experts
    replace the top-k only where it holds;
 4. with ``norm`` and k > 1 the k weights are divided by (their sum + 1e-20), then multiplied by
-   ``scale`` (both as in ``MoEGate``); idx (int64) and weights (fp32) stored.
-
+   ``scale`` (both as in ``MoEGate``); idx (int64) and weights (fp32) stored;
 5. with ``counts`` (one token only), the routing count: each chosen expert's counter + 1 at row
    min(step_index, steps) of the counts buffer [steps + 1, layers, experts], the step index read on
    the device (so a captured or compiled step counts each replay at its own step); a plain load and
@@ -26,11 +25,11 @@ then one small kernel, one program per token:
 A first version computed the logits in the same kernel, one program per token: 39 µs per layer on
 an H200 (one SM streaming the 164 KB gate), so the GEMV stays apart. An atomic routing count in
 that version miscounted under torch.compile + CUDA graphs on the GPU (cause not found; it took a
-view of the counter buffer); ``counts`` here is the whole buffer and a device step index. The float constants (``scale``, 1e-20) are compile-time
-constants: under torch.compile a Python float runtime argument reaches a user Triton kernel as
-fp64. No host sync and outputs from ``torch.empty``: callable inside torch.compile and CUDA-graph
-capture. Importing this module imports triton; ``TRITON_INTERPRET=1`` before the first import of
-``common`` runs the kernels on CPU tensors (tests).
+view of the counter buffer); ``counts`` here is the whole buffer and a device step index. The float
+constants (``scale``, 1e-20) are compile-time constants: under torch.compile a Python float runtime
+argument reaches a user Triton kernel as fp64. No host sync and outputs from ``torch.empty``:
+callable inside torch.compile and CUDA-graph capture. Importing this module imports triton;
+``TRITON_INTERPRET=1`` before the first import of ``common`` runs the kernels on CPU tensors (tests).
 """
 from __future__ import annotations
 

@@ -232,10 +232,11 @@ class MoE(nn.Module):
     """Routed experts + shared expert. ``moe_infer`` is the vendor's per-expert loop.
 
     ``routing``: the request's routing target (``harness.models.routing``; set by the model for one
-    request): it receives each call's routing (``add_host``) and hands the gate any forced experts. ``uniform_counts``: split the routed rows uniformly over the experts
-    instead of reading the real counts from the device (no host sync, so it runs on ``meta``
-    tensors): the exactness check counts FLOPs that way (``harness.analytic.check``); every
-    routed row still passes exactly one expert's three GEMMs.
+    request): it receives each call's routing (``add_host``) and hands the gate any forced experts.
+    ``uniform_counts``: split the routed rows uniformly over the experts instead of reading the real
+    counts from the device (no host sync, so it runs on ``meta`` tensors): the exactness check
+    counts FLOPs that way (``harness.analytic.check``); every routed row still passes exactly one
+    expert's three GEMMs.
     """
 
     def __init__(self, cfg: LLMConfig, layer_idx: int):

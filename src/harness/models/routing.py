@@ -29,6 +29,12 @@ The step index moves one of two ways (``DeviceRouting.driven``):
   offset), which ``advance`` adds into the step's row (one ``index_add_`` per step instead of an
   index computation per layer); a kernel that counts by itself writes the row directly.
 
+A decode step of its own (a fused step's kernels) takes what it needs from the MoE layers' routing
+target (``MoE.routing``): ``device_counts()`` for the counts, ``forced_inputs()`` -> (table,
+position, on) for the forced experts (below), and calls ``advance()`` once at its end, inside the
+step (it adds any torch-path counts of the step and moves the step index; a step that moves the
+index itself must still add ``scratch`` into the row, or count every layer itself).
+
 Forced routing (``workload.routing=balanced``)
 ----------------------------------------------
 The checkpoint's own routing (``weights``) is the default: parity depends on it. ``balanced``
@@ -237,8 +243,8 @@ class DeviceRouting:
         planned steps [layers, experts]) as int64 numpy arrays (one device read); None on ``meta``."""
         if self.device.type == "meta":
             return None
-        dec = self.decode.cpu().numpy().astype(np.int64)
-        return self.prefill[0].cpu().numpy().astype(np.int64), dec[:steps], dec[steps:].sum(axis=0)
+        parts = (self.prefill[0], self.decode[:steps], self.decode[steps:].sum(0))
+        return tuple(t.cpu().numpy().astype(np.int64) for t in parts)
 
     # -------------------------------------------------------------------- forced
     def _forcing(self) -> bool:
@@ -289,6 +295,7 @@ class RoutingCounter:
         self.current_step: Optional[int] = None
         self._host_steps: Optional[np.ndarray] = None
         self.device: Optional[DeviceRouting] = None
+        self._read: Optional[tuple] = None
         self.routing, self.seed, self.pages, self.prompt_tokens, self._where = "weights", 0, [], 0, None
 
     # ----------------------------------------------------------------------- plan
@@ -393,7 +400,12 @@ class RoutingCounter:
 
     # ------------------------------------------------------------------- results
     def _device_read(self) -> Optional[tuple]:
-        return self.device.read(self.steps) if self.device is not None else None
+        """``DeviceRouting.read`` once, after the request (``result`` and ``steps_result`` share it)."""
+        if self.device is None:
+            return None
+        if self._read is None:
+            self._read = self.device.read(self.steps)
+        return self._read
 
     def result(self) -> dict:
         """{phase: int64 array [layers, experts]} for every phase entered (decode: with its steps and
@@ -419,4 +431,5 @@ class RoutingCounter:
         return out
 
 
-__all__ = ["ROUTINGS", "routing_label", "RoutingCounter", "DeviceRouting", "balanced_experts", "balanced_table", "page_key"]
+__all__ = ["ROUTINGS", "routing_label", "RoutingCounter", "DeviceRouting", "balanced_experts", "balanced_table",
+           "page_key"]

@@ -102,11 +102,11 @@ def section(run: RunData, st: pd.DataFrame, summary: Summary) -> list:
     L += ["", "### Ratios", "",
           "Each ratio says what it divides, with the seeded bootstrap 95% interval over the timed repeats of both "
           "rows (each row's repeats resampled on their own; ratio of the medians). Batch-1 rows: the speed-up "
-          "over the vendor-style batch-1 row of the same mode, split into the kernel-busy ratio (faster GPU "
-          "work: that row's kernel busy time per decode step in its profiled request over this row's) and the "
+          "over the vendor-style batch-1 row of the same mode and routing, split into the kernel-busy ratio (faster "
+          "GPU work: that row's kernel busy time per decode step in its profiled request over this row's) and the "
           "span ratio (speed-up / kernel-busy ratio: launch and host gaps removed). Batched rows are not "
           "speed-ups: their decode throughput and time per token are compared with the best batch-1 row of the "
-          "same mode (its throughput is what batching multiplies; its TPOT what each request waits).", ""]
+          "same mode and routing (its throughput is what batching multiplies; its TPOT what each request waits).", ""]
     L += table(["case", "execution", "routing", "batch", "speedup", "busy_ratio", "span_ratio", "tput_vs_b1",
                 "tpot_vs_b1"], records)
     L.append("")
