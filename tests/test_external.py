@@ -105,3 +105,73 @@ def test_ncu_missing_gives_a_portable_command(tmp_path, monkeypatch):
     assert (tmp_path / "run" / "ncu" / "command.txt").read_text() == cmd + "\n"
 
 
+
+
+# ------------------------------------- ncu against the profiled request's own routing (issue 22 item 5)
+
+def _ncu_child_run(tmp_path, with_steps: bool):
+    """A child run of ``profile tool=ncu stage=decode`` (batch 8 of distinct pages, static cache + grouped
+    MoE, 4 decode tokens, the tiny model) as RunData: its manifest and, with ``with_steps``, the
+    profiled request's routing.csv / routing_steps.csv. MoE layer 1 touches 3, 5, 8 experts in steps
+    0, 1, 2; layer 2 touches 2, 4, 6 (each step: 8 rows x top-2 = 16 picks)."""
+    import dataclasses
+
+    import numpy as np
+
+    from conftest import TINY_MODE, load_tiny_cfg
+    from harness.rundir import RunData
+    from harness.workload import Case
+
+    case = Case(TINY_MODE, None, batch=8, decode_tokens=4, name="b8")
+    execution = {"kv_cache": "static", "moe_impl": "grouped", "moe_kernel": "auto", "moe_kernel_resolved": "triton"}
+    manifest = {"config": {"model": dataclasses.asdict(load_tiny_cfg()), "execution": execution}, "dtype": "bf16",
+                "cases": [{**case.to_dict(), "execution": execution, "routing": "balanced", "routing_seed": 3,
+                           "routing_label": "balanced (seed 3)"}]}
+    if not with_steps:
+        return RunData(tmp_path, manifest)
+    touched = {1: (3, 5, 8), 2: (2, 4, 6)}
+    steps, rows = [], []
+    decode = np.zeros((3, 8), dtype=np.int64)
+    for layer, per_step in touched.items():
+        for step, n in enumerate(per_step):
+            counts = np.array([16 // n + (1 if j < 16 % n else 0) if j < n else 0 for j in range(8)])
+            decode[layer] += counts
+            steps.append({"case": "b8", "step": step, "layer": layer, "experts": n,
+                          **{f"e{j}": int(c) for j, c in enumerate(counts)}})
+    for layer in (1, 2):
+        rows.append({"case": "b8", "phase": "decode", "layer": layer,
+                     **{f"e{j}": int(c) for j, c in enumerate(decode[layer])}})
+    return RunData(tmp_path, manifest, routing=pd.DataFrame(rows), routing_steps=pd.DataFrame(steps))
+
+
+def test_ncu_compares_dram_reads_with_the_profiled_requests_own_routing(tmp_path):
+    """The analytic decode reads use the experts each step touched: against the uniform expectation
+    for 8 rows x top-2 of 8 experts, E (1 - (1 - k/E)^B) = 8 (1 - 0.75^8) = 7.19910 experts per layer
+    and step, the weights differ by (sum touched - 2 layers x 3 steps x 7.19910) experts x 3 x 64 x 32
+    weights x 2 bytes (bf16); the comparison row and report.md name the routing."""
+    from harness.external.ncu_session import analytic_totals_of, compare_stage, render, routing_line
+
+    totals, case, routing = analytic_totals_of(_ncu_child_run(tmp_path, True))
+    uniform, _, expected = analytic_totals_of(_ncu_child_run(tmp_path, False))
+    touched = 3 + 5 + 8 + 2 + 4 + 6
+    per_expert = 3 * 64 * 32 * 2
+    delta = (touched - 2 * 3 * 8 * (1 - 0.75 ** 8)) * per_expert
+    assert totals["decode"]["bytes_weights"] - uniform["decode"]["bytes_weights"] == pytest.approx(delta, rel=1e-12)
+    assert case["name"] == "b8"
+    assert routing == {"routing_source": "measured per step", "routing": "balanced (seed 3)",
+                       "experts_step": "4 [2–8]"}
+    assert expected["routing_source"] == "expected routing" and expected["experts_step"] is None
+    reads = sum(totals["decode"][c] for c in ("bytes_weights", "bytes_act_read", "bytes_kv_read"))
+    kern = pd.DataFrame({"kernel": ["moe", "attn"], "duration_ns": [2000.0, 1000.0],
+                         "dram_read_bytes": [0.75 * 1.05 * reads, 0.25 * 1.05 * reads],
+                         "dram_write_bytes": [10.0, 10.0],
+                         "tensor_flops": [None, None], "vector_flops": [None, None], "dram_bytes": [None, None]})
+    row = {**compare_stage(kern, totals, "decode", "b8", 3), **routing}
+    assert row["analytic_read_bytes"] == pytest.approx(reads) and row["read_ratio"] == pytest.approx(1.05)
+    line = routing_line(row)
+    assert line == ("MoE bytes from: measured per step; routing `balanced (seed 3)`; distinct experts per MoE layer "
+                    "per decode step (over the batch's rows) 4 [2–8].")
+    md = render(pd.DataFrame([row]), kern, "decode")
+    assert line in md and "- reads: measured/analytic = 1.050 (within +-15%)." in md
+    assert routing_line({**row, **expected}).endswith("(no per-step counts: the uniform expectation, not what the "
+                                                      "request touched).")

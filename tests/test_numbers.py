@@ -432,14 +432,50 @@ def test_batch_decode_bytes_use_measured_experts_per_step(tiny_cfg, tiny_mode):
     steps[1, 2, :2] = 2
     routing = {"decode": steps.sum(axis=0), "decode_steps": steps}
     frame, _, notes = analytic_for_case(case, cost_config(tiny_cfg), "fp32", routing)
-    assert not notes and set(frame["routing"]) == {"measured (prefill; decode per step)"}
+    assert not notes and set(frame["routing"]) == {"measured per step"}
     moe = frame[(frame["stage"] == "decode") & (frame["family"] == "moe_routed")]
     assert moe["bytes_weights"].sum() == (2 + 4 + 3 + 2) * 3 * 64 * 32 * 4
     summed, _, _ = analytic_for_case(case, cost_config(tiny_cfg), "fp32", {"decode": steps.sum(axis=0)})
-    assert set(summed["routing"]) == {"measured (prefill); decode per-step uniform expectation (batch > 1)"}
+    assert set(summed["routing"]) == {"measured prefill; decode: expected routing"}
     rows = pd.DataFrame(routing_step_rows("b2", steps))                  # routing_steps.csv and back
     assert list(rows["experts"]) == [2, 4, 3, 2]
     assert (routing_step_array(rows, "b2", 2, 3) == steps).all()
+
+
+def test_mbu_says_expected_routing_only_where_decode_bytes_used_the_expectation(tiny_cfg, tiny_mode):
+    """The decode MoE bytes' source (analytic frame ``routing``): per-step counts at any batch are
+    measured; summed counts are exact at batch 1 (top-k experts every step) and the expectation at
+    batch 2; no counts, the expectation. The MBU cell (ladder and stage table) says so."""
+    from harness.config import cost_config
+    from harness.report.columns import column
+    from harness.report.sections import _utilisation
+    from harness.roofline.join import analytic_for_case, expected_routing
+    from harness.workload import Case
+
+    steps = np.zeros((2, 3, 8), dtype=np.int64)
+    steps[:, 1:, :2] = 1                                   # each step: 2 tokens x top-2 over experts 0, 1
+    got = {}
+    for batch, routing in ((2, {"decode": 2 * steps.sum(axis=0), "decode_steps": 2 * steps}),
+                           (1, {"decode": steps.sum(axis=0), "decode_steps": steps}),
+                           (1, {"decode": steps.sum(axis=0)}), (2, {"decode": 2 * steps.sum(axis=0)}), (2, None)):
+        frame, _, notes = analytic_for_case(Case(tiny_mode, None, batch=batch, decode_tokens=3, name="c"),
+                                            cost_config(tiny_cfg), "fp32", routing)
+        assert not notes
+        [source] = set(frame["routing"])
+        got[(batch, "per step" if routing and "decode_steps" in routing else bool(routing))] = source
+    assert got == {(2, "per step"): "measured per step", (1, "per step"): "measured per step",
+                   (1, True): "measured (batch 1: top-k experts every step)",
+                   (2, True): "measured prefill; decode: expected routing", (2, False): "expected routing"}
+    assert [k for k, v in got.items() if expected_routing(v)] == [(2, True), (2, False)]
+    mbu = column("mbu_pair")
+    assert mbu.cell({"mbu_pair": ((0.4, 0.5), True)}) == "40.0% / 50.0% (expected routing)"
+    assert mbu.cell({"mbu_pair": ((0.4, 0.5), False)}) == "40.0% / 50.0%"
+    util = column("util")
+    for source, want in (("expected routing", "MBU 40.0% / 50.0% (expected routing)"),
+                         ("measured per step", "MBU 40.0% / 50.0%")):
+        assert util.cell({"util": _utilisation({"mbu": 0.4, "mbu_cal": 0.5, "routing": source})}) == want
+    assert util.cell({"util": _utilisation({"mfu": 0.4, "mfu_cal": 0.5, "routing": "expected routing"})}) == \
+        "MFU 40.0% / 50.0%"
 
 
 def test_trace_is_a_gzipped_chrome_trace(tmp_path):

@@ -49,7 +49,7 @@ def test_report_on_gpu_fixture_exact(tmp_path, cache):
     assert r["floor_ms_cal"] == pytest.approx(floor_cal) and r["efficiency_cal"] == pytest.approx(floor_cal / med)
     assert r["achieved_gbs"] == pytest.approx(tot["bytes"] / med / 1e6)
     assert r["mbu"] > 0 and r["mbu_bytes"] <= tot["bytes"] and np.isnan(r["mfu"])
-    assert r["routing"] == "measured"
+    assert r["routing"] == "measured (batch 1: top-k experts every step)"      # routing.csv, no per-step file
     pre = st[(st["case"] == "nc") & (st["stage"] == "prefill")].iloc[0]
     assert pre["mfu"] == pytest.approx(pre["flops_useful"] / (pre["measured_ms"] * 1e-3) / 989.4e12)
     req = st[(st["case"] == "nc") & (st["stage"] == "request")].iloc[0]
@@ -180,8 +180,8 @@ def test_ladder_ratios_on_the_committed_h200_runs(tmp_path, cache):
         shutil.copytree(examples / name, run)
         write_report(run)
         md = (run / "report.md").read_text()
-        table = md[md.index("### Ratios"):md.index("## TPOT against position")]
-        got.update({line.split("|")[1].strip(): [c.strip() for c in line.split("|")[4:9]]
+        table = md[md.index("### Ratios"):md.index("## MoE routing")]
+        got.update({line.split("|")[1].strip(): [c.strip() for c in line.split("|")[5:10]]
                     for line in table.splitlines() if line.startswith("| ") and not line.startswith("| case")})
 
     def median(name, case, column="decode_tok_s"):

@@ -10,7 +10,7 @@ import torch
 from conftest import DEV, needs_triton
 from harness.errors import HarnessError
 from harness.models.llm import MoE, MoEGate
-from harness.models.routing import DeviceCounts
+from harness.models.routing import DeviceRouting
 
 pytestmark = needs_triton
 
@@ -89,24 +89,62 @@ def test_ties_go_to_the_lowest_index():
     assert idx.tolist() == [[2, 5, 6, 0]]
 
 
-def test_route_counts_the_routing_in_the_kernel():
-    """``counts`` = (buffer, offset): the chosen experts' counters in [offset, offset + E) + 1 per
-    call, nothing else touched; more than one token or a range past the buffer is refused."""
+def test_route_counts_at_the_device_step_index():
+    """``counts`` = (buffer [steps + 1, layers, E], step_index [1]): the chosen experts' counters of
+    row min(step_index, steps), layer ``layer`` + 1 per call, nothing else touched (the index is
+    read on the device: moving it moves the row); more than one token is refused."""
     from harness.kernels.router_triton import route
 
     g = torch.Generator().manual_seed(1)
     x = torch.randn(1, 96, generator=g).to(DEV)
     w = (torch.randn(8, 96, generator=g) * 0.1).to(DEV)
-    buf = torch.zeros(3, 8, dtype=torch.int64, device=DEV)
-    for _ in range(2):
-        idx, _ = route(x, w, 3, True, 1.0, (buf, 8))
-    want = torch.zeros(3, 8, dtype=torch.int64)
-    want[1, idx[0].cpu()] = 2
+    buf = torch.zeros(3, 2, 8, dtype=torch.int64, device=DEV)        # steps = 2 (+ the spare row)
+    step = torch.zeros(1, dtype=torch.int64, device=DEV)
+    for s in (0, 1, 1, 7):                                           # step 7 > steps: the spare row (2)
+        step.fill_(s)
+        idx, _ = route(x, w, 3, True, 1.0, 1, counts=(buf, step))
+    want = torch.zeros(3, 2, 8, dtype=torch.int64)
+    for row, n in ((0, 1), (1, 2), (2, 1)):
+        want[row, 1, idx[0].cpu()] = n
     assert torch.equal(buf.cpu(), want)
     with pytest.raises(HarnessError, match="one token"):
-        route(torch.randn(2, 96).to(DEV), w, 3, True, 1.0, (buf, 0))
-    with pytest.raises(HarnessError, match="one token"):
-        route(x, w, 3, True, 1.0, (buf, 20))
+        route(torch.randn(2, 96).to(DEV), w, 3, True, 1.0, 0, counts=(buf, step))
+    with pytest.raises(HarnessError, match="layer 2"):
+        route(x, w, 3, True, 1.0, 2, counts=(buf, step))
+
+
+def test_route_takes_forced_experts_at_the_device_position():
+    """``forced`` = (table [T, positions, layers, k], position [1], on): each token's experts are its
+    row's at min(position, positions - 1) for ``layer``, weighted by their own softmax probability
+    (renormalised and scaled as MoEGate does); with ``on`` false the top-k as without a table."""
+    from harness.kernels.router_triton import route
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 96, generator=g).to(DEV)
+    w = (torch.randn(8, 96, generator=g) * 0.1).to(DEV)
+    table = torch.zeros(2, 4, 2, 3, dtype=torch.int64)
+    table[0, 2, 1] = torch.tensor([5, 0, 7])
+    table[1, 2, 1] = torch.tensor([1, 2, 3])
+    table[0, 3, 1] = torch.tensor([6, 4, 2])
+    table[1, 3, 1] = torch.tensor([0, 1, 7])
+    table = table.to(DEV)
+    probs = (x.double() @ w.double().T).softmax(-1)                 # what the kernel's fp32 softmax approximates
+    pos = torch.tensor([2], device=DEV)
+    idx, wt = route(x, w, 3, False, 2.0, 1, forced=(table, pos, None))
+    assert idx.tolist() == [[5, 0, 7], [1, 2, 3]]
+    assert torch.allclose(wt.double(), 2.0 * probs.gather(-1, idx), rtol=1e-5)
+    idx, wt = route(x, w, 3, True, 1.0, 1, forced=(table, torch.tensor([9], device=DEV), None))   # clamped: 3
+    assert idx.tolist() == [[6, 4, 2], [0, 1, 7]]
+    p = probs.gather(-1, idx)
+    assert torch.allclose(wt.double(), p / p.sum(-1, keepdim=True), rtol=1e-5)
+    on = torch.zeros(1, dtype=torch.bool, device=DEV)
+    plain = route(x, w, 3, True, 1.0)
+    off = route(x, w, 3, True, 1.0, 1, forced=(table, pos, on))
+    assert torch.equal(off[0], plain[0]) and torch.equal(off[1], plain[1])
+    on.fill_(True)
+    assert route(x, w, 3, True, 1.0, 1, forced=(table, pos, on))[0].tolist() == [[5, 0, 7], [1, 2, 3]]
+    with pytest.raises(HarnessError, match="forced needs"):
+        route(x, w, 3, True, 1.0, 1, forced=(table[:1].contiguous(), pos, None))
 
 
 def test_bad_arguments_are_refused():
@@ -131,7 +169,9 @@ def _moe(E=8, k=2, H=64, inter=16):
 
 def test_moe_gate_dispatch():
     """linear_impl=fused at one token: the Triton router; more rows or fused off: the torch path.
-    The grouped path counts the routing with add_device either way."""
+    The grouped path counts the routing either way: in the kernel at the device step index (one
+    token), else with add_device (a device-driven routing: its scratch, into the step's row at
+    ``advance``)."""
     from harness.variants import fast_moe
     from harness.variants.base import swap
     from harness.variants.fused_linears import FusedGate
@@ -146,15 +186,21 @@ def test_moe_gate_dispatch():
     ref_idx, _ = moe.gate(x1)
     swap(moe.gate, FusedGate)
     assert moe.gate.routes_in_kernel(1) and not moe.gate.routes_in_kernel(2)
-    counts = DeviceCounts(3, 8, DEV)
-    moe.routing = counts
-    y1 = moe(x1)
+    routing = DeviceRouting(3, 8, 2, DEV, "device")
+    routing.phase = "decode"
+    routing.step_index.fill_(1)
+    moe.routing = routing
+    y1 = moe(x1)                                       # counted in the kernel: row 1, layer 1
     assert ((y1 - ref1).norm() / ref1.norm()) <= 1e-5
-    want = torch.zeros(3, 8, dtype=torch.int64, device=DEV)
-    want[1, ref_idx[0]] = 1
-    assert torch.equal(counts.buf, want)
-    y2 = moe(x2)
-    assert ((y2 - ref2).norm() / ref2.norm()) <= 1e-5 and int(counts.buf.sum()) == 2 + 2 * 2
+    want = torch.zeros(3, 3, 8, dtype=torch.int64, device=DEV)
+    want[1, 1, ref_idx[0]] = 1
+    assert torch.equal(routing.decode, want)
+    y2 = moe(x2)                                       # two rows: the torch gate, add_device (scratch)
+    assert ((y2 - ref2).norm() / ref2.norm()) <= 1e-5
+    assert int(routing.decode.sum()) == 2 and int(routing.scratch.sum()) == 2 * 2
+    routing.advance()                                  # the scratch into row 1, the index to 2
+    assert int(routing.decode[1].sum()) == 2 + 4 and int(routing.scratch.sum()) == 0
+    assert int(routing.step_index) == 2
 
 
 @pytest.mark.gpu

@@ -84,19 +84,34 @@ def test_variant_matches_vendor_style_fp32(tiny, name):
         assert torch.equal(res.tokens, ref.tokens)
         for phase in ("prefill", "decode"):
             assert (res.routing[phase] == ref.routing[phase]).all() and res.routing[phase].sum() > 0
+        assert (res.routing_steps == ref.routing_steps).all()      # every step, every execution (issue 22)
     finally:
         variants.apply(model, ExecutionConfig())
 
 
 def test_compiled_static_grouped_decode_matches(tiny):
+    """The compiled static-grouped step: vendor-style's tokens and per-step routing under the weights'
+    routing and under balanced routing, from one compile (the routing is a runtime input of the
+    compiled step: a balanced request after a weights one, and back, compiles no new graph)."""
+    import dataclasses
+
+    from torch._dynamo.utils import counters
+
     model, req = tiny
+    balanced = dataclasses.replace(req, routing="balanced", routing_seed=3)
     variants.apply(model, ExecutionConfig())
-    ref = generate(model, req)
+    ref, ref_bal = generate(model, req), generate(model, balanced)
     info = variants.apply(model, ExecutionConfig(kv_cache="static", moe_impl="grouped", moe_kernel="torch", compile=True))
     try:
         res = generate(model, req)
-        assert torch.equal(res.tokens, ref.tokens)
-        assert (res.routing["decode"] == ref.routing["decode"]).all()
+        graphs = counters["stats"]["unique_graphs"]
+        res_bal, again = generate(model, balanced), generate(model, req)
+        assert counters["stats"]["unique_graphs"] == graphs
+        for got, want in ((res, ref), (res_bal, ref_bal), (again, ref)):
+            assert torch.equal(got.tokens, want.tokens)
+            assert (got.routing["decode"] == want.routing["decode"]).all()
+            assert (got.routing_steps == want.routing_steps).all()
+        assert not (ref_bal.routing_steps == ref.routing_steps).all()      # the balanced run did route otherwise
         assert info["compile"] is True and any("warmup_compile" in v for v in model.info["setup_s"].values())
     finally:
         variants.apply(model, ExecutionConfig())

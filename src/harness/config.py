@@ -246,6 +246,10 @@ class WorkloadConfig:
     text_tokens: int = _f(12, min=0)       # prompt text tokens (BOS excluded) when there is no tokenizer
     seed: int = 0
     max_pixels: int = _f(60_000_000, min=1)  # larger pages are refused with a clear error
+    # MoE routing: weights (the checkpoint's own; parity depends on it) | balanced (each token's top-k drawn
+    # uniformly without repeats per layer from routing_seed, its page and position; harness.models.routing)
+    routing: str = _f("weights", choices=("weights", "balanced"))
+    routing_seed: int = 0
 
 
 def check_page_size(w: WorkloadConfig, where: str = "") -> None:
@@ -602,6 +606,22 @@ def check_vendor_execution(cfg: "HarnessConfig") -> None:
                                    "model=reference")
 
 
+def check_routing(cfg: "HarnessConfig") -> None:
+    """``workload.routing=balanced`` (in ``workload`` or a case's) runs in the reference model's gate:
+    refused with ``model=vendor`` (its code runs as shipped) and with ``+experiment=throughput``
+    (its pipeline builds requests of the weights' routing)."""
+    where = [("workload", cfg.workload.routing)] + [(f"cases[{i}]", c.routing) for i, c in enumerate(cfg.cases or [])]
+    for prefix, routing in where:
+        if routing in (None, "weights"):
+            continue
+        if cfg.model.name == "vendor":
+            raise HarnessError(f"{prefix}.routing={routing} forces the reference model's gate; the vendor code runs "
+                               "as shipped", "drop workload.routing with model=vendor, or use model=reference")
+        if cfg.throughput is not None:
+            raise HarnessError(f"{prefix}.routing={routing} is not applied by the throughput pipeline",
+                               "drop workload.routing with +experiment=throughput")
+
+
 def validate(cfg: HarnessConfig) -> HarnessConfig:
     """Refuse values the types allow but the harness does not (choices, ranges, the device
     string), with one-line HarnessErrors. Returns ``cfg``."""
@@ -609,6 +629,7 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
     for i, case in enumerate(cfg.cases or []):
         _walk(case, f"cases[{i}].")
     check_vendor_execution(cfg)
+    check_routing(cfg)
     dev = str(cfg.device)
     if dev not in ("auto", "cpu", "cuda") and not (dev.startswith("cuda:") and dev[5:].isdigit()):
         raise HarnessError(f"device={dev!r} is not a device the harness runs on", f"use {DEVICES_HELP}")
@@ -649,7 +670,8 @@ register()   # at import, so any Hydra composition of conf/ (the CLI, tests, use
 
 __all__ = ["LLMConfig", "SAMConfig", "CLIPConfig", "ProjectorConfig", "ExecutionConfig", "ExecutionOverrides",
            "ModelConfig", "CostModelConfig", "cost_config", "EXECUTION_KNOBS", "WorkloadConfig", "check_page_size",
-           "CaseConfig", "case_execution", "check_vendor_execution", "moved_knob", "TokensConfig", "ThroughputConfig",
+           "CaseConfig", "case_execution", "check_vendor_execution", "check_routing", "moved_knob", "TokensConfig",
+           "ThroughputConfig",
            "check_throughput",
            "MeasureConfig", "HardwareConfig", "ProfileConfig", "RunConfig", "HarnessConfig", "ATTN_IMPLEMENTATIONS",
            "register", "from_dict", "to_config", "to_dict", "validate", "config_error", "SCHEMA_NAME"]

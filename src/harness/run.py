@@ -99,7 +99,8 @@ class CaseTables:
         frame_rs = pd.DataFrame(per_step) if per_step else None
         rows = routing_rows(case.name, counts)
         table = pd.DataFrame(self.routing + rows) if rows else None
-        entry = {**case.to_dict(), **inputs.pages_entry(), "execution": execution,
+        entry = {**case.to_dict(), **inputs.pages_entry(), **inputs.routing_entry(),
+                 "execution": execution,
                  "warmup_ms": [round(t, 3) for t in warm.get("warmup_ms", [])], "warmup_steady": warm.get("steady"),
                  "trace": {"file": trace_name(case.name), "bytes": trace["bytes"]} if trace else None}
         with rd.case_files():

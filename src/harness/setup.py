@@ -33,6 +33,7 @@ from . import workload as wl
 from .config import CaseConfig, ExecutionConfig, HarnessConfig, ModelConfig, WorkloadConfig, case_execution, check_page_size
 from .dtypes import torch_dtype
 from .errors import HarnessError
+from .models.routing import routing_label
 
 
 # ------------------------------------------------------------------------------ device, dtype
@@ -140,6 +141,13 @@ class CaseInputs:
                 "copies": distinct < len(names), "pages_label": wl.batch_wording(len(names), distinct),
                 "page_source": page_source(self.workload)}
 
+    def routing_entry(self) -> dict:
+        """The manifest case entry's routing fields: ``routing`` (workload.routing), ``routing_seed``
+        (balanced only) and ``routing_label`` (``models.routing.routing_label``)."""
+        w = self.workload
+        return {"routing": w.routing, "routing_seed": w.routing_seed if w.routing == "balanced" else None,
+                "routing_label": routing_label(w.routing, w.routing_seed)}
+
     def pages_of(self, repeat: int) -> list:
         """The pages of request ``repeat`` (< 0: warm-ups): synthetic pages are new for every request
         (``synthetic_pages``); pages from files are the same every time."""
@@ -151,7 +159,7 @@ class CaseInputs:
         w = self.workload
         return wl.build_request(pages, w.mode, decode_tokens=w.decode_tokens, prompt=w.prompt,
                                 tokenizer=self.tokenizer, text_tokens=w.text_tokens, seed=w.seed,
-                                name=self.case.name)
+                                name=self.case.name, routing=w.routing, routing_seed=w.routing_seed)
 
     def request_for(self, repeat: int) -> wl.Request:
         """The request of timed repeat ``repeat`` (< 0: warm-ups), CPU tensors."""

@@ -650,6 +650,9 @@ class Request:
     #: what it was built from, for a model that preprocesses pages itself (the vendor's infer())
     source_pages: list = dataclasses.field(default_factory=list, repr=False)   # [Page]
     prompt: str = ""
+    #: MoE routing the request runs (workload.routing): the weights' own, or balanced (seeded, per page)
+    routing: str = "weights"
+    routing_seed: int = 0
 
     @property
     def mode(self) -> CropMode:
@@ -765,13 +768,14 @@ def batch_pages(pages: list[Page], mode, batch: int, repeat: bool = False, where
 
 def build_request(pages: list[Page], mode, decode_tokens: int = 128,
                   prompt: str = DEFAULT_PROMPT, tokenizer=None, text_tokens: int = 12,
-                  seed: int = 0, name: str = "") -> Request:
+                  seed: int = 0, name: str = "", routing: str = "weights", routing_seed: int = 0) -> Request:
     """Batch pages (same tile grid) into one request with the vendor's token layout.
 
     Layout: [BOS] + text before <image> + image tokens + text after. The prompt is stripped as
     the vendor's plain template does. With a tokenizer the text is encoded without special
     tokens; without one, ``text_tokens`` fixed filler ids (seeded) stand in after the image.
-    ``name`` names the request's Case (default: mode[-grid][-bB]).
+    ``name`` names the request's Case (default: mode[-grid][-bB]). ``routing`` / ``routing_seed``:
+    the MoE routing it runs (``workload.routing``; ``harness.models.routing``).
     """
     mode = get_mode(mode)
     if not pages:
@@ -817,7 +821,7 @@ def build_request(pages: list[Page], mode, decode_tokens: int = 128,
     assert case.image_tokens == first.image_tokens and case.prefill_tokens == len(ids)
     return Request(case=case, input_ids=input_ids, images_seq_mask=seq_mask, global_views=views, tiles=tiles,
                    pages=[p.name for p in pages], image_start=BOS_TOKENS + len(before), source_pages=list(pages),
-                   prompt=prompt)
+                   prompt=prompt, routing=routing, routing_seed=routing_seed)
 
 
 def load_tokenizer(path: str | os.PathLike | None, text_tokens: int = 12):

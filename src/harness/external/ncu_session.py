@@ -9,6 +9,14 @@ KV read, writes = activations written + KV written (``READ_COLUMNS`` / ``WRITE_C
 total near 1 can hide a read excess cancelling a write deficit. ncu replays each kernel, so its
 durations are per-kernel times with caches flushed between passes, not the request's timeline,
 and ``L2_CAVEAT`` says what that does to reads and writes.
+
+The analytic side is the profiled request's own: the child run measures one request (no warm-up,
+one repeat), so its ``routing.csv`` / ``routing_steps.csv`` hold the experts that very request
+touched, per decode step and MoE layer (the union over its batch's rows); the MoE weight bytes use
+them (``roofline.join.analytic_for_run``). The comparison row records where they came from
+(``routing_source``: ``roofline.join.ROUTING_SOURCES``; *expected routing* only where the child run
+kept no counts), which routing ran (``routing``: ``workload.routing``) and the distinct experts per
+MoE layer per step (``experts_step``: median [min–max]).
 """
 from __future__ import annotations
 
@@ -25,7 +33,8 @@ from ..errors import HarnessError
 from ..markdown import table
 from ..measure.kernels import categorize
 from ..roofline.ceilings import ceilings
-from ..roofline.join import analytic_for_run
+from ..report.routing import routing_facts
+from ..roofline.join import analytic_for_run, expected_routing
 from ..rundir import RunData, load_run
 from .ncu import METRIC_SETS, export_command, flops_columns, ncu_command, parse_raw_csv, shell
 from .tools import find_tool, portable_command, run_logged
@@ -34,7 +43,8 @@ COMPARE_COLUMNS = ["case", "stage", "kernels", "measured_tensor_flops", "analyti
                    "measured_vector_flops", "analytic_vector_flops", "vector_ratio", "measured_dram_bytes",
                    "analytic_bytes", "bytes_ratio", "kernel_time_ms", "decode_steps", "note",
                    "measured_dram_read_bytes", "analytic_read_bytes", "read_ratio",
-                   "measured_dram_write_bytes", "analytic_write_bytes", "write_ratio"]
+                   "measured_dram_write_bytes", "analytic_write_bytes", "write_ratio", "routing_source", "routing",
+                   "experts_step"]
 #: analytic byte columns (``harness.analytic.compose.COLUMNS``) that a kernel reads / writes
 READ_COLUMNS = ("bytes_weights", "bytes_act_read", "bytes_kv_read")
 WRITE_COLUMNS = ("bytes_act_write", "bytes_kv_write")
@@ -71,16 +81,24 @@ def compare_stage(kern: pd.DataFrame, totals: dict, stage: str, case: str, steps
 
 
 def analytic_totals(child_run: Path) -> tuple:
-    """Analytic stage totals of the child run's case (measured routing applied to MoE bytes),
-    through the same analytic frames the roofline join uses."""
+    """Analytic stage totals of the child run's case (its measured routing applied to MoE bytes),
+    through the same analytic frames the roofline join uses: ``analytic_totals_of``."""
     return analytic_totals_of(load_run(child_run))
 
 
 def analytic_totals_of(run) -> tuple:
-    """(stage totals {stage: {column: value}}, first case entry) of a ``RunData`` (its routing
-    tables, when it has them, set the MoE bytes; else the uniform-routing expectation)."""
+    """(stage totals {stage: {column: value}}, first case entry, routing {"routing_source", "routing",
+    "experts_step"}: the compare row's routing fields) of a ``RunData``: its routing tables, when it has
+    them, set the MoE bytes (per decode step where ``routing_steps.csv`` has the case); else the
+    uniform-routing expectation, said in ``routing_source``."""
     analytic, _, _ = analytic_for_run(run)
-    return stage_totals(analytic), run.manifest["cases"][0]
+    case = run.manifest["cases"][0]
+    fact = routing_facts(run).get(case.get("name"), {})
+    spread = fact.get("experts_step")
+    routing = {"routing_source": str(analytic["routing"].iloc[0]) if len(analytic) else None,
+               "routing": fact.get("routing"),
+               "experts_step": f"{spread[0]:g} [{spread[1]:g}–{spread[2]:g}]" if spread else None}
+    return stage_totals(analytic), case, routing
 
 
 def run_ncu(cfg, stage: str, child: list[str], out_dir: Path) -> dict:
@@ -112,9 +130,9 @@ def run_ncu(cfg, stage: str, child: list[str], out_dir: Path) -> dict:
     child_runs = sorted((out_dir / "child").glob("*/manifest.json"))
     if not child_runs:
         raise HarnessError("the profiled child run wrote no manifest", f"see {out / 'ncu.log'}")
-    totals, case = analytic_totals(child_runs[-1].parent)
+    totals, case, routing = analytic_totals(child_runs[-1].parent)
     steps = max(case["decode_tokens"] - 1, 0)
-    row = compare_stage(kern, totals, stage, case["name"], steps)
+    row = {**compare_stage(kern, totals, stage, case["name"], steps), **routing}
     if len(kern) >= prof.launch_count:
         row["note"] = "launch count reached: the stage was cut short; raise profile.launch_count"
     cmp_df = pd.DataFrame([row], columns=COMPARE_COLUMNS)
@@ -235,8 +253,9 @@ def render(cmp_df: pd.DataFrame, kern: pd.DataFrame, stage: str, peaks=None, png
                  "(replayed one by one, caches flushed: not the request timeline)."
              + (f" Decode: {int(r['decode_steps'])} step(s)." if r["decode_steps"] == r["decode_steps"]
                 and r["decode_steps"] is not None else ""),
-             "", "Analytic: `harness.analytic` for the same case (MoE bytes from the run's measured routing unless the "
-                 "note below says otherwise); measured: "
+             "", routing_line(r),
+             "", "Analytic: `harness.analytic` for the same case (MoE bytes from the profiled request's measured "
+                 "routing unless the line above says otherwise); measured: "
                  "`sm__ops_path_tensor_src_bf16_dst_fp32` (FLOPs), SASS fp32/fp16 add/mul (1) and fma (2), "
                  "`dram__bytes_read`, `dram__bytes_write`.", "", f"L2 and write-back: {L2_CAVEAT}", "",
              "## Gaps", ""]
@@ -270,6 +289,22 @@ def render(cmp_df: pd.DataFrame, kern: pd.DataFrame, stage: str, peaks=None, png
     return "\n".join(lines) + "\n"
 
 
+def routing_line(r) -> str:
+    """Where the analytic MoE weight bytes took their experts from (a compare row's routing fields)."""
+    get = r.get if hasattr(r, "get") else (lambda c: None)
+    source, routing, experts = get("routing_source"), get("routing"), get("experts_step")
+    if not source:
+        return "MoE bytes: routing source not recorded (a comparison written before it was)."
+    text = f"MoE bytes from: {source}"
+    if routing:
+        text += f"; routing `{routing}`"
+    if experts:
+        text += f"; distinct experts per MoE layer per decode step (over the batch's rows) {experts}"
+    if expected_routing(source):
+        text += " (no per-step counts: the uniform expectation, not what the request touched)"
+    return text + "."
+
+
 def rerender(ncu_dir: Path, child_manifest: Path) -> dict:
     """Rebuild report.md and roofline_ncu.png from a saved ncu folder (kernels.csv,
     stage_compare.csv) and the child run's manifest: ``python -m harness.external.ncu_session DIR MANIFEST``."""
@@ -291,10 +326,10 @@ def recompare(kern: pd.DataFrame, old, manifest: dict, where: Path) -> pd.DataFr
     """The comparison row of an ncu folder written before reads and writes were compared: the
     analytic side recomputed from the child run's manifest (uniform-routing expectation for MoE
     bytes, said in the note: the folder keeps no routing.csv)."""
-    totals, case = analytic_totals_of(RunData(Path(where), manifest))
+    totals, case, routing = analytic_totals_of(RunData(Path(where), manifest))
     stage = str(old["stage"])
-    row = compare_stage(kern[kern["stage"] == stage] if "stage" in kern else kern, totals, stage, case["name"],
-                        max(int(case["decode_tokens"]) - 1, 0))
+    row = {**compare_stage(kern[kern["stage"] == stage] if "stage" in kern else kern, totals, stage, case["name"],
+                           max(int(case["decode_tokens"]) - 1, 0)), **routing}
     notes = [str(old.get("note") or ""), "analytic side recomputed from child_manifest.json with the "
              "uniform-routing expectation for MoE bytes (routing.csv not kept)"]
     row["note"] = "; ".join(n for n in notes if n)

@@ -9,21 +9,27 @@ then one small kernel, one program per token:
 2. top-k as k rounds of (max, lowest index holding it, mask it out): descending order, ties go to
    the lowest expert index. ``torch.topk(sorted=False)`` may order a token's k experts differently;
    the set is the same (for untied scores) and consumers sum over k;
-3. with ``norm`` and k > 1 the k weights are divided by (their sum + 1e-20), then multiplied by
-   ``scale`` (both as in ``MoEGate``); idx (int64) and weights (fp32) stored.
-
-4. with ``counts`` (one token only), the routing count: each chosen expert's counter + 1, a plain
-   load and store (one program, k distinct experts: no race, no atomic), instead of the routing
-   target's scatter-add launch.
+3. with ``forced`` (``workload.routing=balanced``; ``models.routing``): the token's k experts read
+   from the forced table [batch, positions, layers, k] at (its row, min(position, positions - 1),
+   ``layer``), the position read on the device; their weights the softmax probabilities at them.
+   With a runtime flag ``on`` [1] (a compiled step shared by both routings) the forced experts
+   replace the top-k only where it holds;
+4. with ``norm`` and k > 1 the k weights are divided by (their sum + 1e-20), then multiplied by
+   ``scale`` (both as in ``MoEGate``); idx (int64) and weights (fp32) stored;
+5. with ``counts`` (one token only), the routing count: each chosen expert's counter + 1 at row
+   min(step_index, steps) of the counts buffer [steps + 1, layers, experts], the step index read on
+   the device (so a captured or compiled step counts each replay at its own step); a plain load and
+   store (one program, k distinct experts: no race, no atomic), instead of the routing target's
+   scatter-add launch.
 
 A first version computed the logits in the same kernel, one program per token: 39 µs per layer on
 an H200 (one SM streaming the 164 KB gate), so the GEMV stays apart. An atomic routing count in
 that version miscounted under torch.compile + CUDA graphs on the GPU (cause not found; it took a
-view of the counter buffer); ``counts`` here is the whole buffer and an offset. The float constants (``scale``, 1e-20) are compile-time
-constants: under torch.compile a Python float runtime argument reaches a user Triton kernel as
-fp64. No host sync and outputs from ``torch.empty``: callable inside torch.compile and CUDA-graph
-capture. Importing this module imports triton; ``TRITON_INTERPRET=1`` before the first import of
-``common`` runs the kernels on CPU tensors (tests).
+view of the counter buffer); ``counts`` here is the whole buffer and a device step index. The float
+constants (``scale``, 1e-20) are compile-time constants: under torch.compile a Python float runtime
+argument reaches a user Triton kernel as fp64. No host sync and outputs from ``torch.empty``:
+callable inside torch.compile and CUDA-graph capture. Importing this module imports triton;
+``TRITON_INTERPRET=1`` before the first import of ``common`` runs the kernels on CPU tensors (tests).
 """
 from __future__ import annotations
 
@@ -36,10 +42,12 @@ from .common import check_runnable
 
 
 @triton.jit
-def _topk_kernel(logits_ptr, idx_ptr, wt_ptr, counts_ptr, counts_offset, n_exp, stride_lt, stride_le, stride_it,
-                 stride_ik, stride_ot, stride_ok,
+def _topk_kernel(logits_ptr, idx_ptr, wt_ptr, counts_ptr, step_ptr, steps, n_layers, layer,
+                 table_ptr, pos_ptr, on_ptr, n_pos, n_exp,
+                 stride_lt, stride_le, stride_it, stride_ik, stride_ot, stride_ok,
                  TOP_K: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr, BLOCK_E: tl.constexpr,
-                 BLOCK_TOPK: tl.constexpr, HAS_COUNTS: tl.constexpr):
+                 BLOCK_TOPK: tl.constexpr, HAS_COUNTS: tl.constexpr, HAS_FORCED: tl.constexpr,
+                 FORCED_SWITCH: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
     e_ok = offs_e < n_exp
@@ -51,6 +59,7 @@ def _topk_kernel(logits_ptr, idx_ptr, wt_ptr, counts_ptr, counts_offset, n_exp, 
     #    -1 marks padding and chosen lanes
     cand = tl.where(e_ok, probs, -1.0)
     offs_k = tl.arange(0, BLOCK_TOPK)
+    k_ok = offs_k < TOP_K
     sel_w = tl.zeros((BLOCK_TOPK,), dtype=tl.float32)
     sel_i = tl.zeros((BLOCK_TOPK,), dtype=tl.int64)
     for j in tl.static_range(TOP_K):
@@ -59,22 +68,62 @@ def _topk_kernel(logits_ptr, idx_ptr, wt_ptr, counts_ptr, counts_offset, n_exp, 
         sel_w = tl.where(offs_k == j, best, sel_w)
         sel_i = tl.where(offs_k == j, at.to(tl.int64), sel_i)
         cand = tl.where(offs_e == at, -1.0, cand)
-    # 3. renormalise (as MoEGate: w / (sum + 1e-20)), then scale
+    # 3. forced experts of this row at its (device) position, at their softmax probabilities
+    if HAS_FORCED:
+        pos = tl.minimum(tl.load(pos_ptr), n_pos - 1)
+        f_i = tl.load(table_ptr + ((tok * n_pos + pos) * n_layers + layer) * TOP_K + offs_k, mask=k_ok, other=0)
+        f_w = tl.sum(tl.where(offs_e[None, :] == f_i[:, None], probs[None, :], 0.0), axis=1)
+        if FORCED_SWITCH:
+            on = tl.load(on_ptr) != 0
+            sel_i = tl.where(on, f_i, sel_i)
+            sel_w = tl.where(on, f_w, sel_w)
+        else:
+            sel_i = f_i
+            sel_w = f_w
+    # 4. renormalise (as MoEGate: w / (sum + 1e-20)), then scale
     if NORM:
+        sel_w = tl.where(k_ok, sel_w, 0.0)
         sel_w = sel_w / (tl.sum(sel_w, axis=0) + 1e-20)
     sel_w = sel_w * SCALE
-    k_ok = offs_k < TOP_K
     tl.store(idx_ptr + tok * stride_it + offs_k * stride_ik, sel_i, mask=k_ok)
     tl.store(wt_ptr + tok * stride_ot + offs_k * stride_ok, sel_w, mask=k_ok)
-    if HAS_COUNTS:                              # 4. one program (one token), k distinct experts
-        at = counts_ptr + counts_offset + sel_i
+    if HAS_COUNTS:                              # 5. one program (one token), k distinct experts
+        step = tl.minimum(tl.load(step_ptr), steps)
+        at = counts_ptr + (step * n_layers + layer) * n_exp + sel_i
         tl.store(at, tl.load(at, mask=k_ok, other=0) + 1, mask=k_ok)
 
 
-def route(x: torch.Tensor, w: torch.Tensor, top_k: int, norm: bool, scale: float, counts: tuple | None = None):
-    """x [T, H], gate weight w [E, H] -> (idx int64 [T, k], weights fp32 [T, k]); see the module
-    docstring. ``counts`` = (contiguous int64 buffer, offset), T = 1 only: the counters
-    ``buffer.view(-1)[offset:offset + E]`` of the chosen experts + 1 (``RoutingCounter.device_target``)."""
+def _check_counts(counts: tuple, x: torch.Tensor, E: int, layer: int) -> None:
+    buf, step = counts
+    T = x.shape[0]
+    if (T != 1 or buf.dim() != 3 or buf.dtype != torch.int64 or not buf.is_contiguous() or buf.device != x.device
+            or buf.shape[2] != E or not 0 <= layer < buf.shape[1] or step.dtype != torch.int64 or step.numel() != 1
+            or step.device != x.device):
+        raise HarnessError(f"route: counts need one token, a contiguous int64 buffer [steps + 1, layers, {E}] with "
+                           f"layer {layer} and an int64 step index [1] on {x.device}; got T={T}, {buf.dtype} "
+                           f"{tuple(buf.shape)} on {buf.device}, step {step.dtype} {tuple(step.shape)}")
+
+
+def _check_forced(forced: tuple, x: torch.Tensor, top_k: int, layer: int) -> None:
+    table, pos, on = forced
+    T = x.shape[0]
+    if (table.dim() != 4 or table.shape[0] != T or table.shape[3] != top_k or not 0 <= layer < table.shape[2]
+            or table.dtype != torch.int64 or not table.is_contiguous() or table.device != x.device
+            or pos.dtype != torch.int64 or pos.numel() != 1 or pos.device != x.device
+            or (on is not None and (on.dtype != torch.bool or on.numel() != 1 or on.device != x.device))):
+        raise HarnessError(f"route: forced needs a contiguous int64 table [{T}, positions, layers, {top_k}] with "
+                           f"layer {layer}, an int64 position [1] and a bool flag [1] or None on {x.device}; got "
+                           f"{table.dtype} {tuple(table.shape)}, position {pos.dtype} {tuple(pos.shape)}")
+
+
+def route(x: torch.Tensor, w: torch.Tensor, top_k: int, norm: bool, scale: float, layer: int = 0,
+          counts: tuple | None = None, forced: tuple | None = None):
+    """x [T, H], gate weight w [E, H] -> (idx int64 [T, k], weights fp32 [T, k]) of MoE ``layer``; see the
+    module docstring. ``counts`` = (buffer int64 [steps + 1, layers, E] contiguous, step_index int64
+    [1]), T = 1 only: the chosen experts' counters at row min(step_index, steps) + 1
+    (``models.routing.DeviceRouting.device_counts``). ``forced`` = (table int64 [T, positions, layers,
+    k], position int64 [1], on bool [1] or None): token t is row t of the table at that position
+    (decode: one token per batch row; ``DeviceRouting.forced_inputs``)."""
     from .gemv_triton import gemv
 
     check_runnable(x)
@@ -85,19 +134,23 @@ def route(x: torch.Tensor, w: torch.Tensor, top_k: int, norm: bool, scale: float
     if not 1 <= top_k <= E:
         raise HarnessError(f"route: top_k={top_k} needs 1 <= top_k <= E={E}")
     if counts is not None:
-        buf, offset = counts
-        if (T != 1 or buf.dtype != torch.int64 or not buf.is_contiguous() or buf.device != x.device
-                or not 0 <= offset <= buf.numel() - E):
-            raise HarnessError(f"route: counts need one token and a contiguous int64 buffer on {x.device} holding "
-                               f"[offset, offset + {E}); got T={T}, {buf.dtype} [{buf.numel()}] on {buf.device}, "
-                               f"offset {offset}")
+        _check_counts(counts, x, E, layer)
+    if forced is not None:
+        _check_forced(forced, x, top_k, layer)
+        if counts is not None and counts[0].shape[1] != forced[0].shape[2]:
+            raise HarnessError(f"route: the counts hold {counts[0].shape[1]} layers, the forced table "
+                               f"{forced[0].shape[2]}")
     logits = gemv(x, w, torch.float32)
     idx = torch.empty(T, top_k, dtype=torch.int64, device=x.device)
     weights = torch.empty(T, top_k, dtype=torch.float32, device=x.device)
+    buf, step = counts if counts is not None else (idx, idx)
+    table, pos, on = forced if forced is not None else (idx, idx, None)
     _topk_kernel[(T,)](
-        logits, idx, weights, counts[0] if counts else idx, counts[1] if counts else 0, E,
+        logits, idx, weights, buf, step, buf.shape[0] - 1 if counts is not None else 0,
+        table.shape[2] if forced is not None else (buf.shape[1] if counts is not None else 1), layer,
+        table, pos, on.view(torch.uint8) if on is not None else table, table.shape[1] if forced is not None else 1, E,
         logits.stride(0), logits.stride(1), idx.stride(0), idx.stride(1), weights.stride(0), weights.stride(1),
         TOP_K=top_k, NORM=bool(norm and top_k > 1), SCALE=float(scale),
         BLOCK_E=triton.next_power_of_2(E), BLOCK_TOPK=triton.next_power_of_2(top_k), HAS_COUNTS=counts is not None,
-        num_warps=1)
+        HAS_FORCED=forced is not None, FORCED_SWITCH=on is not None, num_warps=1)
     return idx, weights

@@ -133,19 +133,21 @@ class DeepseekOCR(nn.Module):
         return self.decoder(self.model.embed_tokens(token), pos, cache)
 
     def route_moe(self, target) -> None:
-        """Send every MoE layer's routing to ``target`` (a RoutingCounter, DeviceCounts or None)."""
+        """Send every MoE layer's routing to ``target`` (a ``RoutingCounter``, a ``DeviceRouting`` or None)."""
         for mod in self.modules():
             if isinstance(mod, MoE):
                 mod.routing = target
 
     # ------------------------------------------------------- adapter protocol
     def routing_counter(self) -> RoutingCounter:
-        return RoutingCounter(self.cfg.llm.num_layers, self.cfg.llm.n_routed_experts)
+        L = self.cfg.llm
+        return RoutingCounter(L.num_layers, L.n_routed_experts, L.num_experts_per_tok)
 
     @contextlib.contextmanager
     def running(self, request, max_new_tokens: int, counter: RoutingCounter):
-        """The request's growing KV cache; MoE routing goes to ``counter`` (host counts)."""
-        self.route_moe(counter)
+        """The request's growing KV cache; MoE routing goes to ``counter`` (host counts; its forced
+        experts under ``workload.routing=balanced``)."""
+        self.route_moe(counter.target())
         try:
             yield KVCache(self.cfg.llm.num_layers)
         finally:

@@ -4,8 +4,10 @@
 the model's device) through a ``ModelAdapter``: the adapter's ``first_token`` (vision stages and
 prefill), then ``decode_tokens - 1`` calls of ``next_token`` (one ``decode_step`` range each).
 EOS is ignored: decoding always runs the fixed budget. Routing counts (per phase, and per decode
-step: ``counter.step(i)`` is a host integer, nothing syncs), the KV cache size and the request's
-host time come back in a ``GenerationResult``. An adapter that owns its loop (``generate_own``,
+step: ``counter.step(i)`` is a host integer, nothing syncs; a static-cache step moves its own device
+step index), the KV cache size and the request's host time come back in a ``GenerationResult``.
+The counter is planned with the request (its decode steps and ``workload.routing``) before the
+adapter sets the request up. An adapter that owns its loop (``generate_own``,
 ``harness.models.adapter.own_loop``) runs the request itself instead.
 """
 from __future__ import annotations
@@ -33,7 +35,7 @@ def _loop(adapter: ModelAdapter, request, stage: StageFn, n_new: int) -> Generat
     """The harness's greedy loop over ``first_token`` / ``next_token``."""
     counter = adapter.routing_counter()
     steps = max(n_new - 1, 0)
-    counter.plan_steps(steps)
+    counter.plan(request, steps)
     out = []
     with adapter.running(request, n_new, counter) as cache, stage("request"):
         t0 = time.perf_counter()

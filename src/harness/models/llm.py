@@ -179,27 +179,50 @@ class SwiGLU(nn.Module):
 
 
 class MoEGate(nn.Module):
-    """fp32 softmax over expert logits, greedy top-k (unsorted), optional renormalisation, scale."""
+    """fp32 softmax over expert logits, greedy top-k (unsorted), optional renormalisation, scale.
 
-    def __init__(self, cfg: LLMConfig):
+    ``routing`` (``forward``): the request's routing target that ``MoE.routing`` holds
+    (``harness.models.routing``). Under ``workload.routing=balanced`` it holds the request's forced
+    experts for this layer (``forced_experts``): they replace the top-k, and their weights are the
+    softmax probabilities at them (``select``). This is the one place forced routing enters the
+    model; every execution's gate (``variants.fused_linears.FusedGate`` too) reads it here.
+    """
+
+    def __init__(self, cfg: LLMConfig, layer_idx: int = 0):
         super().__init__()
+        self.layer_idx = layer_idx
         self.top_k = cfg.num_experts_per_tok
         self.norm_topk_prob = cfg.norm_topk_prob
         self.scale = cfg.routed_scaling_factor
         self.weight = nn.Parameter(torch.empty(cfg.n_routed_experts, cfg.hidden_size))
 
-    def forward(self, x: torch.Tensor):
-        """(idx int64 [T, k], weights fp32 [T, k])."""
-        return self.select(self.logits(x))
+    def forward(self, x: torch.Tensor, routing=None):
+        """(idx int64 [T, k], weights fp32 [T, k]) of x [B, S, hidden] (or [T, hidden])."""
+        return self.select(self.logits(x), self.forced(x, routing))
+
+    def forced(self, x: torch.Tensor, routing):
+        """``routing``'s forced experts of x's tokens (experts [T, k], on), or None: the weights' routing."""
+        if routing is None:
+            return None
+        batch = x.shape[0]
+        return routing.forced_experts(self.layer_idx, batch, x.numel() // x.shape[-1] // batch)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """fp32 expert logits [T, experts] (the vendor's F.linear of fp32 casts)."""
         return F.linear(x.reshape(-1, x.shape[-1]).float(), self.weight.float())
 
-    def select(self, logits: torch.Tensor):
-        """Softmax, top-k, renormalisation and scale of fp32 logits [T, experts]."""
+    def select(self, logits: torch.Tensor, forced=None):
+        """Softmax, top-k, renormalisation and scale of fp32 logits [T, experts]. ``forced`` = (experts
+        [T, k], on): those experts at their softmax probabilities instead of the top-k (where the
+        runtime flag ``on`` [1] holds, when it is given)."""
         scores = logits.softmax(dim=-1, dtype=torch.float32)
-        w, idx = torch.topk(scores, k=self.top_k, dim=-1, sorted=False)
+        if forced is None:
+            w, idx = torch.topk(scores, k=self.top_k, dim=-1, sorted=False)
+        else:
+            experts, on = forced
+            idx = experts if on is None else torch.where(
+                on, experts, torch.topk(scores, k=self.top_k, dim=-1, sorted=False)[1])
+            w = scores.gather(-1, idx)
         if self.top_k > 1 and self.norm_topk_prob:
             w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
         return idx, w * self.scale
@@ -208,11 +231,12 @@ class MoEGate(nn.Module):
 class MoE(nn.Module):
     """Routed experts + shared expert. ``moe_infer`` is the vendor's per-expert loop.
 
-    ``routing``: a ``RoutingCounter`` that receives each call's routing (``add_host``; set by the
-    model for one request). ``uniform_counts``: split the routed rows uniformly over the experts
-    instead of reading the real counts from the device (no host sync, so it runs on ``meta``
-    tensors): the exactness check counts FLOPs that way (``harness.analytic.check``); every
-    routed row still passes exactly one expert's three GEMMs.
+    ``routing``: the request's routing target (``harness.models.routing``; set by the model for one
+    request): it receives each call's routing (``add_host``) and hands the gate any forced experts.
+    ``uniform_counts``: split the routed rows uniformly over the experts instead of reading the real
+    counts from the device (no host sync, so it runs on ``meta`` tensors): the exactness check
+    counts FLOPs that way (``harness.analytic.check``); every routed row still passes exactly one
+    expert's three GEMMs.
     """
 
     def __init__(self, cfg: LLMConfig, layer_idx: int):
@@ -220,14 +244,14 @@ class MoE(nn.Module):
         self.layer_idx = layer_idx
         self.experts = nn.ModuleList(SwiGLU(cfg.hidden_size, cfg.moe_intermediate_size)
                                      for _ in range(cfg.n_routed_experts))
-        self.gate = MoEGate(cfg)
+        self.gate = MoEGate(cfg, layer_idx)
         self.shared_experts = SwiGLU(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts)
         self.routing = None
         self.uniform_counts = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        idx, w = self.gate(x)
+        idx, w = self.gate(x, self.routing)
         y = self.moe_infer(x.reshape(-1, shape[-1]), idx, w)
         return y.view(*shape) + self.shared_experts(x)
 

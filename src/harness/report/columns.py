@@ -116,12 +116,28 @@ def interval(v) -> str:
     return text_ + (" unstable" if unstable else "")
 
 
+#: appended to an MBU cell whose decode MoE bytes used the uniform expectation (no measured counts)
+EXPECTED_ROUTING_NOTE = " (expected routing)"
+
+
 def utilisation(v) -> str:
-    """(kind, datasheet, calibrated) -> 'MFU a / b' (kind MFU or MBU); ``DASH`` for None."""
+    """(kind, datasheet, calibrated[, expected]) -> 'MFU a / b' (kind MFU or MBU; ``expected``: the
+    bytes used the expected routing, said in the cell); ``DASH`` for None."""
     if v is None:
         return DASH
-    kind, a, b = v
-    return f"{kind} {efficiency(a)} / {efficiency(b)}"
+    kind, a, b = v[:3]
+    return f"{kind} {efficiency(a)} / {efficiency(b)}" + (EXPECTED_ROUTING_NOTE if v[3:] and v[3] else "")
+
+
+def routed(fmt: Callable) -> Callable:
+    """(value, expected) -> ``fmt(value)``, with ' (expected routing)' when ``expected`` (an MBU whose
+    decode MoE bytes used the uniform expectation); a bare value as ``fmt``."""
+    def write(v) -> str:
+        if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], bool):
+            value, expected = v
+            return fmt(value) + (EXPECTED_ROUTING_NOTE if expected else "")
+        return fmt(v)
+    return write
 
 
 def joined(fmt: Callable, sep: str = " / ") -> Callable:
@@ -173,6 +189,7 @@ _COLUMNS = [
     _label("op_categories", "kernel categories (runs without module attribution)"),
     _label("kernel"), _label("category"), _label("steps", align=RIGHT), _label("first_kv", f"first 128: kv"),
     _label("last_kv", "last 128: kv"), _label("window", "steps"),
+    _label("routing", "routing"), _label("bytes_routing", "MoE bytes from (analytic)"),
     # headline (the median request)
     Column("e2e", "e2e", "ms", "measured", suffix="[min–max]", fmt=spread()),
     Column("pages_s", "pages/s", "", "derived", fmt=fixed("{:,.3g}")),
@@ -197,7 +214,11 @@ _COLUMNS = [
     Column("syncs_per_step", "syncs/step", "", "measured", "profiled", fmt=fixed("{:,.1f}")),
     Column("decode_idle", "decode idle", "", "derived", fmt=pct),
     Column("decode_cv", "decode CV", "", "measured", fmt=pct),
-    Column("mbu_pair", "MBU", "", "derived", _SHEET_CAL, fmt=pair()),
+    Column("mbu_pair", "MBU", "", "derived", _SHEET_CAL, fmt=routed(pair())),
+    Column("experts_step", "experts per MoE layer per step", "", "measured", "distinct over the batch, median",
+           "[min–max]", fmt=spread(fixed("{:,.0f}"))),
+    Column("experts_decode", "experts per MoE layer over the decode", "", "measured", "distinct, median",
+           "[min–max]", fmt=spread(fixed("{:,.0f}"))),
     Column("speedup", "speed-up", "", "derived", "decode tok/s / vendor-style batch-1 tok/s, 95% CI",
            fmt=interval),
     Column("busy_ratio", "kernel-busy ratio", "", "derived", "vendor-style busy / this busy per decode step",
@@ -256,4 +277,4 @@ def table(names: list, records: list, columns: Optional[dict] = None) -> list:
 
 
 __all__ = ["Column", "COLUMNS", "column", "table", "DASH", "fixed", "sig", "pct", "efficiency", "text", "spread",
-           "pair", "joined", "utilisation", "interval"]
+           "pair", "joined", "utilisation", "interval", "routed", "EXPECTED_ROUTING_NOTE"]

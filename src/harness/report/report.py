@@ -6,7 +6,8 @@ via the cached ``python -m harness calibrate`` record, ``hardware.*`` overrides)
 analytic costs of every measured case (``harness.analytic``), joins them
 (``harness.roofline.join``) and writes, through the ``RunDir`` helper:
 
-* ``analytic.csv``: ``harness.analytic.compose.COLUMNS`` + ``routing`` (measured / uniform) +
+* ``analytic.csv``: ``harness.analytic.compose.COLUMNS`` + ``routing`` (where the MoE bytes' experts
+  come from: ``harness.roofline.join.ROUTING_SOURCES``) +
   ``bytes_kv_copy_read/write`` for every case x stage x family, TOTAL rows per stage;
 * ``headline.csv``: ``harness.measure.summary.HEADLINE_COLUMNS``, one row per case: the
   median request with its stage times and the min/max of every value over the timed repeats;
@@ -19,7 +20,8 @@ analytic costs of every measured case (``harness.analytic``), joins them
 * ``time_breakdown.png``: per case and stage, kernel busy and idle time, host span marked;
 * ``tpot_vs_position.png``: decode-step time against KV length (``harness.report.steps``);
 * ``ladder.png``: decode tok/s and MBU per execution variant (runs with execution variants);
-* ``report.md``: headline (median request) per case, its stage times, execution variants, TPOT
+* ``report.md``: headline (median request) per case, its stage times, execution variants, MoE
+  routing (``report.routing``: the routing each case ran, experts touched per step), TPOT
   against position, per-stage roofline table (GPU span, host span, busy, idle, efficiency against
   span and busy), op families, top kernels per stage, ceilings, environment, caveats. Every column
   header says whether it is measured, analytic or derived.
@@ -46,7 +48,7 @@ from ..roofline.plot import plot_ladder, plot_roofline
 from ..roofline.specs import Peaks
 from ..roofline.table import roofline_table
 from ..rundir import RunData, RunDir, load_run
-from . import ladder, steps
+from . import ladder, routing, steps
 from .breakdown import plot_time_breakdown
 from .context import (calibration_line, caveats_section, ceilings_section, environment_section, files_section,
                       warmup_counts, weights_of)
@@ -155,6 +157,7 @@ def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFra
     st = table[table["level"] == "stage"] if len(table) else table
     L += headline_section(run, st, summary)
     L += ladder.section(run, st, summary)
+    L += routing.section(run, st)
     L += steps.section(run.steps)
     L += stage_section(st)
     L += op_section(table)

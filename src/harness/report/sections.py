@@ -12,7 +12,7 @@ import pandas as pd
 from ..floats import finite as _f
 from ..measure.observations import busy_ms
 from ..measure.summary import Summary
-from ..roofline.join import OP_GROUPS
+from ..roofline.join import OP_GROUPS, expected_routing
 from ..rundir import RunData
 from ..anatomy.stages import PREPROCESS, STAGES
 from .columns import fixed, pct, table
@@ -91,10 +91,11 @@ def headline_section(run: RunData, st: pd.DataFrame, summary: Summary) -> list:
 
 
 def _utilisation(r) -> tuple | None:
-    """('MFU', sheet, cal) for the vision stages and prefill, ('MBU', ...) for decode, else None."""
+    """('MFU', sheet, cal) for the vision stages and prefill, ('MBU', sheet, cal, expected) for decode
+    (``expected``: its MoE bytes used the expected routing), else None."""
     for kind in ("mfu", "mbu"):
         if _f(r.get(kind)) is not None or _f(r.get(kind + "_cal")) is not None:
-            return (kind.upper(), *_pair(r, kind))
+            return (kind.upper(), *_pair(r, kind)) + ((expected_routing(r.get("routing")),) if kind == "mbu" else ())
     return None
 
 

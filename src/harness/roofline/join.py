@@ -10,8 +10,11 @@ Inputs (``harness.rundir.RunData``: what a run measured, in memory or read back 
 * ``kernels.csv`` (``KERNEL_COLUMNS`` + ``case``): kernel busy ms per op family (``ops``).
 * ``routing.csv`` (case, phase, layer, e0..eN) and ``routing_steps.csv`` (case, step, layer,
   experts, e0..eN): measured MoE routing; it sets the experts touched in the analytic MoE weight
-  bytes (prefill per layer; decode per layer and step: exact at any batch with the per-step file,
-  else exact for batch 1 and the uniform expectation per step for batch > 1).
+  bytes (prefill per layer; decode per layer and step: the union over the batch's rows of each step,
+  summed over the steps, from the per-step file, which every execution writes; without it exact for
+  batch 1 and the uniform expectation per step for batch > 1). The ``routing`` column names the
+  source (``ROUTING_SOURCES``); where decode used the expectation, the MBU cell says
+  "expected routing" (``expected_routing``).
 * ``manifest.json``: model config, dtype, cases (``workload.Case.to_dict``), device.
 
 Analytic side: ``analytic_for_case`` (``harness.analytic.workload_costs`` of one ``workload.Case`` with
@@ -152,6 +155,20 @@ def routing_step_array(routing_steps: pd.DataFrame, case: str, steps: int, num_l
 
 KV_COPY_COLUMNS = ("bytes_kv_copy_read", "bytes_kv_copy_write")
 
+#: the analytic frame's (and roofline row's) ``routing``: where the MoE weight bytes' experts come from
+ROUTING_SOURCES = {
+    "per_step": "measured per step",                                   # prefill per layer, decode per step
+    "batch1": "measured (batch 1: top-k experts every step)",          # decode summed: exact at batch 1
+    "decode_expected": "measured prefill; decode: expected routing",   # batch > 1 without per-step counts
+    "expected": "expected routing",                                    # no counts: the uniform expectation
+}
+EXPECTED_ROUTING = "expected routing"
+
+
+def expected_routing(source) -> bool:
+    """Whether a ``routing`` source put the uniform expectation in the decode MoE bytes."""
+    return isinstance(source, str) and source.endswith(EXPECTED_ROUTING)
+
 
 def _kv_copy(df: pd.DataFrame, static: pd.DataFrame) -> pd.DataFrame:
     """``df`` with KV_COPY_COLUMNS: its KV bytes minus those of the static-cache execution model."""
@@ -166,27 +183,27 @@ def _kv_copy(df: pd.DataFrame, static: pd.DataFrame) -> pd.DataFrame:
 
 
 def analytic_for_case(case, cfg, dtype: str, routing: Optional[dict]) -> tuple:
-    """(analytic frame: ``harness.analytic`` COLUMNS + ``routing`` (its source) + KV_COPY_COLUMNS;
-    decode MBU bytes: weights of the experts touched + KV read under a static cache [B]; notes) of
-    one measured case. MoE weight bytes follow ``routing`` ({phase: [layers, experts]}, and
-    ``decode_steps``: [steps, layers, experts]) where it fits the case."""
+    """(analytic frame: ``harness.analytic`` COLUMNS + ``routing`` (its source, ``ROUTING_SOURCES``) +
+    KV_COPY_COLUMNS; decode MBU bytes: weights of the experts touched + KV read under a static cache [B];
+    notes) of one measured case. MoE weight bytes follow ``routing`` ({phase: [layers, experts]}, and
+    ``decode_steps``: [steps, layers, experts], used at every batch size) where it fits the case; the
+    uniform expectation where no count exists."""
     notes = []
     use = None
-    source = "uniform expectation"
+    source = ROUTING_SOURCES["expected"]
     if routing:
         use = {k: v for k, v in routing.items() if k in ("prefill", "decode")}
-        source = "measured"
-        if routing.get("decode_steps") is not None and case.batch > 1:
+        if routing.get("decode_steps") is not None:
             use["decode"] = routing["decode_steps"]
-            source = "measured (prefill; decode per step)"
-        elif case.batch > 1:
-            source = "measured (prefill); decode per-step uniform expectation (batch > 1)"
+            source = ROUTING_SOURCES["per_step"]
+        else:
+            source = ROUTING_SOURCES["batch1" if case.batch == 1 else "decode_expected"]
     try:
         df = workload_costs(case, cfg, dtype, False, use)
     except HarnessError as exc:
         notes.append(f"{case.name}: measured routing not usable ({exc}); MoE bytes use the "
                      "uniform-routing expectation")
-        use, source = None, "uniform expectation"
+        use, source = None, ROUTING_SOURCES["expected"]
         df = workload_costs(case, cfg, dtype, False, None)
     df["routing"] = source
     static = workload_costs(case, cfg, dtype, False, use, kv_cache="static")
@@ -336,4 +353,5 @@ def join_stages(measured: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks,
 
 __all__ = ["ROOFLINE_COLUMNS", "ROOFLINE_TEXT", "roofline_frame", "OP_GROUPS", "CATEGORY_GROUP", "FAMILY_GROUP", "SUM_COLS",
            "KV_COPY_COLUMNS", "LAUNCH_BOUND_IDLE", "roofline_point", "floor_ms", "classify", "mfu", "mbu", "span_note", "run_cases", "analytic_for_case", "analytic_for_run",
-           "join_stages", "routing_arrays", "routing_step_array", "model_config"]
+           "join_stages", "routing_arrays", "routing_step_array", "model_config", "ROUTING_SOURCES",
+           "EXPECTED_ROUTING", "expected_routing"]

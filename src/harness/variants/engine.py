@@ -9,8 +9,12 @@ fill its ``Plan``:
   per (batch, cache length) holds the cache, the device-side position and the decode step as it
   runs (eager, ``compile``'d, replayed from a CUDA graph with ``decode_graphs``; the prefill too
   with ``prefill_graphs``), set up on first use outside the timed loop;
-- ``device_routing`` (``moe_impl=grouped``): MoE routing counted into device buffers and merged
-  into the request's counter after it (no sync in a step).
+- ``device_routing`` (``moe_impl=grouped``): MoE routing counted on the device (no sync in a step):
+  under the static cache into the ``StaticDecoder``'s ``DeviceRouting`` (its step index advanced on
+  the device at the end of every step, inside the compiled or captured step), with a growing cache
+  into the request counter's own (its step index set from the host loop); the request's
+  ``RoutingCounter`` reads it back after the request. Forced routing (``workload.routing=balanced``)
+  rides on the same target (``models.routing``).
 
 Nothing here decides what may run: the converters' ``check`` did.
 """
@@ -25,7 +29,7 @@ import torch
 from ..models.adapter import Select, StageFn, greedy, greedy_chunked
 from ..models.deepseek_ocr import DeepseekOCR
 from ..models.llm import KVCache
-from ..models.routing import DeviceCounts, RoutingCounter
+from ..models.routing import RoutingCounter
 from .base import Converter, Variant, need, swap
 from .static_decoder import StaticDecoder
 from .static_kv import StaticKVCache
@@ -54,7 +58,7 @@ def attach(model) -> Plan:
 class Engine(Variant, DeepseekOCR):
     """``DeepseekOCR`` whose request runs as ``plan`` says (static cache, device-side routing counts,
     compiled and captured steps). Per-request state: ``_run_decoder`` (the ``StaticDecoder`` of
-    the request running now), ``_prefill_counts`` / ``_decode_counts`` (grouped MoE, growing cache)."""
+    the request running now)."""
 
     plan: Plan
 
@@ -101,22 +105,21 @@ class Engine(Variant, DeepseekOCR):
         cache.position.fill_(S)
         return select(logits)
 
-    def decode_core(self, token: torch.Tensor, cache, select: Select) -> torch.Tensor:
+    def decode_core(self, token: torch.Tensor, cache, select: Select, routing=None) -> torch.Tensor:
         """The device work of one static-cache step: position from ``cache.position`` (device), the
-        decoder, ``select`` of the logits, the position advanced on the device. Fixed shapes and no
-        host sync: what ``StaticDecoder`` compiles and captures."""
+        decoder, ``select`` of the logits, the position and ``routing``'s step index (a
+        ``DeviceRouting``, device-driven) advanced on the device. Fixed shapes and no host sync: what
+        ``StaticDecoder`` compiles and captures."""
         pos = cache.position
         cache.begin_step(pos)
         logits = self.decoder(self.model.embed_tokens(token), pos.view(1, 1).expand(token.shape[0], 1), cache)
         out = select(logits)
         pos.add_(1)
+        if routing is not None:
+            routing.advance()
         return out
 
     # ------------------------------------------------------------------------ set-up
-    def _device_counts(self) -> DeviceCounts:
-        L, p = self.cfg.llm, next(self.parameters())
-        return DeviceCounts(L.num_layers, L.n_routed_experts, p.device)
-
     def static_decoder(self, batch: int, max_len: int):
         """The ``StaticDecoder`` of (batch, max_len), built (compiled, captured) on first use."""
         key = (batch, max_len)
@@ -124,7 +127,8 @@ class Engine(Variant, DeepseekOCR):
             p, plan = next(self.parameters()), self.plan
             select = greedy_chunked if plan.compile else greedy   # same token; see greedy_chunked
             self.static_decoders[key] = StaticDecoder(self, batch, max_len, p.device, p.dtype, select,
-                                                      compile=plan.compile, graphs=plan.decode_graphs)
+                                                      compile=plan.compile, graphs=plan.decode_graphs,
+                                                      device_routing=plan.device_routing)
             self.info.setdefault("setup_s", {})[f"b{batch}-L{max_len}"] = self.static_decoders[key].setup_s
         return self.static_decoders[key]
 
@@ -132,31 +136,23 @@ class Engine(Variant, DeepseekOCR):
     @contextlib.contextmanager
     def running(self, request, max_new_tokens: int, counter: RoutingCounter):
         """The request's KV cache (growing, or the static decoder's buffers for this batch and cache
-        length, set up on first use). MoE routing goes to ``counter`` (vendor loop: host counts) or to
-        device buffers merged into ``counter`` at the end (grouped: no sync in the step)."""
+        length, set up on first use). MoE routing goes to ``counter``: with the static cache and the
+        grouped MoE through the decoder's ``DeviceRouting`` (begun for this request), else to the
+        counter itself (host counts from the vendor loop; device counts of the grouped MoE in its own
+        host-driven ``DeviceRouting``)."""
         plan = self.plan
-        grouped = plan.device_routing
         self._run_decoder = None
+        shared = None
         if plan.static is not None:
             self._run_decoder = self.static_decoder(request.batch,
                                                     plan.static.cache_len(request.prefill_tokens, max_new_tokens))
-            cache = self._run_decoder.begin()
-        else:
-            cache = KVCache(self.cfg.llm.num_layers)
-        if grouped:
-            self._prefill_counts = getattr(self, "_prefill_counts", None) or self._device_counts()
-            self._prefill_counts.zero()
-            if self._run_decoder is None:
-                self._decode_counts = getattr(self, "_decode_counts", None) or self._device_counts()
-                self._decode_counts.zero()
-        self.route_moe(self._prefill_counts if grouped else counter)
+            shared = self._run_decoder.routing
+        target = counter.target(shared)
+        cache = self._run_decoder.begin() if self._run_decoder is not None else KVCache(self.cfg.llm.num_layers)
+        self.route_moe(target)
         try:
             yield cache
         finally:
-            if grouped:
-                counter.merge("prefill", self._prefill_counts.buf)
-                dec = self._run_decoder.decode_counts if self._run_decoder is not None else self._decode_counts
-                counter.merge("decode", dec.buf)
             self.route_moe(None)
             self._run_decoder = None
 
@@ -167,8 +163,6 @@ class Engine(Variant, DeepseekOCR):
                 token = self._run_decoder.prefill(request, img)
             else:
                 token = select(self.prefill(request.input_ids, request.images_seq_mask, img, cache))
-        if self.plan.device_routing:   # decode steps count into the decode buffers
-            self.route_moe(self._run_decoder.decode_counts if self._run_decoder is not None else self._decode_counts)
         return token
 
     def next_token(self, token: torch.Tensor, cache, select: Select) -> torch.Tensor:

@@ -135,10 +135,11 @@ class FusedSwiGLU(Variant, SwiGLU):
 class FusedGate(Variant, MoEGate):
     """``MoEGate`` with its fp32 GEMV by ``linear``; at decode size (``routes_in_kernel``) the Triton
     router (``router_triton.route``: GEMV, then softmax, top-k, renormalisation and scale in one
-    kernel), which can also count the routing (``counts``: a routing target's ``device_target``,
-    one token only). Its k experts come in descending order (ties: lowest index), which may differ
-    from torch.topk(sorted=False)'s order: the set is the same, and the experts' outputs are summed
-    over k downstream (equal up to fp32 rounding order)."""
+    kernel), which also takes the routing target's forced experts (``forced_inputs``) and can count
+    the routing (``count``: into the target's ``device_counts`` at its device step index, one token
+    only). Its k experts come in descending order (ties: lowest index), which may differ from
+    torch.topk(sorted=False)'s order: the set is the same, and the experts' outputs are summed over k
+    downstream (equal up to fp32 rounding order)."""
 
     def routes_in_kernel(self, rows: int) -> bool:
         """Whether ``forward`` on ``rows`` token rows runs the Triton router."""
@@ -148,15 +149,17 @@ class FusedGate(Variant, MoEGate):
         """Whether ``forward`` can count the routing inside the Triton router (one token)."""
         return rows == 1 and self.routes_in_kernel(rows)
 
-    def forward(self, x: torch.Tensor, counts: tuple | None = None):
+    def forward(self, x: torch.Tensor, routing=None, count: bool = False):
         rows = x.numel() // x.shape[-1]
-        if counts is not None and not self.counts_in_kernel(rows):
+        if count and not self.counts_in_kernel(rows):
             raise HarnessError("FusedGate: the routing count runs in the Triton router at one token only")
         if self.routes_in_kernel(rows):
             from ..kernels.router_triton import route
 
-            return route(x.reshape(-1, x.shape[-1]), self.weight, self.top_k, self.norm_topk_prob, self.scale, counts)
-        return self.select(self.logits(x))
+            return route(x.reshape(-1, x.shape[-1]), self.weight, self.top_k, self.norm_topk_prob, self.scale,
+                         self.layer_idx, counts=routing.device_counts() if count else None,
+                         forced=routing.forced_inputs() if routing is not None else None)
+        return super().forward(x, routing)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x.reshape(-1, x.shape[-1]), self.weight, torch.float32)

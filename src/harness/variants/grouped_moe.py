@@ -3,7 +3,8 @@
 ``GroupedMoE`` is the reference ``MoE`` whose routed experts run as ``fast_moe.routed_experts``
 with one kernel (``kernel``: triton | grouped_mm | torch) over the experts stacked once
 (``experts_stacked``: views, the state_dict is unchanged) and whose routing is counted on the
-device (``routing.add_device``, or inside the Triton router with fused linears). ``GROUPED_MOE``
+device (``routing.add_device``, or inside the Triton router with fused linears, at the device step
+index); its gate takes the request's forced experts from the same routing target. ``GROUPED_MOE``
 is the converter; ``resolve_kernel`` says which kernel ``moe_kernel`` gets on a device (or why
 none can run: refused, never replaced).
 """
@@ -27,11 +28,12 @@ class GroupedMoE(Variant, MoE):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        if self.routing is not None and isinstance(self.gate, FusedGate) and \
-                self.gate.counts_in_kernel(x.numel() // shape[-1]):
-            idx, w = self.gate(x, self.routing.device_target(self.layer_idx, x.device))
+        in_kernel = self.routing is not None and isinstance(self.gate, FusedGate) and \
+            self.gate.counts_in_kernel(x.numel() // shape[-1])
+        if in_kernel:
+            idx, w = self.gate(x, self.routing, count=True)
         else:
-            idx, w = self.gate(x)
+            idx, w = self.gate(x, self.routing)
             if self.routing is not None:
                 self.routing.add_device(self.layer_idx, idx)
         sh = self.shared_experts

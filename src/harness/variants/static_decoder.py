@@ -2,114 +2,160 @@
 
 Set up once per request shape outside the timed loop (``variants.engine.Engine.static_decoder``).
 ``StaticDecoder`` owns, for one (batch, cache length), the static KV cache, the device-side
-position, the decode-phase routing counts and the decode step as it will run: eager, compiled
-(``torch.compile``) and/or captured in a CUDA graph and replayed. Nothing in its ``step`` makes
-the host wait; the position advances on the device.
+position, the device-side MoE routing (``models.routing.DeviceRouting``: counts per decode step
+at a device step index, forced experts over the cache's positions) and the decode step as it will
+run: eager, compiled (``torch.compile``) and/or captured in a CUDA graph and replayed. Nothing in
+its ``step`` makes the host wait; the position and the routing step advance on the device.
+
+Routing (``workload.routing``) and captures: a compiled step takes the routing as a runtime input
+(``DeviceRouting.switch``: the weights' and the balanced routing share one compile and one graph);
+an uncompiled step captured in a graph is captured once per routing (``forced`` or not: a capture
+takes about as long as a few steps), so the weights' step holds no forced-routing kernels.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Callable, Optional
 
 import torch
 
 from ..errors import HarnessError
-from ..models.routing import DeviceCounts
+from ..models.routing import DeviceRouting
 from .static_kv import StaticKVCache
 
 
 class StaticDecoder:
     """The decode step of one (batch, cache length) with a static cache.
 
-    ``step(token)`` runs one step and returns the next token [B, 1]: through the CUDA graph when
-    ``graphs`` (``cuda_graphs=decode``: inputs copied into static buffers, one replay), else the step
-    function, ``torch.compile``'d with ``compile``. ``model`` is an ``engine.Engine`` (its
-    ``decode_core`` / ``prefill_core``); ``setup_s`` holds the one-off set-up seconds (compile, capture).
+    ``step(token)`` runs one step and returns the next token [B, 1]: through the CUDA graph of the
+    running routing when ``graphs`` (``cuda_graphs=decode``: inputs copied into static buffers, one
+    replay), else the step function, ``torch.compile``'d with ``compile``. ``model`` is an
+    ``engine.Engine`` (its ``decode_core`` / ``prefill_core``); ``routing``: the ``DeviceRouting``
+    with ``device_routing`` (grouped MoE), else None (the vendor loop counts on the host);
+    ``setup_s`` holds the one-off set-up seconds (compile, captures).
     """
 
     def __init__(self, model, batch: int, max_len: int, device, dtype, select: Callable, compile: bool = False,
-                 graphs: bool = False):
+                 graphs: bool = False, device_routing: bool = False):
         L = model.cfg.llm
         self.model, self.select = model, select
         self.cache = StaticKVCache(L.num_layers, batch, L.num_kv_heads, max_len, L.head_dim, dtype, device,
                                    query_heads=L.num_heads)
         self.cache.position = torch.zeros(1, dtype=torch.int64, device=device)
-        self.decode_counts = DeviceCounts(L.num_layers, L.n_routed_experts, device, batch * L.num_experts_per_tok)
-        self.graph: Optional[torch.cuda.CUDAGraph] = None
+        # every step a cache of max_len positions can hold (prompt >= 1 token), forced experts over all of them
+        self.routing = DeviceRouting(L.num_layers, L.n_routed_experts, max_len - 1, device, "device",
+                                     position=self.cache.position, switch=compile,
+                                     table_shape=(batch, max_len, L.num_layers, L.num_experts_per_tok),
+                                     rows=batch * L.num_experts_per_tok) if device_routing else None
+        self.use_graphs = graphs
+        self.decode_graphs: dict = {}      # routing mode -> (CUDAGraph, its output buffer)
         self.token_in = torch.zeros((batch, 1), dtype=torch.long, device=device)
-        self.token_out: Optional[torch.Tensor] = None
         self.setup_s: dict = {}
         self.graphs: dict = {}
         self.fn = model.decode_core
         if compile:
             self.fn = torch.compile(model.decode_core, dynamic=False)
-        self._prepare(compile, graphs, device)
-
-    def _run(self, n: int) -> None:
-        for _ in range(n):
-            self.token_out = self.fn(self.token_in, self.cache, self.select)
-
-    def _prepare(self, compile: bool, graphs: bool, device) -> None:
-        """Warm the step up (the first compiled call compiles) and capture it; the warm-up writes
-        scratch K/V and counts, which ``begin`` resets."""
-        self.model.route_moe(self.decode_counts)
-        cuda = device.type == "cuda"
+        if graphs and device.type != "cuda":
+            raise HarnessError("execution.cuda_graphs=decode needs a CUDA device", "use execution.cuda_graphs=none")
         if compile or graphs:
-            self.model.decode_core(self.token_in, self.cache, self.select)   # eager first: probes, lazy buffers
+            self._warm_up("warmup_compile" if compile else "warmup", 3)
+        if graphs:
+            self._capture()
+
+    def _mode(self):
+        """The routing the step runs: 'switch' (a runtime input), True (forced), False (the weights')."""
+        r = self.routing
+        return "switch" if r is None or r.switch else r.active
+
+    @contextlib.contextmanager
+    def _decoding(self):
+        """The model's MoE layers count into ``routing`` as in a decode step (warm-ups, captures)."""
+        self.model.route_moe(self.routing)
+        if self.routing is not None:
+            self.routing.phase = "decode"
+        try:
+            yield
+        finally:
+            if self.routing is not None:
+                self.routing.phase = None
+
+    def _run(self, n: int) -> torch.Tensor:
+        out = None
+        for _ in range(n):
+            out = self.fn(self.token_in, self.cache, self.select, self.routing)
+        return out
+
+    def _warm_up(self, key: str, runs: int) -> None:
+        """Warm the step up (the first compiled call compiles) on a side stream (CUDA): eager once first
+        (probes, lazy buffers). The warm-up writes scratch K/V and counts, which ``begin`` resets."""
+        with self._decoding():
+            self.model.decode_core(self.token_in, self.cache, self.select, self.routing)
             t0 = time.perf_counter()
-            stream = torch.cuda.Stream() if cuda else None
-            if stream is not None:
+            if self.cache.k[0].device.type == "cuda":
+                stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
-                    self._run(3)
+                    self._run(runs)
                 torch.cuda.current_stream().wait_stream(stream)
                 torch.cuda.synchronize()
             else:
-                self._run(2)
-            self.setup_s["warmup_compile" if compile else "warmup"] = round(time.perf_counter() - t0, 3)
-        if graphs:
-            if not cuda:
-                raise HarnessError("execution.cuda_graphs=decode needs a CUDA device", "use execution.cuda_graphs=none")
-            t0 = time.perf_counter()
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.token_out = self.fn(self.token_in, self.cache, self.select)
-            torch.cuda.synchronize()
-            self.setup_s["capture"] = round(time.perf_counter() - t0, 3)
+                self._run(runs - 1)
+        self.setup_s[key] = round(time.perf_counter() - t0, 3)
+
+    def _capture(self) -> None:
+        """The step captured in a CUDA graph for the routing running now (``_mode``)."""
+        mode = self._mode()
+        key = "capture" if mode in ("switch", False) else "capture_forced"
+        if mode is True:          # the forced step's own kernels run once before their capture
+            self._warm_up("warmup_forced", 2)
+        t0 = time.perf_counter()
+        graph = torch.cuda.CUDAGraph()
+        with self._decoding(), torch.cuda.graph(graph):
+            out = self.fn(self.token_in, self.cache, self.select, self.routing)
+        torch.cuda.synchronize()
+        self.decode_graphs[mode] = (graph, out)
+        self.setup_s[key] = round(time.perf_counter() - t0, 3)
 
     def prefill(self, request, image_embeds: Optional[torch.Tensor]) -> torch.Tensor:
         """The first token of ``request`` through the prefill forward captured for its shape (batch,
-        prompt length, image position): ``model.prefill_core`` replayed; the cache holds the prompt after."""
+        prompt length, image position) and routing: ``model.prefill_core`` replayed; the cache holds the
+        prompt after."""
         S = request.input_ids.shape[1]
         start, n_img = request.image_start, request.image_tokens
-        key = ("prefill", tuple(request.input_ids.shape), start, n_img)
+        key = ("prefill", tuple(request.input_ids.shape), start, n_img, self._mode())
         if key not in self.graphs:
             def fn(ids, img):
                 return self.model.prefill_core(ids, img, self.cache, self.select, start)
             self.model.prefill_core(request.input_ids, image_embeds, self.cache, self.select, start)   # eager first
             self.graphs[key] = CapturedCall(fn, (request.input_ids, image_embeds))
-            self.setup_s[f"prefill_capture_S{S}"] = self.graphs[key].setup_s
+            self.setup_s[f"prefill_capture_S{S}" + ("_forced" if key[-1] is True else "")] = self.graphs[key].setup_s
             self.cache.length = 0
-            if getattr(self.model, "_prefill_counts", None) is not None:   # the warm-up runs counted routing too
-                self.model._prefill_counts.zero()
+            if self.routing is not None:       # the warm-up runs counted routing too
+                self.routing.zero_prefill()
         out = self.graphs[key](request.input_ids, image_embeds).clone()
         self.cache.advance(S)
         return out
 
     def begin(self) -> StaticKVCache:
-        """A new request: position 0, empty cache bookkeeping, zero decode counts."""
+        """A new request (its routing already begun: ``RoutingCounter.target``): the step of its routing
+        captured if it is not yet; position 0, empty cache bookkeeping, zero routing counts."""
+        if self.use_graphs and self._mode() not in self.decode_graphs:
+            self._capture()
         self.cache.length = 0
         self.cache.position.zero_()
-        self.decode_counts.zero()
+        if self.routing is not None:
+            self.routing.zero()
         return self.cache
 
     def step(self, token: torch.Tensor) -> torch.Tensor:
-        if self.graph is not None:
+        if self.use_graphs:
+            graph, out = self.decode_graphs[self._mode()]
             self.token_in.copy_(token)
-            self.graph.replay()
-            out = self.token_out.clone()
+            graph.replay()
+            out = out.clone()
         else:
-            out = self.fn(token, self.cache, self.select)
+            out = self.fn(token, self.cache, self.select, self.routing)
         self.cache.advance(1)
         return out
 

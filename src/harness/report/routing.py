@@ -1,0 +1,77 @@
+"""The report's MoE routing: which routing each case ran and how many experts its batch touched.
+
+Per case (``routing_facts``): the routing it ran (the manifest's ``routing_label``:
+``workload.routing``, 'weights' for runs that predate the knob), the distinct experts each MoE
+layer touched per decode step (``routing_steps.csv``'s ``experts``: the union over the batch's
+rows), as the median and range over every (step, MoE layer), and the distinct experts each MoE
+layer touched over the whole decode (``routing.csv``'s decode phase), median and range over the
+layers. Medians are ``stats.median_low`` (an observed value). ``section`` is the report's
+"MoE routing" section; the ladder shows the same facts per row.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import pandas as pd
+
+from ..measure.stats import median_low
+from ..roofline.join import expected_routing
+from ..rundir import RunData
+from .columns import table
+from .context import case_info
+
+
+def _spread(values) -> Optional[tuple]:
+    """(median_low, min, max) of ``values``, or None for none."""
+    v = [float(x) for x in values]
+    return (median_low(v), min(v), max(v)) if v else None
+
+
+def _experts(frame: pd.DataFrame) -> pd.Series:
+    """Distinct experts of each row of a routing table (its e0..eN columns > 0)."""
+    cols = [c for c in frame.columns if c.startswith("e") and c[1:].isdigit()]
+    return (frame[cols].fillna(0) > 0).sum(axis=1)
+
+
+def routing_facts(run: RunData) -> dict:
+    """{case: {"routing": label, "experts_step": (median, min, max) or None, "experts_decode": (...) or
+    None}} for every case of the run's manifest."""
+    out = {}
+    steps, counts = run.routing_steps, run.routing
+    for case, entry in case_info(run.manifest).items():
+        per_step = steps[steps["case"] == case] if len(steps) and "case" in steps else pd.DataFrame()
+        decode = (counts[(counts["case"] == case) & (counts["phase"] == "decode")]
+                  if len(counts) and "case" in counts else pd.DataFrame())
+        out[case] = {"routing": entry.get("routing_label") or "weights",
+                     "experts_step": _spread(per_step["experts"]) if len(per_step) else None,
+                     "experts_decode": _spread(_experts(decode)) if len(decode) else None}
+    return out
+
+
+def section(run: RunData, st: pd.DataFrame) -> list:
+    """The report's "MoE routing" section (nothing for a run without cases)."""
+    facts = routing_facts(run)
+    if not facts:
+        return []
+    info = case_info(run.manifest)
+    dec = st[st["stage"] == "decode"].set_index("case") if len(st) else pd.DataFrame()
+    rows = []
+    for case, f in facts.items():
+        source = dec.loc[case, "routing"] if case in dec.index and "routing" in dec else None
+        rows.append({"case": case, "batch": info[case].get("batch"), **f,
+                     "bytes_routing": source if isinstance(source, str) and source else None})
+    L = ["## MoE routing", "",
+         "Which routing each case ran (`workload.routing`: *weights*, the checkpoint's own gate; *balanced*, each "
+         "token's top-k drawn uniformly without repeats per layer from the seed, its page and position, at the "
+         "gate's own probabilities) and the experts its batch touched: per decode step, the distinct experts of "
+         "each MoE layer over the batch's rows (`routing_steps.csv`), median [min–max] over every step and MoE "
+         "layer; over the whole decode, per MoE layer (`routing.csv`). The decode MoE weight bytes (and MBU) use "
+         "the experts of each step where they were measured; *expected routing* marks the uniform expectation.", ""]
+    L += table(["case", "batch", "routing", "experts_step", "experts_decode", "bytes_routing"], rows)
+    if any(expected_routing(r["bytes_routing"]) for r in rows):
+        L += ["", "Rows with *expected routing* had no per-step counts: their decode MoE bytes assume each token "
+              "picks its experts uniformly at random, which random weights do not do."]
+    return L + [""]
+
+
+__all__ = ["routing_facts", "section"]
