@@ -253,3 +253,29 @@ def test_a_signal_in_the_profiled_request_keeps_the_timed_ones(tiny):
 def test_a_signal_before_any_repeat_finished_propagates(tiny):
     with pytest.raises(KeyboardInterrupt):
         _measure(tiny, at=_Signal("repeat=0"), warmup=0, repeats=5)
+
+
+def test_top_kernels_say_the_profiled_steps(waits, tmp_path):
+    from harness.report.sections import top_kernels_section
+    from harness.rundir import RunData
+
+    k = pd.DataFrame([{"case": "w", "stage": "decode", "name": "gemm_a", "category": "gemm", "start_ms": 0.0,
+                       "dur_ms": 0.5}])
+    md = top_kernels_section(RunData(tmp_path, {}, kernels=k), waits)
+    assert "Decode: the profiled request's 16 steps (the timed requests run 127; calls and totals are those of the " \
+           "profiled steps)." in md
+    assert not any(line.startswith("Decode:") for line in top_kernels_section(RunData(tmp_path, {}, kernels=k)))
+
+
+def test_report_rewrites_between_cases_are_paced():
+    from harness.run import ReportPacer
+
+    now = [100.0]
+    pace = ReportPacer(every_s=60.0, clock=lambda: now[0])
+    now[0] = 159.0
+    assert not pace.due()              # 59 s after the cases started
+    now[0] = 160.0
+    assert pace.due()                  # 60 s
+    pace.written()
+    now[0] = 219.5
+    assert not pace.due()              # 59.5 s after that rewrite
