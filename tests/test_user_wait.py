@@ -279,3 +279,28 @@ def test_report_rewrites_between_cases_are_paced():
     pace.written()
     now[0] = 219.5
     assert not pace.due()              # 59.5 s after that rewrite
+
+
+def test_a_short_call_runs_on_the_cache_of_the_full_budget():
+    """A short warm-up or profiled request (``max_new_tokens`` below the request's budget) uses the
+    static cache, and the step set up for it, of the full budget: prompt 28 + 40 tokens = 68
+    positions -> a 128-position cache (rounded up to 64); the short call alone would need 28 + 2 =
+    30 -> 64, a second decoder set up inside the timed requests."""
+    import yaml
+
+    from harness import variants, workload as wl
+    from harness.config import ExecutionConfig, ModelConfig, from_dict
+    from harness.models.build import build_model
+    from harness.models.generate import generate
+
+    cfg = from_dict(ModelConfig, yaml.safe_load((ROOT / "conf/model/tiny.yaml").read_text()))
+    model = build_model(cfg, torch.device("cpu"), torch.float32, seed=0)
+    variants.apply(model, ExecutionConfig(kv_cache="static"), torch.device("cpu"))
+    pages = [wl.Page("p", wl.synthetic_page(0, size=(300, 200)), "synthetic:0")]
+    req = wl.build_request(pages, {"name": "t", "base_size": 128, "image_size": 64, "crop": True}, decode_tokens=40)
+    assert req.prefill_tokens == 28
+    short = generate(model, req, max_new_tokens=2)
+    assert short.tokens.shape == (1, 2) and list(model.static_decoders) == [(1, 128)]
+    full = generate(model, req)
+    assert full.tokens.shape == (1, 40) and list(model.static_decoders) == [(1, 128)]
+    assert torch.equal(full.tokens[:, :2], short.tokens)     # the same cache, the same first tokens
