@@ -7,6 +7,9 @@ the tiny model, with a fault injected through ``HARNESS_FAULT`` (``harness.fault
 * SIGINT / SIGTERM / SIGHUP during a warm-up, a timed repeat, between cases and during the final
   report: exit 128 + signal, one ``interrupted: ...`` line, status ``interrupted`` naming the case
   and request, finished cases kept in the CSVs and the manifest, ``-interrupted`` suffix;
+* SIGINT inside a case of 100,000 repeats (injected before repeat 5, and sent from outside once a
+  few repeats finished): the finished repeats kept (observations, steps, routing), the case marked
+  ``partial`` with ``repeats_done`` in the manifest and the report, exit 130, the line counting it;
 * a full disk (ENOSPC) while a case's stages.csv and while report.md are written: exit 1, one
   ``error: ...`` line, status ``failed``, no ``*.tmp`` / ``*.tmp.png`` left, ``-failed`` suffix;
 * a REAL full disk (a tmpfs of a few hundred KB in a user and mount namespace, filled to leave 0,
@@ -38,6 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY_MODE = "workload.mode={name: t, base_size: 128, image_size: 64, crop: true}"
 FAST = ["model=tiny", TINY_MODE, "workload.decode_tokens=3", "measure.repeats=1", "measure.warmup=0"]
 TWO_CASES = "cases=[{name: a}, {name: b}]"
+#: a case that would run for days: 100,000 timed repeats (2 decode steps each), then a profiled request
+MANY = ["model=tiny", TINY_MODE, "workload.decode_tokens=3", "measure.repeats=100000", "measure.warmup=0",
+        "measure.kernels=true"]
 TIMEOUT_S = 240
 
 #: the page folder: name -> (width, height) in pixels and its tile grid in the tiny mode
@@ -84,6 +90,28 @@ def harness(root: Path, overrides: list, fault: str | None = None, ignore_sighup
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env=env,
                           preexec_fn=nohup)
     return Result(proc.returncode, proc.stdout, proc.stderr, root)
+
+
+def harness_interrupted(root: Path, overrides: list, after: int) -> Result:
+    """``python -m harness run`` sent SIGINT from outside once its ``after``-th timed repeat printed
+    its line (progress lines go to stdout, flushed)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "HARNESS_FAULT")}
+    cmd = [sys.executable, "-m", "harness", "run", *overrides, f"run.root={root}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    out = []
+    try:
+        for line in proc.stdout:
+            out.append(line)
+            if f": repeat {after}/" in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        out += proc.stdout.readlines()
+        err = proc.stderr.read()
+        proc.wait(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return Result(proc.returncode, "".join(out), err, root)
 
 
 def write_pages(folder: Path) -> Path:
@@ -170,6 +198,7 @@ def runs(tmp_path_factory):
         "pages-b2": ([*FAST, f"workload.images={pages}", "workload.batch=2", "workload.repeat_pages=true",
                       f"hydra.run.dir={same / 'shared'}"], None),
         "sigint-repeat": (FAST, "signal:SIGINT@case=1,repeat=0"),
+        "sigint-partial": (MANY, "signal:SIGINT@case=1,repeat=5"),
         "sigterm-warmup": ([*FAST, "measure.warmup=1"], "signal:SIGTERM@case=1,warmup=0"),
         "sigterm-between": ([*FAST, TWO_CASES], "signal:SIGTERM@case=1,done"),
         "sighup-report": (FAST, "signal:SIGHUP@report"),
@@ -182,6 +211,7 @@ def runs(tmp_path_factory):
     futures = {name: pool.submit(harness, same if name.startswith("pages") else tmp / "runs" / name, ov, fault)
                for name, (ov, fault) in jobs.items()}
     futures["nohup"] = pool.submit(harness, tmp / "runs" / "nohup", FAST, "signal:SIGHUP@case=1,repeat=0", True)
+    futures["sigint-live"] = pool.submit(harness_interrupted, tmp / "runs" / "sigint-live", MANY, 3)
     if TMPFS_REASON is None:
         for free_kb in REAL_FREE_KB:
             futures[f"real-{free_kb}"] = pool.submit(harness_on_tmpfs, tmp / f"real-{free_kb}", free_kb)
@@ -279,6 +309,53 @@ def test_sigint_during_a_timed_repeat(runs):
     assert not (d / "stages.csv").exists()
     assert _manifest(d)["stopped_at"] == {"phase": "case", "case": "t-2x3", "case_index": 1, "cases": 1,
                                           "request": "repeat=0"}
+
+
+def _partial(res: Result, where: str, done: int) -> Path:
+    """A run SIGINT stopped inside its one case after ``done`` timed repeats (2 decode steps each)."""
+    assert res.rc == 130, res.describe()
+    d = res.only_dir()
+    assert d.name.endswith("-default-interrupted"), d
+    assert res.line() == (f"interrupted: SIGINT during case t-2x3 (1 of 1), {where}; 0 finished case(s) and 1 partial "
+                          f"case (t-2x3: {done} of 100000 timed repeats, no profiled request) kept in {d}")
+    man = _manifest(d)
+    assert man["status"] == "interrupted" and man["error"] == f"interrupted by SIGINT during case t-2x3 (1 of 1), {where}"
+    case = man["cases"][0]
+    assert len(man["cases"]) == 1 and (case["name"], case["partial"], case["repeats_done"], case["repeats_planned"],
+                                       case["profiled"], case["timed_wall_ms"]) == ("t-2x3", True, done, 100000,
+                                                                                    False, None)
+    st = _stages(d)
+    assert sorted(set(st["repeat"])) == list(range(done)) and not st["profiled"].any()
+    assert len(st[st["stage"] == "request"]) == done
+    steps = pd.read_csv(d / "steps.csv")
+    assert len(steps) == 2 * done and sorted(set(steps["repeat"])) == list(range(done))
+    assert set(pd.read_csv(d / "routing.csv")["case"]) == {"t-2x3"} and (d / "routing_steps.csv").is_file()
+    assert not (d / "kernels.csv").exists()
+    md = (d / "report.md").read_text()
+    assert "Status **interrupted**" in md and f"| t-2x3 | t | 2x3 | 1 | 16 / 29 / 3 | 0 + {done} |" in md
+    assert (f"- **Partial case t-2x3**: interrupted after {done} of 100000 timed repeats, no profiled request (no "
+            "kernels, busy or idle); its medians and spreads are over those repeats.") in md
+    assert (f"Partial: the run interrupted after 0 finished case(s) and 1 partial case (t-2x3: {done} of 100000 "
+            "timed repeats, no profiled request)") in md
+    _no_tmp(d)
+    return d
+
+
+def test_sigint_inside_a_long_case_keeps_its_finished_repeats(runs):
+    """Injected right before repeat 5: exactly repeats 0-4 kept."""
+    _partial(runs["sigint-partial"].result(), "repeat=5", 5)
+
+
+def test_sigint_from_outside_keeps_what_finished(runs):
+    """A real SIGINT once repeat 3 printed its line: it lands wherever the run is (inside a request, or
+    between two); what the files hold is whole repeats, as many as the manifest and the line say."""
+    res = runs["sigint-live"].result()
+    man = _manifest(res.only_dir())
+    done = man["cases"][0]["repeats_done"]
+    # inside request `done` (unfinished, not kept), or after request done - 1 finished and before the next began
+    where = man["stopped_at"]["request"]
+    assert done >= 3 and where in (f"repeat={done}", f"repeat={done - 1}"), (done, where)
+    _partial(res, where, done)
 
 
 def test_sigterm_during_a_warmup(runs):

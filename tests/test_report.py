@@ -120,7 +120,7 @@ def test_compare_two_fixture_runs(tmp_path, capsys):
 
 
 def test_run_verb_writes_report(tmp_path, cache):
-    """The run verb (tiny model, CPU) calls the report writer after each case and at the end."""
+    """The run verb (tiny model, CPU) writes the report at the end (and between cases at most once a minute)."""
     from hydra import compose, initialize_config_dir
 
     from harness.config import to_config

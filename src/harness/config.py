@@ -297,6 +297,8 @@ class MeasureConfig:
     layer_ranges: bool = False      # per-layer NVTX ranges (``layer``, payload = index)
     fresh_inputs: bool = True       # new synthetic pages per repeat (same layout); false: repeat 0's every time
     settle_ms: float = _f(0.0, min=0)   # GPU kept busy this long (matmuls) right before each timed request
+    warmup_tokens: Optional[int] = _f(None, min=1)   # tokens of each warm-up request; None: the case's budget
+    profile_steps: Optional[int] = _f(None, min=1)   # decode steps of the profiled request; None: all of them
 
     def resolved(self, cuda: bool) -> "MeasureConfig":
         """A copy with the device defaults filled in (warm-up 2 / repeats 5 on CUDA, 0 / 1 on the CPU)."""

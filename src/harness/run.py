@@ -8,17 +8,20 @@ built, so bad input fails fast) -> build the model -> make sure the device has c
 timed repeats with the request's host preparation and copy timed, optional profiled request with
 its trace), compute its analytic frame with the measured routing (per decode step) -> append to
 stages.csv / kernels.csv / routing.csv / routing_steps.csv / steps.csv, update manifest.json and
-report.md. Cases are written as they finish, each one whole (a signal waits until its files are
-written); a signal or an error keeps what was measured and closes the run directory
-(``harness.stopping``). At the end the report files are written first and the manifest says
-``complete`` last. The measured tables also stay in memory (``RunData``), so the report never
-reads back what the run just wrote.
+report.md (rewritten between cases at most every ``REPORT_EVERY_S``). Cases are written as they
+finish, each one whole (a signal waits until its files are written); a signal inside a case after
+some of its timed repeats finished writes those repeats as a partial case (``partial: true``,
+``repeats_done`` in its manifest entry) before the run closes; a signal or an error keeps what was
+measured and closes the run directory (``harness.stopping``). At the end the report files are
+written first and the manifest says ``complete`` last. The measured tables also stay in memory
+(``RunData``), so the report never reads back what the run just wrote.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import logging
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -70,6 +73,53 @@ def routing_step_rows(case: str, steps) -> list:
     return rows
 
 
+#: seconds between two rewrites of report.md while a run goes on (the final report is always written;
+#: a run that stops early rewrites it too): a short run writes none in between
+REPORT_EVERY_S = 60.0
+
+
+class ReportPacer:
+    """Whether report.md is due for a rewrite between cases: ``REPORT_EVERY_S`` after the run's cases
+    started or the last rewrite (``clock``: seconds, monotonic)."""
+
+    def __init__(self, every_s: float = REPORT_EVERY_S, clock=time.monotonic):
+        self.every_s, self._clock = every_s, clock
+        self._last = clock()
+
+    def due(self) -> bool:
+        return self._clock() - self._last >= self.every_s
+
+    def written(self) -> None:
+        self._last = self._clock()
+
+
+def _analytic(model, case, inputs, execution: dict, counts: dict, dtype_name: str) -> tuple:
+    """``analytic_for_case`` of a measured case under the execution that ran, with its measured
+    routing (None where it counted nothing)."""
+    ran = dataclasses.replace(inputs.execution, moe_kernel=execution.get("moe_kernel_resolved")
+                              or inputs.execution.moe_kernel)
+    return analytic_for_case(case, cost_config(model.cfg, variants.cost_knobs(ran)), dtype_name,
+                             counts if any(a.sum() for k, a in counts.items() if k != "decode_steps") else None)
+
+
+def _warn_unsteady(rd: RunDir, progress, name: str, warm: dict, steady_pct: float) -> None:
+    """A run warning when the warm-up never became steady (``measure.steady_pct``)."""
+    if warm.get("steady") is False:
+        msg = (f"{name}: the last 3 of {len(warm['warmup_ms'])} untimed requests still differ by more "
+               f"than {steady_pct}% (host or GPU still settling)")
+        rd.warn(msg)
+        progress(f"[harness] {msg}")
+
+
+def _kernels_from(mcfg) -> str | None:
+    """Where the run's kernels come from (the manifest's ``measure.kernels_from``)."""
+    if not mcfg.kernels:
+        return None
+    steps = (f", its first {mcfg.profile_steps} decode steps (busy per step x the timed steps)"
+             if mcfg.profile_steps else "")
+    return f"one extra profiled request per case{steps}"
+
+
 def _setup_of(model) -> dict:
     """One-off set-up seconds (compile, graph capture) the adapter recorded so far."""
     setup = (getattr(model, "info", None) or {}).get("setup_s") or {}
@@ -87,9 +137,11 @@ class CaseTables:
 
     def add(self, inputs, measured: CaseMeasurement, analytic: tuple, execution: dict) -> None:
         """One case: stages.csv (its observations), kernels.csv, steps.csv, routing_steps.csv,
-        routing.csv, then the manifest with the case's entry; when any of them fails, all are put back
-        and the case is not kept. ``analytic`` = ``analytic_for_case``'s (frame, MBU bytes, notes);
-        ``execution``: what the adapter ran (``variants.apply``) with its set-up seconds."""
+        routing.csv, then the manifest with the case's entry (a case a signal stopped early: its
+        finished repeats, marked ``partial`` with ``repeats_done``, ``CaseMeasurement.entry``); when
+        any of them fails, all are put back and the case is not kept. ``analytic`` =
+        ``analytic_for_case``'s (frame, MBU bytes, notes); ``execution``: what the adapter ran
+        (``variants.apply``) with its set-up seconds."""
         rd, data, case = self.rd, self.data, inputs.case
         stages, kernels, counts, steps = measured.observations, measured.kernels, measured.routing, measured.steps
         warm, trace = measured.warmup, measured.trace
@@ -102,7 +154,8 @@ class CaseTables:
         entry = {**case.to_dict(), **inputs.pages_entry(), **inputs.routing_entry(),
                  "execution": execution,
                  "warmup_ms": [round(t, 3) for t in warm.get("warmup_ms", [])], "warmup_steady": warm.get("steady"),
-                 "trace": {"file": trace_name(case.name), "bytes": trace["bytes"]} if trace else None}
+                 "trace": {"file": trace_name(case.name), "bytes": trace["bytes"]} if trace else None,
+                 **measured.entry()}
         with rd.case_files():
             rd.write_csv("stages.csv", grown)
             for name, frame in (("kernels.csv", kernels if len(kernels) else None), ("steps.csv", frame_steps),
@@ -229,7 +282,7 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
             rd.update(calibration=ensure_calibration(device, cfg.hardware, progress=progress))
         mcfg = cfg.measure.resolved(cuda)
         rd.update(measure={**dataclasses.asdict(mcfg), "gc": "Python cyclic GC paused inside each timed request",
-                           "kernels_from": "one extra profiled request per case" if mcfg.kernels else None})
+                           "kernels_from": _kernels_from(mcfg)})
         if bar:
             progress.start((mcfg.warmup + mcfg.repeats + int(mcfg.kernels)) * len(cases))
             stack.callback(progress.stop)
@@ -238,7 +291,7 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
         nv = NvtxRanges(mcfg.nvtx)
         if not nv.available:
             rd.warn(nv.reason)
-        tables = CaseTables(rd, data)
+        tables, reports = CaseTables(rd, data), ReportPacer()
         for i, inputs in enumerate(cases):
             case = inputs.case
             where.at("case", case.name, i + 1)
@@ -257,24 +310,23 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
 
             trace = rd.path / trace_name(case.name) if (mcfg.kernels and mcfg.trace) else None
             measured = measure_case(model, make, mcfg, ident, cuda, progress=progress, at=at, trace_path=trace)
-            counts, warm = measured.routing, measured.warmup
-            at("writing")
+            if measured.stopped is None:
+                at("writing")
+            else:   # the position stays where the signal came; the finished repeats are written first
+                timeline.enter(phase_of("writing"))
+                progress(f"[harness] {case.name}: interrupted after {measured.repeats_done} of "
+                         f"{measured.repeats_planned} timed repeats; writing them (partial case)")
             timeline.carve((measured.trace or {}).get("seconds") or 0.0, "trace export", "profiled request")
-            ran = dataclasses.replace(inputs.execution, moe_kernel=execution.get("moe_kernel_resolved")
-                                      or inputs.execution.moe_kernel)
-            analytic = analytic_for_case(case, cost_config(model.cfg, variants.cost_knobs(ran)), dtype_name,
-                                         counts if any(a.sum() for k, a in counts.items() if k != "decode_steps")
-                                         else None)
-            if warm.get("steady") is False:
-                msg = (f"{case.name}: the last 3 of {len(warm['warmup_ms'])} untimed requests still differ by more "
-                       f"than {mcfg.steady_pct}% (host or GPU still settling)")
-                rd.warn(msg)
-                progress(f"[harness] {msg}")
             with signals.deferred():   # a case is written whole: a signal waits for the end of the block
+                analytic = _analytic(model, case, inputs, execution, measured.routing, dtype_name)
+                _warn_unsteady(rd, progress, case.name, measured.warmup, mcfg.steady_pct)
                 tables.add(inputs, measured, analytic, {**execution, **_setup_of(model)})
                 rd.update(model={**info, **getattr(model, "info", {})})   # what the model learnt while running
-                if i + 1 < len(cases):  # report.md so far (no plot); the final write follows the last case
+                if measured.stopped is not None:
+                    raise measured.stopped      # written: the run closes as interrupted (harness.stopping)
+                if i + 1 < len(cases) and reports.due():   # report.md so far (no plot); the final one follows
                     write_report(rd, data, plot=False)
+                    reports.written()
                 where.request = "done"
             at("done")
         timeline.enter("host probe")

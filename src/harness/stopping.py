@@ -15,7 +15,8 @@ full disk without its charts, or, where even that fails, the earlier report.md r
 ``FAILED`` / ``INTERRUPTED`` marker, the manifest last (on a full disk, the failed manifest the
 run directory prepared while there was room: ``harness.rundir``). What could not be written is
 stated in the manifest (where it can be written) and in the one line returned for stderr; the
-line's count of kept cases is the count the manifest on disk lists.
+line's count of kept cases is the count the manifest on disk lists, a case a signal stopped after
+some of its timed repeats counted as partial (``t: 5 of 100000 timed repeats``).
 """
 from __future__ import annotations
 
@@ -110,7 +111,9 @@ def close_run(rd, data, exc: BaseException, where: Position, write_report) -> Ru
     if unwritten:
         problems.append(f"manifest.json not updated ({unwritten})")
     kept = rd.cases_on_disk()          # what the files hold (a case's CSVs are kept only with its manifest entry)
-    return RunStopped(stop_line(status, exc, error, kept, rd.path, problems, signal is not None), code, rd.path)
+    partial = [c for c in rd.manifest["cases"][:kept] if c.get("partial")]   # on disk: the first ``kept``
+    return RunStopped(stop_line(status, exc, error, kept, rd.path, problems, signal is not None, partial), code,
+                      rd.path)
 
 
 def _rewrite_report(rd, data, write_report) -> list:
@@ -139,9 +142,22 @@ def _rewrite_report(rd, data, write_report) -> list:
     return [said]
 
 
-def stop_line(status: str, exc: BaseException, error: str, kept: int, path, problems: list, interrupted: bool) -> str:
-    """The one stderr line of a run that ended early."""
-    after = f"{kept} finished case(s) kept in {path}" + "".join(f"; {p}" for p in problems)
+def kept_text(kept: int, partial: list = ()) -> str:
+    """'2 finished case(s)', or with cases a signal stopped early (manifest entries with ``partial``):
+    '1 finished case(s) and 1 partial case (t: 5 of 100000 timed repeats)'."""
+    if not partial:
+        return f"{kept} finished case(s)"
+    what = ", ".join(f"{c.get('name')}: {c.get('repeats_done')} of {c.get('repeats_planned')} timed repeats"
+                     + (", no profiled request" if c.get("profiled") is False else "") for c in partial)
+    return (f"{kept - len(partial)} finished case(s) and {len(partial)} partial case{'s' if len(partial) > 1 else ''} "
+            f"({what})")
+
+
+def stop_line(status: str, exc: BaseException, error: str, kept: int, path, problems: list, interrupted: bool,
+              partial: list = ()) -> str:
+    """The one stderr line of a run that ended early; ``partial``: the manifest entries of the kept
+    cases a signal stopped early (``kept`` counts them)."""
+    after = f"{kept_text(kept, partial)} kept in {path}" + "".join(f"; {p}" for p in problems)
     if interrupted:
         return f"interrupted: {error.removeprefix('interrupted by ')}; {after}"
     if isinstance(exc, HarnessError):

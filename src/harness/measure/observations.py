@@ -17,7 +17,12 @@ events on the stream (the stage's GPU span); ``host_ms`` from the host clock (it
 Request row (``stage = request``): ``ttft_ms`` from the request's start to the end of prefill
 (the first token); ``prep_ms`` (building the request on the host: pages, preprocessing, token
 layout) and ``h2d_ms`` (copying it to the device) when the caller timed them, and
-``ttft_e2e_ms`` = prep + h2d + TTFT. Decode: ``tpot_p50/p90/p99_ms`` and ``tpot_mean_ms`` of the
+``ttft_e2e_ms`` = prep + h2d + TTFT; ``call_ms`` (the wall time of the whole ``generate()`` call,
+host clock, the device synchronised before and after: what the caller waits for) and
+``setup_collect_ms`` = ``call_ms`` - ``e2e_ms`` (the call's set-up before the request range opens
+and its collection after it closes: caches, routing counts, the tokens) in the timed repeats.
+``decode_steps`` (request and decode rows): the decode steps the request ran (a profiled request
+may run fewer, ``measure.profile_steps``). Decode: ``tpot_p50/p90/p99_ms`` and ``tpot_mean_ms`` of the
 per-step times (``decode_step`` ranges), and ``decode_tok_s`` = batch x 1000 / ``tpot_mean_ms``:
 the same per-step distribution. A ``preprocess`` range (the vendor's ``infer()`` preprocessing)
 gets a row of its own; it is in the request but not in ``stage_sum_ms`` (the five stages).
@@ -42,9 +47,9 @@ from . import stats
 CALL_ALL = -1
 OBSERVATION_COLUMNS = [
     "case", "mode", "grid", "batch", "repeat", "profiled", "stage", "call", "calls", "timer",
-    "gpu_ms", "host_ms", "kernels", "busy_ms", "idle_ms", "launches_per_step", "peak_mem_bytes",
+    "gpu_ms", "host_ms", "kernels", "busy_ms", "idle_ms", "launches_per_step", "decode_steps", "peak_mem_bytes",
     "ttft_ms", "prep_ms", "h2d_ms", "ttft_e2e_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "tpot_mean_ms",
-    "decode_tok_s", "e2e_ms",
+    "decode_tok_s", "e2e_ms", "call_ms", "setup_collect_ms",
     "stage_sum_ms", "unattributed_kernel_ms", "attributed_fraction", "weight_bytes", "kv_cache_bytes", "note",
     "host_syncs", "syncs_per_step",
 ]
@@ -103,6 +108,8 @@ def stage_rows(ranges: pd.DataFrame, kernels: pd.DataFrame | None, batch: int) -
                    "gpu_ms": rr["gpu_ms"].sum() if tcol == "gpu_ms" else None,
                    "host_ms": rr["host_ms"].sum(),
                    "peak_mem_bytes": rr["peak_mem_bytes"].max() if rr["peak_mem_bytes"].notna().any() else None}
+            if st == "decode":
+                row["decode_steps"] = n_steps
             if have_k:
                 k = kernels[kernels["stage"] == st]
                 if call != CALL_ALL:
@@ -125,7 +132,7 @@ def stage_rows(ranges: pd.DataFrame, kernels: pd.DataFrame | None, batch: int) -
         stage_sum = float(ranges[ranges["range"].isin(STAGES)][tcol].sum())
         row = {"stage": "request", "call": CALL_ALL, "calls": 1, "timer": timer,
                "gpu_ms": t_req if tcol == "gpu_ms" else None, "host_ms": float(req["host_ms"].iloc[0]),
-               "e2e_ms": t_req, "ttft_ms": ttft, "stage_sum_ms": stage_sum,
+               "e2e_ms": t_req, "ttft_ms": ttft, "stage_sum_ms": stage_sum, "decode_steps": n_steps,
                "peak_mem_bytes": ranges["peak_mem_bytes"].max() if ranges["peak_mem_bytes"].notna().any() else None}
         if len(steps):
             pct = stats.percentiles(steps)

@@ -22,7 +22,9 @@ from .adapter import GenerationResult, ModelAdapter, StageFn, greedy, no_stage, 
 
 def generate(adapter: ModelAdapter, request, stage: StageFn = no_stage,
              max_new_tokens: Optional[int] = None) -> GenerationResult:
-    """Run one request end to end; ``max_new_tokens`` overrides ``request.decode_tokens``."""
+    """Run one request end to end; ``max_new_tokens`` overrides ``request.decode_tokens`` (the
+    tokens decoded; a static cache keeps the length of the longer of the two, so a shorter call
+    runs on the same cache and captured step as the request's full budget)."""
     n_new = request.decode_tokens if max_new_tokens is None else max_new_tokens
     own = own_loop(adapter)
     if own is not None:  # outside inference_mode: the owner decides (HF generate runs under no_grad)
@@ -37,7 +39,9 @@ def _loop(adapter: ModelAdapter, request, stage: StageFn, n_new: int) -> Generat
     steps = max(n_new - 1, 0)
     counter.plan(request, steps)
     out = []
-    with adapter.running(request, n_new, counter) as cache, stage("request"):
+    # caches (and the graphs captured for them) are sized for the request's budget, also when this
+    # call decodes fewer tokens (a short warm-up or profiled request runs the timed requests' shapes)
+    with adapter.running(request, max(n_new, request.decode_tokens), counter) as cache, stage("request"):
         t0 = time.perf_counter()
         counter.phase("prefill")
         token = adapter.first_token(request, cache, stage, greedy)

@@ -140,6 +140,22 @@ def routed(fmt: Callable) -> Callable:
     return write
 
 
+def bound_cell(v) -> str:
+    """(label, prep ms, copy ms, request ms) -> 'preprocessing: 1,400 > 470 ms' (the bound part
+    against the request range) or 'gpu: 470 ms > prep 12 / copy 0.9 ms'; ``DASH`` without a label."""
+    if v is None or isinstance(v, str):
+        return text(v)
+    label, prep, h2d, gpu = v
+    if not isinstance(label, str):
+        return DASH
+    ms = sig()
+    if label == "preprocessing":
+        return f"{label}: {ms(prep)} > {ms(gpu)} ms"
+    if label == "copy":
+        return f"{label}: {ms(h2d)} > {ms(gpu)} ms"
+    return f"{label}: {ms(gpu)} ms > prep {ms(prep)} / copy {ms(h2d)} ms"
+
+
 def joined(fmt: Callable, sep: str = " / ") -> Callable:
     """Any number of values -> 'a / b / c' (p50 / p90 / p99)."""
     def write(v) -> str:
@@ -192,7 +208,16 @@ _COLUMNS = [
     _label("routing", "routing"), _label("bytes_routing", "MoE bytes from (analytic)"),
     # headline (the median request)
     Column("e2e", "e2e", "ms", "measured", suffix="[min–max]", fmt=spread()),
-    Column("pages_s", "pages/s", "", "derived", fmt=fixed("{:,.3g}")),
+    Column("pages_s", "pages/s", "", "derived", "batch / e2e", fmt=fixed("{:,.3g}")),
+    Column("bound_by", "bound by", "", "derived", "longest of prep, copy, e2e", fmt=bound_cell, align=LEFT),
+    # what a user waits for (the median request; pages/s over the timed repeats back to back)
+    Column("call", "generate() call", "ms", "measured", "host clock, synchronised", "[min–max]", fmt=spread()),
+    Column("setup_collect", "set-up + collection", "ms", "derived", "call - e2e", "[min–max]", fmt=spread()),
+    Column("prep_page", "prep / page", "ms", "derived", "prep / batch", "[min–max]", fmt=spread()),
+    Column("h2d_page", "copy / page", "ms", "derived", "copy / batch", "[min–max]", fmt=spread()),
+    Column("pages_s_gpu", "GPU pages/s", "", "derived", "batch x repeats / sum of calls", fmt=fixed("{:,.3g}")),
+    Column("pages_s_e2e", "end-to-end pages/s", "", "derived", "batch x repeats / sum of prep + copy + call",
+           fmt=fixed("{:,.3g}")),
     Column("ttft", "TTFT", "ms", "measured", suffix="[min–max]", fmt=spread()),
     Column("ttft_e2e", "TTFT + prep + copy", "ms", "measured", suffix="[min–max]", fmt=spread()),
     Column("tpot_pcts", "TPOT p50 / p90 / p99", "ms", "measured", fmt=joined(fixed())),
@@ -277,4 +302,4 @@ def table(names: list, records: list, columns: Optional[dict] = None) -> list:
 
 
 __all__ = ["Column", "COLUMNS", "column", "table", "DASH", "fixed", "sig", "pct", "efficiency", "text", "spread",
-           "pair", "joined", "utilisation", "interval", "routed", "EXPECTED_ROUTING_NOTE"]
+           "pair", "joined", "utilisation", "interval", "routed", "EXPECTED_ROUTING_NOTE", "bound_cell"]

@@ -14,6 +14,7 @@ from ..markdown import LEFT, table
 from ..measure import host
 from ..roofline.specs import Peaks
 from ..rundir import RunData
+from ..stopping import kept_text
 from .columns import fixed, pct
 
 CV_LIMIT = 0.02
@@ -124,8 +125,9 @@ def caveats_section(run: RunData, p: Peaks, measured: pd.DataFrame, notes: list,
     if man.get("status") == "running":
         out.append(f"Partial: the run is still going (or was interrupted) after {len(man.get('cases') or [])} case(s).")
     elif man.get("status") in ("failed", "interrupted"):
-        out.append(f"Partial: the run {man['status']} after {len(man.get('cases') or [])} finished case(s): "
-                   f"{man.get('error')}.")
+        cases = man.get("cases") or []
+        kept = kept_text(len(cases), [c for c in cases if c.get("partial")])
+        out.append(f"Partial: the run {man['status']} after {kept}: {man.get('error')}.")
     out.append("Measured vs analytic: TFLOP/s and GB/s are the analytic FLOPs and minimum DRAM bytes divided by the "
                "measured time; they are not measured FLOP rates or traffic (ncu measures those).")
     if head is not None and len(head):
@@ -168,8 +170,8 @@ def files_section(run: RunData) -> list:
     L = ["## Files", ""]
     if not run.path.is_dir():
         return L + [""]
-    files = sorted(p.name for p in run.path.iterdir() if p.is_file() and not p.name.endswith(".tmp")
-                   and not p.name.startswith("."))
+    files = sorted({p.name for p in run.path.iterdir() if p.is_file() and not p.name.endswith(".tmp")
+                    and not p.name.startswith(".")} | {"report.md"})   # the report lists itself before it exists
     L += [f"- `{f}`" for f in files]
     traces = sorted((run.path / "traces").glob("*/trace.json.gz")) if (run.path / "traces").is_dir() else []
     L += [f"- `{t.relative_to(run.path)}` ({t.stat().st_size / 1e6:,.1f} MB: Chrome/Perfetto trace of the profiled "

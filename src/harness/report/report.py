@@ -161,7 +161,7 @@ def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFra
     L += steps.section(run.steps)
     L += stage_section(st)
     L += op_section(table)
-    L += top_kernels_section(run)
+    L += top_kernels_section(run, summary)
     L += charts_section(run)
     L += ceilings_section(peaks, man)
     L += environment_section(man)

@@ -62,22 +62,28 @@ def headline_section(run: RunData, st: pd.DataFrame, summary: Summary) -> list:
                      "tpot_pcts": tuple(h.get(c) for c in ("tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms")),
                      "tok_s_head": h.get("decode_tok_s"),
                      "request_eff": _pair(rq.iloc[0], "efficiency") if len(rq) else None,
-                     "dominant": _dominant(s[s["stage"].isin(STAGES)])})
+                     "dominant": _dominant(s[s["stage"].isin(STAGES)]),
+                     "bound_by": (h.get("bound_by"), h.get("prep_ms"), h.get("h2d_ms"), h.get("e2e_ms"))})
         total, e2e = _f(h.get("stage_sum_ms")), _f(h.get("e2e_ms"))
         stage_rows.append({"case": case, **{f"{x}_ms": h.get(f"{x}_ms") for x in STAGES}, "stage_sum": total,
                            "between": e2e - total if e2e is not None and total is not None else None,
                            "stage_share": total / e2e if total and e2e else None,
                            "ttft_share": h["ttft_stage_sum_ms"] / h["ttft_ms"] if _f(h.get("ttft_ms")) else None})
     L += table(["case", "mode", "grid", "batch", "tokens", "requests", "median_request", "e2e", "pages_s", "ttft",
-                "ttft_e2e", "tpot_pcts", "tok_s_head", "request_eff", "dominant"], rows)
+                "ttft_e2e", "tpot_pcts", "tok_s_head", "request_eff", "dominant", "bound_by"], rows)
     L += ["", f"One row per case: the **median request**, the timed repeat whose end-to-end time is the median "
           f"(with an even count the lower middle), every value from that one request; [min–max] over the timed "
           f"repeats (`headline.csv` also has the seeded bootstrap 95% interval of the median). Times: {timer} clock "
           f"({'CUDA events' if timer == 'GPU' else 'host wall clock, no CUDA'}). TTFT runs from the request's "
           "start to the first token (vision + prefill) and excludes building the request (preprocessing) and its "
           "copy to the device, which *TTFT + prep + copy* adds. TPOT percentiles and tok/s come from the same "
-          "per-step distribution: tok/s = batch x 1000 / mean decode-step ms. pages/s = batch x 1000 / e2e ms.", "",
-          "### Stage times of the median request", ""]
+          "per-step distribution: tok/s = batch x 1000 / mean decode-step ms. pages/s = batch x 1000 / e2e ms "
+          "(the request range alone: what a user waits for follows). *bound by*: preprocessing or copy when that "
+          "part of the median request took longer than its request range (e2e, the GPU time of the batch), else "
+          "gpu.", ""]
+    L += partial_lines(info)
+    L += user_wait_section(head)
+    L += ["### Stage times of the median request", ""]
     L += table(["case", *[f"{x}_ms" for x in STAGES], "stage_sum", "between", "stage_share", "ttft_share"], stage_rows)
     L += ["", "The stages are disjoint: their sum falls short of the end-to-end time by the host time between "
           "the stage ranges (GPU idle there when the host is the bottleneck), and vision + prefill ends where "
@@ -88,6 +94,46 @@ def headline_section(run: RunData, st: pd.DataFrame, summary: Summary) -> list:
               "TTFT, not in the stage columns): " + ", ".join(f"{r.case} {fixed()(r.time_ms)} ms"
                                                              for r in pre.itertuples()) + ".", ""]
     return L
+
+
+def partial_lines(info: dict) -> list:
+    """One line per case a signal stopped before it finished (manifest ``partial``)."""
+    out = []
+    for name, c in info.items():
+        if c.get("partial"):
+            prof = {True: "", False: ", no profiled request (no kernels, busy or idle)"}.get(c.get("profiled"), "")
+            out.append(f"- **Partial case {name}**: interrupted after {c.get('repeats_done')} of "
+                       f"{c.get('repeats_planned')} timed repeats{prof}; its medians and spreads are over those "
+                       "repeats.")
+    return out + [""] if out else []
+
+
+def user_wait_section(head: pd.DataFrame) -> list:
+    """What a user waits for beside the request range: the whole generate() call, its set-up and
+    collection, preprocessing and copy per page, pages/s back to back (``harness.measure.summary``)."""
+    if not len(head) or head["call_ms"].isna().all():
+        return []
+    rows = [{"case": h["case"], "batch": h["batch"],
+             **{k: (h.get(c), h.get(f"{c}_min"), h.get(f"{c}_max"))
+                for k, c in (("e2e", "e2e_ms"), ("call", "call_ms"), ("setup_collect", "setup_collect_ms"),
+                             ("prep_page", "prep_page_ms"), ("h2d_page", "h2d_page_ms"))},
+             "pages_s": h.get("pages_s"), "pages_s_gpu": h.get("pages_s_gpu"), "pages_s_e2e": h.get("pages_s_e2e"),
+             "bound_by": (h.get("bound_by"), h.get("prep_ms"), h.get("h2d_ms"), h.get("e2e_ms"))}
+            for h in head.to_dict("records")]
+    L = ["### What a user waits for", ""]
+    L += table(["case", "batch", "e2e", "call", "setup_collect", "prep_page", "h2d_page", "pages_s", "pages_s_gpu",
+                "pages_s_e2e", "bound_by"], rows)
+    return L + ["", "The *generate() call* is the wall time of the whole call (host clock, the device synchronised "
+                "before and after), the request range (e2e) inside it; *set-up + collection* = call - e2e: the "
+                "call's own work before the request range opens and after it closes (caches, routing counts, "
+                "collecting the tokens), in no stage column. *prep* builds the request from its loaded pages "
+                "(preprocessing, token layout), *copy* moves it to the device; both per page. *GPU pages/s*: the "
+                "timed repeats' generate() calls back to back (requests already built and on the device: "
+                "preprocessing and copy outside); *end-to-end pages/s*: each request built, copied and generated "
+                "in turn (preprocessing and copy inside, serial: nothing overlaps); both = batch x repeats / the "
+                "summed wall time of those parts, each synchronised at both ends, the harness's own work between "
+                "requests left out (`manifest.json` `timed_wall_ms`: the timed run's wall time with it). The "
+                "throughput experiment (`+experiment=throughput`) measures the overlapped pipeline.", ""]
 
 
 def _utilisation(r) -> tuple | None:
@@ -168,8 +214,9 @@ def charts_section(run: RunData) -> list:
     return (["## Charts", ""] + L + [""]) if L else []
 
 
-def top_kernels_section(run: RunData) -> list:
-    """The ``TOP_KERNELS`` longest kernels (by total time) of each case x stage of the profiled request."""
+def top_kernels_section(run: RunData, summary: Summary | None = None) -> list:
+    """The ``TOP_KERNELS`` longest kernels (by total time) of each case x stage of the profiled request
+    (with ``summary``: a line where its decode ran fewer steps than the timed requests)."""
     L = ["## Top kernels per stage", ""]
     k = run.kernels
     if k is None or not len(k):
@@ -180,6 +227,11 @@ def top_kernels_section(run: RunData) -> list:
         by_case.setdefault(case, {})[stage] = ks
     for case, stages in by_case.items():
         L += [f"### {case}", ""]
+        k = summary.step_scale(case) if summary is not None else 1.0
+        if k != 1.0:
+            n = summary.profiled_value(case, "decode", "decode_steps")
+            L += [f"Decode: the profiled request's {n:.0f} steps (the timed requests run {k * n:.0f}; calls and "
+                  "totals are those of the profiled steps).", ""]
         rows = []
         for stage in STAGES:
             ks = stages.get(stage)
@@ -198,5 +250,5 @@ def top_kernels_section(run: RunData) -> list:
     return L
 
 
-__all__ = ["headline_section", "stage_section", "op_section", "charts_section", "top_kernels_section",
-           "OP_GROUP_TEXT", "TOP_KERNELS"]
+__all__ = ["headline_section", "user_wait_section", "partial_lines", "stage_section", "op_section", "charts_section",
+           "top_kernels_section", "OP_GROUP_TEXT", "TOP_KERNELS"]

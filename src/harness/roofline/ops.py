@@ -21,8 +21,11 @@ Runs whose kernels.csv has no ``op_group`` (written before module attribution) a
 kernel-name category (``OP_GROUPS`` categories; ``attribution = kernel name``).
 
 ``measured_ms`` and ``kernel_busy_ms`` of an op-family row are the union of its kernel intervals
-in the profiled request. A row whose group has no analytic work (zero FLOPs and bytes) is
-``overhead``: no floor, no efficiency.
+in the profiled request; a decode row's busy time and kernels are scaled by the case's
+``step_scale`` (``harness.measure.summary``: busy per decode step x the timed requests' steps, when
+the profiled request decoded fewer steps), so they pair with the analytic work of the whole
+decode. A row whose group has no analytic work (zero FLOPs and bytes) is ``overhead``: no floor,
+no efficiency.
 """
 from __future__ import annotations
 
@@ -64,8 +67,9 @@ def _by_module(kernels: pd.DataFrame) -> bool:
 
 
 def join_op_families(kernels: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks,
-                     timers: Optional[dict] = None) -> pd.DataFrame:
-    """Op-family rows per case x stage x ``OP_GROUPS`` entry (see the module docstring)."""
+                     timers: Optional[dict] = None, step_scale: Optional[dict] = None) -> pd.DataFrame:
+    """Op-family rows per case x stage x ``OP_GROUPS`` entry (see the module docstring);
+    ``step_scale``: {case: factor of its decode rows} (default 1)."""
     if kernels is None or not len(kernels) or "stage" not in kernels or analytic is None or not len(analytic):
         return roofline_frame([])
     fam = analytic[analytic["family"] != "TOTAL"]
@@ -88,7 +92,8 @@ def join_op_families(kernels: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks
             work = tot["tensor_flops"] > 0 or tot["bytes"] > 0
             if not len(sub) and not work:
                 continue
-            busy = busy_ms(sub) if len(sub) else 0.0
+            k = (step_scale or {}).get(case, 1.0) if stage == "decode" else 1.0
+            busy = k * busy_ms(sub) if len(sub) else 0.0
             present = [f for f in dict.fromkeys(fsub["family"])] if work else []
             note = ""
             if not work:
@@ -98,7 +103,7 @@ def join_op_families(kernels: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks
                 note = ("analytic work but no kernels of this group were captured" if module else
                         "no kernel category maps to this group (kernel-name grouping)")
             m = {"timer": (timers or {}).get(case, ""), "measured_ms": busy if busy > 0 else None,
-                 "kernel_busy_ms": busy, "kernels": len(sub),
+                 "kernel_busy_ms": busy, "kernels": k * len(sub),
                  "kernel_categories": _categories(sub) if module else "+".join(cats),
                  "analytic_families": "+".join(present), "attribution": "module" if module else "kernel name"}
             r = _row(case, stage, "op_family", group, tot, peaks, m, routing, note)
