@@ -3,7 +3,8 @@
 A kernel belongs to the innermost StageRecorder range that was open on the host (wall clock,
 the profiler's time domain) when its launch call (cudaLaunchKernel & co., joined by correlation
 id) was made; with a ``harness.measure.modules.ModuleTracker`` also to the innermost module (and
-its analytic family and roofline op group) open at that moment. ``category`` is the kernel-name
+its analytic family and roofline op group) open at that moment (``attribution`` says how:
+``ATTRIBUTIONS``). ``category`` is the kernel-name
 category (``CATEGORIES``), kept for reference beside the module's op group. On a machine without
 CUDA the same code records CPU operators instead (``device`` = cpu, top-level ops only).
 Durations are ns in the raw capture and ms in the table. ``KernelCapture.save_trace`` writes the
@@ -28,7 +29,12 @@ import torch
 from ..anatomy.stages import RECORDED_STAGES
 
 KERNEL_COLUMNS = ["device", "name", "category", "range", "stage", "call", "step", "start_ms", "dur_ms",
-                  "stream", "module", "family", "op_group"]
+                  "stream", "module", "family", "op_group", "attribution"]
+#: how a kernel's ``module`` / ``family`` / ``op_group`` were found (``attribution``): ``hooks`` (forward
+#: hooks of the profiled request), ``aligned`` (a replayed or compiled decode step's kernel matched to one
+#: eager, hooked step of the same execution, ``harness.measure.alignment``), ``unattributed`` (such a step's
+#: kernel that matched none: module empty), ``name`` (no module: only the kernel-name ``category``)
+ATTRIBUTIONS = ("hooks", "aligned", "unattributed", "name")
 
 #: gzip level of the exported trace: 1 compresses a 141 MB JSON trace in about a third of level 6's
 #: time (1.6 s against 4.5 s on one CPU core) for a file about 1.5x larger
@@ -213,7 +219,8 @@ def kernel_table(prof, cuda: bool, ranges: pd.DataFrame, modules=None) -> pd.Dat
     made (joined by correlation id). ``range`` is the innermost harness range (e.g.
     decode_step), ``stage`` the enclosing top-level stage, empty when unattributed. With
     ``modules`` (a ``ModuleTracker`` of the same request) ``module`` / ``family`` / ``op_group``
-    name the innermost module open at launch (``ModuleTracker.attribute``); empty otherwise.
+    name the innermost module open at launch (``ModuleTracker.attribute``, ``attribution`` =
+    hooks); empty otherwise (``attribution`` = name).
     """
     events = prof.kineto_results.events()
     spans = _Spans(ranges)
@@ -234,7 +241,8 @@ def kernel_table(prof, cuda: bool, ranges: pd.DataFrame, modules=None) -> pd.Dat
         hosts.append(t_host)
         rows.append((device, name, {"memcpy": "copy/cast", "memset": "memset"}.get(k) or categorize(name),
                      rng, stage, call, step, (e.start_ns() - t0) / 1e6, e.duration_ns() / 1e6,
-                     e.device_resource_id() if cuda else None, None, None, None))
+                     e.device_resource_id() if cuda else None, None, None, None,
+                     "name" if modules is None else "hooks"))
     df = pd.DataFrame.from_records(rows, columns=KERNEL_COLUMNS)
     if modules is not None and len(df):
         labels = modules.attribute(hosts)

@@ -36,6 +36,7 @@ import torch
 from .. import variants
 from ..config import MeasureConfig
 from ..models.generate import generate
+from .alignment import attribute_replay
 from .kernels import KERNEL_COLUMNS, KernelCapture, kernel_table
 from .modules import ModuleTracker
 from .recorder import StageRecorder
@@ -237,6 +238,8 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
             res = generate(model, req, syncs)
             ranges = rec.finish()
         kern = kernel_table(prof, cuda, ranges, modules)
+        if mcfg.module_hooks and not hooks:   # graphed / compiled steps: modules by alignment
+            kern = attribute_replay(model, req, kern, cuda)   # harness.measure.alignment
         kern.insert(0, "case", case["case"])
         if trace_path is not None:
             t_trace = time.perf_counter()

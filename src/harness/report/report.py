@@ -21,8 +21,10 @@ analytic costs of every measured case (``harness.analytic``), joins them
 * ``ladder.png``: decode tok/s and MBU per execution variant (runs with execution variants);
 * ``report.md``: headline (median request) per case, its stage times, execution variants, TPOT
   against position, per-stage roofline table (GPU span, host span, busy, idle, efficiency against
-  span and busy), op families, top kernels per stage, ceilings, environment, caveats. Every column
-  header says whether it is measured, analytic or derived.
+  span and busy), op families, inside the decode step per module against the bandwidth floor
+  (cases attributed by alignment, ``harness.report.step_modules``), top kernels per stage,
+  ceilings, environment, caveats. Every column header says whether it is measured, analytic or
+  derived.
 
 ``python -m harness run`` calls it after every case (the report grows with the run) and once at
 the end; it can be re-run on any finished run directory (``write_report(path)``). The manifest
@@ -46,7 +48,7 @@ from ..roofline.plot import plot_ladder, plot_roofline
 from ..roofline.specs import Peaks
 from ..roofline.table import roofline_table
 from ..rundir import RunData, RunDir, load_run
-from . import ladder, steps
+from . import ladder, step_modules, steps
 from .breakdown import plot_time_breakdown
 from .context import (calibration_line, caveats_section, ceilings_section, environment_section, files_section,
                       warmup_counts, weights_of)
@@ -158,6 +160,7 @@ def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFra
     L += steps.section(run.steps)
     L += stage_section(st)
     L += op_section(table)
+    L += step_modules.section(run, analytic, peaks.mem_bw_gbs, _tpot_p50(summary))
     L += top_kernels_section(run)
     L += charts_section(run)
     L += ceilings_section(peaks, man)
@@ -166,6 +169,13 @@ def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFra
                          summary.headline)
     L += files_section(run)
     return "\n".join(L)
+
+
+def _tpot_p50(summary: Summary) -> dict:
+    """{case: TPOT p50 of its median request, ms}."""
+    st = summary.stages
+    req = st[st["stage"] == "request"] if len(st) else st
+    return dict(zip(req["case"], req["tpot_p50_ms"])) if len(req) else {}
 
 
 __all__ = ["write_report", "render", "warmup_counts", "weights_of", "calibration_line"]
