@@ -243,7 +243,7 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
         kern.insert(0, "case", case["case"])
         if trace_path is not None:
             t_trace = time.perf_counter()
-            size = prof.save_trace(trace_path)
+            size = prof.save_trace(trace_path, ranges)
             trace = {"path": str(trace_path), "bytes": size, "seconds": time.perf_counter() - t_trace}
             say(f"{case['case']}: trace {trace_path} ({size / 1e6:.1f} MB)")
         n_steps = int((ranges["range"] == "decode_step").sum())
