@@ -196,3 +196,32 @@ def test_run_report_has_the_step_table_of_an_aligned_case(tmp_path, monkeypatch,
     assert f"Aligned: {len(dec):,} of {len(dec):,} decode-step kernels (100.0%)" in section
     write_report(rd.path, strict=True)
     assert section in (rd.path / "report.md").read_text()
+
+
+def test_op_families_group_each_stage_by_what_it_has():
+    """A prefill run without hooks (names only) beside a decode step attributed by alignment: prefill by
+    kernel-name category, decode by module, its unattributed kernel by its category's group."""
+    from harness.roofline.ops import join_op_families
+    from harness.roofline.specs import resolve_peaks
+
+    peaks = resolve_peaks("virtual", "bf16", {"peak_tflops": 100, "mem_bw_gbs": 1000})
+    row = {"case": "c"}
+    k = pd.DataFrame([
+        {**row, "stage": "prefill", "category": "gemm", "op_group": None, "start_ms": 0.0, "dur_ms": 1.0},
+        {**row, "stage": "prefill", "category": "norm", "op_group": None, "start_ms": 2.0, "dur_ms": 0.5},
+        {**row, "stage": "decode", "category": "gemm", "op_group": "matmul", "start_ms": 3.0, "dur_ms": 0.25},
+        {**row, "stage": "decode", "category": "norm", "op_group": None, "start_ms": 4.0, "dur_ms": 0.125},
+        {**row, "stage": "decode", "category": "activation/elementwise", "op_group": "norm", "start_ms": 5.0,
+         "dur_ms": 0.5}])
+    base = {"case": "c", "variant": "", "tensor_flops": 1e9, "flops_useful": 1e9, "flops_counted": 1e9,
+            "vector_flops": 0.0, "bytes": 1e6, "bytes_weights": 1e6, "bytes_kv_read": 0.0, "bytes_kv_write": 0.0,
+            "routing": "measured"}
+    a = pd.DataFrame([{**base, "stage": s, "family": f} for s in ("prefill", "decode")
+                      for f in ("llm_attention", "rmsnorm")])
+    op = join_op_families(k, a, peaks).set_index(["stage", "op_family"])
+    assert set(op.loc["prefill", "attribution"]) == {"kernel name"}
+    assert op.loc[("prefill", "norm"), "kernel_busy_ms"] == pytest.approx(0.5)
+    assert set(op.loc["decode", "attribution"]) == {"module"}
+    # decode norm: the module-attributed elementwise kernel (0.5) and the unattributed norm kernel (0.125)
+    assert op.loc[("decode", "norm"), "kernel_busy_ms"] == pytest.approx(0.625)
+    assert op.loc[("decode", "matmul"), "kernel_busy_ms"] == pytest.approx(0.25)
