@@ -18,6 +18,8 @@ cd "$ROOT"
 VENV=.venv
 CPU_TORCH=${CPU_TORCH:-torch==2.13.0}
 PIP_QUIET=(-qq --disable-pip-version-check --no-input --progress-bar off)
+HTA=holistictraceanalysis==0.5.0
+HTA_NEEDS=("plotly>=5.11" "psutil>=5.9" "networkx>=3.1" "PyYAML>=6.0")
 
 say() { printf '[bootstrap] %s\n' "$*"; }
 die() { printf '[bootstrap] error: %s\n' "$*" >&2; exit 1; }
@@ -91,6 +93,18 @@ else
   with_heartbeat "installing the harness and its test extra" "$VPY" -m pip install "${PIP_QUIET[@]}" -e '.[test]' \
     || die "pip install -e '.[test]' failed"
   echo "$want" > "$STAMP"
+fi
+
+# 4. Holistic Trace Analysis (the independent trace reader of tests/test_hta.py): its wheel declares
+# jupyterlab (and pins pytest), which TraceAnalysis never imports, so it goes in with --no-deps after
+# what it does import (plotly, psutil, networkx, PyYAML); pip may then name jupyterlab as missing
+if "$VPY" -c 'import hta.trace_analysis' >/dev/null 2>&1; then
+  say "holistictraceanalysis already installed"
+else
+  say "installing $HTA (--no-deps) and its runtime needs: ${HTA_NEEDS[*]}"
+  "$VPY" -m pip install "${PIP_QUIET[@]}" "${HTA_NEEDS[@]}" || die "pip install ${HTA_NEEDS[*]} failed"
+  "$VPY" -m pip install "${PIP_QUIET[@]}" --no-deps "$HTA" 2>&1 | grep -v "dependency resolver\|requires jupyterlab\|requires pydot\|requires pytest" || true
+  "$VPY" -c 'import hta.trace_analysis' || die "$HTA does not import"
 fi
 
 say "checking that the harness imports (torch's first import takes a while)"

@@ -3,7 +3,8 @@
 A kernel belongs to the innermost StageRecorder range that was open on the host (wall clock,
 the profiler's time domain) when its launch call (cudaLaunchKernel & co., joined by correlation
 id) was made; with a ``harness.measure.modules.ModuleTracker`` also to the innermost module (and
-its analytic family and roofline op group) open at that moment. ``category`` is the kernel-name
+its analytic family and roofline op group) open at that moment (``attribution`` says how:
+``ATTRIBUTIONS``). ``category`` is the kernel-name
 category (``CATEGORIES``), kept for reference beside the module's op group. On a machine without
 CUDA the same code records CPU operators instead (``device`` = cpu, top-level ops only).
 Durations are ns in the raw capture and ms in the table. ``KernelCapture.save_trace`` writes the
@@ -15,20 +16,29 @@ import bisect
 import contextlib
 import functools
 import gzip
+import json
 import os
 import re
 import shutil
 import sys
 import tempfile
+import threading
 from pathlib import Path
+from typing import Optional
 
 import pandas as pd
 import torch
 
 from ..anatomy.stages import RECORDED_STAGES
+from .recorder import annotation_name
 
 KERNEL_COLUMNS = ["device", "name", "category", "range", "stage", "call", "step", "start_ms", "dur_ms",
-                  "stream", "module", "family", "op_group"]
+                  "stream", "module", "family", "op_group", "attribution"]
+#: how a kernel's ``module`` / ``family`` / ``op_group`` were found (``attribution``): ``hooks`` (forward
+#: hooks of the profiled request), ``aligned`` (a replayed or compiled decode step's kernel matched to one
+#: eager, hooked step of the same execution, ``harness.measure.alignment``), ``unattributed`` (such a step's
+#: kernel that matched none: module empty), ``name`` (no module: only the kernel-name ``category``)
+ATTRIBUTIONS = ("hooks", "aligned", "unattributed", "name")
 
 #: gzip level of the exported trace: 1 compresses a 141 MB JSON trace in about a third of level 6's
 #: time (1.6 s against 4.5 s on one CPU core) for a file about 1.5x larger
@@ -134,9 +144,12 @@ class KernelCapture:
             self.kineto_results = self._fallback.profiler.kineto_results
         return False
 
-    def save_trace(self, path) -> int:
+    def save_trace(self, path, ranges: Optional[pd.DataFrame] = None) -> int:
         """Write the capture as a gzipped Chrome trace (opens in Perfetto and Holistic Trace
-        Analysis); returns its size in bytes."""
+        Analysis); returns its size in bytes. ``ranges`` (the request's ``StageRecorder`` rows): on
+        CUDA, where the capture records no host events, each range is written into the trace as a
+        ``user_annotation`` ``harness::<range>#<index>`` on the host clock (``annotation_events``),
+        so a reader of the trace alone cuts it into stages as the harness does."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         raw = path.with_name(path.name.removesuffix(".gz") + ".tmp")
@@ -146,6 +159,8 @@ class KernelCapture:
             else:
                 self.kineto_results.save(str(raw))
             with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=TRACE_GZIP_LEVEL) as dst:
+                if self.cuda and ranges is not None and len(ranges):
+                    dst.write(with_annotations(src.read(HEAD_BYTES), ranges))
                 shutil.copyfileobj(src, dst)
         except BaseException:
             path.unlink(missing_ok=True)    # a failed write (a full disk) leaves no partial trace
@@ -153,6 +168,43 @@ class KernelCapture:
         finally:
             raw.unlink(missing_ok=True)
         return path.stat().st_size
+
+
+#: bytes of a kineto trace's head that hold ``baseTimeNanoseconds`` and the opening of ``traceEvents``
+HEAD_BYTES = 1 << 20
+_EVENTS_OPEN = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BASE_NS = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
+
+
+def annotation_events(ranges: pd.DataFrame, base_ns: int) -> list:
+    """Chrome-trace events (``ph`` X, ``cat`` user_annotation, µs since ``base_ns``, this process and
+    thread) of the recorder's ranges, named as the recorder's profiler annotations."""
+    pid, tid = os.getpid(), threading.get_native_id()
+    out = []
+    for r in ranges.dropna(subset=["wall_start_ns"]).itertuples(index=False):
+        index = r.step if pd.notna(r.step) else r.call
+        out.append({"ph": "X", "cat": "user_annotation", "name": annotation_name(r.range, None if pd.isna(index)
+                                                                                  else int(index)),
+                    "pid": pid, "tid": tid, "ts": (int(r.wall_start_ns) - base_ns) / 1e3,
+                    "dur": (int(r.wall_end_ns) - int(r.wall_start_ns)) / 1e3,
+                    "args": {"source": "harness StageRecorder (host wall clock)"}})
+    return out
+
+
+def with_annotations(head: bytes, ranges: pd.DataFrame) -> bytes:
+    """``head`` (the start of a kineto Chrome trace) with ``annotation_events`` first in its
+    ``traceEvents`` (times on its ``baseTimeNanoseconds``, 0 when absent); unchanged when the head
+    does not open ``traceEvents``."""
+    m = _EVENTS_OPEN.search(head)
+    if m is None:
+        return head
+    base = _BASE_NS.search(head)
+    events = [json.dumps(e).encode() for e in annotation_events(ranges, int(base.group(1)) if base else 0)]
+    if not events:
+        return head
+    rest = head[m.end():]
+    empty = rest.lstrip().startswith(b"]")
+    return head[:m.end()] + b"\n" + b",\n".join(events) + (b"\n" if empty else b",\n") + rest
 
 
 GPU_RUNTIME = re.compile(r"^(cuda|cu)[A-Z]")   # cudaLaunchKernel, cuLaunchKernelEx, cudaMemcpyAsync, ...
@@ -213,7 +265,8 @@ def kernel_table(prof, cuda: bool, ranges: pd.DataFrame, modules=None) -> pd.Dat
     made (joined by correlation id). ``range`` is the innermost harness range (e.g.
     decode_step), ``stage`` the enclosing top-level stage, empty when unattributed. With
     ``modules`` (a ``ModuleTracker`` of the same request) ``module`` / ``family`` / ``op_group``
-    name the innermost module open at launch (``ModuleTracker.attribute``); empty otherwise.
+    name the innermost module open at launch (``ModuleTracker.attribute``, ``attribution`` =
+    hooks); empty otherwise (``attribution`` = name).
     """
     events = prof.kineto_results.events()
     spans = _Spans(ranges)
@@ -234,7 +287,8 @@ def kernel_table(prof, cuda: bool, ranges: pd.DataFrame, modules=None) -> pd.Dat
         hosts.append(t_host)
         rows.append((device, name, {"memcpy": "copy/cast", "memset": "memset"}.get(k) or categorize(name),
                      rng, stage, call, step, (e.start_ns() - t0) / 1e6, e.duration_ns() / 1e6,
-                     e.device_resource_id() if cuda else None, None, None, None))
+                     e.device_resource_id() if cuda else None, None, None, None,
+                     "name" if modules is None else "hooks"))
     df = pd.DataFrame.from_records(rows, columns=KERNEL_COLUMNS)
     if modules is not None and len(df):
         labels = modules.attribute(hosts)

@@ -48,6 +48,7 @@ from ..config import MeasureConfig
 from ..floats import finite as _f
 from ..interrupts import interrupted_by
 from ..models.generate import generate
+from .alignment import attribute_replay
 from .kernels import KERNEL_COLUMNS, KernelCapture, kernel_table
 from .modules import ModuleTracker
 from .recorder import StageRecorder
@@ -288,11 +289,13 @@ def _profiled_request(model, req, prep: dict, mcfg: MeasureConfig, case: dict, c
         generate(model, req, syncs, max_new_tokens=n_new)
         ranges = rec.finish()
     kern = kernel_table(prof, cuda, ranges, modules)
+    if mcfg.module_hooks and not hooks:   # graphed / compiled steps: modules by alignment
+        kern = attribute_replay(model, req, kern, cuda)   # harness.measure.alignment
     kern.insert(0, "case", case["case"])
     trace = None
     if trace_path is not None:
         t_trace = time.perf_counter()
-        size = prof.save_trace(trace_path)
+        size = prof.save_trace(trace_path, ranges)
         trace = {"path": str(trace_path), "bytes": size, "seconds": time.perf_counter() - t_trace}
         say(f"{case['case']}: trace {trace_path} ({size / 1e6:.1f} MB)")
     n_steps = int((ranges["range"] == "decode_step").sum())

@@ -279,6 +279,15 @@ _COLUMNS = [
     Column("total_ms", "total", "ms", "measured", fmt=fixed("{:,.3f}")),
     Column("mean_us", "mean", "µs", "measured", fmt=fixed("{:,.1f}")),
     Column("busy_share", "of stage busy", "", "derived", fmt=pct),
+    # inside the decode step: per module group, against the bandwidth floor (report.step_modules)
+    _label("module_group", "module (group)"), _label("attributed_by", "attributed by"),
+    Column("launches_step", "launches/step", "", "measured", "profiled", fmt=fixed("{:,.1f}")),
+    Column("busy_us_step", "busy", "µs/step", "measured", "profiled, union", fmt=fixed("{:,.1f}")),
+    Column("mb_step", "bytes", "MB/step", "analytic", "weights + act + KV", fmt=sig(1e6)),
+    Column("gbs_busy", "GB/s", "", "derived", "analytic bytes / busy", fmt=_SIG),
+    Column("bw_floor_us", "bandwidth floor", "µs/step", "derived", "bytes / datasheet bandwidth", fmt=fixed("{:,.1f}")),
+    Column("floor_share", "floor / busy", "", "derived", "share of the floor", fmt=efficiency),
+    Column("above_floor_us", "above the floor", "µs/step", "derived", "busy - floor", fmt=fixed("{:,.1f}")),
     # TPOT against position
     Column("tpot_p50_all", "TPOT p50", "ms", "measured", fmt=fixed()),
     Column("first_p50", "p50", "ms", "measured", fmt=fixed()),

@@ -23,8 +23,10 @@ analytic costs of every measured case (``harness.analytic``), joins them
 * ``report.md``: headline (median request) per case, its stage times, execution variants, MoE
   routing (``report.routing``: the routing each case ran, experts touched per step), TPOT
   against position, per-stage roofline table (GPU span, host span, busy, idle, efficiency against
-  span and busy), op families, top kernels per stage, ceilings, environment, caveats. Every column
-  header says whether it is measured, analytic or derived.
+  span and busy), op families, inside the decode step per module against the bandwidth floor
+  (cases attributed by alignment, ``harness.report.step_modules``), top kernels per stage,
+  ceilings, environment, caveats. Every column header says whether it is measured, analytic or
+  derived.
 
 ``python -m harness run`` calls it after every case (the report grows with the run) and once at
 the end; it can be re-run on any finished run directory (``write_report(path)``). The manifest
@@ -48,7 +50,7 @@ from ..roofline.plot import plot_ladder, plot_roofline
 from ..roofline.specs import Peaks
 from ..roofline.table import roofline_table
 from ..rundir import RunData, RunDir, load_run
-from . import ladder, routing, steps
+from . import ladder, routing, step_modules, steps
 from .breakdown import plot_time_breakdown
 from .context import (calibration_line, caveats_section, ceilings_section, environment_section, files_section,
                       warmup_counts, weights_of)
@@ -161,6 +163,7 @@ def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFra
     L += steps.section(run.steps)
     L += stage_section(st)
     L += op_section(table)
+    L += step_modules.section(run, analytic, peaks.mem_bw_gbs, _tpot_p50(summary))
     L += top_kernels_section(run, summary)
     L += charts_section(run)
     L += ceilings_section(peaks, man)
@@ -169,6 +172,13 @@ def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFra
                          summary.headline)
     L += files_section(run)
     return "\n".join(L)
+
+
+def _tpot_p50(summary: Summary) -> dict:
+    """{case: TPOT p50 of its median request, ms}."""
+    st = summary.stages
+    req = st[st["stage"] == "request"] if len(st) else st
+    return dict(zip(req["case"], req["tpot_p50_ms"])) if len(req) else {}
 
 
 __all__ = ["write_report", "render", "warmup_counts", "weights_of", "calibration_line"]

@@ -17,8 +17,10 @@ Which op group a kernel belongs to follows the module that launched it (``kernel
 * ``elementwise``: kernels of container modules (decoder layer, SAM/CLIP block: residual adds,
   casts); ``other``: kernels launched outside every module (adapter glue, argmax).
 
-Runs whose kernels.csv has no ``op_group`` (written before module attribution) are grouped by
-kernel-name category (``OP_GROUPS`` categories; ``attribution = kernel name``).
+Stages whose kernels have no ``op_group`` (runs written before module attribution, stages run
+without hooks) are grouped by kernel-name category (``OP_GROUPS`` categories; ``attribution =
+kernel name``); in a stage with module attribution, a kernel without one (left ``unattributed`` by
+the alignment of a replayed step) goes to its category's group.
 
 ``measured_ms`` and ``kernel_busy_ms`` of an op-family row are the union of its kernel intervals
 in the profiled request; a decode row's busy time and kernels are scaled by the case's
@@ -35,7 +37,7 @@ import pandas as pd
 
 from ..measure.observations import busy_ms
 from ..anatomy.stages import STAGES
-from .join import OP_GROUPS, SUM_COLS, _row, roofline_frame
+from .join import CATEGORY_GROUP, OP_GROUPS, SUM_COLS, _row, roofline_frame
 from .specs import Peaks
 
 KV_GROUP = "kv_cache"
@@ -66,6 +68,13 @@ def _by_module(kernels: pd.DataFrame) -> bool:
     return "op_group" in kernels and kernels["op_group"].fillna("").ne("").any()
 
 
+def _groups(kernels: pd.DataFrame) -> pd.Series:
+    """Each kernel's op group: its module's, else its name category's (a replayed step's kernel that
+    alignment left unattributed, ``harness.measure.alignment``)."""
+    og = kernels["op_group"].fillna("").astype(str)
+    return og.where(og.ne(""), kernels["category"].map(CATEGORY_GROUP).fillna("other"))
+
+
 def join_op_families(kernels: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks,
                      timers: Optional[dict] = None, step_scale: Optional[dict] = None) -> pd.DataFrame:
     """Op-family rows per case x stage x ``OP_GROUPS`` entry (see the module docstring);
@@ -74,16 +83,17 @@ def join_op_families(kernels: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks
         return roofline_frame([])
     fam = analytic[analytic["family"] != "TOTAL"]
     kk = kernels[kernels["stage"].notna()]
-    module = _by_module(kk)
     rows = []
     for (case, stage), ks in kk.groupby(["case", "stage"], sort=False):
         af = fam[(fam["case"] == case) & (fam["stage"] == stage)]
         if stage not in STAGES or not len(af):
             continue
+        module = _by_module(ks)     # per stage: a graphed prefill keeps names while its decode is aligned
+        group_of = _groups(ks) if module else None
         routing = str(af["routing"].iloc[0]) if "routing" in af else ""
         for group, (cats, fams) in OP_GROUPS.items():
             if module:
-                sub = ks[ks["op_group"] == group]
+                sub = ks[group_of == group]
                 fsub = af[af["family"].isin(("llm_attention",) if group == KV_GROUP else fams)]
             else:
                 sub = ks[ks["category"].isin(cats)]

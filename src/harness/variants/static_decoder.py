@@ -148,6 +148,17 @@ class StaticDecoder:
             self.routing.zero()
         return self.cache
 
+    def eager_step(self) -> torch.Tensor:
+        """One decode step as the step function runs uncompiled and outside any graph, at the current
+        device position, routing counted as in the captured step: the kernels a replay runs, from the
+        same modules (a compiled step's differ in fusion). For kernel attribution after a request
+        (``harness.measure.alignment``): the next request's ``begin`` resets what it writes."""
+        self.model.route_moe(self.decode_counts)
+        try:
+            return self.model.decode_core(self.token_in, self.cache, self.select)
+        finally:
+            self.model.route_moe(None)
+
     def step(self, token: torch.Tensor) -> torch.Tensor:
         if self.use_graphs:
             graph, out = self.decode_graphs[self._mode()]
