@@ -71,7 +71,8 @@ def test_knobs_that_would_do_nothing_are_refused():
 def test_the_optimize_ladder_on_a_cpu_skips_the_cases_needing_cuda_and_names_them():
     cfg = check_overrides(["+experiment=optimize"] + TINY)
     skipped = check_cases(cfg)
-    assert sorted(skipped) == sorted(["graphs", "compiled", "best", "best-b8", "best-b32", "best-b64", "gundam-best"])
+    assert sorted(skipped) == sorted(["graphs", "compiled", "best", "best-fused", "best-b8", "best-b32", "best-b64",
+                                      "gundam-best"])
     assert set(skipped.values()) == {"execution.cuda_graphs=decode needs a CUDA device (this run is on cpu); "
                                      "fix: run on a GPU, or leave it out"}
     msg = _refusal(["+experiment=optimize", "run.only=[graphs,best]"] + TINY)

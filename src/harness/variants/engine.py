@@ -8,7 +8,8 @@ fill its ``Plan``:
 - ``static`` (``kv_cache=static``): the execution whose static cache runs; one ``StaticDecoder``
   per (batch, cache length) holds the cache, the device-side position and the decode step as it
   runs (eager, ``compile``'d, replayed from a CUDA graph with ``decode_graphs``; the prefill too
-  with ``prefill_graphs``), set up on first use outside the timed loop;
+  with ``prefill_graphs``; its step bound to other kernels with ``decode_step``), set up on first use
+  outside the timed loop;
 - ``device_routing`` (``moe_impl=grouped``): MoE routing counted into device buffers and merged
   into the request's counter after it (no sync in a step).
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -40,6 +41,7 @@ class Plan:
     compile: bool = False                # compile: torch.compile of the static decode step
     decode_graphs: bool = False          # cuda_graphs=decode
     prefill_graphs: bool = False         # prefill_graphs
+    decode_step: Optional[Callable] = None   # decode_step=fused: StaticDecoder -> its step (fused_step.FusedCore)
 
 
 def attach(model) -> Plan:
@@ -124,7 +126,8 @@ class Engine(Variant, DeepseekOCR):
             p, plan = next(self.parameters()), self.plan
             select = greedy_chunked if plan.compile else greedy   # same token; see greedy_chunked
             self.static_decoders[key] = StaticDecoder(self, batch, max_len, p.device, p.dtype, select,
-                                                      compile=plan.compile, graphs=plan.decode_graphs)
+                                                      compile=plan.compile, graphs=plan.decode_graphs,
+                                                      bind=plan.decode_step)
             self.info.setdefault("setup_s", {})[f"b{batch}-L{max_len}"] = self.static_decoders[key].setup_s
         return self.static_decoders[key]
 

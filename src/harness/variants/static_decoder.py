@@ -24,11 +24,14 @@ class StaticDecoder:
     ``step(token)`` runs one step and returns the next token [B, 1]: through the CUDA graph when
     ``graphs`` (``cuda_graphs=decode``: inputs copied into static buffers, one replay), else the step
     function, ``torch.compile``'d with ``compile``. ``model`` is an ``engine.Engine`` (its
-    ``decode_core`` / ``prefill_core``); ``setup_s`` holds the one-off set-up seconds (compile, capture).
+    ``decode_core`` / ``prefill_core``); ``bind`` (``decode_step=fused``) gives the step function
+    instead: ``bind(decoder)`` -> a callable like ``decode_core``, built once the cache, the token
+    buffer and the counts exist (not compiled). ``setup_s`` holds the one-off set-up seconds
+    (compile, capture).
     """
 
     def __init__(self, model, batch: int, max_len: int, device, dtype, select: Callable, compile: bool = False,
-                 graphs: bool = False):
+                 graphs: bool = False, bind: Optional[Callable] = None):
         L = model.cfg.llm
         self.model, self.select = model, select
         self.cache = StaticKVCache(L.num_layers, batch, L.num_kv_heads, max_len, L.head_dim, dtype, device,
@@ -40,8 +43,9 @@ class StaticDecoder:
         self.token_out: Optional[torch.Tensor] = None
         self.setup_s: dict = {}
         self.graphs: dict = {}
-        self.fn = model.decode_core
-        if compile:
+        self.core = bind(self) if bind is not None else model.decode_core
+        self.fn = self.core
+        if compile and bind is None:
             self.fn = torch.compile(model.decode_core, dynamic=False)
         self._prepare(compile, graphs, device)
 
@@ -55,7 +59,7 @@ class StaticDecoder:
         self.model.route_moe(self.decode_counts)
         cuda = device.type == "cuda"
         if compile or graphs:
-            self.model.decode_core(self.token_in, self.cache, self.select)   # eager first: probes, lazy buffers
+            self.core(self.token_in, self.cache, self.select)   # eager first: probes, lazy buffers, kernel builds
             t0 = time.perf_counter()
             stream = torch.cuda.Stream() if cuda else None
             if stream is not None:
