@@ -239,3 +239,37 @@ def test_bench_script_refuses_without_cuda(repo_root, capsys, monkeypatch):
     assert bench.main([]) == 1
     assert "no CUDA device" in capsys.readouterr().err
     assert bench.union_us([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]) == 4.0     # [0, 3] and [5, 6]
+
+
+def _script(repo_root, monkeypatch, name):
+    import importlib.util
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))     # the scripts put src/ first on sys.path
+    spec = importlib.util.spec_from_file_location(name, repo_root / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_diag_script_counts_ulps_by_hand(repo_root, monkeypatch):
+    """bf16 1.0 is 0x3F80 and the next float up, 1 + 2^-7, is 0x3F81: one ulp apart; -1.0 (0xBF80)
+    lies 2 x 0x3F80 = 32,512 ulps below 1.0. fp32 1.0 (0x3F800000) and 1 + 2^-23: one ulp. An
+    element below 1/1000 of the largest |b| is left out of the ulp column, not of the counts."""
+    diag = _script(repo_root, monkeypatch, "diag_decode_step")
+    bf = lambda *v: torch.tensor(v, dtype=torch.bfloat16)  # noqa: E731
+    assert diag.ordered_bits(bf(1.0, 1.0078125, -1.0)).tolist() == [0x3F80, 0x3F81, -0x3F80]
+    assert diag.compare(bf(1.0078125, 2.0, -1.0), bf(1.0, 2.0, 1.0)) == {
+        "max_abs": 2.0, "differ": 2, "n": 3, "max_ulp": 32512}
+    f32 = torch.tensor([1.0, 2e-6]), torch.tensor([1.0 + 2 ** -23, 1e-6])
+    assert diag.compare(*f32) == {"max_abs": pytest.approx(1e-6), "differ": 2, "n": 2, "max_ulp": 1}
+    assert diag.compare_entry("router_ids", [1, 4, 9], [1, 5, 9])["differ"] == 1
+
+
+def test_outside_tpot_reads_the_ladder_row(repo_root, monkeypatch, tmp_path):
+    """The ladder's mean and p50 TPOT of the named case, from a run's headline.csv; None without it."""
+    tpot = _script(repo_root, monkeypatch, "outside_tpot")
+    (tmp_path / "headline.csv").write_text("case,tpot_p50_ms,tpot_mean_ms\nbest,0.75,0.76\nbest-fused,0.6,0.61\n")
+    assert tpot.ladder_tpot(tmp_path, "best-fused") == (0.61, 0.6)
+    assert tpot.ladder_tpot(tmp_path, "graphs") is None and tpot.ladder_tpot(tmp_path / "none", "best") is None
+    assert "best-fused" in tpot.ladder_cases() and tpot.ladder_cases()["best-fused"]["execution"]["pdl"] is True

@@ -347,7 +347,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, acc_ptr, m_ptr, l_p
 @triton.jit
 def _down_tile(ew_ptr, sw_ptr, ids_ptr, t, valid, stride_we, stride_wn, stride_sn,
                H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, TOP_K: tl.constexpr,
-               PARTS: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr):
+               PARTS: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr):
     """Weight rows of tile ``t`` (output column block t // SLOTS, slot t % SLOTS): slot s < PARTS the
     shared (dense) weight's rows, columns [s*INTER, (s+1)*INTER); else the routed expert ids[s - PARTS]'s
     down_proj rows (its id from the router, two launches back: read from L2). Nothing where not ``valid``."""
@@ -360,6 +360,8 @@ def _down_tile(ew_ptr, sw_ptr, ids_ptr, t, valid, stride_we, stride_wn, stride_s
         j = tl.minimum(tl.maximum(s - PARTS, 0), TOP_K - 1)
         expert = tl.load(ids_ptr + j, cache_modifier=".cg").to(tl.int64)
         rows = tl.where(s < PARTS, rows, ew_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn)
+    if ALIGNED:                 # (checked on the host; a pointer picked by tl.where loses it: 2-byte loads)
+        rows = tl.multiple_of(rows, 16)
     return _load_rows(rows[:, None], ok, INTER, IA, IB)
 
 
@@ -389,21 +391,24 @@ def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, part_ptr, cnt
                  stride_ar, stride_we, stride_wn, stride_sn,
                  H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, TOP_K: tl.constexpr,
                  PARTS: tl.constexpr, SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr, BLOCK_N: tl.constexpr,
-                 N_TILES: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
+                 N_TILES: tl.constexpr, ALIGNED: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
     # act rows: s < PARTS the shared (dense, attention-out) parts, then the k routed rows
     t0, t1 = _tile_range(N_TILES)
     wa, wb = _down_tile(ew_ptr, sw_ptr, ids_ptr, t0, t0 < t1, stride_we, stride_wn, stride_sn,
-                        H, INTER, IA, IB, TOP_K, PARTS, SLOTS, BLOCK_N)
+                        H, INTER, IA, IB, TOP_K, PARTS, SLOTS, BLOCK_N, ALIGNED)
     _pdl_wait(USE_PDL)
     act = h_ptr.dtype.element_ty
     for t in range(t0, t1):
         nxt_a, nxt_b = _down_tile(ew_ptr, sw_ptr, ids_ptr, t + 1, t + 1 < t1, stride_we, stride_wn, stride_sn,
-                                  H, INTER, IA, IB, TOP_K, PARTS, SLOTS, BLOCK_N)
+                                  H, INTER, IA, IB, TOP_K, PARTS, SLOTS, BLOCK_N, ALIGNED)
         c = t // SLOTS
         s = t % SLOTS
         offs_n = c * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < H
-        xa, xb = _load_vec(act_ptr + s * stride_ar, INTER, IA, IB)
+        a_row = act_ptr + s * stride_ar
+        if ALIGNED:
+            a_row = tl.multiple_of(a_row, 16)
+        xa, xb = _load_vec(a_row, INTER, IA, IB)
         acc = _dot_rows(wa, wb, xa, xb, IB)
         if SLOTS == 1:                                    # one part: the linear's output, the residual
             res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
@@ -493,7 +498,7 @@ def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, w
 def _gate_up_tile(ew_ptr, sw_ptr, ids_ptr, t, valid, stride_we, stride_wn, stride_sn,
                   H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, INTER: tl.constexpr, S_INTER: tl.constexpr,
                   TOP_K: tl.constexpr, PARTS: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr,
-                  ROUTED: tl.constexpr):
+                  ALIGNED: tl.constexpr, ROUTED: tl.constexpr):
     """Gate and up rows of tile ``t`` (column block t // SLOTS of the expert width, slot t % SLOTS):
     slot s < PARTS rows [s*INTER, ..) of the shared (dense) gate and up weights; else, with ``ROUTED``
     (the router has finished), the routed expert ids[s - PARTS]'s; without it a routed tile is not loaded."""
@@ -510,8 +515,12 @@ def _gate_up_tile(ew_ptr, sw_ptr, ids_ptr, t, valid, stride_we, stride_wn, strid
         ok = offs_n < _bound(valid, INTER)
     else:
         ok = offs_n < _bound(valid & (s < PARTS), INTER)
+    up = gate + up
+    if ALIGNED:                 # (checked on the host; a pointer picked by tl.where loses it: 2-byte loads)
+        gate = tl.multiple_of(gate, 16)
+        up = tl.multiple_of(up, 16)
     ga, gb = _load_rows(gate[:, None], ok, H, HA, HB)
-    ua, ub = _load_rows((gate + up)[:, None], ok, H, HA, HB)
+    ua, ub = _load_rows(up[:, None], ok, H, HA, HB)
     return ga, gb, ua, ub
 
 
@@ -520,18 +529,18 @@ def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride_we, 
                     H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, INTER: tl.constexpr,
                     S_INTER: tl.constexpr, TOP_K: tl.constexpr, PARTS: tl.constexpr, SLOTS: tl.constexpr,
                     BLOCK_N: tl.constexpr, N_TILES: tl.constexpr, NORM: tl.constexpr, EPS: tl.constexpr,
-                    USE_PDL: tl.constexpr, EMU: tl.constexpr):
+                    ALIGNED: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
     # act rows: s < PARTS the shared (dense) parts (h columns [s*INTER, (s+1)*INTER)), then the k routed rows
     t0, t1 = _tile_range(N_TILES)
     ga, gb, ua, ub = _gate_up_tile(ew_ptr, sw_ptr, ids_ptr, t0, t0 < t1, stride_we, stride_wn, stride_sn, H, HA, HB,
-                                   INTER, S_INTER, TOP_K, PARTS, SLOTS, BLOCK_N, False)   # shared: before the wait
+                                   INTER, S_INTER, TOP_K, PARTS, SLOTS, BLOCK_N, ALIGNED, False)   # shared: pre-wait
     if NORM:
         lna, lnb = _load_vec(ln_ptr, H, HA, HB)
     _pdl_wait(USE_PDL)
     if TOP_K > 0:                                    # a routed first tile: the router (previous kernel) chose it
         late = (t0 < t1) & (t0 % SLOTS >= PARTS)
         la, lb, lua, lub = _gate_up_tile(ew_ptr, sw_ptr, ids_ptr, t0, late, stride_we, stride_wn, stride_sn, H, HA,
-                                         HB, INTER, S_INTER, TOP_K, PARTS, SLOTS, BLOCK_N, True)
+                                         HB, INTER, S_INTER, TOP_K, PARTS, SLOTS, BLOCK_N, ALIGNED, True)
         ga, gb, ua, ub = tl.where(late, la, ga), tl.where(late, lb, gb), tl.where(late, lua, ua), tl.where(late, lub, ub)
     xa, xb = _load_vec(x_ptr, H, HA, HB)
     if NORM:
@@ -539,7 +548,7 @@ def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride_we, 
     for t in range(t0, t1):
         n_ga, n_gb, n_ua, n_ub = _gate_up_tile(ew_ptr, sw_ptr, ids_ptr, t + 1, t + 1 < t1, stride_we, stride_wn,
                                                stride_sn, H, HA, HB, INTER, S_INTER, TOP_K, PARTS, SLOTS, BLOCK_N,
-                                               TOP_K > 0)
+                                               ALIGNED, TOP_K > 0)
         offs_n = (t // SLOTS) * BLOCK_N + tl.arange(0, BLOCK_N)
         hv = swiglu(_dot_rows(ga, gb, xa, xb, HB), _dot_rows(ua, ub, xa, xb, HB), act_ptr, EMU)
         tl.store(act_ptr + (t % SLOTS) * stride_ar + offs_n, hv, mask=offs_n < INTER)
@@ -627,6 +636,13 @@ def tiles(rows: int, block: int, slots: int = 1) -> int:
     return triton.cdiv(rows, block) * slots
 
 
+def aligned16(tensors: tuple, strides: tuple) -> bool:
+    """Whether every tensor starts, and every stride / offset (elements of the tensors' dtype) steps,
+    on 16 bytes: the kernels may then mark the rows they pick as 16-byte aligned (vector loads)."""
+    size = tensors[0].element_size()
+    return all(t.data_ptr() % 16 == 0 for t in tensors) and all(s * size % 16 == 0 for s in strides)
+
+
 def _grid(n_tiles: int, programs: int) -> tuple:
     return (n_tiles if programs <= 0 else max(1, min(programs, n_tiles)),)
 
@@ -691,11 +707,14 @@ def down_residual(act, w, h, part, cnt, *, experts=None, ids=None, wts=None, til
     H = h.numel()
     n_tiles = tiles(H, block_n, slots)
     ew = experts if experts is not None else w
+    aligned = aligned16((act, w, ew), (act.stride(0), inter, w.stride(0))
+                        + ((ew.stride(0), ew.stride(1)) if experts is not None else ()))
     _launch(_down_kernel, _grid(n_tiles, programs), warps, pdl,
             act, ew, w, ids if ids is not None else cnt, wts if wts is not None else part, h, part, cnt,
             act.stride(0), ew.stride(0) if experts is not None else 0, ew.stride(1) if experts is not None else 0,
             w.stride(0), H=H, INTER=inter, IA=ia, IB=ib, TOP_K=top_k, PARTS=parts, SLOTS=slots,
-            SLOTS_P2=triton.next_power_of_2(slots), BLOCK_N=block_n, N_TILES=n_tiles, USE_PDL=pdl, EMU=_emu(h))
+            SLOTS_P2=triton.next_power_of_2(slots), BLOCK_N=block_n, N_TILES=n_tiles, ALIGNED=aligned, USE_PDL=pdl,
+            EMU=_emu(h))
 
 
 def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk: bool, scale: float, *,
@@ -741,11 +760,14 @@ def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_u
     block_n, warps = tile
     n_tiles = tiles(inter, block_n, parts + top_k)
     ew = experts_gate_up if experts_gate_up is not None else shared_gate_up
+    aligned = aligned16((shared_gate_up, ew), (inter, s_inter, shared_gate_up.stride(0))
+                        + ((ew.stride(0), ew.stride(1)) if experts_gate_up is not None else ()))
     _launch(_gate_up_kernel, _grid(n_tiles, programs), warps, pdl,
             x, ln if ln is not None else x, ew, shared_gate_up, ids if ids is not None else act, act,
             ew.stride(0) if experts_gate_up is not None else 0, ew.stride(1), shared_gate_up.stride(0), act.stride(0),
             H=H, HA=ha, HB=hb, INTER=inter, S_INTER=s_inter, TOP_K=top_k, PARTS=parts, SLOTS=parts + top_k,
-            BLOCK_N=block_n, N_TILES=n_tiles, NORM=ln is not None, EPS=float(eps), USE_PDL=pdl, EMU=_emu(act))
+            BLOCK_N=block_n, N_TILES=n_tiles, NORM=ln is not None, EPS=float(eps), ALIGNED=aligned, USE_PDL=pdl,
+            EMU=_emu(act))
 
 
 def lm_head_argmax(h, ln, w, logits, pmax, pidx, sem, token, pos, eps: float, *, step=None, xn_out=None,
