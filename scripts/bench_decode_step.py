@@ -65,8 +65,8 @@ BEST_FUSED = dict(BEST, compile=False, decode_step="fused")
 #: the sweep: (field of DecodeStepConfig, values tried besides the default)
 SWEEP = (("qkv", [(2, 4, 2), (8, 4, 2), (4, 8, 2), (4, 4, 1), (4, 4, 4), (4, 4, 0)]),
          ("attention", [(16, 4), (64, 4), (32, 2)]),
-         ("o_proj", [(4, 4, 4, 1), (4, 4, 4, 4), (4, 4, 4, 5), (2, 4, 4, 2), (8, 4, 4, 2), (4, 4, 8, 2),
-                     (4, 4, 0, 2)]),
+         ("o_proj", [(2, 4, 0, 1), (8, 4, 0, 1), (4, 8, 0, 1), (4, 2, 0, 1), (4, 4, 2, 1), (4, 4, 0, 2),
+                     (4, 4, 0, 5)]),
          ("router", [(1, 1), (1, 2), (2, 1), (4, 4)]),
          ("gate_up", [(2, 4, 2), (8, 4, 2), (4, 8, 2), (4, 4, 1), (4, 4, 3), (4, 4, 0), (8, 8, 2)]),
          ("down", [(2, 4, 4), (8, 4, 4), (4, 8, 4), (4, 4, 2), (4, 4, 8), (4, 4, 0), (8, 8, 2)]),
@@ -356,6 +356,7 @@ def parity(model, decoders: dict, steps: dict, graphs: dict, args, cache, pos, t
     L = model.cfg.llm
     dev, n = cache.k[0].device, args.check_steps
     variants.apply(model, ExecutionConfig(kv_cache="static"))   # vendor-style modules: the reference function
+    model.route_moe(None)                    # (the decoders pointed the MoE layers at their device counts)
     ref_cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, args.len, L.head_dim, cache.k[0].dtype, dev,
                               query_heads=L.num_heads)
     ref_cache.position = torch.zeros(1, dtype=torch.int64, device=dev)

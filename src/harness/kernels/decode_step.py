@@ -48,11 +48,15 @@ class DecodeStepConfig:
     (keys per split, num_warps); ``router``: (gate rows per program, num_warps). ``sms``: the SM
     count the programs per SM multiply (None: the device's on CUDA, 4 elsewhere). ``gate_up_norm``:
     the MoE gate/up kernel recomputes RMSNorm(h) itself instead of reading the router's.
-    Defaults sized for H100/H200 at DeepSeek-OCR's shapes; ``scripts/bench_decode_step.py --sweep``
+    Defaults sized for H100/H200 (132 SMs) at DeepSeek-OCR's shapes, not yet timed on a GPU: about
+    two loaded tiles per program and balanced ranges (q/k/v 480 tiles over 264 programs, gate/up 1,792
+    over 264, down 2,560 over 528, lm_head 16,160 over 264); o_proj one program per tile (320 tiles
+    of 4 x 1,280: its whole 3.3 MB in flight at once) and one part (no combine); the dense down in 8
+    parts (a [4, 6848] tile would not fit in registers). ``scripts/bench_decode_step.py --sweep``
     times the alternatives."""
     qkv: tuple = (4, 4, 2)
     attention: tuple = (32, 4)
-    o_proj: tuple = (4, 4, 4, 2)
+    o_proj: tuple = (4, 4, 0, 1)
     router: tuple = (2, 2)
     gate_up: tuple = (4, 4, 2)
     down: tuple = (4, 4, 4)

@@ -30,8 +30,8 @@ into the token buffer the next step reads, advances the device position (and the
 Work split (q/k/v, gate/up, down, lm_head): the weight rows a kernel reads are cut into tiles of
 equal size (``BLOCK`` rows of one matrix: a routed expert, a shared or dense part, pairs of q/k/v
 columns); a launch has ``programs`` programs (a multiple of the SM count, or one per tile), each
-owning a contiguous, balanced range of tiles and loading the next tile while it reduces the current
-one. Tiles of a down kernel's output column block are ordered together (the block's P + k slots
+owning a contiguous, balanced range of tiles: its first tile is loaded before the wait, its second
+before its prologue (the input row, the norm), then each next tile while the current one is reduced. Tiles of a down kernel's output column block are ordered together (the block's P + k slots
 one after the other), so that most blocks are completed by one program; its partials go through
 an fp32 scratch [slots, H] and a per-block counter (acquire-release atomic after a CTA barrier,
 reset by the program that combines): no atomic on the output, one fixed summation order.
@@ -237,6 +237,8 @@ def _qkv_rope_kernel(embed_ptr, tok_ptr, h_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr,
     _pdl_wait(USE_PDL)
     if EMBED:               # the first layer: the previous kernel (last step's lm_head) advanced it
         pos = tl.load(pos_ptr)
+    # the second tile in flight during the norm (then one tile ahead of the one reduced)
+    n_aa, n_ab, n_ba, n_bb = _qkv_tile(w_ptr, t0 + 1, t0 + 1 < t1, n_pairs, stride_wn, H, HA, HB, HALF, BLOCK_P)
     act = q_ptr.dtype.element_ty
     if EMBED:                                       # the step's first layer: h is the token's embedding
         x_row = embed_ptr + tl.load(tok_ptr) * stride_et
@@ -249,7 +251,6 @@ def _qkv_rope_kernel(embed_ptr, tok_ptr, h_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr,
     if XN_OUT:                                      # diagnostics: input_layernorm(h)
         _store_first(xn_ptr, na, nb, H, HA, HB)
     for t in range(t0, t1):
-        n_aa, n_ab, n_ba, n_bb = _qkv_tile(w_ptr, t + 1, t + 1 < t1, n_pairs, stride_wn, H, HA, HB, HALF, BLOCK_P)
         offs_j = t * BLOCK_P + tl.arange(0, BLOCK_P)
         ok = offs_j < n_pairs
         dim = offs_j % HALF
@@ -279,6 +280,7 @@ def _qkv_rope_kernel(embed_ptr, tok_ptr, h_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr,
         tl.store(v_at, ya.to(act), mask=ok & is_v & in_cache)
         tl.store(v_at + HALF, yb.to(act), mask=ok & is_v & in_cache)
         w_aa, w_ab, w_ba, w_bb = n_aa, n_ab, n_ba, n_bb
+        n_aa, n_ab, n_ba, n_bb = _qkv_tile(w_ptr, t + 2, t + 2 < t1, n_pairs, stride_wn, H, HA, HB, HALF, BLOCK_P)
 
 
 # ---------------------------------------------------------------------------- 2. attention
@@ -397,10 +399,10 @@ def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, part_ptr, cnt
     wa, wb = _down_tile(ew_ptr, sw_ptr, ids_ptr, t0, t0 < t1, stride_we, stride_wn, stride_sn,
                         H, INTER, IA, IB, TOP_K, PARTS, SLOTS, BLOCK_N, ALIGNED)
     _pdl_wait(USE_PDL)
+    nxt_a, nxt_b = _down_tile(ew_ptr, sw_ptr, ids_ptr, t0 + 1, t0 + 1 < t1, stride_we, stride_wn, stride_sn,
+                              H, INTER, IA, IB, TOP_K, PARTS, SLOTS, BLOCK_N, ALIGNED)
     act = h_ptr.dtype.element_ty
     for t in range(t0, t1):
-        nxt_a, nxt_b = _down_tile(ew_ptr, sw_ptr, ids_ptr, t + 1, t + 1 < t1, stride_we, stride_wn, stride_sn,
-                                  H, INTER, IA, IB, TOP_K, PARTS, SLOTS, BLOCK_N, ALIGNED)
         c = t // SLOTS
         s = t % SLOTS
         offs_n = c * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -426,6 +428,8 @@ def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, part_ptr, cnt
                 _combine_block(part_ptr, h_ptr, c, H, TOP_K, PARTS, SLOTS, SLOTS_P2, BLOCK_N, EMU)
                 tl.store(cnt_ptr + c, 0)                  # for the next down kernel
         wa, wb = nxt_a, nxt_b
+        nxt_a, nxt_b = _down_tile(ew_ptr, sw_ptr, ids_ptr, t + 2, t + 2 < t1, stride_we, stride_wn, stride_sn,
+                                  H, INTER, IA, IB, TOP_K, PARTS, SLOTS, BLOCK_N, ALIGNED)
 
 
 # ------------------------------------------------------------------------------- 4. router
@@ -542,17 +546,21 @@ def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride_we, 
         la, lb, lua, lub = _gate_up_tile(ew_ptr, sw_ptr, ids_ptr, t0, late, stride_we, stride_wn, stride_sn, H, HA,
                                          HB, INTER, S_INTER, TOP_K, PARTS, SLOTS, BLOCK_N, ALIGNED, True)
         ga, gb, ua, ub = tl.where(late, la, ga), tl.where(late, lb, gb), tl.where(late, lua, ua), tl.where(late, lub, ub)
+    # the second tile in flight while x is read (and normed): then one tile ahead of the one reduced
+    n_ga, n_gb, n_ua, n_ub = _gate_up_tile(ew_ptr, sw_ptr, ids_ptr, t0 + 1, t0 + 1 < t1, stride_we, stride_wn,
+                                           stride_sn, H, HA, HB, INTER, S_INTER, TOP_K, PARTS, SLOTS, BLOCK_N,
+                                           ALIGNED, TOP_K > 0)
     xa, xb = _load_vec(x_ptr, H, HA, HB)
     if NORM:
         xa, xb = _rms_norm(xa, xb, lna, lnb, act_ptr.dtype.element_ty, H, HB, EPS, EMU)
     for t in range(t0, t1):
-        n_ga, n_gb, n_ua, n_ub = _gate_up_tile(ew_ptr, sw_ptr, ids_ptr, t + 1, t + 1 < t1, stride_we, stride_wn,
-                                               stride_sn, H, HA, HB, INTER, S_INTER, TOP_K, PARTS, SLOTS, BLOCK_N,
-                                               ALIGNED, TOP_K > 0)
         offs_n = (t // SLOTS) * BLOCK_N + tl.arange(0, BLOCK_N)
         hv = swiglu(_dot_rows(ga, gb, xa, xb, HB), _dot_rows(ua, ub, xa, xb, HB), act_ptr, EMU)
         tl.store(act_ptr + (t % SLOTS) * stride_ar + offs_n, hv, mask=offs_n < INTER)
         ga, gb, ua, ub = n_ga, n_gb, n_ua, n_ub
+        n_ga, n_gb, n_ua, n_ub = _gate_up_tile(ew_ptr, sw_ptr, ids_ptr, t + 2, t + 2 < t1, stride_we, stride_wn,
+                                               stride_sn, H, HA, HB, INTER, S_INTER, TOP_K, PARTS, SLOTS, BLOCK_N,
+                                               ALIGNED, TOP_K > 0)
 
 
 # ------------------------------------------------------------------ 7. final norm, lm_head, token
@@ -573,6 +581,8 @@ def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr,
     cur_a, cur_b = _load_rows(w_ptr + rows[:, None].to(tl.int64) * stride_wn, rows < end, H, HA, HB)
     lna, lnb = _load_vec(ln_ptr, H, HA, HB)
     _pdl_wait(USE_PDL)
+    nxt = (t0 + 1) * BLOCK_N + offs                 # the second tile in flight during the norm
+    nxt_a, nxt_b = _load_rows(w_ptr + nxt[:, None].to(tl.int64) * stride_wn, nxt < end, H, HA, HB)
     act = logits_ptr.dtype.element_ty
     xa, xb = _load_vec(h_ptr, H, HA, HB)
     na, nb = _rms_norm(xa, xb, lna, lnb, act, H, HB, EPS, EMU)
@@ -581,8 +591,6 @@ def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr,
     best = tl.full([], float("-inf"), tl.float32)
     best_i = tl.full([], 0, tl.int32)
     for t in range(t0, t1):
-        nxt = (t + 1) * BLOCK_N + offs              # the next tile in flight while this one is reduced
-        nxt_a, nxt_b = _load_rows(w_ptr + nxt[:, None].to(tl.int64) * stride_wn, nxt < end, H, HA, HB)
         rows = t * BLOCK_N + offs
         r_ok = rows < vocab
         y = rounded(_dot_rows(cur_a, cur_b, na, nb, HB), act, EMU)   # logits in the activation dtype
@@ -594,6 +602,8 @@ def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr,
         best_i = tl.where(take, at, best_i)
         best = tl.where(take, m, best)
         cur_a, cur_b = nxt_a, nxt_b
+        nxt = (t + 2) * BLOCK_N + offs              # one tile ahead of the one reduced
+        nxt_a, nxt_b = _load_rows(w_ptr + nxt[:, None].to(tl.int64) * stride_wn, nxt < end, H, HA, HB)
     tl.store(pmax_ptr + pid, best)
     tl.store(pidx_ptr + pid, best_i)
     tl.debug_barrier()
