@@ -321,7 +321,7 @@ def main(argv=None) -> int:
     out = args.out or Path("runs") / f"diag-decode-step-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "diag.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         w.writeheader()
         w.writerows(rows)
     print(f"\ntable: {out / 'diag.csv'}")
