@@ -1,17 +1,22 @@
 """Batch-1 decode step on the GPU: the best execution's captured step against the fused step
-(``harness.kernels.decode_step``), with and without programmatic dependent launch (PDL) and with
-and without a CUDA graph; MBU against the datasheet; bf16 parity with the vendor-style step.
+(``execution.decode_step=fused``, ``harness.kernels.decode_step``), with and without programmatic
+dependent launch (PDL) and with and without a CUDA graph; MBU against the datasheet; bf16 parity
+with the vendor-style step.
 
-    python scripts/bench_decode_step.py                  # < 4 min on an H100 (cold Triton cache)
-    python scripts/bench_decode_step.py --sweep          # + alternative tiles of the fused step (~2 min more)
+    python scripts/bench_decode_step.py                               # ~3 min on an H100 (cold Triton cache)
+    python scripts/bench_decode_step.py --sweep --no-best --no-parity # tiles of the fused step, ~3 min
 
 The full-size reference model (random weights, seed 0, bf16) is built once. Rows of the step table:
 
-- ``best (graph)``: the ladder's best decode knobs (static cache, grouped MoE with the Triton
-  kernels, fused linears, Triton decode attention, torch.compile, CUDA graph): the captured step
-  replayed (``StaticDecoder.graph``; the host-side token copy around it is not included).
-- ``fused [PDL] (graph | eager)``: ``FusedDecodeStep`` (72 launches), captured in a CUDA graph and
-  replayed, or launched from Python every step (eager: the host's Triton launches pace it).
+- ``best (graph)``: the ladder's ``best`` decode knobs (static cache, grouped MoE with the Triton
+  kernels, fused linears, Triton decode attention, torch.compile, CUDA graph) through the harness
+  (``variants.apply``, the engine's ``StaticDecoder``): its captured step replayed (the host-side
+  token copy around it is not included).
+- ``best-fused (graph)``: the ladder's ``best-fused`` knobs (``decode_step=fused``, ``pdl=true``
+  where the GPU has PDL, no compile) through the same harness path: the ``FusedCore`` captured in
+  the decoder's graph.
+- ``fused [PDL] (graph | eager)``: ``FusedDecodeStep`` (72 launches) built directly, captured in a
+  CUDA graph and replayed, or launched from Python every step (eager: the host's launches pace it).
 
 Columns: ``us/step`` (measured): CUDA events around ``--reps`` back-to-back steps / reps, the median
 of ``--rounds`` rounds (min-max beside it); the position is reset to ``--pos`` before each round, so
@@ -29,12 +34,15 @@ span), and the parity check: after a ``--prompt``-token random prefill (vendor-s
 ``--check-steps`` greedy steps of the vendor-style step (eager, the reference) against the best
 step and each fused step from the same cache state: tokens equal before the first divergence, and
 for the fused steps fed the reference's tokens (teacher forcing), the max |logit difference| and
-the steps whose greedy token differs. A kernel that fails to compile is named and its rows are
-skipped; the other rows still run. Needs CUDA (without it: a message and exit status 1).
+the steps whose greedy token differs. ``--sweep``: one tile of the fused step changed at a time
+from the default (``DecodeStepConfig``), each captured and timed (3 rounds), the fastest choice of
+each field and a config line combining them. A kernel that fails to compile is named and its rows
+are skipped; the other rows still run. Needs CUDA (without it: a message and exit status 1).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -52,6 +60,20 @@ from harness.config import ExecutionConfig, ModelConfig  # noqa: E402
 
 BEST = dict(kv_cache="static", moe_impl="grouped", moe_kernel="triton", cuda_graphs="decode", compile=True,
             linear_impl="fused", decode_attention="triton")
+BEST_FUSED = dict(BEST, compile=False, decode_step="fused")
+
+#: the sweep: (field of DecodeStepConfig, values tried besides the default)
+SWEEP = (("qkv", [(2, 4, 2), (8, 4, 2), (4, 8, 2), (4, 4, 1), (4, 4, 4), (4, 4, 0)]),
+         ("attention", [(16, 4), (64, 4), (32, 2)]),
+         ("o_proj", [(2, 4, 0, 1), (8, 4, 0, 1), (4, 8, 0, 1), (4, 2, 0, 1), (4, 4, 2, 1), (4, 4, 0, 2),
+                     (4, 4, 0, 5)]),
+         ("router", [(1, 1), (1, 2), (2, 1), (4, 4)]),
+         ("gate_up", [(2, 4, 2), (8, 4, 2), (4, 8, 2), (4, 4, 1), (4, 4, 3), (4, 4, 0), (8, 8, 2)]),
+         ("down", [(2, 4, 4), (8, 4, 4), (4, 8, 4), (4, 4, 2), (4, 4, 8), (4, 4, 0), (8, 8, 2)]),
+         ("dense_gate_up", [(8, 4, 2), (4, 4, 4), (4, 4, 0)]),
+         ("dense_down", [(4, 4, 4, 4), (4, 4, 4, 16), (8, 4, 4, 8), (4, 4, 0, 8)]),
+         ("lm_head", [(8, 8, 1), (8, 8, 3), (16, 8, 2), (4, 4, 4), (8, 4, 2)]),
+         ("gate_up_norm", [True]))
 
 
 def per_step_us(fn, reset, reps: int, rounds: int) -> list:
@@ -166,6 +188,24 @@ def print_kernels(label: str, table) -> None:
               f"{sum(u for _, _, u in rest):9.1f}")
 
 
+def harness_decoder(model, knobs: dict, length: int, label: str):
+    """(the ``StaticDecoder`` of batch 1 and ``length`` positions, seconds to build it) of ``model``
+    run as ``knobs`` through ``variants.apply``; None on failure (reported)."""
+    from harness import variants
+
+    try:
+        t0 = time.perf_counter()
+        variants.apply(model, ExecutionConfig(**knobs))
+        dec = model.static_decoder(1, length)
+        print(f"{label}: built and captured in {time.perf_counter() - t0:.1f} s "
+              f"({variants.label(ExecutionConfig(**knobs))})")
+        return dec
+    except Exception as exc:                          # noqa: BLE001
+        print(f"{label} failed: {first_line(exc)}")
+        traceback.print_exc(limit=2)
+        return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--len", type=int, default=512, help="static cache positions")
@@ -175,6 +215,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=286, help="prefill tokens before the parity check")
     ap.add_argument("--check-steps", type=int, default=64, help="greedy steps of the parity check")
     ap.add_argument("--no-best", action="store_true", help="skip the best execution (its compile takes ~40 s)")
+    ap.add_argument("--no-parity", action="store_true", help="skip the parity check")
+    ap.add_argument("--no-eager", action="store_true", help="skip the eager (uncaptured) fused rows")
     ap.add_argument("--sweep", action="store_true", help="also time alternative tiles of the fused step")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -189,8 +231,9 @@ def main(argv=None) -> int:
     from harness.kernels import decode_step as ds
     from harness.kernels import decode_step_triton as kt
     from harness.models.build import build_model
-    from harness.variants.static_kv import StaticKVCache
     from harness.roofline.specs import match_device
+    from harness.variants.fused_step import weights_from_model
+    from harness.variants.static_kv import StaticKVCache
 
     t_start = time.perf_counter()
     dev, dt = torch.device("cuda"), torch.bfloat16
@@ -207,27 +250,20 @@ def main(argv=None) -> int:
     print(f"model built in {time.perf_counter() - t_start:.1f} s")
 
     results, tables, failures = [], {}, {}
-    steps = {}
-    reset_pos = None
-
-    # -------------------------------------------------------------------- the best execution
-    dec = None
+    decoders = {}                                     # label -> StaticDecoder (harness path)
     if not args.no_best:
-        try:
-            t0 = time.perf_counter()
-            model.configure(ExecutionConfig(**BEST))
-            dec = model.static_decoder(1, args.len)
-            print(f"best step compiled and captured in {time.perf_counter() - t0:.1f} s")
-        except Exception as exc:                      # noqa: BLE001
-            print(f"best execution failed: {first_line(exc)}")
-            traceback.print_exc(limit=2)
+        decoders["best"] = harness_decoder(model, BEST, args.len, "best")
+    decoders["best-fused"] = harness_decoder(model, dict(BEST_FUSED, pdl=pdl_ok), args.len, "best-fused")
+    decoders = {k: v for k, v in decoders.items() if v is not None}
+
     # ------------------------------------------------------------------------- fused steps
     cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, args.len, L.head_dim, dt, dev, query_heads=L.num_heads)
     pos = torch.zeros(1, dtype=torch.int64, device=dev)
     token = torch.zeros(1, dtype=torch.int64, device=dev)
     counts = torch.zeros(args.reps + 8, L.num_layers, L.n_routed_experts, dtype=torch.int64, device=dev)
     step_index = torch.zeros(1, dtype=torch.int64, device=dev)
-    weights = ds.weights_from_model(model)
+    weights = weights_from_model(model)
+    steps = {}
 
     def reset_fused():
         pos.fill_(args.pos)
@@ -257,12 +293,13 @@ def main(argv=None) -> int:
         except Exception as exc:                      # noqa: BLE001
             print(f"{label}: timing failed: {first_line(exc)}")
 
-    if dec is not None:
-        def reset_best():
+    for label, dec in decoders.items():
+        def reset_dec(dec=dec):
             dec.cache.position.fill_(args.pos)
-            dec.decode_counts.zero()
-        row("best (graph)", dec.graph.replay, reset_best)
-        tables["best (graph)"] = kernel_table(dec.graph)
+            dec.routing.zero()
+        graph = dec.decode_graphs[dec._mode()][0]
+        row(f"{label} (graph)", graph.replay, reset_dec)
+        tables[f"{label} (graph)"] = kernel_table(graph)
     graphs = {}
     for label, step in steps.items():
         try:
@@ -271,33 +308,31 @@ def main(argv=None) -> int:
             tables[f"{label} (graph)"] = kernel_table(graphs[label])
         except Exception as exc:                      # noqa: BLE001
             print(f"{label}: CUDA-graph capture or replay failed: {first_line(exc)}")
-        row(f"{label} (eager)", step.run, reset_fused)
+        if not args.no_eager:
+            row(f"{label} (eager)", step.run, reset_fused)
 
     mean_pos = args.pos + args.reps // 2
+    total = None
     if nbytes is not None:
         kv = next(iter(steps.values())).kv_bytes(mean_pos)
         total = nbytes["total"] + kv
         print("\nbytes per step (analytic): " + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in nbytes.items()
                                                         if k != "total")
               + f", K/V at position {mean_pos} {kv / 1e6:.2f} MB; total {total / 1e6:.1f} MB")
-    else:
-        total = None
     print(f"\n{'step':22s} {'us/step':>9s} {'min-max':>15s} {'GB/s':>7s} {'MBU':>7s}   (position {args.pos}.."
           f"{args.pos + args.reps - 1}, {args.rounds} rounds of {args.reps})")
     for label, med, lo, hi in results:
-        gbs = total / (med * 1e-6) / 1e9 if total else None
-        mbu = gbs / spec.mem_bw_gbs if gbs and spec else None
-        mbu_txt = ("BUG>100%" if mbu > 1 else f"{mbu:.1%}") if mbu is not None else "n/a"
-        print(f"{label:22s} {med:9.1f} {lo:7.1f}-{hi:<7.1f} {gbs or 0:7.0f} {mbu_txt:>7s}")
+        print(f"{label:22s} {med:9.1f} {lo:7.1f}-{hi:<7.1f} " + mbu_text(total, med, spec))
     for label, table in tables.items():
         print_kernels(label, table)
 
     # ------------------------------------------------------------------------ parity check
-    try:
-        parity(model, dec, steps, graphs, args, cache, pos, token)
-    except Exception as exc:                          # noqa: BLE001
-        print(f"parity check failed: {first_line(exc)}")
-        traceback.print_exc(limit=3)
+    if not args.no_parity:
+        try:
+            parity(model, decoders, steps, graphs, args, cache, pos, token)
+        except Exception as exc:                      # noqa: BLE001
+            print(f"parity check failed: {first_line(exc)}")
+            traceback.print_exc(limit=3)
     if args.sweep and steps:
         sweep(weights, cache, pos, token, counts, step_index, reset_fused, args, pdl_ok, total, spec)
     for name, why in failures.items():
@@ -306,14 +341,23 @@ def main(argv=None) -> int:
     return 1 if failures else 0
 
 
-def parity(model, dec, steps: dict, graphs: dict, args, cache, pos, token) -> None:
+def mbu_text(total, us: float, spec) -> str:
+    """'GB/s MBU' of ``total`` bytes in ``us`` (derived), 'BUG>100%' for an impossible share."""
+    gbs = total / (us * 1e-6) / 1e9 if total else None
+    mbu = gbs / spec.mem_bw_gbs if gbs and spec else None
+    mbu_txt = ("BUG>100%" if mbu > 1 else f"{mbu:.1%}") if mbu is not None else "n/a"
+    return f"{gbs or 0:7.0f} {mbu_txt:>7s}"
+
+
+def parity(model, decoders: dict, steps: dict, graphs: dict, args, cache, pos, token) -> None:
     """Greedy tokens and teacher-forced logits of every step against the vendor-style reference."""
+    from harness import variants
     from harness.variants.static_kv import StaticKVCache
 
     L = model.cfg.llm
     dev, n = cache.k[0].device, args.check_steps
-    model.configure(ExecutionConfig(kv_cache="static"))   # vendor-style: the reference function
-    model.route_moe(None)                                  # (the best decoder pointed it at its device counts)
+    variants.apply(model, ExecutionConfig(kv_cache="static"))   # vendor-style modules: the reference function
+    model.route_moe(None)                    # (the decoders pointed the MoE layers at their device counts)
     ref_cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, args.len, L.head_dim, cache.k[0].dtype, dev,
                               query_heads=L.num_heads)
     ref_cache.position = torch.zeros(1, dtype=torch.int64, device=dev)
@@ -334,21 +378,39 @@ def parity(model, dec, steps: dict, graphs: dict, args, cache, pos, token) -> No
             tok = out.float().argmax().view(1, 1)
             ref_tokens.append(int(tok))
             ref_logits.append(out.float())
+    feed = [int(first)] + ref_tokens[:-1]
+    scale = max(float(t.abs().max()) for t in ref_logits)
 
     def agreement(tokens) -> str:
         same = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), len(tokens))
         equal = sum(a == b for a, b in zip(tokens, ref_tokens))
         return f"{same} of {n} greedy tokens equal before the first divergence, {equal} equal in all"
 
+    def forced(run, logits, set_token) -> str:
+        worst, flips = 0.0, 0
+        for i in range(n):
+            got = run(feed[i], set_token)
+            worst = max(worst, float((logits().float() - ref_logits[i]).abs().max()))
+            flips += got != ref_tokens[i]
+        return (f"teacher-forced: max |logit diff| {worst:.4g} (largest |logit| {scale:.4g}), greedy token differs "
+                f"at {flips} of {n} steps")
+
     print(f"\nparity (bf16) against the vendor-style step, prompt {args.prompt} random tokens, {n} steps:")
-    if dec is not None:
+    for label, dec in decoders.items():
         restore(dec.cache.k, dec.cache.v, dec.cache.position)
         dec.cache.length = args.prompt
         tok, tokens = first, []
         for _ in range(n):
             tok = dec.step(tok)
             tokens.append(int(tok))
-        print(f"  best (graph):      {agreement(tokens)}")
+        line = f"  {label + ' (graph)':22s} {agreement(tokens)}"
+        core = getattr(dec, "core", None)
+        if hasattr(core, "step"):                    # the fused step: its logits buffer is readable
+            restore(dec.cache.k, dec.cache.v, dec.cache.position)
+            dec.cache.length = args.prompt
+            line += "; " + forced(lambda t, _: int(dec.step(torch.tensor([[t]], device=dev))), lambda: core.step.logits,
+                                  None)
+        print(line)
     for label, step in steps.items():
         run = graphs[label].replay if label in graphs else step.run
         restore(cache.k, cache.v, pos)
@@ -358,45 +420,59 @@ def parity(model, dec, steps: dict, graphs: dict, args, cache, pos, token) -> No
             run()
             tokens.append(int(token))
         restore(cache.k, cache.v, pos)
-        worst, flips = 0.0, 0
-        feed = [int(first)] + ref_tokens[:-1]
-        for i in range(n):
-            token.fill_(feed[i])
+
+        def one(t, _, run=run):
+            token.fill_(t)
             run()
-            worst = max(worst, float((step.logits.float() - ref_logits[i]).abs().max()))
-            flips += int(token) != ref_tokens[i]
-        scale = max(float(t.abs().max()) for t in ref_logits)
-        print(f"  {label + (' (graph)' if label in graphs else ' (eager)'):18s} {agreement(tokens)}; teacher-forced: "
-              f"max |logit diff| {worst:.4g} (largest |logit| {scale:.4g}), greedy token differs at {flips} of {n} "
-              "steps")
+            return int(token)
+        print(f"  {label + (' (graph)' if label in graphs else ' (eager)'):22s} {agreement(tokens)}; "
+              + forced(one, lambda step=step: step.logits, None))
 
 
 def sweep(weights, cache, pos, token, counts, step_index, reset, args, pdl: bool, total, spec) -> None:
-    """One tile changed at a time from the default; each fused step captured and timed (3 rounds)."""
-    import dataclasses
-
+    """One field of ``DecodeStepConfig`` changed at a time from the default; each fused step captured
+    and timed (3 rounds); the fastest value of each field and a config combining them."""
     from harness.kernels import decode_step as ds
 
     base = ds.DecodeStepConfig()
-    variants = [("default", base)]
-    for field, values in (("qkv", [(2, 4), (8, 4)]), ("o_proj", [(2, 4), (8, 4)]), ("router", [(1, 2), (4, 4)]),
-                          ("gate_up", [(2, 4), (8, 4), (4, 8)]), ("down", [(1, 4), (2, 4), (4, 8)]),
-                          ("dense_gate_up", [(2, 4), (8, 4)]), ("dense_down", [(2, 4), (1, 8)]),
-                          ("attention", [(16, 4), (64, 4)]),
-                          ("lm_head", [(8, 8, 1), (8, 8, 3), (16, 8, 2), (4, 4, 4)])):
-        variants += [(f"{field}={v}", dataclasses.replace(base, **{field: v})) for v in values]
-    variants.append(("gate_up_norm=True", dataclasses.replace(base, gate_up_norm=True)))
-    print(f"\nsweep ({'PDL, ' if pdl else ''}graph, 3 rounds of {args.reps}):")
-    for label, cfg in variants:
+    print(f"\nsweep ({'PDL, ' if pdl else ''}graph, 3 rounds of {args.reps}; one field changed from {base}):")
+    timed = {}
+
+    def time_config(config) -> float:
+        step = ds.FusedDecodeStep(weights, cache, pos, token=token, pdl=pdl, counts=(counts, step_index),
+                                  config=config)
+        graph = capture(step.run, reset)
+        return statistics.median(per_step_us(graph.replay, reset, args.reps, 3))
+
+    try:
+        timed["default"] = time_config(base)
+    except Exception as exc:                          # noqa: BLE001
+        print(f"  default failed: {first_line(exc)}")
+        return
+    print(f"  {'default':34s} {timed['default']:8.1f} us  " + mbu_text(total, timed["default"], spec))
+    best = {}
+    for field, values in SWEEP:
+        best[field] = (getattr(base, field), timed["default"])
+        for v in values:
+            label = f"{field}={v}"
+            try:
+                us = time_config(dataclasses.replace(base, **{field: v}))
+            except Exception as exc:                  # noqa: BLE001
+                print(f"  {label:34s} failed: {first_line(exc)}")
+                continue
+            print(f"  {label:34s} {us:8.1f} us  ({us - timed['default']:+.1f})  " + mbu_text(total, us, spec))
+            if us < best[field][1]:
+                best[field] = (v, us)
+    picks = {f: v for f, (v, _) in best.items() if v != getattr(base, f)}
+    if picks:
+        combined = dataclasses.replace(base, **picks)
         try:
-            step = ds.FusedDecodeStep(weights, cache, pos, token=token, pdl=pdl, counts=(counts, step_index),
-                                      config=cfg)
-            graph = capture(step.run, reset)
-            us = statistics.median(per_step_us(graph.replay, reset, args.reps, 3))
-            mbu = f"{total / (us * 1e-6) / 1e9 / spec.mem_bw_gbs:.1%}" if total and spec else "n/a"
-            print(f"  {label:24s} {us:8.1f} us  MBU {mbu}")
+            us = time_config(combined)
+            print(f"  combined {picks}: {us:.1f} us  " + mbu_text(total, us, spec))
         except Exception as exc:                      # noqa: BLE001
-            print(f"  {label:24s} failed: {first_line(exc)}")
+            print(f"  combined {picks} failed: {first_line(exc)}")
+    else:
+        print("  the default is the fastest of every field")
 
 
 if __name__ == "__main__":

@@ -3,14 +3,17 @@
     python scripts/check_decode_step_sm90.py [--tiny] [--no-pdl]
 
 Builds the reference model on the ``meta`` device (full size; ``--tiny``: conf/model/tiny.yaml),
-takes its weights as the step does (``kernels.decode_step.weights_from_model``) and runs one step
+takes its weights as the step does (``variants.fused_step.weights_from_model``) and runs one step
 in which every launch is replaced by Triton's ``warmup`` (compile only) for an sm90 target, with a
 stand-in Triton driver (no CUDA is touched). For each distinct kernel specialisation it prints, from
 ptxas (the Triton wheel's own ``cuobjdump -res-usage``): registers per thread, local memory bytes
 (register spills land there), shared memory; and, with PDL, whether every global load of a weight
 (a load issued before ``griddepcontrol.wait`` in the PTX) precedes the wait and whether
-``griddepcontrol.launch_dependents`` follows it. Exit status 1 if a kernel fails to compile or
-spills. This checks the local Triton version's code generation; the GPU's Triton may differ.
+``griddepcontrol.launch_dependents`` follows it; and the global loads narrower than 4 bytes
+(``ld.global.b16``: a 2-byte load per element, where a weight row whose alignment the compiler
+cannot see would go; the few expected ones are scalars and RoPE table entries). Exit status 1 if a
+kernel fails to compile or spills. This checks the local Triton version's code generation; the
+GPU's Triton may differ.
 """
 from __future__ import annotations
 
@@ -89,6 +92,7 @@ def main(argv=None) -> int:
     from harness.kernels import decode_step as ds
     from harness.kernels import decode_step_triton as kt
     from harness.models.build import build_model
+    from harness.variants.fused_step import weights_from_model
     from harness.variants.static_kv import StaticKVCache
 
     if args.tiny:
@@ -121,8 +125,8 @@ def main(argv=None) -> int:
     kt._launch = warmup
     counts = (torch.zeros(4, L.num_layers, L.n_routed_experts, dtype=torch.int64, device="meta"),
               torch.zeros(1, dtype=torch.int64, device="meta"))
-    step = ds.FusedDecodeStep(ds.weights_from_model(model), cache, pos, pdl=pdl, counts=counts,
-                              config=ds.DecodeStepConfig(lm_programs=264))
+    step = ds.FusedDecodeStep(weights_from_model(model), cache, pos, pdl=pdl, counts=counts,
+                              config=ds.DecodeStepConfig(sms=132))
     step.run()
     print(f"triton {triton.__version__}, sm90, {'PDL' if pdl else 'no PDL'}, {step.launches} launches per step")
     spilled = False
@@ -132,10 +136,11 @@ def main(argv=None) -> int:
         ck, grid, warps = entry
         res = resources(ck.asm["cubin"])
         spilled |= res.get("LOCAL", 0) > 0
-        small = {k: v for k, v in meta if k in ("BLOCK_N", "BLOCK_P", "SPLIT_N", "ROWS", "K", "H", "INTER", "TOP_K")}
+        small = {k: v for k, v in meta if k in ("BLOCK_N", "BLOCK_P", "SPLIT_N", "ROWS", "INTER", "TOP_K", "PARTS")}
         order = pdl_order(ck.asm["ptx"]) if pdl else ""
+        narrow = len(re.findall(r"\bld\.global(?:\.[a-z]+)*\.b16\b", ck.asm["ptx"]))
         print(f"{name:24s} grid {str(grid):12s} warps {warps}  REG {res.get('REG')}  LOCAL {res.get('LOCAL')}  "
-              f"SHARED {res.get('SHARED')}  {small}  {order}")
+              f"SHARED {res.get('SHARED')}  2-byte loads {narrow}  {small}  {order}")
     for f in failed:
         print("FAILED", f)
     return 1 if failed or spilled else 0

@@ -1,12 +1,14 @@
 """The fused decode step (``harness.kernels.decode_step``) against the reference model's decode.
 
 A tiny DeepSeek-OCR (conf/model/tiny.yaml: 3 layers, dense layer 0, 8 experts top-2, 2 shared
-parts; vocabulary cut to 500 so the interpreter's lm_head is quick) prefills a random prompt into a
-static cache; the reference then decodes greedily with ``decode_step`` (vendor-style: SDPA over the
-masked buffer, the per-expert loop, its routing counted per step on the host), and the fused step
-decodes from a copy of the same cache state, its token buffer fed only by itself. Kernel tiles are
-chosen so each launch has few programs (Triton's interpreter is slow), with the attention still
-split in two (its last-split combine runs).
+parts; vocabulary cut to 500 so the interpreter's lm_head is quick), run as ``kv_cache=static``
+(``variants.apply``: the vendor's modules against a static cache), prefills a random prompt; the
+reference then decodes greedily with ``decode_step`` (SDPA over the masked buffer, the per-expert
+loop, its routing counted per step on the host), and the fused step decodes from a copy of the
+same cache state, its token buffer fed only by itself. Kernel tiles are chosen so each launch has
+few programs (Triton's interpreter is slow) and the looping paths still run: 2 programs over the
+tiles of every looped kernel, the down kernels' column blocks combined across programs, the
+attention split in two (its last-split combine runs).
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import pytest
 import torch
 
 from conftest import DEV, load_tiny_cfg, needs_triton
+from harness import variants
+from harness.config import ExecutionConfig
 from harness.errors import HarnessError
 from harness.models.build import build_model
 from harness.models.routing import RoutingCounter
@@ -30,15 +34,24 @@ VOCAB, PROMPT, MAX_LEN = 500, 7, 32
 def small_tiles():
     from harness.kernels.decode_step import DecodeStepConfig
 
-    return DecodeStepConfig(qkv=(128, 4), attention=(16, 4), o_proj=(64, 4), router=(8, 2), gate_up=(32, 4),
-                            down=(64, 4), dense_gate_up=(128, 4), dense_down=(64, 4), lm_head=(128, 4, 1),
-                            lm_programs=2)
+    return DecodeStepConfig(qkv=(32, 4, 1), attention=(16, 4), o_proj=(32, 4, 1, 2), router=(8, 2),
+                            gate_up=(16, 4, 1), down=(32, 4, 1), dense_gate_up=(64, 4, 1), dense_down=(32, 4, 1, 2),
+                            lm_head=(128, 4, 1), sms=2)
 
 
 def tiny_model(dtype):
+    """The tiny model (vocabulary VOCAB) in the vendor's modules against a static cache."""
     cfg = load_tiny_cfg()
     cfg = dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm, vocab_size=VOCAB))
-    return build_model(cfg, DEV, dtype, seed=0)
+    model = build_model(cfg, DEV, dtype, seed=0)
+    variants.apply(model, ExecutionConfig(kv_cache="static"))
+    return model
+
+
+def weights(model):
+    from harness.variants.fused_step import weights_from_model
+
+    return weights_from_model(model)
 
 
 def new_cache(model, dtype):
@@ -87,10 +100,11 @@ def reference_decode(model, cache, token, steps, feed=None):
 
 
 def test_fused_step_decodes_the_reference_tokens_fp32():
-    """16 greedy steps in fp32: the same tokens, the same routing counts per step and layer, logits
-    within 1e-5 of the reference's largest (fp32 summation order); the device position and the
-    step index advance once per step, and a step is 18 launches (5 dense + 2 x 6 MoE + 1)."""
-    from harness.kernels.decode_step import FusedDecodeStep, weights_from_model
+    """16 greedy steps in fp32: the same tokens, the same routing counts per step and layer (a
+    buffer of 16 + 1 rows: the last, for steps past it, stays empty), logits within 1e-5 of the
+    reference's largest (fp32 summation order); the device position and the step index advance
+    once per step, and a step is 18 launches (5 dense + 2 x 6 MoE + 1)."""
+    from harness.kernels.decode_step import FusedDecodeStep
 
     dt, steps = torch.float32, 16
     model = tiny_model(dt)
@@ -98,9 +112,9 @@ def test_fused_step_decodes_the_reference_tokens_fp32():
     fused_cache = copy_of(model, cache, dt)
     ref_tokens, ref_logits, ref_counts = reference_decode(model, cache, token, steps)
     L = model.cfg.llm
-    counts = torch.zeros(steps, L.num_layers, L.n_routed_experts, dtype=torch.int64, device=DEV)
+    counts = torch.zeros(steps + 1, L.num_layers, L.n_routed_experts, dtype=torch.int64, device=DEV)
     step_index = torch.zeros(1, dtype=torch.int64, device=DEV)
-    step = FusedDecodeStep(weights_from_model(model), fused_cache, fused_cache.position, token=token.view(1).clone(),
+    step = FusedDecodeStep(weights(model), fused_cache, fused_cache.position, token=token.view(1).clone(),
                            config=small_tiles(), counts=(counts, step_index))
     assert step.launches == 18
     got = []
@@ -111,7 +125,7 @@ def test_fused_step_decodes_the_reference_tokens_fp32():
             err = (step.logits.double() - ref_logits[i].double()).abs().max() / ref_logits[i].double().abs().max()
             assert float(err) <= 1e-5, (i, float(err))
     assert got == ref_tokens
-    assert torch.equal(counts.cpu(), torch.from_numpy(ref_counts))
+    assert torch.equal(counts[:steps].cpu(), torch.from_numpy(ref_counts)) and int(counts[steps].sum()) == 0
     assert int(fused_cache.position) == PROMPT + steps and int(step_index) == steps
     assert int(ref_counts.sum()) == steps * 2 * L.num_experts_per_tok      # 2 MoE layers, k each
 
@@ -120,7 +134,7 @@ def test_fused_step_bf16_teacher_forced_logits():
     """bf16, 4 steps fed the reference's tokens: logits within 2e-2 of the reference's largest (the
     norms, attention and summation orders round differently at bf16's 8 bits), the same greedy
     token at every step."""
-    from harness.kernels.decode_step import FusedDecodeStep, weights_from_model
+    from harness.kernels.decode_step import FusedDecodeStep
 
     dt, steps = torch.bfloat16, 4
     model = tiny_model(dt)
@@ -128,7 +142,7 @@ def test_fused_step_bf16_teacher_forced_logits():
     fused_cache = copy_of(model, cache, dt)
     ref_tokens, ref_logits, _ = reference_decode(model, cache, token, steps)
     feed = [int(token)] + ref_tokens[:-1]
-    step = FusedDecodeStep(weights_from_model(model), fused_cache, fused_cache.position, config=small_tiles())
+    step = FusedDecodeStep(weights(model), fused_cache, fused_cache.position, config=small_tiles())
     with torch.inference_mode():
         for i in range(steps):
             step.token.fill_(feed[i])
@@ -140,8 +154,9 @@ def test_fused_step_bf16_teacher_forced_logits():
 
 def test_forced_routing_counts_the_table():
     """With a forced table every MoE layer routes to the table's experts at the step's position: the
-    per-step counts are exactly the table's rows at positions PROMPT and PROMPT + 1."""
-    from harness.kernels.decode_step import FusedDecodeStep, weights_from_model
+    per-step counts are exactly the table's rows at positions PROMPT and PROMPT + 1 (a buffer of
+    1 + 1 rows: the second step counts into the last row)."""
+    from harness.kernels.decode_step import FusedDecodeStep
 
     dt = torch.float32
     model = tiny_model(dt)
@@ -151,7 +166,7 @@ def test_forced_routing_counts_the_table():
     table = torch.stack([torch.randperm(L.n_routed_experts, generator=g)[:L.num_experts_per_tok]
                          for _ in range(MAX_LEN * L.num_layers)]).view(1, MAX_LEN, L.num_layers, -1)
     counts = torch.zeros(2, L.num_layers, L.n_routed_experts, dtype=torch.int64, device=DEV)
-    step = FusedDecodeStep(weights_from_model(model), cache, cache.position, token=token.view(1).clone(),
+    step = FusedDecodeStep(weights(model), cache, cache.position, token=token.view(1).clone(),
                            config=small_tiles(), counts=(counts, torch.zeros(1, dtype=torch.int64, device=DEV)),
                            forced=table.to(DEV))
     with torch.inference_mode():
@@ -173,11 +188,11 @@ def test_weight_bytes_by_hand():
     (64 x 64 + 64 x 32) = 24,576; shared 2 x (128 x 64 + 64 x 64) = 24,576; final norm + lm_head
     64 + 500 x 64 = 32,064 elements: 156,416 x 4 = 625,664 bytes. KV at position 9: 10 positions
     read + 1 written, x 3 layers x 2 (K, V) x 4 heads x 16 x 4 B = 16,896."""
-    from harness.kernels.decode_step import FusedDecodeStep, weights_from_model
+    from harness.kernels.decode_step import FusedDecodeStep
 
     model = tiny_model(torch.float32)
     cache = new_cache(model, torch.float32)
-    step = FusedDecodeStep(weights_from_model(model), cache, cache.position, config=small_tiles())
+    step = FusedDecodeStep(weights(model), cache, cache.position, config=small_tiles())
     got = step.weight_bytes()
     assert {k: v // 4 for k, v in got.items()} == {
         "embedding row": 64, "attention": 49_344, "dense mlp": 24_640, "router": 1_152, "routed experts": 24_576,
@@ -186,12 +201,13 @@ def test_weight_bytes_by_hand():
 
 
 def test_refusals():
-    """PDL off a Hopper GPU, a batch-2 cache, a counts buffer of the wrong shape and a forced table
-    shorter than the cache are refused with one-line errors."""
-    from harness.kernels.decode_step import FusedDecodeStep, weights_from_model
+    """PDL off a Hopper GPU, a batch-2 cache, a counts buffer of the wrong shape, a forced table
+    shorter than the cache and o_proj parts that do not divide its width are refused with one-line
+    errors."""
+    from harness.kernels.decode_step import DecodeStepConfig, FusedDecodeStep
 
     model = tiny_model(torch.float32)
-    w = weights_from_model(model)
+    w = weights(model)
     cache = new_cache(model, torch.float32)
     pos = cache.position
     if DEV == "cpu":
@@ -206,6 +222,9 @@ def test_refusals():
         FusedDecodeStep(w, cache, pos, counts=(torch.zeros(4, 3, 7, dtype=torch.int64, device=DEV), one))
     with pytest.raises(HarnessError, match="forced routing must be"):
         FusedDecodeStep(w, cache, pos, forced=torch.zeros(1, MAX_LEN - 1, 3, 2, dtype=torch.int64, device=DEV))
+    with pytest.raises(HarnessError, match=r"3 parts do not divide its reduction length 64") as exc:
+        FusedDecodeStep(w, cache, pos, config=DecodeStepConfig(o_proj=(4, 4, 1, 3)))
+    assert "\n" not in str(exc.value)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the script's refusal without CUDA")
@@ -220,3 +239,37 @@ def test_bench_script_refuses_without_cuda(repo_root, capsys, monkeypatch):
     assert bench.main([]) == 1
     assert "no CUDA device" in capsys.readouterr().err
     assert bench.union_us([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]) == 4.0     # [0, 3] and [5, 6]
+
+
+def _script(repo_root, monkeypatch, name):
+    import importlib.util
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))     # the scripts put src/ first on sys.path
+    spec = importlib.util.spec_from_file_location(name, repo_root / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_diag_script_counts_ulps_by_hand(repo_root, monkeypatch):
+    """bf16 1.0 is 0x3F80 and the next float up, 1 + 2^-7, is 0x3F81: one ulp apart; -1.0 (0xBF80)
+    lies 2 x 0x3F80 = 32,512 ulps below 1.0. fp32 1.0 (0x3F800000) and 1 + 2^-23: one ulp. An
+    element below 1/1000 of the largest |b| is left out of the ulp column, not of the counts."""
+    diag = _script(repo_root, monkeypatch, "diag_decode_step")
+    bf = lambda *v: torch.tensor(v, dtype=torch.bfloat16)  # noqa: E731
+    assert diag.ordered_bits(bf(1.0, 1.0078125, -1.0)).tolist() == [0x3F80, 0x3F81, -0x3F80]
+    assert diag.compare(bf(1.0078125, 2.0, -1.0), bf(1.0, 2.0, 1.0)) == {
+        "max_abs": 2.0, "differ": 2, "n": 3, "max_ulp": 32512}
+    f32 = torch.tensor([1.0, 2e-6]), torch.tensor([1.0 + 2 ** -23, 1e-6])
+    assert diag.compare(*f32) == {"max_abs": pytest.approx(1e-6), "differ": 2, "n": 2, "max_ulp": 1}
+    assert diag.compare_entry("router_ids", [1, 4, 9], [1, 5, 9])["differ"] == 1
+
+
+def test_outside_tpot_reads_the_ladder_row(repo_root, monkeypatch, tmp_path):
+    """The ladder's mean and p50 TPOT of the named case, from a run's headline.csv; None without it."""
+    tpot = _script(repo_root, monkeypatch, "outside_tpot")
+    (tmp_path / "headline.csv").write_text("case,tpot_p50_ms,tpot_mean_ms\nbest,0.75,0.76\nbest-fused,0.6,0.61\n")
+    assert tpot.ladder_tpot(tmp_path, "best-fused") == (0.61, 0.6)
+    assert tpot.ladder_tpot(tmp_path, "graphs") is None and tpot.ladder_tpot(tmp_path / "none", "best") is None
+    assert "best-fused" in tpot.ladder_cases() and tpot.ladder_cases()["best-fused"]["execution"]["pdl"] is True

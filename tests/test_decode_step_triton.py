@@ -81,11 +81,12 @@ def test_k_parts_split_a_length_into_two_power_of_two_tiles():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("embed", [False, True])
-def test_qkv_rope_equals_norm_linear_rope_and_cache_write(dtype, embed):
+@pytest.mark.parametrize("embed,programs", [(False, 0), (True, 0), (False, 3)])
+def test_qkv_rope_equals_norm_linear_rope_and_cache_write(dtype, embed, programs):
     """RMSNorm, the q/k/v linear, RoPE from the table at the device position and the KV write equal
     the eager vendor ops bit for bit (exact inputs); the embedding variant also writes h; the other
-    cache positions are untouched."""
+    cache positions are untouched. 64 column pairs in 4 tiles of 16: one program per tile, or 3
+    programs looping over 1, 1 and 2 tiles; program 0 writes the normed x when asked."""
     k = kt()
     g = torch.Generator().manual_seed(3 + embed)
     H, nh, nkv, d, L, pos = 64, 4, 2, 16, 12, 7
@@ -104,9 +105,11 @@ def test_qkv_rope_equals_norm_linear_rope_and_cache_write(dtype, embed):
     h = torch.zeros(H, dtype=dtype) if embed else x.clone()
     hd, lnd, wd, cd, sd, kcd, vcd = on(h, ln, w, cos[0], sin[0], kc.clone(), vc.clone())
     qd = torch.zeros(nh * d, dtype=dtype, device=DEV)
+    xn_out = torch.zeros(H, dtype=dtype, device=DEV)
     k.qkv_rope(hd, lnd, wd, cd, sd, torch.tensor([pos], device=DEV), qd, kcd, vcd, 0.0,
                embed=table.to(DEV) if embed else None, token=torch.tensor([41], device=DEV) if embed else None,
-               tile=(16, 4))
+               xn_out=xn_out, tile=(16, 4), programs=programs)
+    assert_exact(xn_out, xn[0], dtype)
     terms = [(t.double().abs() + rotate_half(t).double().abs()) for t in (q, kk)]   # |t cos| + |rot(t) sin| bound
     assert_exact(qd, want_q.reshape(-1), dtype, terms[0].reshape(-1))
     assert_exact(kcd[0, :, pos], want_k, dtype, terms[1])
@@ -155,17 +158,28 @@ def test_attention_matches_float64(dtype, tol, nh, nkv, L, split, pos):
     assert int(sem.count_nonzero()) == 0
 
 
+def down_scratch(slots, H):
+    """The down kernel's fp32 partials [slots, H] and per-block counters (zeros)."""
+    return torch.zeros(slots, H, device=DEV), torch.zeros(H, dtype=torch.int32, device=DEV)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_gemv_residual_rounds_the_linear_then_the_sum(dtype):
-    """h + F.linear(x, w), each rounded to the dtype (eager order), bit for bit on exact inputs; K = 96
-    is two tiles (64 + 32), N = 40 leaves a partial row block."""
+@pytest.mark.parametrize("parts,programs", [(1, 0), (1, 2), (2, 0), (3, 2), (3, 5)])
+def test_down_residual_rounds_the_linear_then_the_sum(dtype, parts, programs):
+    """h + F.linear(x, w), each rounded to the dtype (eager order), bit for bit on exact inputs, with
+    the reduction (K = 96) cut into 1, 2 or 3 parts (fp32 partials of 96, 48 or 32 columns: tiles
+    64 + 32, 32 + 16, 32) combined by the last tile of each of the 3 output blocks (N = 40 in blocks
+    of 16: a partial block); one program per tile, or 2 or 5 programs looping over the tiles. The
+    block counters are back at zero."""
     k = kt()
     g = torch.Generator().manual_seed(5)
     x, w, h = grid((96,), g).to(dtype), grid((40, 96), g).to(dtype), grid((40,), g, -64, 64, 16).to(dtype)
     want = h + F.linear(x[None], w)[0]
     hd = h.clone().to(DEV)
-    k.gemv_residual(*on(x, w), hd, tile=(16, 4))
+    part, cnt = down_scratch(parts, 40)
+    k.down_residual(x.to(DEV).view(parts, -1), w.to(DEV), hd, part, cnt, tile=(16, 4), programs=programs)
     assert_exact(hd, want, dtype)
+    assert int(cnt.count_nonzero()) == 0
 
 
 def _gate(E, k, H, norm, scale, w):
@@ -211,9 +225,9 @@ def test_route_normalises_then_matches_moegate(dtype, E, top_k, norm, scale):
 
 
 def test_route_counts_per_step_and_takes_a_forced_table():
-    """counts[step, layer, e] += 1 for each chosen e (step read on the device; a step outside the
-    buffer counts nothing); a forced table replaces the top-k by its experts at the device position,
-    weighted by their softmax probabilities."""
+    """counts[min(step, steps), layer, e] += 1 for each chosen e (step read on the device; a buffer of
+    steps + 1 = 3 rows: step 1 counts into row 1, steps 2 and 5 into the last row); a forced table
+    replaces the top-k by its experts at the device position, weighted by their softmax probabilities."""
     k = kt()
     g = torch.Generator().manual_seed(11)
     H, E, top_k, layer = 64, 8, 2, 1
@@ -222,14 +236,16 @@ def test_route_counts_per_step_and_takes_a_forced_table():
     probs = F.linear(xn, w).softmax(-1)[0]
     b = _router_buffers(H, E, top_k, torch.float32)
     counts = torch.zeros(3, 2, E, dtype=torch.int64, device=DEV)
-    step = torch.tensor([2], device=DEV)
+    step = torch.tensor([1], device=DEV)
     args = (*on(h, ln, w), b["xn"], b["logits"], b["sem"], b["ids"], b["wts"], 0.0, top_k, False, 1.0)
     k.route(*args, counts=(counts, step, layer), tile=(4, 2))
     want = torch.zeros(3, 2, E, dtype=torch.int64)
-    want[2, layer, probs.topk(top_k).indices] = 1
+    want[1, layer, probs.topk(top_k).indices] = 1
     assert torch.equal(counts.cpu(), want)
-    step.fill_(3)                                          # past the buffer: no count, no write outside
-    k.route(*args, counts=(counts, step, layer), tile=(4, 2))
+    for last in (2, 5):                                    # the last row, and past it: the last row
+        step.fill_(last)
+        k.route(*args, counts=(counts, step, layer), tile=(4, 2))
+    want[2, layer, probs.topk(top_k).indices] = 2
     assert torch.equal(counts.cpu(), want)
     table = torch.zeros(1, 6, 2, top_k, dtype=torch.int64)
     table[0, 4, layer] = torch.tensor([5, 0])              # position 4, this layer: experts 5 and 0
@@ -268,9 +284,11 @@ def assert_within_one_ulp(got, want, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_gate_up_routed_and_shared_rows(dtype):
-    """Rows j < k: expert ids[j]'s SwiGLU of xn; rows k + p: part p of the shared expert's
-    (h columns [p*I, (p+1)*I)); I = 24 is not a multiple of the tile (16)."""
+@pytest.mark.parametrize("programs", [0, 1, 3])
+def test_gate_up_routed_and_shared_rows(dtype, programs):
+    """Rows p < P: part p of the shared expert's SwiGLU of x (h columns [p*I, (p+1)*I)); rows P + j:
+    expert ids[j]'s; I = 24 is not a multiple of the tile (16). 2 column blocks x 4 slots = 8 tiles:
+    one program each, or 1 or 3 programs looping (a routed tile first in a range: loaded after the wait)."""
     k = kt()
     g = torch.Generator().manual_seed(13)
     H, I, E, top_k, P = 64, 24, 6, 2, 2
@@ -278,47 +296,53 @@ def test_gate_up_routed_and_shared_rows(dtype):
     experts = grid((E, 2 * I, H), g).to(dtype)
     shared = grid((2 * P * I, H), g).to(dtype)
     ids = torch.tensor([4, 1])
-    act = torch.zeros(top_k + P, I, dtype=dtype, device=DEV)
-    k.gate_up(*on(x, shared), act, experts_gate_up=experts.to(DEV), ids=ids.to(DEV), top_k=top_k, tile=(16, 4))
-    want = torch.cat([swiglu_rows(x[None], experts[e]) for e in ids.tolist()]
-                     + [swiglu_rows(x[None], shared).view(P, I)])
+    act = torch.zeros(P + top_k, I, dtype=dtype, device=DEV)
+    k.gate_up(*on(x, shared), act, experts_gate_up=experts.to(DEV), ids=ids.to(DEV), tile=(16, 4), programs=programs)
+    want = torch.cat([swiglu_rows(x[None], shared).view(P, I)]
+                     + [swiglu_rows(x[None], experts[e]) for e in ids.tolist()])
     assert_within_one_ulp(act.cpu(), want, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gate_up_dense_recomputes_the_norm(dtype):
     """The dense SwiGLU (one part, no routed rows) of post_attention_layernorm(h), the norm
-    recomputed in each of the 4 programs."""
+    computed once in each of the 2 programs (4 tiles)."""
     k = kt()
     g = torch.Generator().manual_seed(17)
     H, I = 64, 64
     h, ln = norm_exact_row(H, g).to(dtype), grid((H,), g, -8, 8, 8).to(dtype)
     w = grid((2 * I, H), g).to(dtype)
     act = torch.zeros(1, I, dtype=dtype, device=DEV)
-    k.gate_up(*on(h, w), act, ln=ln.to(DEV), eps=0.0, tile=(16, 4))
+    k.gate_up(*on(h, w), act, ln=ln.to(DEV), eps=0.0, tile=(16, 4), programs=2)
     assert_within_one_ulp(act.cpu()[0], swiglu_rows(vendor_norm(h[None], ln, 0.0), w)[0], dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_moe_down_weights_sums_adds_shared_and_residual(dtype):
+@pytest.mark.parametrize("programs", [0, 1, 4])
+def test_moe_down_weights_sums_adds_shared_and_residual(dtype, programs):
     """h + (routed + shared) in the vendor's order: each routed row's down_proj rounded, cast to
     fp32, times its gate weight, summed over k, rounded; the shared down_proj over its whole width
-    (P parts) rounded; their sum rounded; the residual add rounded. Exact inputs, 3 routed rows
-    (padded to 4 in the kernel), I = 24 (two tiles: 16 + 8 of 16)."""
+    (P parts) rounded; their sum rounded; the residual add rounded. Exact inputs, 2 shared parts and
+    3 routed rows (act rows in that order), I = 24 (two tiles: 16 + 8 of 16), H = 40 in 3 blocks of
+    16: 15 tiles, one program each or 1 or 4 programs looping; counters back at zero."""
     k = kt()
     g = torch.Generator().manual_seed(19)
     H, I, E, top_k, P = 40, 24, 5, 3, 2
-    act = grid((top_k + P, I), g, -16, 16, 16).to(dtype)
+    act = grid((P + top_k, I), g, -16, 16, 16).to(dtype)
     experts = grid((E, H, I), g).to(dtype)
     shared = grid((H, P * I), g).to(dtype)
     ids, wts = torch.tensor([3, 0, 4]), grid((top_k,), g, 1, 16, 16)
     h = grid((H,), g, -64, 64, 16).to(dtype)
-    rows = torch.stack([F.linear(act[j][None], experts[e])[0] for j, e in enumerate(ids.tolist())])
+    rows = torch.stack([F.linear(act[P + j][None], experts[e])[0] for j, e in enumerate(ids.tolist())])
     routed = (rows.float() * wts[:, None]).sum(0).to(dtype)
-    want = h + (routed + F.linear(act[top_k:].reshape(1, -1), shared)[0])
+    want = h + (routed + F.linear(act[:P].reshape(1, -1), shared)[0])
     hd = h.clone().to(DEV)
-    k.moe_down(*on(act, experts, shared, ids, wts), hd, tile=(16, 4))
+    part, cnt = down_scratch(P + top_k, H)
+    act_d, experts_d, shared_d, ids_d, wts_d = on(act, experts, shared, ids, wts)
+    k.down_residual(act_d, shared_d, hd, part, cnt, experts=experts_d, ids=ids_d, wts=wts_d, tile=(16, 4),
+                    programs=programs)
     assert_exact(hd, want, dtype)
+    assert int(cnt.count_nonzero()) == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -344,6 +368,8 @@ def test_lm_head_argmax_picks_the_first_maximum_across_programs(dtype):
     pmax, pidx = torch.zeros(4, device=DEV), torch.zeros(4, dtype=torch.int32, device=DEV)
     sem, token = torch.zeros(1, dtype=torch.int32, device=DEV), torch.zeros(1, dtype=torch.int64, device=DEV)
     pos, step = torch.tensor([30], device=DEV), torch.tensor([5], device=DEV)
-    k.lm_head_argmax(*on(h, ln, w), logits, pmax, pidx, sem, token, pos, 0.0, step=step, tile=(8, 4))
+    xn_out = torch.zeros(H, dtype=dtype, device=DEV)
+    k.lm_head_argmax(*on(h, ln, w), logits, pmax, pidx, sem, token, pos, 0.0, step=step, xn_out=xn_out, tile=(8, 4))
     assert_exact(logits, want_logits, dtype, F.linear(xn.abs().double(), w.abs().double())[0])
+    assert_exact(xn_out, xn[0], dtype)
     assert int(token) == 97 and int(pos) == 31 and int(step) == 6 and int(sem) == 0

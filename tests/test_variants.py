@@ -159,6 +159,10 @@ GPU_VARIANTS = {
     "graphs+compile": dict(kv_cache="static", moe_impl="grouped", cuda_graphs="decode", compile=True),
     "graphs+compile+fused-linears+attention": dict(kv_cache="static", moe_impl="grouped", cuda_graphs="decode",
                                                    compile=True, linear_impl="fused", decode_attention="triton"),
+    "graphs+fused-step": dict(kv_cache="static", moe_impl="grouped", cuda_graphs="decode", linear_impl="fused",
+                              decode_attention="triton", decode_step="fused"),
+    "graphs+fused-step+pdl": dict(kv_cache="static", moe_impl="grouped", cuda_graphs="decode", linear_impl="fused",
+                                  decode_attention="triton", decode_step="fused", pdl=True),
 }
 
 
@@ -166,6 +170,11 @@ GPU_VARIANTS = {
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("name", list(GPU_VARIANTS))
 def test_gpu_variant_matches_vendor_style(name, dtype, tol):
+    if GPU_VARIANTS[name].get("pdl"):
+        from harness.kernels.decode_step_triton import pdl_support
+
+        if not pdl_support("cuda")[0]:
+            pytest.skip(pdl_support("cuda")[1])
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     cfg = load_tiny_cfg()
@@ -200,14 +209,15 @@ def test_gpu_variant_matches_vendor_style(name, dtype, tol):
 
 def _static_logits(model, req, ex, tokens, dtype) -> list:
     """Last-position logits [B, V] of the prefill and STEPS teacher-forced decode steps through a
-    ``StaticDecoder`` of ``ex`` (compiled and captured as the run's is) whose select keeps the logits."""
+    ``StaticDecoder`` of ``ex`` (compiled and captured as the run's is, its step bound as the run's:
+    the fused step with decode_step=fused) whose select keeps the logits."""
     from harness.variants.static_decoder import StaticDecoder
 
     with torch.inference_mode():
         img = model.image_embeddings(req.global_views, req.tiles, req.grid)
         dec = StaticDecoder(model, 1, ex.cache_len(req.prefill_tokens, STEPS + 1), torch.device("cuda"),
                             dtype, lambda logits: logits[:, -1].float(), compile=ex.compile,
-                            graphs=ex.cuda_graphs == "decode")
+                            graphs=ex.cuda_graphs == "decode", bind=model.plan.decode_step)
         dec.begin()
         out = [dec.prefill(req, img).clone()]
         for j in range(STEPS):

@@ -143,6 +143,13 @@ class ExecutionConfig:
       static buffer with a mask | ``triton``: a split-KV Triton kernel
       (``kernels.decode_attention_triton``) that reads only positions 0..pos, the position read on the
       device; needs ``kv_cache=static`` and a device where Triton runs.
+    * ``decode_step``: ``modules`` (the decode step runs the model's modules as the knobs above
+      convert them) | ``fused``: at batch 1 the whole decode step as the fused Triton kernels of
+      ``kernels.decode_step`` (72 launches, inside the decode CUDA graph on CUDA; the prefill keeps
+      its path; ``variants.fused_step``); needs kv_cache=static, moe_impl=grouped, linear_impl=fused,
+      decode_attention=triton and, on CUDA, cuda_graphs=decode (not compile).
+    * ``pdl``: launch the fused step's kernels with programmatic dependent launch (each kernel's
+      first weight loads overlap the previous kernel's tail); needs decode_step=fused and sm90+.
     """
 
     kv_cache: str = _f("growing", choices=("growing", "static"))
@@ -156,6 +163,8 @@ class ExecutionConfig:
     linear_impl: str = _f("vendor", choices=("vendor", "fused"))
     vision_compile: bool = False
     decode_attention: str = _f("sdpa", choices=("sdpa", "triton"))
+    decode_step: str = _f("modules", choices=("modules", "fused"))
+    pdl: bool = False
 
     @staticmethod
     def positions(prefill_tokens: int, decode_tokens: int) -> int:

@@ -350,13 +350,13 @@ def check_cases(cfg: HarnessConfig, cases: Optional[list] = None, device: Option
     if cases is None and (cfg.run.only is not None
                           or any(ex.static_cache_len is not None for _, _, ex in case_workloads(cfg))):
         cases, _ = prepare_cases(cfg)      # the cases run.only selects (and their lengths): no batch drawn
-    entries = ([(c.name, c.execution, c.execution.positions(c.case.prefill_tokens, c.workload.decode_tokens))
-                for c in cases] if cases is not None else
-               [(name, ex, None) for name, _, ex in case_workloads(cfg)])
+    entries = ([(c.name, c.execution, c.execution.positions(c.case.prefill_tokens, c.workload.decode_tokens),
+                 c.case.batch) for c in cases] if cases is not None else
+               [(name, ex, None, w.batch) for name, w, ex in case_workloads(cfg)])
     skipped, first = {}, None
-    for name, ex, positions in entries:
+    for name, ex, positions, batch in entries:
         try:
-            variants.check(ex, device, dtype, model=cfg.model, positions=positions)
+            variants.check(ex, device, dtype, model=cfg.model, positions=positions, batch=batch)
         except CannotRunHere as exc:
             first = first or (name, exc)
             if not cfg.cases:

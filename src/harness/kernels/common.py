@@ -10,6 +10,9 @@ modules import this one, so the flag is read once, here (``INTERPRETED``).
   (the interpreter truncates).
 - ``rounded(x, act, EMULATE_BF16_RNE)``: fp32 rounded to the activation dtype and held in fp32 again.
 - ``swiglu(acc_gate, acc_up, h_ptr, EMULATE_BF16_RNE)``: silu(gate) * up with the vendor SwiGLU's roundings.
+- ``exp_f32(x)``, ``div_f32(a, b)``: exp and division as PyTorch's CUDA kernels compute them (CUDA's
+  ``expf``, IEEE round-to-nearest division); ``fp32_rounded(x)``: x kept as a rounded fp32 value (no
+  fused multiply-add may absorb its rounding, as when an eager op writes it out).
 - ``row_times_tile(...)``: one row times BLOCK_N weight rows, fp32, the reduction loop unrolled.
 """
 from __future__ import annotations
@@ -19,11 +22,14 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from ..errors import HarnessError
 
 #: whether the kernels of this package were defined for Triton's interpreter (TRITON_INTERPRET=1 at import)
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+#: compiled kernels (not the interpreter): CUDA's libdevice and inline PTX are available
+_COMPILED = tl.constexpr(not INTERPRETED)
 
 
 def check_runnable(x: torch.Tensor) -> None:
@@ -53,13 +59,42 @@ def rounded(x, act: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr):
 
 
 @triton.jit
+def exp_f32(x):
+    """exp(x) in fp32 as PyTorch's CUDA kernels take it (``expf``: libdevice's ``__nv_expf``, within
+    2 ulp), not ``tl.exp``'s single ``ex2.approx`` of x * log2(e), whose error grows with |x|.
+    numpy's exp in the interpreter."""
+    if _COMPILED:
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def div_f32(a, b):
+    """a / b rounded to nearest (``div.rn.f32``, as CUDA C's ``/``); Triton's ``/`` on fp32 is the
+    approximate ``div.full.f32`` (up to 2 ulp)."""
+    return tl.div_rn(a, b)
+
+
+@triton.jit
+def fp32_rounded(x):
+    """x as a stored fp32 value: a multiply-add that follows cannot be fused with the operation that
+    made x (Triton contracts a * b + c into one fma, rounding once where eager PyTorch, whose ops
+    write their results out, rounds twice: ``mean + eps`` in RMSNorm)."""
+    if _COMPILED:
+        x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+    return x
+
+
+@triton.jit
 def swiglu(acc_gate, acc_up, h_ptr, EMULATE_BF16_RNE: tl.constexpr):
     """silu(gate) * up in h's dtype: gate_proj, up_proj, silu and the product each round to that
-    activation dtype, as the vendor's SwiGLU does."""
+    activation dtype, as the vendor's SwiGLU does; silu as ATen's CUDA kernel computes it,
+    x / (1 + expf(-x)) with an IEEE division."""
     act = h_ptr.dtype.element_ty
     gate = rounded(acc_gate, act, EMULATE_BF16_RNE)
     up = rounded(acc_up, act, EMULATE_BF16_RNE)
-    silu = rounded(gate / (1.0 + tl.exp(-gate)), act, EMULATE_BF16_RNE)
+    silu = rounded(div_f32(gate, 1.0 + exp_f32(-gate)), act, EMULATE_BF16_RNE)
     return rne(silu * up, EMULATE_BF16_RNE).to(act)
 
 
@@ -78,4 +113,5 @@ def row_times_tile(xp, wp, stride_xk, stride_wk, n_ok, K: tl.constexpr, BLOCK_N:
     return acc
 
 
-__all__ = ["INTERPRETED", "check_runnable", "rne", "rounded", "swiglu", "row_times_tile"]
+__all__ = ["INTERPRETED", "check_runnable", "rne", "rounded", "swiglu", "row_times_tile", "exp_f32", "div_f32",
+           "fp32_rounded"]

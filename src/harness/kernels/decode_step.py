@@ -1,8 +1,5 @@
 """One batch-1 decode step of the reference LLM as the fused Triton kernels of ``decode_step_triton``.
 
-``weights_from_model(model)`` collects the tensors a step reads from a ``DeepseekOCR`` (fusing q/k/v
-and the dense / shared gate+up weights and stacking the routed experts the way
-``DeepseekOCR.configure`` does: views, the state_dict unchanged, reused when already there).
 ``FusedDecodeStep(weights, cache, pos)`` owns the step's scratch and launches, on every ``run()``:
 
     layer 0 (dense):  qkv+RoPE+KV (embedding, norm) | attention | o_proj+residual | gate/up (norm) | down+residual
@@ -14,17 +11,21 @@ a CUDA graph, whose replays decode greedily (the token buffer is the next step's
 reads its token from ``token`` (int64 [1]) and its position from ``pos`` (int64 [1], the static
 cache's ``position``), writes K/V at ``pos`` into the cache, the logits into ``logits`` [V] (the
 activation dtype, as ``lm_head`` returns them) and the next token into ``token``; it does not touch
-the cache's host ``length``.
+the cache's host ``length``. ``calls`` lists the launches (label, layer, callable) in order; the
+diagnostics run them one at a time.
 
-Options: ``counts`` = (int64 [steps, layers, experts], int64 [1] step index on the device): the
-router adds 1 per chosen expert at [step, layer] and the step end advances the index (a step
-outside [0, steps) counts nothing). ``forced``: int64 [rows, positions, layers, k] expert ids: each
-MoE layer takes table[0, pos, layer] (and their softmax probabilities) instead of its top-k; it
-must hold a row for every position the step runs at (the cache length). ``pdl``: programmatic
+``DecodeWeights`` holds what a step reads (model-side code builds it: ``variants.fused_step``;
+this package imports no model). Options: ``counts`` = (int64 [steps + 1, layers, experts], int64
+[1] step index on the device): the router adds 1 per chosen expert at [min(step, steps), layer]
+and the step end advances the index. ``forced``: int64 [rows, positions, layers, k] expert ids:
+each MoE layer takes table[0, pos, layer] (and their softmax probabilities) instead of its top-k;
+it must hold a row for every position the step runs at (the cache length). ``pdl``: programmatic
 dependent launch (Hopper; ``decode_step_triton.pdl_support``), refused where it cannot run.
+``debug``: the q/k/v and lm_head kernels also write their RMSNorm output to ``norm_out`` [H].
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -33,39 +34,63 @@ import torch
 from ..errors import HarnessError
 from . import decode_step_triton as k
 
+#: the tiles with a (rows, num_warps, programs per SM) entry, and those that also cut K into parts
+_LOOPED = ("qkv", "o_proj", "gate_up", "down", "dense_gate_up", "dense_down", "lm_head")
+
 
 @dataclass(frozen=True)
 class DecodeStepConfig:
-    """Tiles of the step's kernels: (block, num_warps) each. ``qkv``: RoPE pairs per program;
-    ``attention``: keys per split; ``o_proj``, ``dense_down``: output rows per program; ``router``:
-    gate rows per program; ``gate_up``, ``dense_gate_up``: SwiGLU columns per program; ``down``: output
-    columns per program (all k + P expert rows of them); ``lm_head``: (rows per tile, num_warps,
-    programs per SM). ``lm_programs``: lm_head programs (None: SMs x the third ``lm_head`` entry on
-    CUDA, 4 elsewhere). ``gate_up_norm``: the MoE gate/up kernel recomputes RMSNorm(h) itself
-    instead of reading the router's. Defaults sized for H100/H200 at DeepSeek-OCR's shapes (module
-    docstring of ``decode_step_triton``; not yet tuned on a GPU)."""
-    qkv: tuple = (4, 4)
+    """Tiles of the step's kernels. ``qkv``, ``gate_up``, ``down``, ``dense_gate_up``, ``lm_head``:
+    (rows per tile, num_warps, programs per SM); ``o_proj``, ``dense_down``: the same and the parts
+    their reduction is cut into (equal pieces: partial sums in fp32, rounded once). Programs per SM
+    0: one program per tile. Rows per tile: RoPE column pairs (qkv), columns of the expert or dense
+    width (gate_up), output columns of H (down, o_proj), vocabulary rows (lm_head). ``attention``:
+    (keys per split, num_warps); ``router``: (gate rows per program, num_warps). ``sms``: the SM
+    count the programs per SM multiply (None: the device's on CUDA, 4 elsewhere). ``gate_up_norm``:
+    the MoE gate/up kernel recomputes RMSNorm(h) itself instead of reading the router's.
+    Defaults sized for H100/H200 (132 SMs) at DeepSeek-OCR's shapes, not yet timed on a GPU: about
+    two loaded tiles per program and balanced ranges (q/k/v 480 tiles over 264 programs, gate/up 1,792
+    over 264, down 2,560 over 528, lm_head 16,160 over 264); o_proj one program per tile (320 tiles
+    of 4 x 1,280: its whole 3.3 MB in flight at once) and one part (no combine); the dense down in 8
+    parts (a [4, 6848] tile would not fit in registers). ``scripts/bench_decode_step.py --sweep``
+    times the alternatives."""
+    qkv: tuple = (4, 4, 2)
     attention: tuple = (32, 4)
-    o_proj: tuple = (4, 4)
+    o_proj: tuple = (4, 4, 0, 1)
     router: tuple = (2, 2)
-    gate_up: tuple = (4, 4)
-    down: tuple = (2, 8)
-    dense_gate_up: tuple = (4, 4)
-    dense_down: tuple = (1, 4)
+    gate_up: tuple = (4, 4, 2)
+    down: tuple = (4, 4, 4)
+    dense_gate_up: tuple = (4, 4, 2)
+    dense_down: tuple = (4, 4, 4, 8)
     lm_head: tuple = (8, 8, 2)
-    lm_programs: Optional[int] = None
+    sms: Optional[int] = None
     gate_up_norm: bool = False
 
     def check(self) -> None:
-        for name in ("qkv", "attention", "o_proj", "router", "gate_up", "down", "dense_gate_up", "dense_down",
-                     "lm_head"):
+        for name in _LOOPED + ("attention", "router"):
             tile = getattr(self, name)
+            want = 4 if name in ("o_proj", "dense_down") else 3 if name in _LOOPED else 2
+            if len(tile) != want:
+                raise HarnessError(f"DecodeStepConfig.{name}={tile}: {want} entries expected")
             block, warps = tile[0], tile[1]
             if block < 1 or block & (block - 1) or warps not in (1, 2, 4, 8, 16):
                 raise HarnessError(f"DecodeStepConfig.{name}={tile}: the block must be a power of two, "
                                    "num_warps one of 1, 2, 4, 8, 16")
-        if self.lm_programs is not None and self.lm_programs < 1:
-            raise HarnessError(f"DecodeStepConfig.lm_programs={self.lm_programs} must be >= 1 (or None)")
+            if want >= 3 and tile[2] < 0 or want == 4 and tile[3] < 1:
+                raise HarnessError(f"DecodeStepConfig.{name}={tile}: programs per SM >= 0 and parts >= 1")
+        if self.sms is not None and self.sms < 1:
+            raise HarnessError(f"DecodeStepConfig.sms={self.sms} must be >= 1 (or None)")
+
+
+#: tiles for Triton's interpreter (CPU tests): few, large programs (its cost is per program and per op)
+INTERPRETER_CONFIG = DecodeStepConfig(qkv=(64, 4, 1), attention=(16, 4), o_proj=(64, 4, 1, 2), router=(8, 2),
+                                      gate_up=(32, 4, 1), down=(64, 4, 1), dense_gate_up=(128, 4, 1),
+                                      dense_down=(64, 4, 1, 2), lm_head=(1024, 4, 1), sms=2)
+
+
+def default_config(device) -> DecodeStepConfig:
+    """The step's tiles on ``device``: ``DecodeStepConfig()`` on CUDA, ``INTERPRETER_CONFIG`` elsewhere."""
+    return DecodeStepConfig() if torch.device(device).type == "cuda" else INTERPRETER_CONFIG
 
 
 @dataclass
@@ -105,51 +130,17 @@ class DecodeWeights:
     extras: dict = field(default_factory=dict)
 
 
-def weights_from_model(model) -> DecodeWeights:
-    """The tensors of ``model`` (a ``DeepseekOCR``) a fused step reads. q/k/v and the dense / shared
-    gate+up weights are fused (``fused_linear.fuse_rows``) and the routed experts stacked
-    (``fast_moe.stack_experts``) unless the model already holds them (``configure``'s attributes)."""
-    from ..variants import fast_moe, fused_linears as fused_linear
-    from ..models.llm import MoE
-
-    L = model.cfg.llm
-    layers = []
-    for layer in model.model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
-        if getattr(attn, "_qkv_fused", None) is None or not fused_linear.shares_rows(qkv, attn._qkv_fused):
-            attn._qkv_fused = fused_linear.fuse_rows(qkv)
-        moe = isinstance(mlp, MoE)
-        swiglu = mlp.shared_experts if moe else mlp
-        gu = [swiglu.gate_proj, swiglu.up_proj]
-        if getattr(swiglu, "_gate_up_fused", None) is None or not fused_linear.shares_rows(gu, swiglu._gate_up_fused):
-            swiglu._gate_up_fused = fused_linear.fuse_rows(gu)
-        lw = LayerWeights(ln_in=layer.input_layernorm.weight, qkv=attn._qkv_fused, o=attn.o_proj.weight,
-                          ln_post=layer.post_attention_layernorm.weight, gate_up=swiglu._gate_up_fused,
-                          down=swiglu.down_proj.weight)
-        if moe:
-            if mlp.experts_stacked is None or not fast_moe.shares_storage(mlp, mlp.experts_stacked):
-                mlp.experts_stacked = fast_moe.stack_experts(mlp)
-            lw.router = mlp.gate.weight
-            lw.experts_gate_up, lw.experts_down = mlp.experts_stacked.gate_up, mlp.experts_stacked.down
-        layers.append(lw)
-    return DecodeWeights(embed=model.model.embed_tokens.weight, layers=layers, norm=model.model.norm.weight,
-                         lm_head=model.lm_head.weight, rotary=model.model.layers[0].self_attn.rotary_emb,
-                         num_heads=L.num_heads, eps=L.rms_norm_eps, top_k=L.num_experts_per_tok,
-                         norm_topk=L.norm_topk_prob, scale=L.routed_scaling_factor)
-
-
-def _refuse(what: str, fix: str = "build the step from the reference model's weights (weights_from_model)"):
+def _refuse(what: str, fix: str = "build the step from the reference model's weights (variants.fused_step)"):
     raise HarnessError(f"FusedDecodeStep: {what}", fix)
 
 
 class FusedDecodeStep:
     """The fused batch-1 decode step over ``weights`` and a static cache (``cache.k``/``cache.v``:
-    per-layer [1, nkv, L, d] buffers, ``cache.max_len``); see the module docstring."""
+    per-layer [1, nkv, L, d] buffers); see the module docstring."""
 
     def __init__(self, weights: DecodeWeights, cache, pos: torch.Tensor, *, token: Optional[torch.Tensor] = None,
                  config: DecodeStepConfig = DecodeStepConfig(), pdl: bool = False, counts: Optional[tuple] = None,
-                 forced: Optional[torch.Tensor] = None):
+                 forced: Optional[torch.Tensor] = None, debug: bool = False):
         config.check()
         w = weights
         self.w, self.cache, self.pos, self.config = w, cache, pos, config
@@ -163,10 +154,11 @@ class FusedDecodeStep:
         self._check(w, cache, pos, dev, dt)
         H = w.embed.shape[1]
         k0 = cache.k[0]
-        nkv, L, d = k0.shape[1], k0.shape[2], k0.shape[3]
+        L, d = k0.shape[2], k0.shape[3]
         nh = w.num_heads
         moe = [lw for lw in w.layers if lw.moe]
         dense = [lw for lw in w.layers if not lw.moe]
+        self._check_parts(config, nh * d, dense)
         self.token = token if token is not None else torch.zeros(1, dtype=torch.int64, device=dev)
         if self.token.dtype != torch.int64 or self.token.numel() != 1 or self.token.device != dev:
             _refuse(f"token must be int64 [1] on {dev}, got {self.token.dtype} {tuple(self.token.shape)}",
@@ -181,23 +173,30 @@ class FusedDecodeStep:
         cos, sin = w.rotary(torch.zeros(1, dtype=dt, device=dev), torch.arange(L, device=dev)[None])
         self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()
         self.logits = zeros(w.lm_head.shape[0])
+        slots = [config.o_proj[3]] + ([config.dense_down[3]] if dense else [])
+        blocks = [k.tiles(H, config.o_proj[0])] + ([k.tiles(H, config.dense_down[0])] if dense else [])
         if moe:
             E, inter = moe[0].experts_down.shape[0], moe[0].experts_down.shape[2]
             parts = moe[0].down.shape[1] // inter
             self.xn, self.router_logits, self.router_sem = zeros(H), zeros(E, dtype=f32), zeros(1, dtype=i32)
             self.ids = zeros(len(w.layers), w.top_k, dtype=torch.int64)
             self.wts = zeros(len(w.layers), w.top_k, dtype=f32)
-            self.moe_act = zeros(w.top_k + parts, inter)
+            self.moe_act = zeros(parts + w.top_k, inter)        # rows: the shared parts, then the routed slots
+            slots.append(parts + w.top_k)
+            blocks.append(k.tiles(H, config.down[0]))
         if dense:
             self.dense_act = zeros(1, dense[0].down.shape[1])
-        n_tiles = -(-w.lm_head.shape[0] // config.lm_head[0])
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
-        programs = config.lm_programs or (sms * config.lm_head[2] if sms else 4)
-        programs = max(1, min(programs, n_tiles))
-        self.lm_pmax, self.lm_pidx, self.lm_sem = zeros(programs, dtype=f32), zeros(programs, dtype=i32), \
+        self.part, self.down_cnt = zeros(max(slots), H, dtype=f32), zeros(max(blocks), dtype=i32)
+        self.sms = config.sms or (torch.cuda.get_device_properties(dev).multi_processor_count
+                                  if dev.type == "cuda" else 4)
+        lm_tiles = k.tiles(w.lm_head.shape[0], config.lm_head[0])
+        lm_programs = max(1, min(lm_tiles, config.lm_head[2] * self.sms if config.lm_head[2] else lm_tiles))
+        self.lm_pmax, self.lm_pidx, self.lm_sem = zeros(lm_programs, dtype=f32), zeros(lm_programs, dtype=i32), \
             zeros(1, dtype=i32)
         self.counts = self._check_counts(counts, len(w.layers), moe, dev)
         self.forced = self._check_forced(forced, len(w.layers), w.top_k, L, moe, dev)
+        self.norm_out = zeros(H) if debug else None
+        self.calls = self._plan()
 
     # ------------------------------------------------------------------ checks (host metadata only)
     @staticmethod
@@ -237,15 +236,24 @@ class FusedDecodeStep:
                         f"got {t.dtype} {tuple(t.shape)} stride {t.stride()} on {t.device}")
 
     @staticmethod
+    def _check_parts(config: DecodeStepConfig, attn_width: int, dense: list) -> None:
+        for name, width in [("o_proj", attn_width)] + [("dense_down", dense[0].down.shape[1])] * bool(dense):
+            parts = getattr(config, name)[3]
+            if width % parts:
+                raise HarnessError(f"DecodeStepConfig.{name}={getattr(config, name)}: {parts} parts do not divide "
+                                   f"its reduction length {width}", "pick parts that divide it")
+
+    @staticmethod
     def _check_counts(counts, layers: int, moe: list, dev):
         if counts is None:
             return None
         buf, step = counts
         E = moe[0].router.shape[0] if moe else 0
-        if (buf.dtype != torch.int64 or buf.dim() != 3 or tuple(buf.shape[1:]) != (layers, E) or not buf.is_contiguous()
-                or step.dtype != torch.int64 or step.numel() != 1 or buf.device != dev or step.device != dev):
-            _refuse(f"counts must be (contiguous int64 [steps, {layers}, {E}], int64 [1] step index) on {dev}; got "
-                    f"{buf.dtype} {tuple(buf.shape)}, {step.dtype} {tuple(step.shape)}", "allocate them so")
+        if (buf.dtype != torch.int64 or buf.dim() != 3 or buf.shape[0] < 1 or tuple(buf.shape[1:]) != (layers, E)
+                or not buf.is_contiguous() or step.dtype != torch.int64 or step.numel() != 1 or buf.device != dev
+                or step.device != dev):
+            _refuse(f"counts must be (contiguous int64 [steps + 1, {layers}, {E}], int64 [1] step index) on {dev}; "
+                    f"got {buf.dtype} {tuple(buf.shape)}, {step.dtype} {tuple(step.shape)}", "allocate them so")
         return buf, step
 
     @staticmethod
@@ -262,42 +270,66 @@ class FusedDecodeStep:
         return forced
 
     # ------------------------------------------------------------------------------------ the step
+    def _programs(self, tile: tuple) -> int:
+        """Programs of a looped kernel: programs per SM x SMs (0: one per tile)."""
+        return tile[2] * self.sms
+
+    def _plan(self) -> list:
+        """[(label, layer, callable)]: every launch of one step, arguments bound once."""
+        w, cfg, pdl, cache = self.w, self.config, self.pdl, self.cache
+        p = functools.partial
+        calls = []
+        down = dict(part=self.part, cnt=self.down_cnt, pdl=pdl)
+        o_parts = cfg.o_proj[3]
+        for i, lw in enumerate(w.layers):
+            first = i == 0
+            calls += [
+                ("qkv", i, p(k.qkv_rope, self.h, lw.ln_in, lw.qkv, self.cos, self.sin, self.pos, self.q, cache.k[i],
+                             cache.v[i], w.eps, embed=w.embed if first else None,
+                             token=self.token if first else None, xn_out=self.norm_out, tile=cfg.qkv[:2],
+                             programs=self._programs(cfg.qkv), pdl=pdl)),
+                ("attention", i, p(k.attention, self.q, cache.k[i], cache.v[i], self.pos, self.attn_out, self.attn_acc,
+                                   self.attn_m, self.attn_l, self.attn_sem, tile=cfg.attention, pdl=pdl)),
+                ("o_proj", i, p(k.down_residual, self.attn_out.view(o_parts, -1), lw.o, self.h, tile=cfg.o_proj[:2],
+                                programs=self._programs(cfg.o_proj), **down))]
+            if lw.moe:
+                counts = (self.counts[0], self.counts[1], i) if self.counts is not None else None
+                forced = (self.forced, self.pos, i) if self.forced is not None else None
+                norm = cfg.gate_up_norm
+                calls += [
+                    ("router", i, p(k.route, self.h, lw.ln_post, lw.router, self.xn, self.router_logits,
+                                    self.router_sem, self.ids[i], self.wts[i], w.eps, w.top_k, w.norm_topk, w.scale,
+                                    counts=counts, forced=forced, tile=cfg.router, pdl=pdl)),
+                    ("gate_up", i, p(k.gate_up, self.h if norm else self.xn, lw.gate_up, self.moe_act,
+                                     ln=lw.ln_post if norm else None, eps=w.eps, experts_gate_up=lw.experts_gate_up,
+                                     ids=self.ids[i], tile=cfg.gate_up[:2], programs=self._programs(cfg.gate_up),
+                                     pdl=pdl)),
+                    ("down", i, p(k.down_residual, self.moe_act, lw.down, self.h, experts=lw.experts_down,
+                                  ids=self.ids[i], wts=self.wts[i], tile=cfg.down[:2],
+                                  programs=self._programs(cfg.down), **down))]
+            else:
+                calls += [
+                    ("gate_up", i, p(k.gate_up, self.h, lw.gate_up, self.dense_act, ln=lw.ln_post, eps=w.eps,
+                                     tile=cfg.dense_gate_up[:2], programs=self._programs(cfg.dense_gate_up),
+                                     pdl=pdl)),
+                    ("down", i, p(k.down_residual, self.dense_act.view(cfg.dense_down[3], -1), lw.down, self.h,
+                                  tile=cfg.dense_down[:2], programs=self._programs(cfg.dense_down), **down))]
+        calls.append(("lm_head", len(w.layers), p(
+            k.lm_head_argmax, self.h, w.norm, w.lm_head, self.logits, self.lm_pmax, self.lm_pidx, self.lm_sem,
+            self.token, self.pos, w.eps, step=self.counts[1] if self.counts is not None else None,
+            xn_out=self.norm_out, tile=cfg.lm_head[:2], pdl=pdl)))
+        return calls
+
     @property
     def launches(self) -> int:
         """Kernel launches per step."""
-        return sum(6 if lw.moe else 5 for lw in self.w.layers) + 1
+        return len(self.calls)
 
     def run(self) -> None:
         """One step: the token in ``token`` at position ``pos`` -> ``logits``, the next token in
         ``token``, ``pos`` + 1 (all on the device; nothing read back)."""
-        w, cfg, pdl = self.w, self.config, self.pdl
-        cache = self.cache
-        for i, lw in enumerate(w.layers):
-            first = i == 0
-            k.qkv_rope(self.h, lw.ln_in, lw.qkv, self.cos, self.sin, self.pos, self.q, cache.k[i], cache.v[i], w.eps,
-                       embed=w.embed if first else None, token=self.token if first else None, tile=cfg.qkv, pdl=pdl)
-            k.attention(self.q, cache.k[i], cache.v[i], self.pos, self.attn_out, self.attn_acc, self.attn_m,
-                        self.attn_l, self.attn_sem, tile=cfg.attention, pdl=pdl)
-            k.gemv_residual(self.attn_out, lw.o, self.h, tile=cfg.o_proj, pdl=pdl)
-            if lw.moe:
-                counts = (self.counts[0], self.counts[1], i) if self.counts is not None else None
-                forced = (self.forced, self.pos, i) if self.forced is not None else None
-                k.route(self.h, lw.ln_post, lw.router, self.xn, self.router_logits, self.router_sem, self.ids[i],
-                        self.wts[i], w.eps, w.top_k, w.norm_topk, w.scale, counts=counts, forced=forced,
-                        tile=cfg.router, pdl=pdl)
-                norm = cfg.gate_up_norm
-                k.gate_up(self.h if norm else self.xn, lw.gate_up, self.moe_act, ln=lw.ln_post if norm else None,
-                          eps=w.eps, experts_gate_up=lw.experts_gate_up, ids=self.ids[i], top_k=w.top_k,
-                          tile=cfg.gate_up, pdl=pdl)
-                k.moe_down(self.moe_act, lw.experts_down, lw.down, self.ids[i], self.wts[i], self.h, tile=cfg.down,
-                           pdl=pdl)
-            else:
-                k.gate_up(self.h, lw.gate_up, self.dense_act, ln=lw.ln_post, eps=w.eps, tile=cfg.dense_gate_up,
-                          pdl=pdl)
-                k.gemv_residual(self.dense_act[0], lw.down, self.h, tile=cfg.dense_down, pdl=pdl)
-        k.lm_head_argmax(self.h, w.norm, w.lm_head, self.logits, self.lm_pmax, self.lm_pidx, self.lm_sem, self.token,
-                         self.pos, w.eps, step=self.counts[1] if self.counts is not None else None,
-                         tile=cfg.lm_head[:2], pdl=pdl)
+        for _, _, call in self.calls:
+            call()
 
     # ------------------------------------------------------------------------------- accounting
     def weight_bytes(self) -> dict:

@@ -3,21 +3,23 @@ dense layer, 1 for the final norm, lm_head and greedy token; no torch op in betw
 
 Per layer (h: the residual stream [H] in the activation dtype, updated in place):
 
-1. ``_qkv_rope_kernel``: RMSNorm(h) recomputed by every program (H elements), q/k/v GEMV, RoPE from
-   a precomputed cos/sin table read at the device position, k and v written into the static cache
-   at that position. The first layer reads h as the token's embedding row (and writes it to h).
+1. ``_qkv_rope_kernel``: RMSNorm(h) (once per program), q/k/v GEMV, RoPE from a precomputed cos/sin
+   table read at the device position, k and v written into the static cache at that position. The
+   first layer reads h as the token's embedding row (and writes it to h).
 2. ``_attention_kernel``: split-KV attention of the step's q over positions 0..pos; the last split
    of a head to finish combines (per-head counters back at 0 afterwards).
-3. ``_gemv_residual_kernel``: h += o_proj(attention out), rounded as ``x + o(..)`` rounds.
+3. ``_down_kernel`` as o_proj: h += o_proj(attention out), rounded as ``x + o(..)`` rounds (the
+   reduction cut into ``parts`` equal pieces, summed in fp32 and rounded once).
 4. MoE layer: ``_router_kernel``: RMSNorm(h) (program 0 writes it, ``xn``), fp32 gate GEMV over
    many programs, then the last program to finish: softmax, top-k by rank (or the experts of a
    forced routing table), renormalisation and scale, the routing count. Dense layer: nothing.
-5. ``_gate_up_kernel``: silu(gate(x)) * up(x) rows of the k routed experts and of the shared
-   expert (P parts of the expert width, programs of the shared rows first); dense layer: the
-   SwiGLU's rows, with RMSNorm(h) recomputed in every program.
-6. MoE: ``_moe_down_kernel``: per output column block, the k routed down rows weighted and summed
-   in fp32, the shared expert's P fp32 partials, y = routed + shared, h += y, with the vendor's
-   roundings. Dense: ``_gemv_residual_kernel`` over the SwiGLU's rows (K = 6848).
+5. ``_gate_up_kernel``: silu(gate(x)) * up(x) rows of the shared expert's P parts and of the k
+   routed experts (dense layer: the SwiGLU's rows, with RMSNorm(h) recomputed once per program).
+6. ``_down_kernel``: the P shared (or dense) parts and the k routed rows times their down_proj
+   columns, each a tile of fp32 partials; the last tile of an output column block to finish sums
+   them with the vendor's roundings (routed rows rounded, times their fp32 gate weights, summed
+   over k and rounded; the shared partials summed and rounded once; routed + shared rounded) and
+   adds the residual.
 
 Step end: ``_lm_head_argmax_kernel``: every program (about two per SM) recomputes RMSNorm(h) and
 streams a contiguous, balanced range of lm_head rows (the next tile loaded while the current one
@@ -25,24 +27,35 @@ is reduced), writes the logits in the activation dtype and keeps the first index
 the last program to finish picks the token (first index of the max, as torch.argmax), writes it
 into the token buffer the next step reads, advances the device position (and the step index).
 
-Programmatic dependent launch (``USE_PDL``, Hopper): every kernel issues its weight loads, then
-``gdc_wait`` (the previous kernel of the stream has completed and its writes are visible), then
-``gdc_launch_dependents`` at once. Triggering only after the wait gives every kernel this
+Work split (q/k/v, gate/up, down, lm_head): the weight rows a kernel reads are cut into tiles of
+equal size (``BLOCK`` rows of one matrix: a routed expert, a shared or dense part, pairs of q/k/v
+columns); a launch has ``programs`` programs (a multiple of the SM count, or one per tile), each
+owning a contiguous, balanced range of tiles: its first tile is loaded before the wait, its second
+before its prologue (the input row, the norm), then each next tile while the current one is reduced. Tiles of a down kernel's output column block are ordered together (the block's P + k slots
+one after the other), so that most blocks are completed by one program; its partials go through
+an fp32 scratch [slots, H] and a per-block counter (acquire-release atomic after a CTA barrier,
+reset by the program that combines): no atomic on the output, one fixed summation order.
+
+Programmatic dependent launch (``USE_PDL``, Hopper): every kernel issues its first weight loads,
+then ``gdc_wait`` (the previous kernel of the stream has completed and its writes are visible),
+then ``gdc_launch_dependents`` at once. Triggering only after the wait gives every kernel this
 invariant: when it starts, the kernel two launches before it has completed (a kernel's dependents
 launch once each of its programs has triggered or exited, and at least one program of every kernel
 here triggers after its wait: the attention's split 0 of each head always has keys). So before its
 wait a kernel may read, besides weights, what was written two or more launches earlier (``.cg``
 loads: from L2, past the SM's L1): the attention reads the position and the cached keys/values of
-earlier positions, the q/k/v kernel of every layer but the first the position and its RoPE row,
-the down kernel the router's experts and weights. No kernel writes anything before its wait.
+earlier positions, the q/k/v kernel of every layer but the first the position, the down kernel
+the router's experts (and so its first routed tile). No kernel writes anything before its wait.
 Without PDL ``gdc_*`` are not emitted and the same code runs as plain kernels.
 
-Roundings are the vendor's (eager bf16): RMSNorm in fp32, ``x * rsqrt`` rounded, times the weight,
-rounded; every linear's fp32 accumulation rounded once; RoPE terms and their sum rounded; SwiGLU
-gate, up, silu and product rounded; routed rows rounded, times the fp32 gate weight, summed over k
-in fp32 and rounded; shared down (fp32 partials summed) rounded; routed + shared rounded; each
-residual add rounded; logits rounded before the argmax. Summation orders differ from cuBLAS and
-torch (fp32 rounding-level differences). Importing this module imports triton; with
+Roundings are the vendor's (eager bf16): RMSNorm in fp32 (the mean rounded, then + eps rounded:
+``fp32_rounded`` keeps them two operations), ``x * rsqrt`` rounded, times the weight, rounded;
+every linear's fp32 accumulation rounded once; RoPE terms and their sum rounded; SwiGLU gate, up,
+silu (with CUDA's ``expf`` and an IEEE division, as ATen) and product rounded; the router's softmax
+with ``expf`` and IEEE divisions; routed rows rounded, times the fp32 gate weight, summed over k in
+fp32 and rounded; shared down (fp32 partials summed) rounded; routed + shared rounded; each residual
+add rounded; logits rounded before the argmax. Summation orders differ from cuBLAS and torch
+(fp32 rounding-level differences). Importing this module imports triton; with
 ``TRITON_INTERPRET=1`` set before the first import of ``kernels.common`` the kernels run on CPU
 tensors (tests), where ``EMU`` rounds fp32 -> bf16 to nearest-even as compiled code does.
 
@@ -56,7 +69,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .common import INTERPRETED, check_runnable, rne, rounded, swiglu
+from .common import INTERPRETED, check_runnable, div_f32, exp_f32, fp32_rounded, rne, rounded, swiglu
 
 try:                                        # Triton >= 3.4 (grid dependency control, sm90+)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -67,7 +80,7 @@ except ImportError:                         # pragma: no cover - older Triton
 
 LOG2E = 1.4426950408889634
 
-__all__ = ["HAS_GDC", "INTERPRETED", "k_parts", "pdl_support", "check_runnable"]
+__all__ = ["HAS_GDC", "INTERPRETED", "k_parts", "pdl_support", "check_runnable", "tiles", "attention_splits"]
 
 
 def k_parts(k: int) -> tuple:
@@ -95,11 +108,6 @@ def pdl_support(device) -> tuple:
     return True, f"sm{major}{minor}: kernels launched with launch_pdl=True, gdc_wait/gdc_launch_dependents inside"
 
 
-def check_runnable(x: torch.Tensor) -> None:
-    """Refuse CUDA tensors when the kernels were defined for the interpreter."""
-    check_runnable(x)
-
-
 # ----------------------------------------------------------------------------------- helpers
 
 
@@ -109,6 +117,21 @@ def _pdl_wait(USE_PDL: tl.constexpr):
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def _tile_range(n_tiles):
+    """[t0, t1): this program's contiguous, balanced share of ``n_tiles`` tiles."""
+    pid = tl.program_id(0)
+    n = tl.num_programs(0)
+    return pid * n_tiles // n, (pid + 1) * n_tiles // n
+
+
+@triton.jit
+def _bound(valid, n):
+    """``n`` where the scalar condition ``valid`` holds, else 0: an index bound that masks a whole
+    tile off (vector masks only: the interpreter refuses a vector & scalar mask)."""
+    return tl.where(valid, n, 0)
 
 
 @triton.jit
@@ -123,17 +146,6 @@ def _load_rows(w_rows, n_ok, K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr
     else:
         wb = wa
     return wa, wb
-
-
-@triton.jit
-def _zero_rows(BLOCK_N: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, dtype: tl.constexpr):
-    """Zero tiles shaped as ``_load_rows``'."""
-    za = tl.zeros([BLOCK_N, KA], dtype)
-    if KB > 0:
-        zb = tl.zeros([BLOCK_N, KB], dtype)
-    else:
-        zb = za
-    return za, zb
 
 
 @triton.jit
@@ -171,11 +183,12 @@ def _dot_rows(wa, wb, xa, xb, KB: tl.constexpr):
 def _rms_norm(xa, xb, lna, lnb, act: tl.constexpr, K: tl.constexpr, KB: tl.constexpr, EPS: tl.constexpr,
               EMU: tl.constexpr):
     """The vendor RMSNorm of one row (fp32 parts, padding 0): mean of squares in fp32 (the sum times
-    fp32(1/K), as ATen's mean), ``x * rsqrt(mean + eps)`` rounded to ``act``, times the weight, rounded."""
+    fp32(1/K), as ATen's mean, rounded before + eps as two eager ops round), ``x * rsqrt(mean + eps)``
+    rounded to ``act``, times the weight, rounded."""
     ss = tl.sum(xa * xa, axis=0)
     if KB > 0:
         ss += tl.sum(xb * xb, axis=0)
-    r = tl.rsqrt(ss * (1.0 / K) + EPS)
+    r = tl.rsqrt(fp32_rounded(ss * (1.0 / K)) + EPS)
     ya = rounded(lna * rounded(xa * r, act, EMU), act, EMU)
     if KB > 0:
         yb = rounded(lnb * rounded(xb * r, act, EMU), act, EMU)
@@ -184,42 +197,48 @@ def _rms_norm(xa, xb, lna, lnb, act: tl.constexpr, K: tl.constexpr, KB: tl.const
     return ya, yb
 
 
+@triton.jit
+def _store_first(p, xa, xb, K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr):
+    """Program 0 stores the row (a normed x for ``xn`` or a diagnostic output)."""
+    if tl.program_id(0) == 0:
+        _store_vec(p, xa, xb, K, KA, KB)
+
+
 # ------------------------------------------------------------------------ 1. q/k/v + RoPE + KV
 
 
 @triton.jit
-def _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF: tl.constexpr):
-    """cos and sin of position ``pos`` at columns ``dim`` and ``dim + HALF`` (fp32), from the tables."""
-    cos_a = tl.load(cos_ptr + pos * stride_ct + dim).to(tl.float32)
-    cos_b = tl.load(cos_ptr + pos * stride_ct + dim + HALF).to(tl.float32)
-    sin_a = tl.load(sin_ptr + pos * stride_st + dim).to(tl.float32)
-    sin_b = tl.load(sin_ptr + pos * stride_st + dim + HALF).to(tl.float32)
-    return cos_a, cos_b, sin_a, sin_b
+def _qkv_tile(w_ptr, t, valid, n_pairs, stride_wn, H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr,
+              HALF: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Weight rows of tile ``t``: pairs j = t * BLOCK_P ..: columns a and a + HALF of one head (rotate_half
+    pairs them); nothing loaded where ``valid`` is false."""
+    offs_j = t * BLOCK_P + tl.arange(0, BLOCK_P)
+    ok = offs_j < _bound(valid, n_pairs)
+    col_a = (offs_j // HALF) * (2 * HALF) + offs_j % HALF
+    w_aa, w_ab = _load_rows(w_ptr + col_a[:, None].to(tl.int64) * stride_wn, ok, H, HA, HB)
+    w_ba, w_bb = _load_rows(w_ptr + (col_a + HALF)[:, None].to(tl.int64) * stride_wn, ok, H, HA, HB)
+    return w_aa, w_ab, w_ba, w_bb
 
 
 @triton.jit
 def _qkv_rope_kernel(embed_ptr, tok_ptr, h_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr,
-                     q_cols, kv_cols, max_len, stride_et, stride_wn, stride_ct, stride_st, stride_kh, stride_kn,
-                     stride_vh, stride_vn,
+                     xn_ptr, q_cols, kv_cols, max_len, stride_et, stride_wn, stride_ct, stride_st, stride_kh,
+                     stride_kn, stride_vh, stride_vn,
                      H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, HALF: tl.constexpr,
-                     BLOCK_P: tl.constexpr, EPS: tl.constexpr, EMBED: tl.constexpr, USE_PDL: tl.constexpr,
-                     EMU: tl.constexpr):
-    # pair j: columns a and a + HALF of one head (rotate_half pairs them); q, k, v heads one after the other
-    offs_j = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-    ok = offs_j < (q_cols + 2 * kv_cols) // 2
-    dim = offs_j % HALF
-    col_a = (offs_j // HALF) * (2 * HALF) + dim
-    col_b = col_a + HALF
-    w_aa, w_ab = _load_rows(w_ptr + col_a[:, None].to(tl.int64) * stride_wn, ok, H, HA, HB)
-    w_ba, w_bb = _load_rows(w_ptr + col_b[:, None].to(tl.int64) * stride_wn, ok, H, HA, HB)
+                     BLOCK_P: tl.constexpr, N_TILES: tl.constexpr, EPS: tl.constexpr, EMBED: tl.constexpr,
+                     XN_OUT: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
+    # pair j: columns a and a + HALF of one head; q, k, v heads one after the other
+    n_pairs = (q_cols + 2 * kv_cols) // 2
+    t0, t1 = _tile_range(N_TILES)
+    w_aa, w_ab, w_ba, w_bb = _qkv_tile(w_ptr, t0, t0 < t1, n_pairs, stride_wn, H, HA, HB, HALF, BLOCK_P)
     lna, lnb = _load_vec(ln_ptr, H, HA, HB)
     if not EMBED:           # layers after the first: the position was written more than two launches ago
         pos = tl.load(pos_ptr, cache_modifier=".cg")
-        cos_a, cos_b, sin_a, sin_b = _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF)
     _pdl_wait(USE_PDL)
     if EMBED:               # the first layer: the previous kernel (last step's lm_head) advanced it
         pos = tl.load(pos_ptr)
-        cos_a, cos_b, sin_a, sin_b = _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF)
+    # the second tile in flight during the norm (then one tile ahead of the one reduced)
+    n_aa, n_ab, n_ba, n_bb = _qkv_tile(w_ptr, t0 + 1, t0 + 1 < t1, n_pairs, stride_wn, H, HA, HB, HALF, BLOCK_P)
     act = q_ptr.dtype.element_ty
     if EMBED:                                       # the step's first layer: h is the token's embedding
         x_row = embed_ptr + tl.load(tok_ptr) * stride_et
@@ -227,29 +246,41 @@ def _qkv_rope_kernel(embed_ptr, tok_ptr, h_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr,
         x_row = h_ptr
     xa, xb = _load_vec(x_row, H, HA, HB)
     if EMBED:
-        if tl.program_id(0) == 0:
-            _store_vec(h_ptr, xa, xb, H, HA, HB)
+        _store_first(h_ptr, xa, xb, H, HA, HB)
     na, nb = _rms_norm(xa, xb, lna, lnb, act, H, HB, EPS, EMU)
-    ya = rounded(_dot_rows(w_aa, w_ab, na, nb, HB), act, EMU)      # the linear's output
-    yb = rounded(_dot_rows(w_ba, w_bb, na, nb, HB), act, EMU)
-    # q * cos + rotate_half(q) * sin, rotate_half(q) = (-q[a + HALF], q[a]) at (a, a + HALF)
-    ra = rne(rounded(ya * cos_a, act, EMU) + rounded(-yb * sin_a, act, EMU), EMU).to(act)
-    rb = rne(rounded(yb * cos_b, act, EMU) + rounded(ya * sin_b, act, EMU), EMU).to(act)
-    in_cache = (offs_j * 0 + pos) < max_len                        # (vector masks only: the interpreter
-    #                                                                 refuses a vector & scalar mask)
-    is_q = col_a < q_cols
-    is_k = (col_a >= q_cols) & (col_a < q_cols + kv_cols)
-    is_v = col_a >= q_cols + kv_cols
-    tl.store(q_ptr + col_a, ra, mask=ok & is_q)
-    tl.store(q_ptr + col_b, rb, mask=ok & is_q)
-    kc = col_a - q_cols                                              # head * 2 HALF + dim
-    k_at = k_ptr + (kc // (2 * HALF)).to(tl.int64) * stride_kh + pos * stride_kn + dim
-    tl.store(k_at, ra, mask=ok & is_k & in_cache)
-    tl.store(k_at + HALF, rb, mask=ok & is_k & in_cache)
-    vc = col_a - q_cols - kv_cols
-    v_at = v_ptr + (vc // (2 * HALF)).to(tl.int64) * stride_vh + pos * stride_vn + dim
-    tl.store(v_at, ya.to(act), mask=ok & is_v & in_cache)
-    tl.store(v_at + HALF, yb.to(act), mask=ok & is_v & in_cache)
+    if XN_OUT:                                      # diagnostics: input_layernorm(h)
+        _store_first(xn_ptr, na, nb, H, HA, HB)
+    for t in range(t0, t1):
+        offs_j = t * BLOCK_P + tl.arange(0, BLOCK_P)
+        ok = offs_j < n_pairs
+        dim = offs_j % HALF
+        col_a = (offs_j // HALF) * (2 * HALF) + dim
+        col_b = col_a + HALF
+        ya = rounded(_dot_rows(w_aa, w_ab, na, nb, HB), act, EMU)      # the linear's output
+        yb = rounded(_dot_rows(w_ba, w_bb, na, nb, HB), act, EMU)
+        cos_a = tl.load(cos_ptr + pos * stride_ct + dim).to(tl.float32)
+        cos_b = tl.load(cos_ptr + pos * stride_ct + dim + HALF).to(tl.float32)
+        sin_a = tl.load(sin_ptr + pos * stride_st + dim).to(tl.float32)
+        sin_b = tl.load(sin_ptr + pos * stride_st + dim + HALF).to(tl.float32)
+        # q * cos + rotate_half(q) * sin, rotate_half(q) = (-q[a + HALF], q[a]) at (a, a + HALF)
+        ra = rne(rounded(ya * cos_a, act, EMU) + rounded(-yb * sin_a, act, EMU), EMU).to(act)
+        rb = rne(rounded(yb * cos_b, act, EMU) + rounded(ya * sin_b, act, EMU), EMU).to(act)
+        in_cache = (offs_j * 0 + pos) < max_len
+        is_q = col_a < q_cols
+        is_k = (col_a >= q_cols) & (col_a < q_cols + kv_cols)
+        is_v = col_a >= q_cols + kv_cols
+        tl.store(q_ptr + col_a, ra, mask=ok & is_q)
+        tl.store(q_ptr + col_b, rb, mask=ok & is_q)
+        kc = col_a - q_cols                                              # head * 2 HALF + dim
+        k_at = k_ptr + (kc // (2 * HALF)).to(tl.int64) * stride_kh + pos * stride_kn + dim
+        tl.store(k_at, ra, mask=ok & is_k & in_cache)
+        tl.store(k_at + HALF, rb, mask=ok & is_k & in_cache)
+        vc = col_a - q_cols - kv_cols
+        v_at = v_ptr + (vc // (2 * HALF)).to(tl.int64) * stride_vh + pos * stride_vn + dim
+        tl.store(v_at, ya.to(act), mask=ok & is_v & in_cache)
+        tl.store(v_at + HALF, yb.to(act), mask=ok & is_v & in_cache)
+        w_aa, w_ab, w_ba, w_bb = n_aa, n_ab, n_ba, n_bb
+        n_aa, n_ab, n_ba, n_bb = _qkv_tile(w_ptr, t + 2, t + 2 < t1, n_pairs, stride_wn, H, HA, HB, HALF, BLOCK_P)
 
 
 # ---------------------------------------------------------------------------- 2. attention
@@ -312,22 +343,93 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, acc_ptr, m_ptr, l_p
             tl.store(sem_ptr + h, 0)                         # for the next layer / step
 
 
-# ---------------------------------------------------------------- 3. GEMV + residual (o, dense down)
+# ------------------------------------------- 3./6. down (o_proj, dense down, MoE down) + residual
 
 
 @triton.jit
-def _gemv_residual_kernel(x_ptr, w_ptr, h_ptr, n_out, stride_wn,
-                          K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, BLOCK_N: tl.constexpr,
-                          USE_PDL: tl.constexpr, EMU: tl.constexpr):
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < n_out
-    wa, wb = _load_rows(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn, n_ok, K, KA, KB)
-    _pdl_wait(USE_PDL)
-    xa, xb = _load_vec(x_ptr, K, KA, KB)
+def _down_tile(ew_ptr, sw_ptr, ids_ptr, t, valid, stride_we, stride_wn, stride_sn,
+               H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, TOP_K: tl.constexpr,
+               PARTS: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr):
+    """Weight rows of tile ``t`` (output column block t // SLOTS, slot t % SLOTS): slot s < PARTS the
+    shared (dense) weight's rows, columns [s*INTER, (s+1)*INTER); else the routed expert ids[s - PARTS]'s
+    down_proj rows (its id from the router, two launches back: read from L2). Nothing where not ``valid``."""
+    c = t // SLOTS
+    s = t % SLOTS
+    offs_n = c * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = offs_n < _bound(valid, H)
+    rows = sw_ptr + offs_n.to(tl.int64) * stride_sn + s * INTER
+    if TOP_K > 0:
+        j = tl.minimum(tl.maximum(s - PARTS, 0), TOP_K - 1)
+        expert = tl.load(ids_ptr + j, cache_modifier=".cg").to(tl.int64)
+        rows = tl.where(s < PARTS, rows, ew_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn)
+    if ALIGNED:                 # (checked on the host; a pointer picked by tl.where loses it: 2-byte loads)
+        rows = tl.multiple_of(rows, 16)
+    return _load_rows(rows[:, None], ok, INTER, IA, IB)
+
+
+@triton.jit
+def _combine_block(part_ptr, h_ptr, c, H: tl.constexpr, TOP_K: tl.constexpr, PARTS: tl.constexpr,
+                   SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr, BLOCK_N: tl.constexpr, EMU: tl.constexpr):
+    """Output columns of block ``c``: the slots' fp32 partials (L2) summed: shared (or dense) parts
+    rounded once; with routed rows, their weighted sum rounded and routed + shared rounded; h += y."""
+    offs_n = c * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < H
+    offs_s = tl.arange(0, SLOTS_P2)
+    p = tl.load(part_ptr + offs_s[:, None] * H + offs_n[None, :], mask=(offs_s < SLOTS)[:, None] & n_ok[None, :],
+                other=0.0, cache_modifier=".cg")
     act = h_ptr.dtype.element_ty
-    y = rounded(_dot_rows(wa, wb, xa, xb, KB), act, EMU)               # the linear's output
+    shared = rounded(tl.sum(tl.where((offs_s < PARTS)[:, None], p, 0.0), axis=0), act, EMU)
+    if TOP_K > 0:
+        routed = rounded(tl.sum(tl.where((offs_s >= PARTS)[:, None], p, 0.0), axis=0), act, EMU)
+        y = rounded(routed + shared, act, EMU)            # MoE output: routed + shared_experts(x)
+    else:
+        y = shared
     res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-    tl.store(h_ptr + offs_n, rne(res + y, EMU).to(act), mask=n_ok)      # x + linear(..), rounded
+    tl.store(h_ptr + offs_n, rne(res + y, EMU).to(act), mask=n_ok)     # x + mlp(..), rounded
+
+
+@triton.jit
+def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, part_ptr, cnt_ptr,
+                 stride_ar, stride_we, stride_wn, stride_sn,
+                 H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, TOP_K: tl.constexpr,
+                 PARTS: tl.constexpr, SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr, BLOCK_N: tl.constexpr,
+                 N_TILES: tl.constexpr, ALIGNED: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
+    # act rows: s < PARTS the shared (dense, attention-out) parts, then the k routed rows
+    t0, t1 = _tile_range(N_TILES)
+    wa, wb = _down_tile(ew_ptr, sw_ptr, ids_ptr, t0, t0 < t1, stride_we, stride_wn, stride_sn,
+                        H, INTER, IA, IB, TOP_K, PARTS, SLOTS, BLOCK_N, ALIGNED)
+    _pdl_wait(USE_PDL)
+    nxt_a, nxt_b = _down_tile(ew_ptr, sw_ptr, ids_ptr, t0 + 1, t0 + 1 < t1, stride_we, stride_wn, stride_sn,
+                              H, INTER, IA, IB, TOP_K, PARTS, SLOTS, BLOCK_N, ALIGNED)
+    act = h_ptr.dtype.element_ty
+    for t in range(t0, t1):
+        c = t // SLOTS
+        s = t % SLOTS
+        offs_n = c * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < H
+        a_row = act_ptr + s * stride_ar
+        if ALIGNED:
+            a_row = tl.multiple_of(a_row, 16)
+        xa, xb = _load_vec(a_row, INTER, IA, IB)
+        acc = _dot_rows(wa, wb, xa, xb, IB)
+        if SLOTS == 1:                                    # one part: the linear's output, the residual
+            res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+            tl.store(h_ptr + offs_n, rne(res + rounded(acc, act, EMU), EMU).to(act), mask=n_ok)
+        else:
+            y = acc                                       # a shared part: an fp32 partial, unrounded
+            if TOP_K > 0:                                 # a routed row: down_proj rounded, times its weight
+                j = tl.minimum(tl.maximum(s - PARTS, 0), TOP_K - 1)
+                gate_w = tl.load(wts_ptr + j, cache_modifier=".cg")
+                y = tl.where(s >= PARTS, rounded(acc, act, EMU) * gate_w, acc)
+            tl.store(part_ptr + s * H + offs_n, y, mask=n_ok)
+            tl.debug_barrier()                            # every thread's partials stored
+            arrived = tl.atomic_add(cnt_ptr + c, 1, sem="acq_rel", scope="gpu")
+            if arrived == SLOTS - 1:                      # the block's other slots are done: combine
+                _combine_block(part_ptr, h_ptr, c, H, TOP_K, PARTS, SLOTS, SLOTS_P2, BLOCK_N, EMU)
+                tl.store(cnt_ptr + c, 0)                  # for the next down kernel
+        wa, wb = nxt_a, nxt_b
+        nxt_a, nxt_b = _down_tile(ew_ptr, sw_ptr, ids_ptr, t + 2, t + 2 < t1, stride_we, stride_wn, stride_sn,
+                                  H, INTER, IA, IB, TOP_K, PARTS, SLOTS, BLOCK_N, ALIGNED)
 
 
 # ------------------------------------------------------------------------------- 4. router
@@ -346,7 +448,6 @@ def _top_k(p, offs_e, offs_k):
     return ids, tl.sum(tl.where(hit, p[None, :], 0.0), axis=1)
 
 
-
 @triton.jit
 def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, wts_ptr, counts_ptr, step_ptr,
                    forced_ptr, pos_ptr, n_exp, n_steps, counts_offset, counts_step_stride, forced_offset,
@@ -362,8 +463,7 @@ def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, w
     _pdl_wait(USE_PDL)
     xa, xb = _load_vec(h_ptr, H, HA, HB)
     na, nb = _rms_norm(xa, xb, lna, lnb, xn_ptr.dtype.element_ty, H, HB, EPS, EMU)
-    if tl.program_id(0) == 0:                        # post_attention_layernorm(h), for the gate_up kernel
-        _store_vec(xn_ptr, na, nb, H, HA, HB)
+    _store_first(xn_ptr, na, nb, H, HA, HB)          # post_attention_layernorm(h), for the gate_up kernel
     # the vendor gate: F.linear(x.float(), w.float()): exact products, fp32 sums
     tl.store(logits_ptr + offs_r, _dot_rows(wa, wb, na, nb, HB), mask=r_ok)
     tl.debug_barrier()
@@ -372,8 +472,8 @@ def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, w
         offs_e = tl.arange(0, BLOCK_E)
         e_ok = offs_e < n_exp
         logits = tl.load(logits_ptr + offs_e, mask=e_ok, other=float("-inf"), cache_modifier=".cg")
-        ex = tl.exp(logits - tl.max(logits, axis=0))
-        probs = ex / tl.sum(ex, axis=0)
+        ex = exp_f32(logits - tl.max(logits, axis=0))  # softmax as ATen's: expf, an IEEE division by the sum
+        probs = div_f32(ex, tl.sum(ex, axis=0))
         offs_k = tl.arange(0, BLOCK_TOPK)
         k_ok = offs_k < TOP_K
         if FORCED:                                   # the table's experts at this position, their probabilities
@@ -384,14 +484,14 @@ def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, w
             sel_i, sel_w = _top_k(tl.where(e_ok, probs, -1.0), offs_e, offs_k)
         sel_w = tl.where(k_ok, sel_w, 0.0)          # slots past k (BLOCK_TOPK padding) weigh nothing
         if NORM_TOPK:
-            sel_w = sel_w / (tl.sum(sel_w, axis=0) + 1e-20)
+            sel_w = div_f32(sel_w, tl.sum(sel_w, axis=0) + 1e-20)
         sel_w = sel_w * SCALE
         tl.store(ids_ptr + offs_k, sel_i, mask=k_ok)
         tl.store(wts_ptr + offs_k, sel_w, mask=k_ok)
-        if HAS_COUNTS:                               # counts[step, layer, e] += 1 per chosen e
-            step = tl.load(step_ptr) + offs_k * 0
+        if HAS_COUNTS:                               # counts[min(step, steps), layer, e] += 1 per chosen e
+            step = tl.minimum(tl.load(step_ptr) + offs_k * 0, n_steps)
             at = counts_ptr + step * counts_step_stride + counts_offset + sel_i
-            tl.atomic_add(at, 1, mask=k_ok & (step >= 0) & (step < n_steps))
+            tl.atomic_add(at, 1, mask=k_ok & (step >= 0))
         tl.store(sem_ptr, 0)
 
 
@@ -399,87 +499,68 @@ def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, w
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride_we, stride_wn, stride_sn, stride_ar,
-                    H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, INTER: tl.constexpr,
-                    S_INTER: tl.constexpr, TOP_K: tl.constexpr, PARTS: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCKS: tl.constexpr, NORM: tl.constexpr, EPS: tl.constexpr, USE_PDL: tl.constexpr,
-                    EMU: tl.constexpr):
-    # program slot s = pid // BLOCKS (BLOCKS = cdiv(INTER, BLOCK_N)): s < PARTS the shared (or dense)
-    # rows [s*INTER, (s+1)*INTER), else routed slot s - PARTS; h row: routed j -> j, shared p -> TOP_K + p
-    slot = tl.program_id(0) // BLOCKS
-    offs_n = (tl.program_id(0) % BLOCKS) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < INTER
-    if slot < PARTS:                                 # shared / dense weights: known before the wait
-        rows = (slot * INTER + offs_n).to(tl.int64)
-        ga, gb = _load_rows(sw_ptr + rows[:, None] * stride_sn, n_ok, H, HA, HB)
-        ua, ub = _load_rows(sw_ptr + (rows + S_INTER)[:, None] * stride_sn, n_ok, H, HA, HB)
+def _gate_up_tile(ew_ptr, sw_ptr, ids_ptr, t, valid, stride_we, stride_wn, stride_sn,
+                  H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, INTER: tl.constexpr, S_INTER: tl.constexpr,
+                  TOP_K: tl.constexpr, PARTS: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr,
+                  ALIGNED: tl.constexpr, ROUTED: tl.constexpr):
+    """Gate and up rows of tile ``t`` (column block t // SLOTS of the expert width, slot t % SLOTS):
+    slot s < PARTS rows [s*INTER, ..) of the shared (dense) gate and up weights; else, with ``ROUTED``
+    (the router has finished), the routed expert ids[s - PARTS]'s; without it a routed tile is not loaded."""
+    c = t // SLOTS
+    s = t % SLOTS
+    offs_n = c * BLOCK_N + tl.arange(0, BLOCK_N)
+    gate = sw_ptr + (s * INTER + offs_n).to(tl.int64) * stride_sn
+    up = S_INTER * stride_sn
+    if ROUTED:
+        j = tl.minimum(tl.maximum(s - PARTS, 0), TOP_K - 1)
+        expert = tl.load(ids_ptr + j).to(tl.int64)
+        gate = tl.where(s < PARTS, gate, ew_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn)
+        up = tl.where(s < PARTS, up, INTER * stride_wn)
+        ok = offs_n < _bound(valid, INTER)
     else:
-        ga, gb = _zero_rows(BLOCK_N, HA, HB, sw_ptr.dtype.element_ty)
-        ua, ub = _zero_rows(BLOCK_N, HA, HB, sw_ptr.dtype.element_ty)
-    if NORM:
-        lna, lnb = _load_vec(ln_ptr, H, HA, HB)
-    _pdl_wait(USE_PDL)
-    if slot >= PARTS:                                # routed: the expert the router chose (previous kernel)
-        expert = tl.load(ids_ptr + slot - PARTS).to(tl.int64)
-        base = ew_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
-        ga, gb = _load_rows(base, n_ok, H, HA, HB)
-        ua, ub = _load_rows(base + INTER * stride_wn, n_ok, H, HA, HB)
-    xa, xb = _load_vec(x_ptr, H, HA, HB)
-    if NORM:
-        xa, xb = _rms_norm(xa, xb, lna, lnb, act_ptr.dtype.element_ty, H, HB, EPS, EMU)
-    hv = swiglu(_dot_rows(ga, gb, xa, xb, HB), _dot_rows(ua, ub, xa, xb, HB), act_ptr, EMU)
-    row = tl.where(slot < PARTS, TOP_K + slot, slot - PARTS)
-    tl.store(act_ptr + row * stride_ar + offs_n, hv, mask=n_ok)
-
-
-# ------------------------------------------------------------------------- 6. MoE down + residual
+        ok = offs_n < _bound(valid & (s < PARTS), INTER)
+    up = gate + up
+    if ALIGNED:                 # (checked on the host; a pointer picked by tl.where loses it: 2-byte loads)
+        gate = tl.multiple_of(gate, 16)
+        up = tl.multiple_of(up, 16)
+    ga, gb = _load_rows(gate[:, None], ok, H, HA, HB)
+    ua, ub = _load_rows(up[:, None], ok, H, HA, HB)
+    return ga, gb, ua, ub
 
 
 @triton.jit
-def _moe_down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, stride_ar, stride_we, stride_wn, stride_sn,
-                     H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, TOP_K: tl.constexpr,
-                     KP2: tl.constexpr, PARTS: tl.constexpr, PP2: tl.constexpr, BLOCK_N: tl.constexpr,
-                     USE_PDL: tl.constexpr, EMU: tl.constexpr):
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < H
-    offs_k = tl.arange(0, KP2)
-    k_ok = offs_k < TOP_K
-    # the router (two launches back) has completed: its experts and weights can be read now
-    expert = tl.load(ids_ptr + offs_k, mask=k_ok, other=0, cache_modifier=".cg").to(tl.int64)
-    gate_w = tl.load(wts_ptr + offs_k, mask=k_ok, other=0.0, cache_modifier=".cg")
-    offs_ia = tl.arange(0, IA)
-    r_rows = ew_ptr + expert[:, None, None] * stride_we + offs_n[None, :, None].to(tl.int64) * stride_wn
-    r_ok = k_ok[:, None, None] & n_ok[None, :, None]
-    w_ra = tl.load(r_rows + offs_ia[None, None, :], mask=r_ok, other=0.0)          # [KP2, BLOCK_N, IA]
-    offs_p = tl.arange(0, PP2)
-    p_ok = offs_p < PARTS
-    s_rows = sw_ptr + offs_n[None, :, None].to(tl.int64) * stride_sn + (offs_p * INTER)[:, None, None]
-    s_ok = p_ok[:, None, None] & n_ok[None, :, None]
-    w_sa = tl.load(s_rows + offs_ia[None, None, :], mask=s_ok, other=0.0)          # [PP2, BLOCK_N, IA]
-    if IB > 0:
-        offs_ib = IA + tl.arange(0, IB)
-        ib_ok = (offs_ib < INTER)[None, None, :]
-        w_rb = tl.load(r_rows + offs_ib[None, None, :], mask=r_ok & ib_ok, other=0.0)
-        w_sb = tl.load(s_rows + offs_ib[None, None, :], mask=s_ok & ib_ok, other=0.0)
+def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride_we, stride_wn, stride_sn, stride_ar,
+                    H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, INTER: tl.constexpr,
+                    S_INTER: tl.constexpr, TOP_K: tl.constexpr, PARTS: tl.constexpr, SLOTS: tl.constexpr,
+                    BLOCK_N: tl.constexpr, N_TILES: tl.constexpr, NORM: tl.constexpr, EPS: tl.constexpr,
+                    ALIGNED: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
+    # act rows: s < PARTS the shared (dense) parts (h columns [s*INTER, (s+1)*INTER)), then the k routed rows
+    t0, t1 = _tile_range(N_TILES)
+    ga, gb, ua, ub = _gate_up_tile(ew_ptr, sw_ptr, ids_ptr, t0, t0 < t1, stride_we, stride_wn, stride_sn, H, HA, HB,
+                                   INTER, S_INTER, TOP_K, PARTS, SLOTS, BLOCK_N, ALIGNED, False)   # shared: pre-wait
+    if NORM:
+        lna, lnb = _load_vec(ln_ptr, H, HA, HB)
     _pdl_wait(USE_PDL)
-    act = h_ptr.dtype.element_ty
-    a_r = tl.load(act_ptr + offs_k[:, None] * stride_ar + offs_ia[None, :], mask=k_ok[:, None], other=0.0)
-    a_s = tl.load(act_ptr + (TOP_K + offs_p)[:, None] * stride_ar + offs_ia[None, :], mask=p_ok[:, None], other=0.0)
-    part_r = tl.sum(w_ra.to(tl.float32) * a_r.to(tl.float32)[:, None, :], axis=2)     # [KP2, BLOCK_N]
-    part_s = tl.sum(w_sa.to(tl.float32) * a_s.to(tl.float32)[:, None, :], axis=2)     # [PP2, BLOCK_N]
-    if IB > 0:
-        a_rb = tl.load(act_ptr + offs_k[:, None] * stride_ar + offs_ib[None, :],
-                       mask=k_ok[:, None] & (offs_ib < INTER)[None, :], other=0.0)
-        a_sb = tl.load(act_ptr + (TOP_K + offs_p)[:, None] * stride_ar + offs_ib[None, :],
-                       mask=p_ok[:, None] & (offs_ib < INTER)[None, :], other=0.0)
-        part_r += tl.sum(w_rb.to(tl.float32) * a_rb.to(tl.float32)[:, None, :], axis=2)
-        part_s += tl.sum(w_sb.to(tl.float32) * a_sb.to(tl.float32)[:, None, :], axis=2)
-    # each routed row's down_proj rounded, times its fp32 gate weight, summed over k in fp32, rounded
-    routed = rounded(tl.sum(rounded(part_r, act, EMU) * gate_w[:, None], axis=0), act, EMU)
-    shared = rounded(tl.sum(part_s, axis=0), act, EMU)     # one fp32 GEMM over the shared width, rounded
-    y = rounded(routed + shared, act, EMU)                  # MoE output: routed + shared_experts(x)
-    res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-    tl.store(h_ptr + offs_n, rne(res + y, EMU).to(act), mask=n_ok)
+    if TOP_K > 0:                                    # a routed first tile: the router (previous kernel) chose it
+        late = (t0 < t1) & (t0 % SLOTS >= PARTS)
+        la, lb, lua, lub = _gate_up_tile(ew_ptr, sw_ptr, ids_ptr, t0, late, stride_we, stride_wn, stride_sn, H, HA,
+                                         HB, INTER, S_INTER, TOP_K, PARTS, SLOTS, BLOCK_N, ALIGNED, True)
+        ga, gb, ua, ub = tl.where(late, la, ga), tl.where(late, lb, gb), tl.where(late, lua, ua), tl.where(late, lub, ub)
+    # the second tile in flight while x is read (and normed): then one tile ahead of the one reduced
+    n_ga, n_gb, n_ua, n_ub = _gate_up_tile(ew_ptr, sw_ptr, ids_ptr, t0 + 1, t0 + 1 < t1, stride_we, stride_wn,
+                                           stride_sn, H, HA, HB, INTER, S_INTER, TOP_K, PARTS, SLOTS, BLOCK_N,
+                                           ALIGNED, TOP_K > 0)
+    xa, xb = _load_vec(x_ptr, H, HA, HB)
+    if NORM:
+        xa, xb = _rms_norm(xa, xb, lna, lnb, act_ptr.dtype.element_ty, H, HB, EPS, EMU)
+    for t in range(t0, t1):
+        offs_n = (t // SLOTS) * BLOCK_N + tl.arange(0, BLOCK_N)
+        hv = swiglu(_dot_rows(ga, gb, xa, xb, HB), _dot_rows(ua, ub, xa, xb, HB), act_ptr, EMU)
+        tl.store(act_ptr + (t % SLOTS) * stride_ar + offs_n, hv, mask=offs_n < INTER)
+        ga, gb, ua, ub = n_ga, n_gb, n_ua, n_ub
+        n_ga, n_gb, n_ua, n_ub = _gate_up_tile(ew_ptr, sw_ptr, ids_ptr, t + 2, t + 2 < t1, stride_we, stride_wn,
+                                               stride_sn, H, HA, HB, INTER, S_INTER, TOP_K, PARTS, SLOTS, BLOCK_N,
+                                               ALIGNED, TOP_K > 0)
 
 
 # ------------------------------------------------------------------ 7. final norm, lm_head, token
@@ -487,28 +568,29 @@ def _moe_down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, stride_ar
 
 @triton.jit
 def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr, sem_ptr, tok_ptr, pos_ptr,
-                           step_ptr, vocab, n_tiles, stride_wn,
+                           step_ptr, xn_ptr, vocab, n_tiles, stride_wn,
                            H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, BLOCK_N: tl.constexpr,
-                           G_P2: tl.constexpr, EPS: tl.constexpr, HAS_STEP: tl.constexpr, USE_PDL: tl.constexpr,
-                           EMU: tl.constexpr):
+                           G_P2: tl.constexpr, EPS: tl.constexpr, HAS_STEP: tl.constexpr, XN_OUT: tl.constexpr,
+                           USE_PDL: tl.constexpr, EMU: tl.constexpr):
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
-    t0 = pid * n_tiles // n_prog                     # a contiguous, balanced range of row tiles
-    t1 = (pid + 1) * n_tiles // n_prog
+    t0, t1 = _tile_range(n_tiles)                    # a contiguous, balanced range of row tiles
     offs = tl.arange(0, BLOCK_N)
     rows = t0 * BLOCK_N + offs
     end = tl.minimum(vocab, t1 * BLOCK_N)           # rows past the range: not this program's (or none)
     cur_a, cur_b = _load_rows(w_ptr + rows[:, None].to(tl.int64) * stride_wn, rows < end, H, HA, HB)
     lna, lnb = _load_vec(ln_ptr, H, HA, HB)
     _pdl_wait(USE_PDL)
+    nxt = (t0 + 1) * BLOCK_N + offs                 # the second tile in flight during the norm
+    nxt_a, nxt_b = _load_rows(w_ptr + nxt[:, None].to(tl.int64) * stride_wn, nxt < end, H, HA, HB)
     act = logits_ptr.dtype.element_ty
     xa, xb = _load_vec(h_ptr, H, HA, HB)
     na, nb = _rms_norm(xa, xb, lna, lnb, act, H, HB, EPS, EMU)
+    if XN_OUT:                                       # diagnostics: model.norm(h)
+        _store_first(xn_ptr, na, nb, H, HA, HB)
     best = tl.full([], float("-inf"), tl.float32)
     best_i = tl.full([], 0, tl.int32)
     for t in range(t0, t1):
-        nxt = (t + 1) * BLOCK_N + offs              # the next tile in flight while this one is reduced
-        nxt_a, nxt_b = _load_rows(w_ptr + nxt[:, None].to(tl.int64) * stride_wn, nxt < end, H, HA, HB)
         rows = t * BLOCK_N + offs
         r_ok = rows < vocab
         y = rounded(_dot_rows(cur_a, cur_b, na, nb, HB), act, EMU)   # logits in the activation dtype
@@ -520,6 +602,8 @@ def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr,
         best_i = tl.where(take, at, best_i)
         best = tl.where(take, m, best)
         cur_a, cur_b = nxt_a, nxt_b
+        nxt = (t + 2) * BLOCK_N + offs              # one tile ahead of the one reduced
+        nxt_a, nxt_b = _load_rows(w_ptr + nxt[:, None].to(tl.int64) * stride_wn, nxt < end, H, HA, HB)
     tl.store(pmax_ptr + pid, best)
     tl.store(pidx_ptr + pid, best_i)
     tl.debug_barrier()
@@ -542,7 +626,8 @@ def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr,
 #
 # Thin host wrappers: no allocation, no device read, shapes from tensor metadata only (callable
 # inside CUDA-graph capture). ``FusedDecodeStep`` checks shapes and dtypes once; tests call these
-# directly. ``tile`` = (block size, num_warps); ``pdl`` launches with programmatic dependent launch.
+# directly. ``tile`` = (rows per tile, num_warps); ``programs``: the launch's programs (0: one per
+# tile; more programs than tiles get one tile each); ``pdl`` launches with programmatic dependent launch.
 
 
 def _launch(kernel, grid, warps: int, pdl: bool, *args, **meta) -> None:
@@ -556,24 +641,42 @@ def _emu(t: torch.Tensor) -> bool:
     return INTERPRETED and t.dtype == torch.bfloat16
 
 
-def qkv_rope(h, ln, w, cos, sin, pos, q, k_cache, v_cache, eps: float, *, embed=None, token=None,
-             tile=(4, 4), pdl: bool = False) -> None:
+def tiles(rows: int, block: int, slots: int = 1) -> int:
+    """Tiles of ``block`` rows over ``rows`` rows of each of ``slots`` matrices."""
+    return triton.cdiv(rows, block) * slots
+
+
+def aligned16(tensors: tuple, strides: tuple) -> bool:
+    """Whether every tensor starts, and every stride / offset (elements of the tensors' dtype) steps,
+    on 16 bytes: the kernels may then mark the rows they pick as 16-byte aligned (vector loads)."""
+    size = tensors[0].element_size()
+    return all(t.data_ptr() % 16 == 0 for t in tensors) and all(s * size % 16 == 0 for s in strides)
+
+
+def _grid(n_tiles: int, programs: int) -> tuple:
+    return (n_tiles if programs <= 0 else max(1, min(programs, n_tiles)),)
+
+
+def qkv_rope(h, ln, w, cos, sin, pos, q, k_cache, v_cache, eps: float, *, embed=None, token=None, xn_out=None,
+             tile=(4, 4), programs: int = 0, pdl: bool = False) -> None:
     """q [nh*d] <- RoPE(q rows of w @ RMSNorm(x)); k, v rows written into ``k_cache``/``v_cache``
     [1, nkv, L, d] at position ``pos`` (int64 [1]). x = h [H], or with ``embed`` [V, H] and
     ``token`` (int64 [1]) the token's embedding row, which is also written to h. ``cos``/``sin``
-    [L, d] tables in the activation dtype."""
+    [L, d] tables in the activation dtype. ``xn_out`` [H]: RMSNorm(x) written there (diagnostics).
+    ``tile[0]``: column pairs per tile."""
     d, nkv, L = k_cache.shape[-1], k_cache.shape[1], k_cache.shape[2]
     H = h.numel()
     ha, hb = k_parts(H)
     q_cols, kv_cols = q.numel(), nkv * d
     block_p, warps = tile
+    n_tiles = tiles((q_cols + 2 * kv_cols) // 2, block_p)
     has_embed = embed is not None
-    _launch(_qkv_rope_kernel, (triton.cdiv((q_cols + 2 * kv_cols) // 2, block_p),), warps, pdl,
+    _launch(_qkv_rope_kernel, _grid(n_tiles, programs), warps, pdl,
             embed if has_embed else h, token if has_embed else pos, h, ln, w, cos, sin, pos, q, k_cache, v_cache,
-            q_cols, kv_cols, L, embed.stride(0) if has_embed else 0, w.stride(0), cos.stride(0), sin.stride(0),
-            k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
-            H=H, HA=ha, HB=hb, HALF=d // 2, BLOCK_P=block_p, EPS=float(eps), EMBED=has_embed, USE_PDL=pdl,
-            EMU=_emu(q))
+            xn_out if xn_out is not None else h, q_cols, kv_cols, L, embed.stride(0) if has_embed else 0, w.stride(0),
+            cos.stride(0), sin.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
+            H=H, HA=ha, HB=hb, HALF=d // 2, BLOCK_P=block_p, N_TILES=n_tiles, EPS=float(eps), EMBED=has_embed,
+            XN_OUT=xn_out is not None, USE_PDL=pdl, EMU=_emu(q))
 
 
 def attention_splits(max_len: int, split_n: int) -> int:
@@ -596,13 +699,32 @@ def attention(q, k_cache, v_cache, pos, out, acc, m, ls, sem, *, tile=(32, 4), p
             SPLITS_P2=triton.next_power_of_2(splits), USE_PDL=pdl, EMU=_emu(q))
 
 
-def gemv_residual(x, w, h, *, tile=(4, 4), pdl: bool = False) -> None:
-    """h [N] <- h + (w [N, K] @ x [K]), the product rounded to h's dtype, then the sum."""
-    K = x.numel()
-    ka, kb = k_parts(K)
+def down_residual(act, w, h, part, cnt, *, experts=None, ids=None, wts=None, tile=(4, 4), programs: int = 0,
+                  pdl: bool = False) -> None:
+    """h [H] <- h + y, y the vendor's rounding of a down projection whose input is cut into the
+    rows of ``act`` [P + k, I]: rows p < P are parts of one input times ``w`` [H, P*I] (columns
+    [p*I, (p+1)*I): o_proj, a dense or the shared down_proj), summed in fp32 and rounded once; with
+    ``experts`` [E, H, I], ``ids`` int64 [k] and ``wts`` fp32 [k], rows P + j are routed expert
+    ids[j]'s input: routed = sum_j wts[j] * round(experts[ids[j]] @ act[P + j]) (fp32 sum, rounded)
+    and y = round(routed + round(shared)). Scratch (P + k > 1): ``part`` fp32 [>= P + k, H],
+    ``cnt`` int32 [>= H / tile[0]] zeros (left zero). ``tile[0]``: output rows per tile."""
+    top_k = ids.numel() if experts is not None else 0
+    inter = act.shape[1]
+    parts = w.shape[1] // inter
+    slots = parts + top_k
+    ia, ib = k_parts(inter)
     block_n, warps = tile
-    _launch(_gemv_residual_kernel, (triton.cdiv(w.shape[0], block_n),), warps, pdl,
-            x, w, h, w.shape[0], w.stride(0), K=K, KA=ka, KB=kb, BLOCK_N=block_n, USE_PDL=pdl, EMU=_emu(h))
+    H = h.numel()
+    n_tiles = tiles(H, block_n, slots)
+    ew = experts if experts is not None else w
+    aligned = aligned16((act, w, ew), (act.stride(0), inter, w.stride(0))
+                        + ((ew.stride(0), ew.stride(1)) if experts is not None else ()))
+    _launch(_down_kernel, _grid(n_tiles, programs), warps, pdl,
+            act, ew, w, ids if ids is not None else cnt, wts if wts is not None else part, h, part, cnt,
+            act.stride(0), ew.stride(0) if experts is not None else 0, ew.stride(1) if experts is not None else 0,
+            w.stride(0), H=H, INTER=inter, IA=ia, IB=ib, TOP_K=top_k, PARTS=parts, SLOTS=slots,
+            SLOTS_P2=triton.next_power_of_2(slots), BLOCK_N=block_n, N_TILES=n_tiles, ALIGNED=aligned, USE_PDL=pdl,
+            EMU=_emu(h))
 
 
 def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk: bool, scale: float, *,
@@ -611,10 +733,10 @@ def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk
     int64 [k] and wts fp32 [k] <- the top-k softmax probabilities (descending, ties to the lowest
     index), renormalised if ``norm_topk``, times ``scale``. ``sem`` int32 [1] zero (left zero).
 
-    ``counts`` = (buffer int64 [steps, layers, E], step int64 [1], layer): buffer[step, layer, e]
-    += 1 per chosen e (nothing when step is outside [0, steps)). ``forced`` = (table int64
-    [rows, P, layers, k], pos int64 [1], layer): the experts are table[0, min(pos, P-1), layer]
-    with their softmax probabilities instead of the top-k."""
+    ``counts`` = (buffer int64 [steps + 1, layers, E], step int64 [1], layer): buffer[min(step,
+    steps), layer, e] += 1 per chosen e (row ``steps`` gathers steps past the buffer). ``forced`` =
+    (table int64 [rows, P, layers, k], pos int64 [1], layer): the experts are table[0, min(pos, P-1),
+    layer] with their softmax probabilities instead of the top-k."""
     H, E = h.numel(), w.shape[0]
     ha, hb = k_parts(H)
     rows, warps = tile
@@ -622,7 +744,7 @@ def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk
     table, pos, f_layer = forced if forced is not None else (ids, ids, 0)
     _launch(_router_kernel, (triton.cdiv(E, rows),), warps, pdl,
             h, ln, w, xn, logits, sem, ids, wts, buf, step, table, pos, E,
-            buf.shape[0] if counts is not None else 0, layer * E, buf.stride(0) if counts is not None else 0,
+            buf.shape[0] - 1 if counts is not None else 0, layer * E, buf.stride(0) if counts is not None else 0,
             f_layer * top_k if forced is not None else 0, table.shape[1] if forced is not None else 1,
             table.stride(1) if forced is not None else 0, w.stride(0),
             H=H, HA=ha, HB=hb, ROWS=rows, TOP_K=top_k, BLOCK_E=triton.next_power_of_2(E),
@@ -630,56 +752,46 @@ def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk
             EPS=float(eps), HAS_COUNTS=counts is not None, FORCED=forced is not None, USE_PDL=pdl, EMU=_emu(xn))
 
 
-def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_up=None, ids=None, top_k: int = 0,
-            tile=(4, 4), pdl: bool = False) -> None:
-    """SwiGLU rows silu(x @ gate^T) * (x @ up^T) into ``act`` [top_k + P, I] (act dtype).
+def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_up=None, ids=None, tile=(4, 4),
+            programs: int = 0, pdl: bool = False) -> None:
+    """SwiGLU rows silu(x @ gate^T) * (x @ up^T) into ``act`` [P + k, I] (act dtype).
 
-    ``shared_gate_up`` [2S, H] (gate rows, then up rows; S = P * I) gives rows top_k..top_k+P-1
-    (part p: h columns [p*I, (p+1)*I) of the shared expert; a dense SwiGLU is P = 1, top_k = 0).
-    With ``experts_gate_up`` [E, 2I, H] and ``ids`` int64 [top_k], row j is expert ids[j]'s.
-    ``ln`` given: x is h and RMSNorm(h) (weight ``ln``, ``eps``) is recomputed in every program."""
+    ``shared_gate_up`` [2S, H] (gate rows, then up rows; S = P * I) gives rows 0..P-1 (part p: h
+    columns [p*I, (p+1)*I) of the shared expert; a dense SwiGLU is P = S / I parts, no routed row).
+    With ``experts_gate_up`` [E, 2I, H] and ``ids`` int64 [k], row P + j is expert ids[j]'s.
+    ``ln`` given: x is h and RMSNorm(h) (weight ``ln``, ``eps``) is recomputed once per program.
+    ``tile[0]``: columns of the expert width per tile."""
     H = x.numel()
     ha, hb = k_parts(H)
     inter = act.shape[1]
     s_inter = shared_gate_up.shape[0] // 2
+    parts = s_inter // inter
+    top_k = ids.numel() if experts_gate_up is not None else 0
     block_n, warps = tile
-    blocks = triton.cdiv(inter, block_n)
+    n_tiles = tiles(inter, block_n, parts + top_k)
     ew = experts_gate_up if experts_gate_up is not None else shared_gate_up
-    _launch(_gate_up_kernel, ((s_inter // inter + top_k) * blocks,), warps, pdl,
+    aligned = aligned16((shared_gate_up, ew), (inter, s_inter, shared_gate_up.stride(0))
+                        + ((ew.stride(0), ew.stride(1)) if experts_gate_up is not None else ()))
+    _launch(_gate_up_kernel, _grid(n_tiles, programs), warps, pdl,
             x, ln if ln is not None else x, ew, shared_gate_up, ids if ids is not None else act, act,
             ew.stride(0) if experts_gate_up is not None else 0, ew.stride(1), shared_gate_up.stride(0), act.stride(0),
-            H=H, HA=ha, HB=hb, INTER=inter, S_INTER=s_inter, TOP_K=top_k, PARTS=s_inter // inter, BLOCK_N=block_n,
-            BLOCKS=blocks, NORM=ln is not None, EPS=float(eps), USE_PDL=pdl, EMU=_emu(act))
+            H=H, HA=ha, HB=hb, INTER=inter, S_INTER=s_inter, TOP_K=top_k, PARTS=parts, SLOTS=parts + top_k,
+            BLOCK_N=block_n, N_TILES=n_tiles, NORM=ln is not None, EPS=float(eps), ALIGNED=aligned, USE_PDL=pdl,
+            EMU=_emu(act))
 
 
-def moe_down(act, experts_down, shared_down, ids, wts, h, *, tile=(2, 8), pdl: bool = False) -> None:
-    """h [H] <- h + (routed + shared): routed = sum_j wts[j] * round(down[ids[j]] @ act[j]) (fp32 sum,
-    rounded), shared = shared_down [H, P*I] @ act[top_k:].flatten() (fp32, rounded), each step
-    rounded to h's dtype as the vendor's MoE and decoder layer round."""
-    top_k = ids.numel()
-    inter = act.shape[1]
-    parts = shared_down.shape[1] // inter
-    ia, ib = k_parts(inter)
-    block_n, warps = tile
-    H = h.numel()
-    _launch(_moe_down_kernel, (triton.cdiv(H, block_n),), warps, pdl,
-            act, experts_down, shared_down, ids, wts, h, act.stride(0), experts_down.stride(0),
-            experts_down.stride(1), shared_down.stride(0),
-            H=H, INTER=inter, IA=ia, IB=ib, TOP_K=top_k, KP2=triton.next_power_of_2(top_k), PARTS=parts,
-            PP2=triton.next_power_of_2(parts), BLOCK_N=block_n, USE_PDL=pdl, EMU=_emu(h))
-
-
-def lm_head_argmax(h, ln, w, logits, pmax, pidx, sem, token, pos, eps: float, *, step=None, tile=(8, 8),
-                   pdl: bool = False) -> None:
+def lm_head_argmax(h, ln, w, logits, pmax, pidx, sem, token, pos, eps: float, *, step=None, xn_out=None,
+                   tile=(8, 8), pdl: bool = False) -> None:
     """logits [V] <- w [V, H] @ RMSNorm(h) in h's dtype; token (int64 [1]) <- the first index of the
     maximum logit; pos (and ``step``, if given) += 1. One program per entry of ``pmax`` (fp32) /
-    ``pidx`` (int32) scratch; ``sem`` int32 [1] zero (left zero)."""
+    ``pidx`` (int32) scratch; ``sem`` int32 [1] zero (left zero). ``xn_out`` [H]: RMSNorm(h)
+    written there (diagnostics)."""
     H, V = h.numel(), w.shape[0]
     ha, hb = k_parts(H)
     block_n, warps = tile
     programs = pmax.numel()
     _launch(_lm_head_argmax_kernel, (programs,), warps, pdl,
-            h, ln, w, logits, pmax, pidx, sem, token, pos, step if step is not None else pos, V,
-            triton.cdiv(V, block_n), w.stride(0),
+            h, ln, w, logits, pmax, pidx, sem, token, pos, step if step is not None else pos,
+            xn_out if xn_out is not None else h, V, triton.cdiv(V, block_n), w.stride(0),
             H=H, HA=ha, HB=hb, BLOCK_N=block_n, G_P2=triton.next_power_of_2(programs), EPS=float(eps),
-            HAS_STEP=step is not None, USE_PDL=pdl, EMU=_emu(logits))
+            HAS_STEP=step is not None, XN_OUT=xn_out is not None, USE_PDL=pdl, EMU=_emu(logits))

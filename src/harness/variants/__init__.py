@@ -5,7 +5,7 @@
 label: the static cache before what runs on it (decode attention, fused q/k/v), the fused vision
 before its compiled blocks.
 
-- ``check(execution, device, dtype, model=None, positions=None)``: the whole execution, before
+- ``check(execution, device, dtype, model=None, positions=None, batch=None)``: the whole execution, before
   any model is built (``setup.check_cases``); one ``HarnessError`` naming ``execution.<knob>``
   and the fix (``CannotRunHere`` where it is this device that cannot run it).
 - ``apply(model, execution, device)``: checks, returns the model to the vendor's execution
@@ -32,6 +32,7 @@ from .decode_attention import DECODE_ATTENTION
 from .decode_compile import DECODE_COMPILE
 from .decode_graphs import DECODE_GRAPHS
 from .fused_linears import FUSED_LINEARS
+from .fused_step import FUSED_STEP, PDL
 from .fused_vision import FUSED_VISION
 from .grouped_moe import GROUPED_MOE
 from .prefill_graphs import PREFILL_GRAPHS
@@ -49,17 +50,21 @@ CONVERTERS: tuple = (
     FUSED_LINEARS,
     VISION_COMPILE,
     DECODE_ATTENTION,
+    FUSED_STEP,
+    PDL,
 )
 
 
 def check(execution: ExecutionConfig, device, dtype=torch.float32, model=None,
-          positions: Optional[int] = None) -> None:
+          positions: Optional[int] = None, batch: Optional[int] = None) -> None:
     """Refuse ``execution`` where it would not run, or would run as something else, on ``device``
     in ``dtype`` (see the module docstring). ``model``: the ``ModelConfig``; ``positions``: the
-    request's prompt + decode tokens (the static cache's length check)."""
+    request's prompt + decode tokens (the static cache's length check); ``batch``: its rows."""
     device = torch.device(device)
     for c in CONVERTERS:
         c.check(execution, device, dtype, model=model, positions=positions)
+        if batch is not None:
+            c.check_batch(execution, batch)
 
 
 def apply(model, execution: ExecutionConfig, device=None) -> dict:

@@ -5,7 +5,8 @@ A converter (``Converter``) owns one knob of ``harness.config.ExecutionConfig``:
 - ``check(ex, device, dtype, model=None, positions=None)``: refuse what cannot run, or would run as
   something else, with one ``HarnessError`` naming ``execution.<knob>`` and the fix (never replace
   it silently). ``CannotRunHere`` marks a refusal that is about this device (an experiment's case
-  is then skipped, with the reason, instead of failing the run).
+  is then skipped, with the reason, instead of failing the run). ``check_batch(ex, batch)``: the
+  same for the request's batch size, where it is known.
 - ``convert(model, ex, device, dtype) -> dict``: swap modules / bind kernels once; its manifest
   entries (what runs, or what runs in its place when the knob is off). It is called on a model in
   the vendor's execution (``restore`` first): every conversion starts from the reference classes,
@@ -93,6 +94,9 @@ class Converter:
     def check(self, ex, device: torch.device, dtype: torch.dtype, model=None, positions: Optional[int] = None) -> None:
         """Refuse (``HarnessError`` / ``CannotRunHere``) what cannot run here; ``model``: the
         ``ModelConfig`` (None: unknown), ``positions``: the request's prompt + decode tokens."""
+
+    def check_batch(self, ex, batch: int) -> None:
+        """Refuse (``HarnessError``) what cannot run at ``batch`` rows per request (default: any batch)."""
 
     def convert(self, model, ex, device: torch.device, dtype: torch.dtype) -> dict:
         """On: swap modules / bind kernels on ``model`` (in the vendor's execution); off: release what

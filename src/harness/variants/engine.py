@@ -8,7 +8,8 @@ fill its ``Plan``:
 - ``static`` (``kv_cache=static``): the execution whose static cache runs; one ``StaticDecoder``
   per (batch, cache length) holds the cache, the device-side position and the decode step as it
   runs (eager, ``compile``'d, replayed from a CUDA graph with ``decode_graphs``; the prefill too
-  with ``prefill_graphs``), set up on first use outside the timed loop;
+  with ``prefill_graphs``; its step bound to other kernels with ``decode_step``), set up on first use
+  outside the timed loop;
 - ``device_routing`` (``moe_impl=grouped``): MoE routing counted on the device (no sync in a step):
   under the static cache into the ``StaticDecoder``'s ``DeviceRouting`` (its step index advanced on
   the device at the end of every step, inside the compiled or captured step), with a growing cache
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -44,6 +45,7 @@ class Plan:
     compile: bool = False                # compile: torch.compile of the static decode step
     decode_graphs: bool = False          # cuda_graphs=decode
     prefill_graphs: bool = False         # prefill_graphs
+    decode_step: Optional[Callable] = None   # decode_step=fused: StaticDecoder -> its step (fused_step.FusedCore)
 
 
 def attach(model) -> Plan:
@@ -128,7 +130,8 @@ class Engine(Variant, DeepseekOCR):
             select = greedy_chunked if plan.compile else greedy   # same token; see greedy_chunked
             self.static_decoders[key] = StaticDecoder(self, batch, max_len, p.device, p.dtype, select,
                                                       compile=plan.compile, graphs=plan.decode_graphs,
-                                                      device_routing=plan.device_routing)
+                                                      device_routing=plan.device_routing,
+                                                      bind=plan.decode_step)
             self.info.setdefault("setup_s", {})[f"b{batch}-L{max_len}"] = self.static_decoders[key].setup_s
         return self.static_decoders[key]
 

@@ -33,11 +33,14 @@ class StaticDecoder:
     replay), else the step function, ``torch.compile``'d with ``compile``. ``model`` is an
     ``engine.Engine`` (its ``decode_core`` / ``prefill_core``); ``routing``: the ``DeviceRouting``
     with ``device_routing`` (grouped MoE), else None (the vendor loop counts on the host);
-    ``setup_s`` holds the one-off set-up seconds (compile, captures).
+    ``bind`` (``decode_step=fused``) gives the step function instead: ``bind(decoder)`` -> a callable
+    like ``decode_core``, built once the cache, the token buffer and the routing exist (not
+    compiled). ``setup_s`` holds the one-off set-up seconds (compile, captures).
     """
 
     def __init__(self, model, batch: int, max_len: int, device, dtype, select: Callable, compile: bool = False,
-                 graphs: bool = False, device_routing: bool = False):
+                 graphs: bool = False, device_routing: bool = False,
+                 bind: Optional[Callable] = None):
         L = model.cfg.llm
         self.model, self.select = model, select
         self.cache = StaticKVCache(L.num_layers, batch, L.num_kv_heads, max_len, L.head_dim, dtype, device,
@@ -53,8 +56,9 @@ class StaticDecoder:
         self.token_in = torch.zeros((batch, 1), dtype=torch.long, device=device)
         self.setup_s: dict = {}
         self.graphs: dict = {}
-        self.fn = model.decode_core
-        if compile:
+        self.core = bind(self) if bind is not None else model.decode_core
+        self.fn = self.core
+        if compile and bind is None:
             self.fn = torch.compile(model.decode_core, dynamic=False)
         if graphs and device.type != "cuda":
             raise HarnessError("execution.cuda_graphs=decode needs a CUDA device", "use execution.cuda_graphs=none")
@@ -90,7 +94,7 @@ class StaticDecoder:
         """Warm the step up (the first compiled call compiles) on a side stream (CUDA): eager once first
         (probes, lazy buffers). The warm-up writes scratch K/V and counts, which ``begin`` resets."""
         with self._decoding():
-            self.model.decode_core(self.token_in, self.cache, self.select, self.routing)
+            self.core(self.token_in, self.cache, self.select, self.routing)   # eager first: probes, kernel builds
             t0 = time.perf_counter()
             if self.cache.k[0].device.type == "cuda":
                 stream = torch.cuda.Stream()
@@ -153,11 +157,8 @@ class StaticDecoder:
         device position, routing counted as in the captured step: the kernels a replay runs, from the
         same modules (a compiled step's differ in fusion). For kernel attribution after a request
         (``harness.measure.alignment``): the next request's ``begin`` resets what it writes."""
-        self.model.route_moe(self.decode_counts)
-        try:
-            return self.model.decode_core(self.token_in, self.cache, self.select)
-        finally:
-            self.model.route_moe(None)
+        with self._decoding():
+            return self.core(self.token_in, self.cache, self.select, self.routing)
 
     def step(self, token: torch.Tensor) -> torch.Tensor:
         if self.use_graphs:

@@ -1,0 +1,422 @@
+"""Where the fused decode step's numerics leave the vendor-style step's: one decode step of the
+full-size model, every intermediate of every layer compared.
+
+    python scripts/diag_decode_step.py                      # bf16, ~2 min on an H100 (cold Triton cache)
+    python scripts/diag_decode_step.py --dtype fp32         # fp32, TF32 off (no fp32 "truth" column)
+
+The reference model (random weights, seed 0, ``--dtype``) prefills ``--prompt`` random tokens into a
+static cache with the vendor-style modules (``variants.apply(kv_cache=static)``); from that same cache
+state one decode step (the token the prefill chose, at position ``--prompt``) runs through:
+
+- ``ref``: the vendor-style modules (eager; forward hooks collect the intermediates);
+- ``ref-fp32red``: the same with ``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction``
+  (and its fp16 twin) off, so cuBLAS sums split-K partials in fp32 (bf16 only): how much of the
+  reference's own rounding depends on cuBLAS's choice;
+- ``fused``: ``FusedDecodeStep`` (``debug``: its norms are written out too), launched one kernel at
+  a time, each kernel's outputs copied after it;
+- ``local``: the fused step again, its residual stream h reset to the reference's before every
+  attention block and every MLP block, so each row shows what that block adds by itself;
+- ``truth`` (bf16 only): the vendor-style modules in fp32 over the bf16 weights and the bf16 cache
+  (both exact in fp32): the step's exact math up to fp32 rounding.
+
+Intermediates per layer: ``attn_norm`` (input_layernorm(h)), ``q`` (after RoPE), ``k``, ``v`` (the
+cache row written at the position), ``attn_out`` (o_proj's input), ``h_attn`` (h after attention),
+``mlp_norm``, ``router_logits`` (fp32), ``router_ids`` (the set), ``router_wts`` (the common experts'),
+``mlp_act`` (SwiGLU rows: dense, or the shared parts and the routed experts matched by id),
+``h_out``; then ``final_norm``, ``logits``. Columns (all measured): max |a - b|, elements that differ
+/ elements, max distance in units in the last place of the tensor's dtype (bf16 or fp32) among the
+elements of at least 1/1000 of the largest magnitude (``ids``: experts not in both sets); ``err/truth``: ||x - truth|| / ||truth|| of the fused and reference values.
+The first row where ``fused`` differs from ``ref`` is where the divergence starts. Also: whether the
+fused step's RoPE table row equals the reference's cos/sin, and (``--greedy N``) N greedy steps of
+the fused step (CUDA graph) against the reference's (eager): tokens equal before the first divergence.
+A CSV of the table goes to ``--out`` (default ``runs/diag-decode-step-<time>/``). Needs CUDA
+(``--tiny --device cpu`` with TRITON_INTERPRET=1: the tiny model in Triton's interpreter, for tests).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from harness.config import ExecutionConfig, ModelConfig  # noqa: E402
+
+NAMES = ("attn_norm", "q", "k", "v", "attn_out", "h_attn", "mlp_norm", "router_logits", "router_ids", "router_wts",
+         "mlp_act", "h_out")
+
+
+# ----------------------------------------------------------------------------------- metrics
+
+def ordered_bits(x: torch.Tensor) -> torch.Tensor:
+    """The float bits of ``x`` (bf16 or fp32) as integers ordered like the values (sign-magnitude to
+    two's complement): adjacent floats differ by 1."""
+    if x.dtype == torch.bfloat16:
+        i = x.contiguous().view(torch.int16).to(torch.int64)
+        mag = i & 0x7FFF
+    elif x.dtype == torch.float32:
+        i = x.contiguous().view(torch.int32).to(torch.int64)
+        mag = i & 0x7FFFFFFF
+    else:
+        raise ValueError(f"ulp distance of {x.dtype}")
+    return torch.where(i < 0, -mag, mag)
+
+
+def compare(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """max |a - b|, elements that differ, elements, and the max ulp distance (a, b of one dtype)
+    among the elements whose |b| is at least 1/1000 of the largest |b| (near zero, a distance in
+    ulps of the element's own magnitude says nothing: a sum of terms that cancel)."""
+    a, b = a.reshape(-1), b.reshape(-1)
+    diff = (a.double() - b.double()).abs()
+    big = b.double().abs() >= 1e-3 * float(b.double().abs().max()) if b.numel() else b.bool()
+    ulp = (ordered_bits(a) - ordered_bits(b)).abs()[big]
+    return {"max_abs": float(diff.max()) if diff.numel() else 0.0, "differ": int((a != b).sum()), "n": a.numel(),
+            "max_ulp": int(ulp.max()) if ulp.numel() else 0}
+
+
+def rel_err(x: torch.Tensor, truth: torch.Tensor) -> float:
+    t = truth.double().reshape(-1)
+    return float((x.double().reshape(-1) - t).norm() / t.norm()) if t.norm() > 0 else 0.0
+
+
+def compare_entry(name: str, a, b) -> dict:
+    """``compare`` for one intermediate; routing entries are dicts {expert id: weight} / id sets and
+    ``mlp_act`` a dict {row key: row} (rows present in both are compared)."""
+    if name == "router_ids":
+        return {"max_abs": 0.0, "differ": len(set(a) ^ set(b)) // 2, "n": len(a), "max_ulp": 0}
+    if isinstance(a, dict):
+        keys = sorted(set(a) & set(b), key=str)
+        if not keys:
+            return {"max_abs": 0.0, "differ": 0, "n": 0, "max_ulp": 0}
+        return compare(torch.stack([torch.as_tensor(a[k]).reshape(-1) for k in keys]),
+                       torch.stack([torch.as_tensor(b[k]).reshape(-1) for k in keys]))
+    return compare(a, b)
+
+
+def truth_error(name: str, x, truth):
+    if name == "router_ids" or x is None or truth is None:
+        return None
+    if isinstance(x, dict):
+        keys = sorted(set(x) & set(truth), key=str)
+        if not keys:
+            return None
+        return rel_err(torch.stack([torch.as_tensor(x[k]).reshape(-1) for k in keys]),
+                       torch.stack([torch.as_tensor(truth[k]).reshape(-1) for k in keys]))
+    return rel_err(x, truth)
+
+
+# ------------------------------------------------------------------------- the reference step
+
+def reference_step(model, cache, token: torch.Tensor, pos: int) -> dict:
+    """{(layer, name): value} of one vendor-style decode step at ``pos`` (forward hooks)."""
+    from harness.models.llm import MoE, apply_rope
+
+    got, handles = {}, []
+    layers = model.model.layers
+
+    def keep(key, fn):
+        def hook(mod, args, out=None):
+            got[key] = fn(args, out)
+        return hook
+
+    for i, layer in enumerate(layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        handles += [
+            layer.input_layernorm.register_forward_hook(keep((i, "attn_norm"), lambda a, o: o[0, -1].clone())),
+            attn.q_proj.register_forward_hook(keep((i, "_q"), lambda a, o: o.clone())),
+            attn.k_proj.register_forward_hook(keep((i, "_k"), lambda a, o: o.clone())),
+            attn.v_proj.register_forward_hook(keep((i, "_v"), lambda a, o: o.clone())),
+            attn.o_proj.register_forward_pre_hook(keep((i, "attn_out"), lambda a, o: a[0][0, -1].clone())),
+            layer.post_attention_layernorm.register_forward_pre_hook(
+                keep((i, "h_attn"), lambda a, o: a[0][0, -1].clone())),
+            layer.post_attention_layernorm.register_forward_hook(keep((i, "mlp_norm"), lambda a, o: o[0, -1].clone())),
+            layer.register_forward_hook(keep((i, "h_out"), lambda a, o: o[0, -1].clone()))]
+        if isinstance(mlp, MoE):
+            handles.append(mlp.gate.register_forward_hook(keep((i, "_route"), lambda a, o: (o[0].clone(), o[1].clone()))))
+            for e, ex in enumerate(mlp.experts):
+                handles.append(ex.down_proj.register_forward_pre_hook(
+                    keep((i, ("expert", e)), lambda a, o: a[0].reshape(-1).clone())))
+            handles.append(mlp.shared_experts.down_proj.register_forward_pre_hook(
+                keep((i, "_shared_act"), lambda a, o: a[0].reshape(-1).clone())))
+        else:
+            handles.append(mlp.down_proj.register_forward_pre_hook(
+                keep((i, "_dense_act"), lambda a, o: a[0].reshape(-1).clone())))
+    handles += [model.model.norm.register_forward_hook(keep((len(layers), "final_norm"), lambda a, o: o[0, -1].clone())),
+                model.lm_head.register_forward_hook(keep((len(layers), "logits"), lambda a, o: o[0, -1].clone()))]
+    try:
+        with torch.inference_mode():
+            model.decode_step(token.view(1, 1), cache)
+    finally:
+        for h in handles:
+            h.remove()
+    cos, sin = cache.rope
+    out = {}
+    for i, layer in enumerate(layers):
+        attn = layer.self_attn
+        q, k, _ = attn.heads(got.pop((i, "_q")), got.pop((i, "_k")), got.pop((i, "_v")))
+        q, _ = apply_rope(q, k, cos, sin)
+        out[(i, "q")] = q.reshape(-1)
+        out[(i, "k")] = cache.k[i][0, :, pos].reshape(-1).clone()
+        out[(i, "v")] = cache.v[i][0, :, pos].reshape(-1).clone()
+        if (i, "_route") in got:
+            idx, w = got.pop((i, "_route"))
+            out[(i, "router_ids")] = sorted(int(e) for e in idx.reshape(-1))
+            out[(i, "router_wts")] = {int(e): float(v) for e, v in zip(idx.reshape(-1), w.reshape(-1))}
+            with torch.inference_mode():
+                out[(i, "router_logits")] = layer.mlp.gate.logits(got[(i, "mlp_norm")][None])[0]
+            shared = got.pop((i, "_shared_act"))
+            inter = layer.mlp.experts[0].down_proj.weight.shape[1]
+            acts = {("shared", p): shared[p * inter:(p + 1) * inter] for p in range(shared.numel() // inter)}
+            for key in [k for k in got if k[0] == i and isinstance(k[1], tuple)]:
+                acts[key[1]] = got.pop(key)
+            out[(i, "mlp_act")] = acts
+        else:
+            out[(i, "mlp_act")] = {("dense", 0): got.pop((i, "_dense_act"))}
+    out.update(got)
+    out["_rope"] = (cos.reshape(-1).clone(), sin.reshape(-1).clone())
+    return out
+
+
+# --------------------------------------------------------------------------- the fused step
+
+def fused_step(step, pos: int, ref=None) -> dict:
+    """{(layer, name): value} of one ``FusedDecodeStep`` run launch by launch; with ``ref`` (a
+    ``reference_step`` result) h is reset to the reference's before each attention and MLP block."""
+    out = {}
+    L = len(step.w.layers)
+    for label, i, call in step.calls:
+        if ref is not None and label == "qkv" and i > 0:
+            step.h.copy_(ref[(i - 1, "h_out")])
+        if ref is not None and label in ("router", "gate_up") and (label == "router" or not step.w.layers[i].moe):
+            step.h.copy_(ref[(i, "h_attn")])
+        call()
+        if step.h.device.type == "cuda":
+            torch.cuda.synchronize()
+        if label == "qkv":
+            out[(i, "attn_norm")] = step.norm_out.clone()
+            out[(i, "q")] = step.q.clone()
+            out[(i, "k")] = step.cache.k[i][0, :, pos].reshape(-1).clone()
+            out[(i, "v")] = step.cache.v[i][0, :, pos].reshape(-1).clone()
+        elif label == "attention":
+            out[(i, "attn_out")] = step.attn_out.clone()
+        elif label == "o_proj":
+            out[(i, "h_attn")] = step.h.clone()
+        elif label == "router":
+            out[(i, "mlp_norm")] = step.xn.clone()
+            out[(i, "router_logits")] = step.router_logits.clone()
+            ids, wts = step.ids[i].tolist(), step.wts[i].tolist()
+            out[(i, "router_ids")] = sorted(ids)
+            out[(i, "router_wts")] = dict(zip(ids, wts))
+        elif label == "gate_up":
+            lw = step.w.layers[i]
+            if lw.moe:
+                P = step.moe_act.shape[0] - step.w.top_k
+                acts = {("shared", p): step.moe_act[p].clone() for p in range(P)}
+                acts.update({("expert", e): step.moe_act[P + j].clone() for j, e in enumerate(step.ids[i].tolist())})
+                out[(i, "mlp_act")] = acts
+            else:
+                out[(i, "mlp_act")] = {("dense", 0): step.dense_act.reshape(-1).clone()}
+        elif label == "down":
+            out[(i, "h_out")] = step.h.clone()
+        elif label == "lm_head":
+            out[(L, "final_norm")] = step.norm_out.clone()
+            out[(L, "logits")] = step.logits.clone()
+    return out
+
+
+# ---------------------------------------------------------------------------------- the run
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    ap.add_argument("--prompt", type=int, default=286, help="prefill tokens (the step runs at this position)")
+    ap.add_argument("--len", type=int, default=512, help="static cache positions")
+    ap.add_argument("--greedy", type=int, default=64, help="greedy steps compared afterwards (0: none)")
+    ap.add_argument("--out", type=Path, default=None, help="directory for diag.csv")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu only with --tiny and TRITON_INTERPRET=1 (tests)")
+    ap.add_argument("--tiny", action="store_true", help="conf/model/tiny.yaml with a 1,024-word vocabulary")
+    args = ap.parse_args(argv)
+    dev = torch.device(args.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        print("diag_decode_step: no CUDA device; this diagnostic needs a GPU", file=sys.stderr)
+        return 1
+    from harness import variants
+    from harness.kernels.decode_step import FusedDecodeStep, default_config
+    from harness.models.build import build_model
+    from harness.variants.fused_step import weights_from_model
+    from harness.variants.static_kv import StaticKVCache
+
+    t_start = time.perf_counter()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dt = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    cfg = tiny_config() if args.tiny else ModelConfig()
+    L = cfg.llm
+    model = build_model(cfg, dev, dt, seed=0)
+    variants.apply(model, ExecutionConfig(kv_cache="static"))
+    where = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (Triton interpreter)"
+    print(f"{where}, torch {torch.__version__}, {args.dtype}{', tiny model' if args.tiny else ''}; model built in "
+          f"{time.perf_counter() - t_start:.0f} s")
+
+    def new_cache(dtype):
+        c = StaticKVCache(L.num_layers, 1, L.num_kv_heads, args.len, L.head_dim, dtype, dev, query_heads=L.num_heads)
+        c.position = torch.zeros(1, dtype=torch.int64, device=dev)
+        return c
+
+    cache = new_cache(dt)
+    ids = torch.randint(0, L.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(7)).to(dev)
+    with torch.inference_mode():
+        token = model.prefill(ids, torch.zeros_like(ids, dtype=torch.bool), None, cache)[0, -1].float().argmax()
+    state = [t.clone() for t in cache.k + cache.v + [cache.position]]
+
+    def restore(target):
+        for dst, src in zip(target.k + target.v + [target.position], state):
+            dst.copy_(src.to(dst.dtype))
+        target.length = args.prompt
+
+    P = args.prompt
+    paths = {}
+    restore(cache)
+    paths["ref"] = reference_step(model, cache, token, P)
+    if dt == torch.bfloat16:
+        rr = torch.backends.cuda.matmul
+        keep = (rr.allow_bf16_reduced_precision_reduction, rr.allow_fp16_reduced_precision_reduction)
+        rr.allow_bf16_reduced_precision_reduction = rr.allow_fp16_reduced_precision_reduction = False
+        restore(cache)
+        paths["ref-fp32red"] = reference_step(model, cache, token, P)
+        rr.allow_bf16_reduced_precision_reduction, rr.allow_fp16_reduced_precision_reduction = keep
+
+    fcache = new_cache(dt)
+    restore(fcache)
+    ftoken = token.view(1).clone()
+    step = FusedDecodeStep(weights_from_model(model), fcache, fcache.position, token=ftoken, debug=True,
+                           config=default_config(dev))
+    rope_row = (step.cos[P], step.sin[P])
+    paths["fused"] = fused_step(step, P)
+    restore(fcache)
+    ftoken.fill_(int(token))
+    paths["local"] = fused_step(step, P, ref=paths["ref"])
+
+    if dt == torch.bfloat16:                          # fp32 math over the same weights and cache
+        truth = build_model(cfg, dev, torch.float32, init=False)
+        truth.load_state_dict(model.state_dict())
+        variants.apply(truth, ExecutionConfig(kv_cache="static"))
+        tcache = new_cache(torch.float32)
+        restore(tcache)
+        paths["truth"] = reference_step(truth, tcache, token, P)
+        del truth, tcache
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+    ref = paths["ref"]
+    cos_ok = [int((a != b).sum()) for a, b in zip(rope_row, ref["_rope"])]
+    print(f"RoPE table row at position {P} against the reference's cos/sin: {cos_ok[0]} cos and {cos_ok[1]} sin "
+          f"entries differ (of {rope_row[0].numel()})")
+    rows = table(paths, L.num_layers)
+    print_table(rows, "truth" in paths)
+    out = args.out or Path("runs") / f"diag-decode-step-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "diag.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"\ntable: {out / 'diag.csv'}")
+    if args.greedy:
+        greedy(model, step, cache, fcache, ftoken, token, restore, args.greedy)
+    print(f"total {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+def tiny_config() -> ModelConfig:
+    """conf/model/tiny.yaml with a 1,024-word vocabulary (the interpreter's lm_head stays quick)."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from harness.config import from_dict
+
+    path = Path(__file__).resolve().parents[1] / "src" / "harness" / "conf" / "model" / "tiny.yaml"
+    cfg = from_dict(ModelConfig, OmegaConf.to_container(OmegaConf.load(path), resolve=True))
+    return dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm, vocab_size=1024))
+
+
+def table(paths: dict, layers: int) -> list:
+    """One row per (layer, intermediate): each path against ``ref`` (and the truth errors)."""
+    ref = paths["ref"]
+    keys = [(i, n) for i in range(layers) for n in NAMES if (i, n) in ref] + \
+        [(layers, "final_norm"), (layers, "logits")]
+    rows = []
+    for key in keys:
+        row = {"layer": key[0] if key[0] < layers else "end", "name": key[1]}
+        for path in ("fused", "local", "ref-fp32red"):
+            if path in paths and key in paths[path]:
+                c = compare_entry(key[1], paths[path][key], ref[key])
+                row.update({f"{path}_{k}": v for k, v in c.items()})
+        if "truth" in paths and key in paths["truth"]:
+            for path in ("fused", "ref"):
+                e = truth_error(key[1], paths[path].get(key), paths["truth"][key])
+                row[f"{path}_err_vs_truth"] = e
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list, truth: bool) -> None:
+    def cell(row, path):
+        if f"{path}_differ" not in row:
+            return f"{'':>26s}"
+        return f"{row[f'{path}_max_abs']:9.3g} {row[f'{path}_differ']:6d}/{row[f'{path}_n']:<6d} {row[f'{path}_max_ulp']:4d}"
+    head = f"{'layer':>5s} {'intermediate':14s} {'fused vs ref: max|d| differ ulp':>26s}  {'local vs ref':>26s}  " \
+           f"{'ref-fp32red vs ref':>26s}" + ("  err/truth: fused     ref" if truth else "")
+    print("\n" + head)
+    first = None
+    for r in rows:
+        line = f"{r['layer']!s:>5s} {r['name']:14s} {cell(r, 'fused')}  {cell(r, 'local')}  {cell(r, 'ref-fp32red')}"
+        if truth:
+            fe, re_ = r.get("fused_err_vs_truth"), r.get("ref_err_vs_truth")
+            line += f"  {'' if fe is None else f'{fe:10.3g}'} {'' if re_ is None else f'{re_:9.3g}'}"
+        print(line)
+        if first is None and r.get("fused_differ"):
+            first = (r["layer"], r["name"])
+    print(f"\nfirst intermediate where fused differs from ref: {first[0]} {first[1]}" if first else
+          "\nfused equals ref in every intermediate")
+
+
+def greedy(model, step, cache, fcache, ftoken, token, restore, n: int) -> None:
+    """``n`` greedy steps: the reference (eager modules) against the fused step (a CUDA graph on CUDA,
+    launched from Python elsewhere)."""
+    ref_tokens = []
+    restore(cache)
+    tok = token.view(1, 1)
+    with torch.inference_mode():
+        for _ in range(n):
+            tok = model.decode_step(tok, cache)[0, -1].float().argmax().view(1, 1)
+            ref_tokens.append(int(tok))
+    run = step.run
+    if ftoken.device.type == "cuda":
+        restore(fcache)
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step.run()                                # warm-up (advances the step: restored below)
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph):
+            step.run()
+        run = graph.replay
+    restore(fcache)
+    ftoken.fill_(int(token))
+    got = []
+    for _ in range(n):
+        run()
+        got.append(int(ftoken))
+    same = next((i for i, (a, b) in enumerate(zip(got, ref_tokens)) if a != b), n)
+    print(f"greedy: {same} of {n} fused tokens equal the reference's before the first divergence, "
+          f"{sum(a == b for a, b in zip(got, ref_tokens))} equal in all")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

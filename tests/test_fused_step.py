@@ -1,0 +1,151 @@
+"""``execution.decode_step=fused`` (+ ``pdl``): the fused batch-1 decode step as an execution variant.
+
+Through ``variants.apply`` and ``generate`` (the static decoder runs a ``FusedCore`` instead of the
+model's modules for every decode step; the prefill keeps its path), fp32 on the tiny model: the
+same greedy tokens and routing counts as vendor-style. Its vocabulary is cut to 1,024 and the
+request's ids taken modulo it (the image placeholders' embeddings are replaced by the image's
+anyway), so the interpreter's lm_head is quick. On the CPU the kernels run in Triton's
+interpreter, uncaptured (on CUDA the step is captured in the decode graph: the ``gpu`` tests).
+Refusals: one line each, naming the knob and the fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from conftest import TINY_MODE, load_tiny_cfg, needs_triton
+from harness import variants
+from harness import workload as wl
+from harness.cli import check_overrides
+from harness.config import ExecutionConfig
+from harness.errors import HarnessError
+from harness.models.build import build_model
+from harness.models.generate import generate
+from harness.variants.base import CannotRunHere
+
+FUSED = dict(kv_cache="static", moe_impl="grouped", linear_impl="fused", decode_attention="triton",
+             decode_step="fused")
+TINY = ["model=tiny", "workload.mode={name: t, base_size: 128, image_size: 64, crop: true}", "device=cpu"]
+STEPS = 16
+VOCAB = 1024
+
+
+def tiny_model_and_request(device, dtype, decode_tokens):
+    """The tiny model with a VOCAB-word vocabulary and a request of the tiny crop mode whose ids fit it."""
+    cfg = load_tiny_cfg()
+    cfg = dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm, vocab_size=VOCAB))
+    model = build_model(cfg, device, dtype, seed=0)
+    page = wl.Page("p", wl.synthetic_page(0, size=(300, 200)), "s")
+    req = wl.build_request([page], TINY_MODE, decode_tokens=decode_tokens)
+    return model, dataclasses.replace(req, input_ids=req.input_ids % VOCAB).to(device, dtype)
+
+
+def _one_line(exc) -> str:
+    msg = str(exc.value)
+    assert "\n" not in msg
+    return msg
+
+
+@needs_triton
+def test_fused_variant_generates_the_vendor_tokens_and_routing_fp32():
+    """16 decode steps through ``generate``: tokens equal to vendor-style's, prefill and decode
+    routing counts equal (per layer and expert, summed over the steps: the decoder's device counter
+    is one [layers, experts] buffer); a second, shorter request reuses the decoder (position and
+    counts reset) and gives the first 4 of those tokens; the step that ran is the fused one (18
+    launches: 5 + 2 x 6 + 1)."""
+    from harness.variants.fused_step import FusedCore
+
+    model, req = tiny_model_and_request("cpu", torch.float32, STEPS + 1)
+    ref = generate(model, req)
+    assert int(ref.routing["decode"].sum()) == STEPS * 2 * 2          # 2 MoE layers, top-2
+    info = variants.apply(model, ExecutionConfig(**FUSED))
+    try:
+        assert info["decode_step_is"].startswith("fused") and info["pdl_is"] == "off"
+        res = generate(model, req)
+        assert torch.equal(res.tokens, ref.tokens)
+        for phase in ("prefill", "decode"):
+            assert (res.routing[phase] == ref.routing[phase]).all() and res.routing[phase].sum() > 0
+        again = generate(model, req, max_new_tokens=4)
+        assert torch.equal(again.tokens, ref.tokens[:, :4]) and int(again.routing["decode"].sum()) == 3 * 2 * 2
+        (dec,) = model.static_decoders.values()
+        assert isinstance(dec.core, FusedCore) and dec.core.step.launches == 18
+        assert variants.label(ExecutionConfig(**FUSED)).endswith("triton decode attention + fused decode step")
+        assert not variants.allows_module_hooks(ExecutionConfig(**FUSED))
+    finally:
+        variants.apply(model, ExecutionConfig())
+
+
+def test_missing_prerequisites_are_refused_in_one_line():
+    with pytest.raises(HarnessError) as exc:
+        variants.check(ExecutionConfig(decode_step="fused", kv_cache="static"), "cpu")
+    assert _one_line(exc) == (
+        "execution.decode_step=fused needs moe_impl=grouped, linear_impl=fused, decode_attention=triton (it runs on "
+        "the static cache, the grouped MoE's stacked experts and the fused q/k/v and gate/up weights; its attention "
+        "reads positions 0..pos as decode_attention=triton's); fix: add execution.moe_impl=grouped "
+        "execution.linear_impl=fused execution.decode_attention=triton")
+    with pytest.raises(HarnessError) as exc:
+        variants.check(ExecutionConfig(**FUSED, compile=True), "cpu")
+    assert _one_line(exc) == ("execution.decode_step=fused replaces the decode step that compile would compile; "
+                              "fix: drop execution.compile")
+
+
+def test_on_cuda_the_fused_step_needs_the_decode_graph():
+    """The converter's own check for a CUDA device (no GPU is touched: the graph knob is checked before
+    Triton's availability): without cuda_graphs=decode the 72 launches would run from the host."""
+    from harness.variants.fused_step import FUSED_STEP
+
+    with pytest.raises(HarnessError) as exc:
+        FUSED_STEP.check(ExecutionConfig(**FUSED), torch.device("cuda"), torch.float32)
+    assert _one_line(exc) == ("execution.decode_step=fused runs inside the decode CUDA graph on CUDA (72 launches "
+                              "from the host per step would time the host); fix: add execution.cuda_graphs=decode")
+
+
+def test_batch_above_one_is_refused_before_the_run_and_when_the_decoder_is_built():
+    with pytest.raises(HarnessError) as exc:
+        check_overrides(TINY + ["workload.batch=2", "workload.repeat_pages=true"]
+                        + [f"execution.{k}={v}" for k, v in FUSED.items()])
+    assert _one_line(exc) == ("execution.decode_step=fused runs at batch 1 only; the case has batch 2; fix: use "
+                              "execution.decode_step=modules at batch > 1")
+    from harness.variants.fused_step import FusedCore
+    from types import SimpleNamespace
+
+    dec = SimpleNamespace(model=None, cache=None, token_in=torch.zeros(2, 1, dtype=torch.long))
+    with pytest.raises(HarnessError) as exc:
+        FusedCore(dec)
+    assert _one_line(exc).startswith("execution.decode_step=fused runs at batch 1 only; this request has 2 rows")
+
+
+def test_pdl_is_refused_on_a_cpu_and_without_the_fused_step():
+    with pytest.raises(CannotRunHere) as exc:
+        variants.check(ExecutionConfig(**FUSED, pdl=True), "cpu")
+    assert _one_line(exc) == ("execution.pdl=true cannot run here: PDL is a CUDA launch attribute; the device is "
+                              "cpu; fix: use execution.pdl=false")
+    with pytest.raises(HarnessError) as exc:
+        variants.check(ExecutionConfig(pdl=True), "cpu")
+    assert _one_line(exc) == ("execution.pdl=true launches the fused decode step's kernels, which run only with "
+                              "decode_step=fused; fix: add execution.decode_step=fused, or drop execution.pdl")
+
+
+GPU_STEPS = 64
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gpu_fused_variant_generates_the_vendor_tokens_for_64_steps_fp32(pdl):
+    """fp32, TF32 off, the tiny model on a GPU: 64 decode steps of the fused step captured in the decode
+    graph give vendor-style's tokens and routing counts (PDL where the GPU has it)."""
+    from harness.kernels.decode_step_triton import pdl_support
+
+    if pdl and not pdl_support("cuda")[0]:
+        pytest.skip(pdl_support("cuda")[1])
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model, req = tiny_model_and_request("cuda", torch.float32, GPU_STEPS + 1)
+    ref = generate(model, req)
+    variants.apply(model, ExecutionConfig(**FUSED, cuda_graphs="decode", moe_kernel="triton", pdl=pdl))
+    res = generate(model, req)
+    assert torch.equal(res.tokens, ref.tokens)
+    for phase in ("prefill", "decode"):
+        assert (res.routing[phase] == ref.routing[phase]).all()
