@@ -148,7 +148,7 @@ def route(x: torch.Tensor, w: torch.Tensor, top_k: int, norm: bool, scale: float
     _topk_kernel[(T,)](
         logits, idx, weights, buf, step, buf.shape[0] - 1 if counts is not None else 0,
         table.shape[2] if forced is not None else (buf.shape[1] if counts is not None else 1), layer,
-        table, pos, on.view(torch.uint8) if on is not None else table, table.shape[1] if forced is not None else 1, E,
+        table, pos, on if on is not None else table, table.shape[1] if forced is not None else 1, E,
         logits.stride(0), logits.stride(1), idx.stride(0), idx.stride(1), weights.stride(0), weights.stride(1),
         TOP_K=top_k, NORM=bool(norm and top_k > 1), SCALE=float(scale),
         BLOCK_E=triton.next_power_of_2(E), BLOCK_TOPK=triton.next_power_of_2(top_k), HAS_COUNTS=counts is not None,
