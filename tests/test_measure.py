@@ -204,7 +204,7 @@ def test_warm_up_until_steady(steady, max_warmup, durations, expect_n, expect_st
 
     m = _ScriptedModel(durations)
     cfg = MeasureConfig(warmup=2, steady_pct=steady, max_warmup=max_warmup).resolved(False)
-    out = warm_up(m, lambda i: types.SimpleNamespace(decode_tokens=1), cfg, False, lambda msg: None, "c",
+    out = warm_up(m, lambda i: types.SimpleNamespace(decode_tokens=1, pages=[f"p{i}"], input_ids=torch.zeros(1, 1)), cfg, False, lambda msg: None, "c",
                   clock=m.clock)
     assert m.calls == expect_n and out["warmup_ms"] == [d * 1e3 for d in durations[:expect_n]]
     assert out["steady"] is expect_steady

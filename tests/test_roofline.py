@@ -179,7 +179,11 @@ def test_overrides_and_calibration_record():
 def test_calibration_measure_and_cache(tmp_path, monkeypatch):
     import torch
 
+    from harness.roofline import calibration_rules
+
     monkeypatch.setenv(cal.CACHE_ENV, str(tmp_path / "cache"))
+    # measuring and caching, not the spread check (its own tests): a loaded CI host's 64^3 GEMM varies by 25%+
+    monkeypatch.setitem(calibration_rules.CV_LIMIT, "host", float("inf"))
     hw = {"gemm_size": 64, "copy_mib": 1, "warmup": 1, "iters": 3}
     rec = cal.calibrate_from_config(from_dict(HarnessConfig, {"device": "cpu", "hardware": hw}), tmp_path / "out")
     assert rec["gemm_tflops"] > 0 and rec["copy_gbs"] > 0 and rec["gemm_dtype"] == "fp32"

@@ -235,3 +235,26 @@ def test_a_batch_4_run_writes_per_step_routing_of_every_case(tmp_path):
     assert set(analytic["routing"]) == {"measured per step"}
     md = (rd.path / "report.md").read_text()
     assert "## MoE routing" in md and "| sg-bal | 4 | balanced (seed 0) |" in md
+
+
+def test_a_grown_ones_buffer_stays_alive_and_unchanged_for_a_captured_step():
+    """A decode step captured with the routing's ones buffer reads that address on every replay. A
+    later, larger call (a prefill of 3 rows x 2 tokens x top-2 = 12 ids > the 8 a step of 4 rows x
+    top-2 counts) grows the buffer; the old one must stay allocated and all ones (freed, the
+    allocator hands its memory to other tensors: an H100 batch-8 decode counted garbage)."""
+    import weakref
+
+    from harness.models.routing import DeviceRouting
+
+    r = DeviceRouting(layers=2, experts=5, steps=3, device="cpu", driven="device", rows=8)
+    r._ones = torch.ones(8, dtype=torch.int64)         # as small as a 4-row step needs (the default floor is 64)
+    first = weakref.ref(r._ones)
+    r.phase = "decode"
+    r.add_device(1, torch.tensor([[0, 1], [1, 2], [2, 3], [3, 4]]))   # 8 ids: the captured step's call
+    assert r._ones is first()
+    r.phase = "prefill"
+    ids = torch.tensor([[4, 0], [4, 1], [4, 2], [4, 3], [0, 1], [2, 3]])   # 12 ids: grows the buffer
+    r.add_device(0, ids)
+    assert r._ones is not first() and first() is not None and torch.equal(first(), torch.ones(8, dtype=torch.int64))
+    # counts: prefill layer 0: expert 4 in four rows, 0..3 in two rows each; decode scratch layer 1: 1, 2, 2, 2, 1
+    assert r.prefill[0, 0].tolist() == [2, 2, 2, 2, 4] and r.scratch[1].tolist() == [1, 2, 2, 2, 1]

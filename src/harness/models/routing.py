@@ -164,6 +164,10 @@ class DeviceRouting:
         self.host_step: Optional[int] = None
         self.prompt_tokens = 0
         self._ones = torch.ones(max(rows, 64), **z)
+        # ones buffers replaced by a larger one, kept alive: a CUDA graph or compiled step captured
+        # with one reads its address on every replay (freed, the allocator reuses it: an H100 batch-8
+        # decode counted 625,965 per layer per step instead of 48)
+        self._retired: list = []
 
     # -------------------------------------------------------------------- a request
     def begin(self, table: Optional[torch.Tensor], prompt_tokens: int) -> None:
@@ -247,7 +251,10 @@ class DeviceRouting:
         else:
             step = self.steps if self.host_step is None else min(self.host_step, self.steps)
             buf, offset = self.decode, (step * self.layers + layer) * E
-        self._ones = _scatter_count(buf, offset, E, topk_ids, self._ones)
+        ones = _scatter_count(buf, offset, E, topk_ids, self._ones)
+        if ones is not self._ones:   # grown (a prefill of many rows): a captured step may still read the old one
+            self._retired.append(self._ones)
+            self._ones = ones
 
     def read(self, steps: int) -> Optional[tuple]:
         """(prefill [layers, experts], decode per step [steps, layers, experts], decode outside the
