@@ -69,8 +69,10 @@ def evidence(folder: Path) -> dict:
             cases.setdefault(r["case"], {}).update({k: r[k] for k in ("decode_tok_s", "tpot_p50_ms", "ttft_ms")})
     if (folder / "stages.csv").exists():
         st = pd.read_csv(folder / "stages.csv", low_memory=False)
-        prof = st[(st["stage"] == "decode") & (st["repeat"].astype(str) == "profiled")
-                  & (st["call"].astype(str) == "all")]
+        profiled = st["repeat"].astype(str) == "profiled"          # older runs: a "profiled" repeat label
+        if "profiled" in st:                                        # typed observations: a boolean column
+            profiled |= st["profiled"].astype(str).str.lower() == "true"
+        prof = st[(st["stage"] == "decode") & profiled & st["call"].astype(str).isin(["all", "-1"])]
         for r in prof.to_dict("records"):
             cases.setdefault(r["case"], {}).update({k: r.get(k) for k in ("launches_per_step", "syncs_per_step")})
     if (folder / "roofline.csv").exists():
@@ -79,7 +81,7 @@ def evidence(folder: Path) -> dict:
             fig = cases.setdefault(r["case"], {})
             fig.update({f"{r['stage']}_ms": r["measured_ms"], f"{r['stage']}_mfu_cal": r["mfu_cal"]})
             if r["stage"] == "decode":
-                fig.update(mbu=r["mbu"], mbu_cal=r["mbu_cal"])
+                fig.update(mbu=r["mbu"], mbu_cal=r["mbu_cal"], routing_source=r.get("routing"))
     tpot = {}
     if (folder / "steps.csv").exists():
         tpot = {r["case"]: r for r in tpot_edges(pd.read_csv(folder / "steps.csv")).to_dict("records")}
@@ -117,6 +119,13 @@ def pages_cell(fig: dict) -> str:
     return f"superseded: {wording}" if copies(fig) else wording
 
 
+def expected_note(fig: dict) -> str:
+    """' (expected routing)' where a case's decode MBU used the uniform expectation, not measured counts."""
+    from harness.roofline.join import expected_routing
+
+    return " (expected routing)" if expected_routing(fig.get("routing_source")) else ""
+
+
 def table(header: list, align: list, rows: list) -> list:
     return ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"] + ["| " + " | ".join(r) + " |" for r in rows]
 
@@ -138,12 +147,16 @@ def ladder(folder: Path, ev: dict, _cases: list) -> list:
         rows.append([case, str(fig["batch"]), pages_cell(fig), number(fig["decode_tok_s"], "{:,.1f}"),
                      number(fig["tpot_p50_ms"], "{:.3f}"), number(fig["ttft_ms"], "{:.2f}"),
                      number(fig.get("launches_per_step"), "{:,.0f}"), number(fig.get("syncs_per_step"), "{:.0f}"),
-                     f"{share(fig.get('mbu'))} / {share(fig.get('mbu_cal'))}"])
+                     f"{share(fig.get('mbu'))} / {share(fig.get('mbu_cal'))}" + expected_note(fig)])
     out = table(["case", "batch", "pages", "tok/s (derived)", "TPOT p50 ms (measured)", "TTFT ms (measured)",
                  "kernels/step (measured)", "host syncs/step (measured)", "decode MBU sheet / cal (derived)"],
                 ["---", "---:", "---", "---:", "---:", "---:", "---:", "---:", "---:"], rows)
     superseded = [c for c, f in ev["cases"].items() if "decode_tok_s" in f and copies(f)]
-    note = [""] + ([f"Superseded rows ({', '.join(superseded)}): batches of copies, whose identical rows route onto "
+    expected = [c for c, f in ev["cases"].items() if "decode_tok_s" in f and not copies(f) and expected_note(f)]
+    note = [""] + ([f"MBU marked *expected routing* ({', '.join(expected)}): no usable per-step routing counts, so "
+                    "the decode MoE bytes assume the uniform expectation; the evidence folder's README says why."]
+                   if expected else [])
+    note = note + ([f"Superseded rows ({', '.join(superseded)}): batches of copies, whose identical rows route onto "
                     "the same experts, so their tok/s and MBU describe no real batch; their figures stay in the "
                     "evidence folder's report only."] if superseded else [])
     return out + note + ["", source(folder, ev["device"], "headline.csv: the median request; stages.csv: the profiled "
