@@ -72,7 +72,7 @@ def _rel(a, b) -> float:
 
 
 @pytest.mark.parametrize("name", list(CPU_VARIANTS))
-def test_variant_matches_vendor_style_fp32(tiny, reference, name):
+def test_variant_matches_vendor_style_fp32(tiny, reference, wide_gemv_tiles, name):
     if "triton" in name and not triton_runs():
         pytest.skip("Triton cannot run here (not importable or TRITON_INTERPRET unset before import)")
     model, req = tiny
