@@ -129,6 +129,19 @@ def tiny_mode() -> dict:
     return dict(TINY_MODE)
 
 
+@pytest.fixture
+def wide_gemv_tiles(monkeypatch):
+    """``linear_impl=fused``'s GEMV kernels on 64-row tiles (``fused_linears.GEMV_TILES``), for tests
+    of the variant's wiring in Triton's interpreter, whose cost is per program: on the tiny model's
+    shapes (K = 64 < BLOCK_K = 256, masked) q/k/v+RoPE's 96 column pairs take 2 programs (the second
+    half masked) instead of 24, gate/up's 128 columns 2 instead of 32. The default 4-row tiles are
+    tests/test_gemv.py's."""
+    from harness.kernels.gemv_triton import GemvConfig
+    from harness.variants import fused_linears
+
+    monkeypatch.setattr(fused_linears, "GEMV_TILES", GemvConfig(block_n=64))
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT

@@ -100,13 +100,17 @@ def reference_decode(model, cache, token, steps, feed=None):
 
 
 def test_fused_step_decodes_the_reference_tokens_fp32():
-    """16 greedy steps in fp32: the same tokens, the same routing counts per step and layer (a
-    buffer of 16 + 1 rows: the last, for steps past it, stays empty), logits within 1e-5 of the
+    """10 greedy steps in fp32: the same tokens, the same routing counts per step and layer (a
+    buffer of 10 + 1 rows: the last, for steps past it, stays empty), logits within 1e-5 of the
     reference's largest (fp32 summation order); the device position and the step index advance
-    once per step, and a step is 18 launches (5 dense + 2 x 6 MoE + 1)."""
+    once per step, and a step is 18 launches (5 dense + 2 x 6 MoE + 1). The steps write positions
+    PROMPT .. PROMPT + 9 = 7 .. 16 of MAX_LEN = 32: the attention's second split (keys 16-31 at 16
+    keys per split) is empty for the first 9 steps and filled at the last."""
     from harness.kernels.decode_step import FusedDecodeStep
 
-    dt, steps = torch.float32, 16
+    dt, steps = torch.float32, 10
+    split_n = small_tiles().attention[0]
+    assert PROMPT + steps - 2 < split_n == PROMPT + steps - 1 and MAX_LEN == 2 * split_n
     model = tiny_model(dt)
     cache, token = prefilled(model, dt)
     fused_cache = copy_of(model, cache, dt)

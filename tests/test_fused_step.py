@@ -28,7 +28,12 @@ from harness.variants.base import CannotRunHere
 FUSED = dict(kv_cache="static", moe_impl="grouped", linear_impl="fused", decode_attention="triton",
              decode_step="fused")
 TINY = ["model=tiny", "workload.mode={name: t, base_size: 128, image_size: 64, crop: true}", "device=cpu"]
-STEPS = 16
+#: decode steps on the CPU (each costs about a second in Triton's interpreter). The request's prefill
+#: holds 28 tokens (asserted below), so the steps write positions 28 .. 33 of a 64-position static
+#: cache (28 + 7 = 35 rounded up to 64); the interpreter's attention tile (``decode_step.
+#: INTERPRETER_CONFIG``, 16 keys per split) then has a split always full (16-31), one empty and then
+#: filled (32-47, from the fifth step) and one always empty (48-63)
+STEPS = 6
 VOCAB = 1024
 
 
@@ -50,14 +55,17 @@ def _one_line(exc) -> str:
 
 @needs_triton
 def test_fused_variant_generates_the_vendor_tokens_and_routing_fp32():
-    """16 decode steps through ``generate``: tokens equal to vendor-style's, prefill and decode
+    """STEPS decode steps through ``generate``: tokens equal to vendor-style's, prefill and decode
     routing counts equal (per layer and expert, summed over the steps: the decoder's device counter
     is one [layers, experts] buffer); a second, shorter request reuses the decoder (position and
     counts reset) and gives the first 4 of those tokens; the step that ran is the fused one (18
     launches: 5 + 2 x 6 + 1)."""
     from harness.variants.fused_step import FusedCore
 
+    from harness.kernels.decode_step import INTERPRETER_CONFIG
+
     model, req = tiny_model_and_request("cpu", torch.float32, STEPS + 1)
+    assert req.prefill_tokens == 28 and INTERPRETER_CONFIG.attention[0] == 16
     ref = generate(model, req)
     assert int(ref.routing["decode"].sum()) == STEPS * 2 * 2          # 2 MoE layers, top-2
     info = variants.apply(model, ExecutionConfig(**FUSED))

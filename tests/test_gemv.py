@@ -88,8 +88,14 @@ def test_linear_dispatch_uses_cublas_beyond_one_row(monkeypatch):
                        F.linear(xw.bfloat16().float(), wide.bfloat16().float())) and len(calls) == 1
 
 
+#: the model's attention shape (10 heads of 128) on the GPU; in Triton's interpreter (one program per
+#: BLOCK_P = 4 column pairs, 1,920 pairs there) the same head dim 128 at 3 heads (576 pairs): the
+#: same kernel paths (a head count that is not a power of two, HALF = 64 > BLOCK_P), a third the programs
+MODEL_HEADS = (10, 10, 128) if DEV == "cuda" else (3, 3, 128)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("nh,nkv,d", [(4, 4, 16), (4, 2, 8), (10, 10, 128)])
+@pytest.mark.parametrize("nh,nkv,d", [(4, 4, 16), (4, 2, 8), MODEL_HEADS])
 def test_gemv_qkv_rope_equals_linear_rope_and_cache_write(nh, nkv, d, dtype):
     """q/k/v GEMV with RoPE and the KV write as its epilogue: q, and the cache rows at ``pos``, equal
     F.linear, the eager RoPE (each op rounded to the dtype) and index_copy_: fp32 to summation order;

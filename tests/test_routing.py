@@ -113,7 +113,7 @@ def test_balanced_routing_is_applied_identically_by_every_execution(tiny):
 
 
 @pytest.mark.skipif(not triton_runs(), reason="Triton cannot run here")
-def test_fused_router_counts_at_the_device_step_and_takes_forced_experts(tiny):
+def test_fused_router_counts_at_the_device_step_and_takes_forced_experts(tiny, wide_gemv_tiles):
     """Batch 1, balanced, under fused linears on the static cache: the Triton router reads the forced
     table at the device position and counts each step in its kernel at the device step index; the
     per-step counts are the table's and vendor-style's, the tokens vendor-style's (two steps: the

@@ -1,6 +1,7 @@
 """Execution variants of the reference LLM compute the vendor-style function: fp32 parity of prefill
-logits and 16 teacher-forced decode steps, generate() tokens and routing, the FLOP check per
-variant, and the knobs the config refuses. CUDA graphs run on the GPU only (marked ``gpu``)."""
+logits and teacher-forced decode steps (CPU_STEPS on the CPU, STEPS on the GPU), generate() tokens
+and routing, the FLOP check per variant, and the knobs the config refuses. CUDA graphs run on the
+GPU only (marked ``gpu``)."""
 from __future__ import annotations
 
 import pytest
@@ -27,6 +28,13 @@ CPU_VARIANTS = {
         kv_cache="static", moe_impl="grouped", moe_kernel="triton", linear_impl="fused", decode_attention="triton"),
 }
 STEPS = 16
+#: decode steps of the CPU runs (every decode step of a Triton variant costs seconds in the
+#: interpreter). The CPU request's prefill holds 28 tokens (asserted in ``tiny``), so its decode steps
+#: write positions 28 .. 28 + CPU_STEPS - 1 = 33 of a 64-position static cache (28 + 7 = 35 rounded
+#: up to 64): the split-KV decode attention (BLOCK_N = 32: blocks 0-31 and 32-63, one split each)
+#: runs with its second split empty (positions 28-31) and then filled (32, 33), both code paths.
+CPU_STEPS = 6
+CPU_PREFILL = 28
 
 
 @pytest.fixture(scope="module")
@@ -35,22 +43,26 @@ def tiny():
     cfg = load_tiny_cfg()
     model = build_model(cfg, "cpu", torch.float32, seed=0)
     page = wl.Page("p", wl.synthetic_page(0, size=(300, 200)), "s")
-    req = wl.build_request([page], TINY_MODE, decode_tokens=STEPS + 1)
+    req = wl.build_request([page], TINY_MODE, decode_tokens=CPU_STEPS + 1)
+    assert req.prefill_tokens == CPU_PREFILL and CPU_PREFILL < 32 <= CPU_PREFILL + CPU_STEPS - 1
     return model, req
 
 
-def _teacher_forced(model, req, cache):
-    """Prefill logits [B, S, V] and the logits of STEPS decode steps fed the reference tokens."""
-    img = model.image_embeddings(req.global_views, req.tiles, req.grid)
-    out = [model.prefill(req.input_ids, req.images_seq_mask, img, cache)]
-    return out
+@pytest.fixture(scope="module")
+def reference(tiny):
+    """The vendor-style generate() result and teacher-forced logits of ``tiny``, computed once."""
+    model, req = tiny
+    variants.apply(model, ExecutionConfig())
+    ref = generate(model, req)
+    return ref, _run(model, req, KVCache(model.cfg.llm.num_layers), ref.tokens)
 
 
 def _run(model, req, cache, tokens):
+    """Prefill logits and the logits of CPU_STEPS decode steps fed ``tokens``."""
     with torch.inference_mode():
         img = model.image_embeddings(req.global_views, req.tiles, req.grid)
         logits = [model.prefill(req.input_ids, req.images_seq_mask, img, cache)]
-        for j in range(STEPS):
+        for j in range(CPU_STEPS):
             logits.append(model.decode_step(tokens[:, j:j + 1], cache))
     return logits
 
@@ -60,24 +72,23 @@ def _rel(a, b) -> float:
 
 
 @pytest.mark.parametrize("name", list(CPU_VARIANTS))
-def test_variant_matches_vendor_style_fp32(tiny, name):
+def test_variant_matches_vendor_style_fp32(tiny, reference, wide_gemv_tiles, name):
     if "triton" in name and not triton_runs():
         pytest.skip("Triton cannot run here (not importable or TRITON_INTERPRET unset before import)")
     model, req = tiny
-    variants.apply(model, ExecutionConfig())
-    ref = generate(model, req)
-    ref_logits = _run(model, req, KVCache(model.cfg.llm.num_layers), ref.tokens)
+    ref, ref_logits = reference
     ex = ExecutionConfig(**CPU_VARIANTS[name])
     variants.apply(model, ex)
     try:
         if ex.kv_cache == "static":
             L = model.cfg.llm
-            cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, ex.cache_len(req.prefill_tokens, STEPS + 1),
+            cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, ex.cache_len(req.prefill_tokens, CPU_STEPS + 1),
                                   L.head_dim, torch.float32, "cpu")
             cache.position = torch.zeros(1, dtype=torch.int64)
         else:
             cache = KVCache(model.cfg.llm.num_layers)
         logits = _run(model, req, cache, ref.tokens)
+        assert len(logits) == len(ref_logits) == 1 + CPU_STEPS
         for j, (a, b) in enumerate(zip(logits, ref_logits)):
             assert _rel(a, b) <= 1e-5, (name, j, _rel(a, b))
         res = generate(model, req)

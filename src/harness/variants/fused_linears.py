@@ -32,6 +32,14 @@ from .static_kv import StaticKVCache
 GEMV_MAX_ROWS = 1
 #: reduction length up to which the GEMV kernels run (their loop over K is unrolled)
 GEMV_MAX_K = 2048
+#: tiles of the GEMV kernels (a ``gemv_triton.GemvConfig``); None: the kernels' default (the H200's
+#: fastest). A hook for the CPU tests: Triton's interpreter pays per program, so they set wider tiles.
+GEMV_TILES = None
+
+
+def _tiles() -> dict:
+    """The GEMV kernels' ``config`` argument: empty for their default tiles, else ``GEMV_TILES``."""
+    return {} if GEMV_TILES is None else {"config": GEMV_TILES}
 
 
 def fuse_rows(linears: list) -> torch.Tensor:
@@ -75,7 +83,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = Non
     x2 = x.reshape(-1, x.shape[-1])
     if gemv_fits(x2.shape[0], w.shape[1]):
         from ..kernels.gemv_triton import gemv
-        y = gemv(x2, w, out_dtype)
+        y = gemv(x2, w, out_dtype, **_tiles())
     elif out_dtype == torch.float32:
         y = F.linear(x2.float(), w.float())
     else:
@@ -89,7 +97,7 @@ def swiglu(x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor:
     inter = w_gate_up.shape[0] // 2
     if gemv_fits(x2.shape[0], w_gate_up.shape[1]):
         from ..kernels.gemv_triton import gemv_swiglu
-        h = gemv_swiglu(x2, w_gate_up)
+        h = gemv_swiglu(x2, w_gate_up, **_tiles())
     else:
         gate, up = F.linear(x2, w_gate_up).split(inter, dim=-1)
         h = F.silu(gate) * up
@@ -111,7 +119,8 @@ class FusedAttention(Variant, Attention):
 
         cos, sin = cache.rope if cache.rope is not None else self.rotary_emb(x, position_ids)
         k_buf, v_buf = cache.k[self.layer_idx], cache.v[self.layer_idx]
-        q = gemv_qkv_rope(x.reshape(1, -1), self.qkv_weight, cos, sin, cache.pos, k_buf, v_buf, self.num_heads)
+        q = gemv_qkv_rope(x.reshape(1, -1), self.qkv_weight, cos, sin, cache.pos, k_buf, v_buf, self.num_heads,
+                          **_tiles())
         out = self.attend_decode(q, k_buf, v_buf, cache)
         return self.output(out.transpose(1, 2).reshape(B, S, -1))
 
