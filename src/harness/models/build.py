@@ -5,6 +5,7 @@ Construction happens on the ``meta`` device, then storage is allocated once on t
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -25,7 +26,7 @@ def build_model(cfg: ModelConfig, device="cpu", dtype=torch.float32, seed: int =
     """The reference model in eval mode. ``init=False`` leaves storage uninitialised (for loading)."""
     device = torch.device(device)
     dtype = torch_dtype(dtype)
-    with torch.device("meta"):
+    with torch.device("meta"), _skipped_init():
         model = DeepseekOCR(cfg)
     model = model.to(dtype=dtype)
     if device.type == "meta":
@@ -37,6 +38,23 @@ def build_model(cfg: ModelConfig, device="cpu", dtype=torch.float32, seed: int =
     if init:
         init_weights(model, seed, cfg.init_std)
     return model.eval()
+
+
+@contextlib.contextmanager
+def _skipped_init():
+    """``torch.nn.init``'s fills as no-ops while the model is built on ``meta`` (``to_empty`` drops
+    whatever they wrote, ``init_weights`` fills the real storage): on ``meta`` each fill goes through
+    ``torch._refs``, whose first call imports torch._dynamo (1.7 s of every CPU run's start)."""
+    names = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "kaiming_uniform_",
+             "kaiming_normal_", "xavier_uniform_", "xavier_normal_")
+    saved = {n: getattr(nn.init, n) for n in names}
+    for n in names:
+        setattr(nn.init, n, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(nn.init, n, fn)
 
 
 def _is_norm(module: nn.Module) -> bool:

@@ -42,7 +42,11 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.head_dim = head_dim
         self.theta = theta
-        self.register_buffer("inv_freq", self.compute_inv_freq(), persistent=False)
+        # built on ``meta`` (``build_model``): a placeholder of the right shape, filled after ``to_empty``
+        # (arithmetic on meta tensors goes through torch._refs, which imports torch._dynamo: 1.7 s)
+        inv = (torch.empty(head_dim // 2) if torch.get_default_device().type == "meta"
+               else self.compute_inv_freq())
+        self.register_buffer("inv_freq", inv, persistent=False)
 
     def compute_inv_freq(self, device=None) -> torch.Tensor:
         idx = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float()
