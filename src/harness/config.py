@@ -378,7 +378,7 @@ class ThroughputConfig:
     * ``warmup_batches``: batches run before the window (compile, capture, pool warm-up) (None: 2 / 1).
     * ``tokens``: None = ``workload.decode_tokens`` for every page; else a seeded per-page distribution.
     * ``best``: run the ``best`` case's execution of ``conf/experiment/optimize.yaml`` with the
-      ``model.*`` knobs that differ from the defaults on top (None: on CUDA; the CPU runs ``model.*``).
+      ``execution.*`` knobs that differ from the defaults on top (None: on CUDA; the CPU runs ``execution.*``).
     * ``execution``: execution knobs over all of that (None = as above), e.g. ``vision_compile: false``.
     * ``prefetch``: batches prepared ahead of the one running (at least 2 x workers pages).
     * ``timeline_batches``: batches of each configuration drawn in ``throughput_timeline.png``.
