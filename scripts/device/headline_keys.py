@@ -1,4 +1,4 @@
-"""Print the key columns of headline.csv in run directories (device runs: one line per case).
+"""Print the key columns of headline.csv in run directories (device runs: one line per case)."""
 import csv, sys, glob
 keys = ("case", "batch", "routing", "e2e_ms", "call_ms", "ttft_ms", "tpot_p50_ms", "tpot_p50_ms_min", "tpot_p50_ms_max",
         "decode_tok_s", "pages_s", "pages_s_e2e", "bound_by")
