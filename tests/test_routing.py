@@ -258,3 +258,23 @@ def test_a_grown_ones_buffer_stays_alive_and_unchanged_for_a_captured_step():
     assert r._ones is not first() and first() is not None and torch.equal(first(), torch.ones(8, dtype=torch.int64))
     # counts: prefill layer 0: expert 4 in four rows, 0..3 in two rows each; decode scratch layer 1: 1, 2, 2, 2, 1
     assert r.prefill[0, 0].tolist() == [2, 2, 2, 2, 4] and r.scratch[1].tolist() == [1, 2, 2, 2, 1]
+
+
+def test_per_step_counts_that_do_not_sum_to_the_batch_are_not_shown_as_experts(tmp_path):
+    """Every (step, MoE layer) of a batch of 2 rows at top-2 counts 2 x 2 = 4 routed tokens. A case
+    whose rows sum to 4 shows its distinct experts (step 0: e0, e1, e3 -> 3; step 1: e2 -> 1); one
+    whose counts were garbage (a freed buffer read by a replayed graph: 7 and 4) shows none, and says
+    why."""
+    from harness.report.routing import routing_facts
+    from harness.rundir import RunData
+
+    manifest = {"config": {"model": {"llm": {"num_experts_per_tok": 2}}},
+                "cases": [{"name": n, "batch": 2, "pages": ["a", "b"]} for n in ("ok", "bad")]}
+    rows = [("ok", 0, [2, 1, 0, 1]), ("ok", 1, [0, 0, 4, 0]), ("bad", 0, [5, 1, 0, 1]), ("bad", 1, [0, 0, 4, 0])]
+    steps = pd.DataFrame([{"case": c, "step": s, "layer": 1, "experts": sum(v > 0 for v in e),
+                           **{f"e{j}": v for j, v in enumerate(e)}} for c, s, e in rows])
+    facts = routing_facts(RunData(tmp_path, manifest, routing_steps=steps))
+    assert facts["ok"]["experts_step"] == (1.0, 1.0, 3.0) and facts["ok"]["inconsistent"] is None
+    assert facts["bad"]["experts_step"] is None
+    assert facts["bad"]["inconsistent"] == ("counts inconsistent: 1 of 2 (step, layer) rows do not sum to 2 x 2 = 4 "
+                                            "(e.g. 7)")

@@ -33,18 +33,43 @@ def _experts(frame: pd.DataFrame) -> pd.Series:
     return (frame[cols].fillna(0) > 0).sum(axis=1)
 
 
+def _top_k(manifest: dict) -> Optional[int]:
+    """Experts each token picks (the run's model config), or None where the manifest does not say."""
+    k = (((manifest.get("config") or {}).get("model") or {}).get("llm") or {}).get("num_experts_per_tok")
+    return int(k) if k else None
+
+
+def inconsistent_steps(per_step: pd.DataFrame, rows: Optional[int], top_k: Optional[int]) -> Optional[str]:
+    """Why a case's per-step counts cannot be read as routing, or None: every (step, MoE layer) of a
+    decode counts each of the batch's ``rows`` tokens ``top_k`` times, so its counts sum to rows x top_k."""
+    if not len(per_step) or not rows or not top_k:
+        return None
+    cols = [c for c in per_step.columns if c.startswith("e") and c[1:].isdigit()]
+    sums = per_step[cols].fillna(0).sum(axis=1)
+    bad = sums[sums != rows * top_k]
+    if not len(bad):
+        return None
+    return (f"counts inconsistent: {len(bad):,} of {len(sums):,} (step, layer) rows do not sum to {rows} x "
+            f"{top_k} = {rows * top_k} (e.g. {int(bad.iloc[0]):,})")
+
+
 def routing_facts(run: RunData) -> dict:
     """{case: {"routing": label, "experts_step": (median, min, max) or None, "experts_decode": (...) or
-    None}} for every case of the run's manifest."""
+    None, "inconsistent": why the per-step counts are not routing, or None}} for every case of the run's
+    manifest. Inconsistent counts give no experts per step (what they count is not known)."""
     out = {}
     steps, counts = run.routing_steps, run.routing
+    top_k = _top_k(run.manifest)
     for case, entry in case_info(run.manifest).items():
         per_step = steps[steps["case"] == case] if len(steps) and "case" in steps else pd.DataFrame()
         decode = (counts[(counts["case"] == case) & (counts["phase"] == "decode")]
                   if len(counts) and "case" in counts else pd.DataFrame())
+        rows = len(entry["pages"]) if isinstance(entry.get("pages"), list) else entry.get("batch")
+        why = inconsistent_steps(per_step, rows, top_k)
         out[case] = {"routing": entry.get("routing_label") or "weights",
-                     "experts_step": _spread(per_step["experts"]) if len(per_step) else None,
-                     "experts_decode": _spread(_experts(decode)) if len(decode) else None}
+                     "experts_step": _spread(per_step["experts"]) if len(per_step) and why is None else None,
+                     "experts_decode": _spread(_experts(decode)) if len(decode) and why is None else None,
+                     "inconsistent": why}
     return out
 
 
@@ -68,10 +93,14 @@ def section(run: RunData, st: pd.DataFrame) -> list:
          "layer; over the whole decode, per MoE layer (`routing.csv`). The decode MoE weight bytes (and MBU) use "
          "the experts of each step where they were measured; *expected routing* marks the uniform expectation.", ""]
     L += table(["case", "batch", "routing", "experts_step", "experts_decode", "bytes_routing"], rows)
+    bad = [f"{r['case']}: {r['inconsistent']}" for r in rows if r["inconsistent"]]
+    if bad:
+        L += ["", "**Routing counts that are not routing** (no experts shown; their MoE bytes fall back to the "
+              "expected routing): " + "; ".join(bad) + "."]
     if any(expected_routing(r["bytes_routing"]) for r in rows):
         L += ["", "Rows with *expected routing* had no per-step counts: their decode MoE bytes assume each token "
               "picks its experts uniformly at random, which random weights do not do."]
     return L + [""]
 
 
-__all__ = ["routing_facts", "section"]
+__all__ = ["routing_facts", "inconsistent_steps", "section"]
