@@ -175,12 +175,19 @@ def vision_items(cfg: ModelConfig, view: View, b: int) -> list:
     return items
 
 
+def routing_mismatch(counts, tokens: int, k: int) -> Optional[int]:
+    """The sum of one MoE layer's expert counts where it is not ``tokens`` x ``k`` (each token picks
+    ``k`` experts, so counts of that very workload sum to exactly that), else None."""
+    total = int(np.asarray(counts).sum())
+    return None if total == tokens * k else total
+
+
 def _touched(routing, layer: int, tokens: int, k: int, what: str) -> Optional[float]:
     """Experts touched in MoE ``layer`` from measured counts [layers, experts] (None: expectation)."""
     if routing is None:
         return None
     row = np.asarray(routing)[layer]
-    if int(row.sum()) != tokens * k:
+    if routing_mismatch(row, tokens, k) is not None:
         raise HarnessError(f"{what} routing counts of layer {layer} sum to {int(row.sum())}, expected "
                            f"{tokens} tokens x top-{k} = {tokens * k}",
                            "pass the routing counts of this very workload (GenerationResult.routing)")
@@ -254,7 +261,7 @@ def _decode_routing(routing, steps: int, B: int, cfg: ModelConfig):
     L = cfg.llm
     k = L.num_experts_per_tok
     for layer in range(min(L.first_k_dense_replace, L.num_layers), L.num_layers):
-        if int(arr[layer].sum()) != steps * B * k:
+        if routing_mismatch(arr[layer], steps * B, k) is not None:
             raise HarnessError(f"decode routing counts of layer {layer} sum to {int(arr[layer].sum())}, expected "
                                f"{steps} steps x {B} tokens x top-{k}", "pass this workload's decode routing")
     return [None] * steps
@@ -441,6 +448,6 @@ def default_sweep_cases(decode_tokens: int = 128) -> list:
     return cases
 
 
-__all__ = ["Case", "COLUMNS", "STAGES", "workload_costs", "case_summary", "stage_totals", "component_params",
+__all__ = ["Case", "routing_mismatch", "COLUMNS", "STAGES", "workload_costs", "case_summary", "stage_totals", "component_params",
            "activated_params_per_token", "kv_bytes_per_token", "decode_step_costs", "resolve", "as_case",
            "parse_grid", "case_items", "default_sweep_cases", "dtype_bytes"]

@@ -14,6 +14,7 @@ from typing import Optional
 
 import pandas as pd
 
+from ..analytic.compose import routing_mismatch
 from ..measure.stats import median_low
 from ..roofline.join import expected_routing
 from ..rundir import RunData
@@ -45,12 +46,12 @@ def inconsistent_steps(per_step: pd.DataFrame, rows: Optional[int], top_k: Optio
     if not len(per_step) or not rows or not top_k:
         return None
     cols = [c for c in per_step.columns if c.startswith("e") and c[1:].isdigit()]
-    sums = per_step[cols].fillna(0).sum(axis=1)
-    bad = sums[sums != rows * top_k]
-    if not len(bad):
+    sums = [routing_mismatch(r, rows, top_k) for r in per_step[cols].fillna(0).to_numpy()]
+    bad = [s for s in sums if s is not None]
+    if not bad:
         return None
     return (f"counts inconsistent: {len(bad):,} of {len(sums):,} (step, layer) rows do not sum to {rows} x "
-            f"{top_k} = {rows * top_k} (e.g. {int(bad.iloc[0]):,})")
+            f"{top_k} = {rows * top_k} (e.g. {bad[0]:,})")
 
 
 def routing_facts(run: RunData) -> dict:
