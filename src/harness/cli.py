@@ -184,7 +184,7 @@ def _compose_checked(args: list[str], verb: str = "run") -> tuple:
             check_cases(hc)
         first = first or hc
     GlobalHydra.instance().clear()
-    if first.run.only is not None:
+    if first.run.only is not None and verb not in MODEL_VERBS:   # check_cases prepared run.only's cases
         from .setup import check_run_only
         check_run_only(first)
     return first, dirs

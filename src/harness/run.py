@@ -156,14 +156,12 @@ class CaseTables:
                  "warmup_ms": [round(t, 3) for t in warm.get("warmup_ms", [])], "warmup_steady": warm.get("steady"),
                  "trace": {"file": trace_name(case.name), "bytes": trace["bytes"]} if trace else None,
                  **measured.entry()}
-        with rd.case_files():
-            rd.write_csv("stages.csv", grown)
-            for name, frame in (("kernels.csv", kernels if len(kernels) else None), ("steps.csv", frame_steps),
-                                ("routing_steps.csv", frame_rs)):
+        with rd.case_files():   # every table has fixed columns: each case's rows are appended
+            for name, frame in (("stages.csv", stages), ("kernels.csv", kernels if len(kernels) else None),
+                                ("steps.csv", frame_steps), ("routing_steps.csv", frame_rs),
+                                ("routing.csv", pd.DataFrame(rows) if rows else None)):
                 if frame is not None:
                     rd.append_csv(name, frame)
-            if table is not None:
-                rd.write_csv("routing.csv", table)
             rd.manifest["cases"].append(entry)
             rd.manifest["attention"] = {k: list(v) for k, v in attn_probe.SEEN.items()}
             try:

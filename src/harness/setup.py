@@ -161,10 +161,6 @@ class CaseInputs:
                                 tokenizer=self.tokenizer, text_tokens=w.text_tokens, seed=w.seed,
                                 name=self.case.name, routing=w.routing, routing_seed=w.routing_seed)
 
-    def request_for(self, repeat: int) -> wl.Request:
-        """The request of timed repeat ``repeat`` (< 0: warm-ups), CPU tensors."""
-        return self.build(self.pages_of(repeat))
-
     def timed_request(self, repeat: int, device: torch.device, dtype: torch.dtype) -> tuple:
         """(request ``repeat`` on ``device``, {"prep_ms", "h2d_ms"}): host ms of building it from its
         pages (``build``; drawing synthetic pages is not counted) and of copying it to ``device``

@@ -33,11 +33,3 @@ def module_stage(name: str) -> str | None:
         if any(name == p or name.startswith(p + ".") for p in prefixes):
             return stage
     return None
-
-
-def llm_stages(name: str) -> tuple:
-    """The stages a module takes part in: ('prefill', 'decode') for LLM modules."""
-    st = module_stage(name)
-    if st == "llm":
-        return ("prefill", "decode")
-    return (st,) if st else ()
