@@ -52,6 +52,7 @@ from .alignment import attribute_replay
 from .kernels import KERNEL_COLUMNS, KernelCapture, kernel_table
 from .modules import ModuleTracker
 from .recorder import StageRecorder
+from .stats import median_low
 from .observations import frame, stage_rows, step_rows
 from .syncs import SyncCounter
 
@@ -117,8 +118,8 @@ def is_steady(ms: list[float], pct: float, last: int = 3) -> bool:
     """True when the last ``last`` times all lie within ``pct`` % of their median."""
     if len(ms) < last:
         return False
-    tail = sorted(ms[-last:])
-    mid = tail[len(tail) // 2]
+    tail = ms[-last:]
+    mid = median_low(tail)
     return all(abs(t - mid) <= pct / 100 * mid for t in tail)
 
 
