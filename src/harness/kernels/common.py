@@ -6,6 +6,7 @@ every kernel of the package for Triton's numpy interpreter (CPU tensors, tests o
 modules import this one, so the flag is read once, here (``INTERPRETED``).
 
 - ``check_runnable(x)``: refuse CUDA inputs when the kernels were defined for the interpreter.
+- ``emulates_bf16_rne(dtype)``: the ``EMULATE_BF16_RNE`` flag a launch passes for that activation dtype.
 - ``rne(x, EMULATE_BF16_RNE)``: fp32 nudged so a following cast to bf16 rounds to nearest-even
   (the interpreter truncates).
 - ``rounded(x, act, EMULATE_BF16_RNE)``: fp32 rounded to the activation dtype and held in fp32 again.
@@ -37,6 +38,12 @@ def check_runnable(x: torch.Tensor) -> None:
     if x.device.type == "cuda" and INTERPRETED:
         raise HarnessError("the Triton kernels were imported with TRITON_INTERPRET=1; they cannot run on CUDA",
                            "unset TRITON_INTERPRET in the process that runs on the GPU")
+
+
+def emulates_bf16_rne(dtype: torch.dtype) -> bool:
+    """The kernels' ``EMULATE_BF16_RNE`` for activations of ``dtype``: round fp32 -> bf16 to nearest-even
+    by hand (``rne``) in interpreted bf16 runs only (the interpreter truncates)."""
+    return INTERPRETED and dtype == torch.bfloat16
 
 
 @triton.jit
@@ -113,5 +120,5 @@ def row_times_tile(xp, wp, stride_xk, stride_wk, n_ok, K: tl.constexpr, BLOCK_N:
     return acc
 
 
-__all__ = ["INTERPRETED", "check_runnable", "rne", "rounded", "swiglu", "row_times_tile", "exp_f32", "div_f32",
-           "fp32_rounded"]
+__all__ = ["INTERPRETED", "check_runnable", "emulates_bf16_rne", "rne", "rounded", "swiglu", "row_times_tile",
+           "exp_f32", "div_f32", "fp32_rounded"]

@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .common import INTERPRETED, check_runnable, rne
+from .common import check_runnable, emulates_bf16_rne, rne
 
 LOG2E = 1.4426950408889634
 #: streaming multiprocessors of an H100 / H200 SXM: the default split count aims at 2 waves of them
@@ -204,7 +204,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
         k, v = k.contiguous(), v.contiguous()
     scale_log2 = (D ** -0.5 if scale is None else scale) * LOG2E
     splits, per = config.splits(B * nh, L)
-    emulate_rne = INTERPRETED and q.dtype == torch.bfloat16
+    emulate_rne = emulates_bf16_rne(q.dtype)
     out = torch.empty((B, nh, 1, D), dtype=q.dtype, device=q.device)
     acc = torch.empty((B * nh * splits, D) if splits > 1 else (1, D), dtype=torch.float32, device=q.device)
     m = torch.empty(B * nh * splits if splits > 1 else 1, dtype=torch.float32, device=q.device)

@@ -26,7 +26,7 @@ dependent launch (Hopper; ``decode_step_triton.pdl_support``), refused where it 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -127,7 +127,6 @@ class DecodeWeights:
     top_k: int
     norm_topk: bool
     scale: float
-    extras: dict = field(default_factory=dict)
 
 
 def _refuse(what: str, fix: str = "build the step from the reference model's weights (variants.fused_step)"):

@@ -69,7 +69,8 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .common import INTERPRETED, check_runnable, div_f32, exp_f32, fp32_rounded, rne, rounded, swiglu
+from .common import (INTERPRETED, check_runnable, div_f32, emulates_bf16_rne, exp_f32, fp32_rounded, rne, rounded,
+                     swiglu)
 
 try:                                        # Triton >= 3.4 (grid dependency control, sm90+)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -636,11 +637,6 @@ def _launch(kernel, grid, warps: int, pdl: bool, *args, **meta) -> None:
     kernel[grid](*args, num_warps=warps, **meta)
 
 
-def _emu(t: torch.Tensor) -> bool:
-    """Round fp32 -> bf16 to nearest-even by hand: interpreted bf16 runs only."""
-    return INTERPRETED and t.dtype == torch.bfloat16
-
-
 def tiles(rows: int, block: int, slots: int = 1) -> int:
     """Tiles of ``block`` rows over ``rows`` rows of each of ``slots`` matrices."""
     return triton.cdiv(rows, block) * slots
@@ -676,7 +672,7 @@ def qkv_rope(h, ln, w, cos, sin, pos, q, k_cache, v_cache, eps: float, *, embed=
             xn_out if xn_out is not None else h, q_cols, kv_cols, L, embed.stride(0) if has_embed else 0, w.stride(0),
             cos.stride(0), sin.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
             H=H, HA=ha, HB=hb, HALF=d // 2, BLOCK_P=block_p, N_TILES=n_tiles, EPS=float(eps), EMBED=has_embed,
-            XN_OUT=xn_out is not None, USE_PDL=pdl, EMU=_emu(q))
+            XN_OUT=xn_out is not None, USE_PDL=pdl, EMU=emulates_bf16_rne(q.dtype))
 
 
 def attention_splits(max_len: int, split_n: int) -> int:
@@ -696,7 +692,7 @@ def attention(q, k_cache, v_cache, pos, out, acc, m, ls, sem, *, tile=(32, 4), p
             q, k_cache, v_cache, pos, out, acc, m, ls, sem, L,
             k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
             GROUP=nh // nkv, SCALE_LOG2=d ** -0.5 * LOG2E, D=d, SPLIT_N=split_n, NUM_SPLITS=splits,
-            SPLITS_P2=triton.next_power_of_2(splits), USE_PDL=pdl, EMU=_emu(q))
+            SPLITS_P2=triton.next_power_of_2(splits), USE_PDL=pdl, EMU=emulates_bf16_rne(q.dtype))
 
 
 def down_residual(act, w, h, part, cnt, *, experts=None, ids=None, wts=None, tile=(4, 4), programs: int = 0,
@@ -724,7 +720,7 @@ def down_residual(act, w, h, part, cnt, *, experts=None, ids=None, wts=None, til
             act.stride(0), ew.stride(0) if experts is not None else 0, ew.stride(1) if experts is not None else 0,
             w.stride(0), H=H, INTER=inter, IA=ia, IB=ib, TOP_K=top_k, PARTS=parts, SLOTS=slots,
             SLOTS_P2=triton.next_power_of_2(slots), BLOCK_N=block_n, N_TILES=n_tiles, ALIGNED=aligned, USE_PDL=pdl,
-            EMU=_emu(h))
+            EMU=emulates_bf16_rne(h.dtype))
 
 
 def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk: bool, scale: float, *,
@@ -749,7 +745,8 @@ def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk
             table.stride(1) if forced is not None else 0, w.stride(0),
             H=H, HA=ha, HB=hb, ROWS=rows, TOP_K=top_k, BLOCK_E=triton.next_power_of_2(E),
             BLOCK_TOPK=triton.next_power_of_2(top_k), NORM_TOPK=bool(norm_topk and top_k > 1), SCALE=float(scale),
-            EPS=float(eps), HAS_COUNTS=counts is not None, FORCED=forced is not None, USE_PDL=pdl, EMU=_emu(xn))
+            EPS=float(eps), HAS_COUNTS=counts is not None, FORCED=forced is not None, USE_PDL=pdl,
+            EMU=emulates_bf16_rne(xn.dtype))
 
 
 def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_up=None, ids=None, tile=(4, 4),
@@ -777,7 +774,7 @@ def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_u
             ew.stride(0) if experts_gate_up is not None else 0, ew.stride(1), shared_gate_up.stride(0), act.stride(0),
             H=H, HA=ha, HB=hb, INTER=inter, S_INTER=s_inter, TOP_K=top_k, PARTS=parts, SLOTS=parts + top_k,
             BLOCK_N=block_n, N_TILES=n_tiles, NORM=ln is not None, EPS=float(eps), ALIGNED=aligned, USE_PDL=pdl,
-            EMU=_emu(act))
+            EMU=emulates_bf16_rne(act.dtype))
 
 
 def lm_head_argmax(h, ln, w, logits, pmax, pidx, sem, token, pos, eps: float, *, step=None, xn_out=None,
@@ -794,4 +791,4 @@ def lm_head_argmax(h, ln, w, logits, pmax, pidx, sem, token, pos, eps: float, *,
             h, ln, w, logits, pmax, pidx, sem, token, pos, step if step is not None else pos,
             xn_out if xn_out is not None else h, V, triton.cdiv(V, block_n), w.stride(0),
             H=H, HA=ha, HB=hb, BLOCK_N=block_n, G_P2=triton.next_power_of_2(programs), EPS=float(eps),
-            HAS_STEP=step is not None, XN_OUT=xn_out is not None, USE_PDL=pdl, EMU=_emu(logits))
+            HAS_STEP=step is not None, XN_OUT=xn_out is not None, USE_PDL=pdl, EMU=emulates_bf16_rne(logits.dtype))

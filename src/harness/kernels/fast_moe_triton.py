@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .common import INTERPRETED, check_runnable, rounded, row_times_tile, swiglu
+from .common import INTERPRETED, check_runnable, emulates_bf16_rne, rounded, row_times_tile, swiglu
 from .moe_blocks import ROWS_KERNEL_MAX, TritonMoEConfig, align_rows_to_blocks, default_triton_config  # noqa: F401
 
 
@@ -152,7 +152,7 @@ def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch
     al = align_rows_to_blocks(topk_ids, E, cfg.block_m)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"   # fp32 inputs: no TF32 rounding
     dot_in_fp32 = INTERPRETED and x.dtype != torch.float32
-    emulate_rne = INTERPRETED and x.dtype == torch.bfloat16
+    emulate_rne = emulates_bf16_rne(x.dtype)
     h = torch.empty(al.max_blocks * cfg.block_m, inter, dtype=x.dtype, device=x.device)
     out_rows = torch.empty(T * k, H, dtype=torch.float32, device=x.device)
     gu, dn = weights.gate_up, weights.down
@@ -289,7 +289,7 @@ def routed_experts_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.T
     x = x.contiguous()
     ids = topk_ids.reshape(-1).contiguous()
     w32 = topk_w.reshape(-1).contiguous()
-    emulate_rne = INTERPRETED and x.dtype == torch.bfloat16
+    emulate_rne = emulates_bf16_rne(x.dtype)
     h = torch.empty(T * slots, inter, dtype=x.dtype, device=x.device)
     out_rows = torch.empty(T * slots, H, dtype=torch.float32, device=x.device)
     (bn, bk, warps), (bn_d, bk_d, warps_d) = config.gate_up, config.down

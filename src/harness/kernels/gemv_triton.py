@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .common import INTERPRETED, check_runnable, rne, rounded, row_times_tile, swiglu
+from .common import check_runnable, emulates_bf16_rne, rne, rounded, row_times_tile, swiglu
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = None,
     _gemv_kernel[(M, triton.cdiv(N, config.block_n))](
         x, w, y, N, x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
         K=K, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        EMULATE_BF16_RNE=INTERPRETED and out_dtype == torch.bfloat16, num_warps=config.num_warps)
+        EMULATE_BF16_RNE=emulates_bf16_rne(out_dtype), num_warps=config.num_warps)
     return y
 
 
@@ -102,7 +102,7 @@ def gemv_swiglu(x: torch.Tensor, w_gate_up: torch.Tensor, config: GemvConfig = G
     _gemv_swiglu_kernel[(M, triton.cdiv(inter, config.block_n))](
         x, w_gate_up, h, inter, x.stride(0), x.stride(1), w_gate_up.stride(0), w_gate_up.stride(1),
         h.stride(0), h.stride(1), K=K, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        EMULATE_BF16_RNE=INTERPRETED and x.dtype == torch.bfloat16, num_warps=config.num_warps)
+        EMULATE_BF16_RNE=emulates_bf16_rne(x.dtype), num_warps=config.num_warps)
     return h
 
 
@@ -184,5 +184,5 @@ def gemv_qkv_rope(x: torch.Tensor, w_qkv: torch.Tensor, cos: torch.Tensor, sin: 
         x, w_qkv, cos, sin, pos, q, k_cache, v_cache, q_cols, kv_cols, x.stride(1), w_qkv.stride(0), w_qkv.stride(1),
         cos.stride(0), sin.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
         K=x.shape[1], HALF=d // 2, BLOCK_P=block_p, BLOCK_K=config.block_k,
-        EMULATE_BF16_RNE=INTERPRETED and x.dtype == torch.bfloat16, num_warps=config.num_warps)
+        EMULATE_BF16_RNE=emulates_bf16_rne(x.dtype), num_warps=config.num_warps)
     return q

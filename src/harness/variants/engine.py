@@ -75,12 +75,17 @@ class Engine(Variant, DeepseekOCR):
         length and device position advance to S."""
         if not isinstance(cache, StaticKVCache):
             return super().prefill(input_ids, images_seq_mask, image_embeds, cache)
-        embeds = self.embed_prompt(input_ids, images_seq_mask, image_embeds)
-        S = input_ids.shape[1]
-        pos = torch.arange(S, device=input_ids.device)
+        logits = self._static_prefill(self.embed_prompt(input_ids, images_seq_mask, image_embeds), cache)
+        cache.advance(input_ids.shape[1])
+        return logits
+
+    def _static_prefill(self, embeds: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+        """Logits [B, S, vocab] of prompt embeddings [B, S, hidden] at positions 0..S-1 of a static cache
+        (its step positions set, then its device position set to S; its host ``length`` untouched)."""
+        B, S = embeds.shape[:2]
+        pos = torch.arange(S, device=embeds.device)
         cache.begin_step(pos)
-        logits = self.decoder(embeds, pos[None].expand(input_ids.shape[0], -1), cache)
-        cache.advance(S)
+        logits = self.decoder(embeds, pos[None].expand(B, -1), cache)
         cache.position.fill_(S)
         return logits
 
@@ -100,12 +105,7 @@ class Engine(Variant, DeepseekOCR):
         embeds = self.model.embed_tokens(input_ids)
         if image_embeds is not None and image_embeds.numel():
             embeds[:, image_start:image_start + image_embeds.shape[1]] = image_embeds.to(embeds.dtype)
-        S = input_ids.shape[1]
-        pos = torch.arange(S, device=input_ids.device)
-        cache.begin_step(pos)
-        logits = self.decoder(embeds, pos[None].expand(input_ids.shape[0], -1), cache)
-        cache.position.fill_(S)
-        return select(logits)
+        return select(self._static_prefill(embeds, cache))
 
     def decode_core(self, token: torch.Tensor, cache, select: Select, routing=None) -> torch.Tensor:
         """The device work of one static-cache step: position from ``cache.position`` (device), the

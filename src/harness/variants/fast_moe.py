@@ -143,6 +143,15 @@ def shares_storage(moe: nn.Module, weights: ExpertWeights) -> bool:
     return True
 
 
+def stacked(moe: nn.Module) -> ExpertWeights:
+    """``moe.experts_stacked``: its experts stacked once (``stack_experts``), stacked again only where
+    the experts' weights no longer share its storage (``shares_storage``: a ``.to()`` since)."""
+    weights = moe.__dict__.get("experts_stacked")
+    if weights is None or not shares_storage(moe, weights):
+        weights = moe.experts_stacked = stack_experts(moe)
+    return weights
+
+
 def grouped_mm_available(device: torch.device | str, dtype: torch.dtype) -> tuple[bool, str]:
     """Whether ``impl="grouped_mm"`` runs sync-free on ``device`` for ``dtype``, and why (or why not)."""
     device = torch.device(device)

@@ -72,6 +72,16 @@ def shares_rows(linears: list, fused: torch.Tensor) -> bool:
     return start == fused.shape[0]
 
 
+def fused_weight(module: nn.Module, attr: str, linears: list) -> torch.Tensor:
+    """``module.<attr>``: the fused weight of ``linears`` (``fuse_rows``), made once and made again only
+    where the Linears are no longer its views (``shares_rows``: a ``.to()`` since)."""
+    fused = module.__dict__.get(attr)
+    if fused is None or not shares_rows(linears, fused):
+        fused = fuse_rows(linears)
+        module.__dict__[attr] = fused
+    return fused
+
+
 def gemv_fits(rows: int, k: int) -> bool:
     """Whether ``rows`` token rows against a reduction length ``k`` run the Triton GEMV kernels."""
     return rows <= GEMV_MAX_ROWS and k <= GEMV_MAX_K
@@ -191,13 +201,11 @@ class FusedLinears(Converter):
             return {self.manifest_key: "vendor: one GEMM per nn.Linear"}
         for layer in model.model.layers:
             attn = layer.self_attn
-            if attn.__dict__.get("qkv_weight") is None:     # once: the Linears become views of it
-                attn.qkv_weight = fuse_rows([attn.q_proj, attn.k_proj, attn.v_proj])
+            fused_weight(attn, "qkv_weight", [attn.q_proj, attn.k_proj, attn.v_proj])   # once: the Linears' views
             swap(attn, FusedAttention)
             moe = isinstance(layer.mlp, MoE)
             for mlp in [layer.mlp.shared_experts] if moe else [layer.mlp]:
-                if mlp.__dict__.get("gate_up_weight") is None:
-                    mlp.gate_up_weight = fuse_rows([mlp.gate_proj, mlp.up_proj])
+                fused_weight(mlp, "gate_up_weight", [mlp.gate_proj, mlp.up_proj])
                 swap(mlp, FusedSwiGLU)
             if moe:
                 swap(layer.mlp.gate, FusedGate)

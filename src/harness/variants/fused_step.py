@@ -33,22 +33,13 @@ from ..models.adapter import greedy, greedy_chunked
 from ..models.llm import MoE
 from .base import Converter, need
 from .engine import attach
-from .fast_moe import shares_storage, stack_experts
-from .fused_linears import fuse_rows, shares_rows
+from .fast_moe import stacked
+from .fused_linears import fused_weight
 
 #: the knobs the fused step runs on (it reads their weights and cache; its attention reads positions
 #: 0..pos as decode_attention=triton's, which the analytic cost counts)
 PREREQUISITES = (("kv_cache", "static"), ("moe_impl", "grouped"), ("linear_impl", "fused"),
                  ("decode_attention", "triton"))
-
-
-def _fused(module, attr: str, linears: list) -> torch.Tensor:
-    """``module.<attr>``: the fused weight of ``linears`` (``fused_linears.fuse_rows``), made once."""
-    fused = module.__dict__.get(attr)
-    if fused is None or not shares_rows(linears, fused):
-        fused = fuse_rows(linears)
-        module.__dict__[attr] = fused
-    return fused
 
 
 def weights_from_model(model) -> DecodeWeights:
@@ -59,19 +50,17 @@ def weights_from_model(model) -> DecodeWeights:
     layers = []
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        qkv = _fused(attn, "qkv_weight", [attn.q_proj, attn.k_proj, attn.v_proj])
+        qkv = fused_weight(attn, "qkv_weight", [attn.q_proj, attn.k_proj, attn.v_proj])
         moe = isinstance(mlp, MoE)
         swiglu = mlp.shared_experts if moe else mlp
-        gate_up = _fused(swiglu, "gate_up_weight", [swiglu.gate_proj, swiglu.up_proj])
+        gate_up = fused_weight(swiglu, "gate_up_weight", [swiglu.gate_proj, swiglu.up_proj])
         lw = LayerWeights(ln_in=layer.input_layernorm.weight, qkv=qkv, o=attn.o_proj.weight,
                           ln_post=layer.post_attention_layernorm.weight, gate_up=gate_up,
                           down=swiglu.down_proj.weight)
         if moe:
-            stacked = getattr(mlp, "experts_stacked", None)
-            if stacked is None or not shares_storage(mlp, stacked):
-                stacked = mlp.experts_stacked = stack_experts(mlp)
+            experts = stacked(mlp)
             lw.router = mlp.gate.weight
-            lw.experts_gate_up, lw.experts_down = stacked.gate_up, stacked.down
+            lw.experts_gate_up, lw.experts_down = experts.gate_up, experts.down
         layers.append(lw)
     return DecodeWeights(embed=model.model.embed_tokens.weight, layers=layers, norm=model.model.norm.weight,
                          lm_head=model.lm_head.weight, rotary=model.model.layers[0].self_attn.rotary_emb,

@@ -16,7 +16,7 @@ from ..kernels.availability import triton_available
 from ..models.llm import MoE
 from .base import Converter, Variant, need, swap
 from .engine import attach
-from .fast_moe import folds_shared, grouped_mm_available, routed_experts, stack_experts
+from .fast_moe import folds_shared, grouped_mm_available, routed_experts, stacked
 from .fused_linears import FusedGate, FusedSwiGLU
 
 
@@ -86,8 +86,7 @@ class GroupedMoEConverter(Converter):
         attach(model).device_routing = True
         for mod in model.modules():
             if isinstance(mod, MoE):
-                if getattr(mod, "experts_stacked", None) is None:   # once: views of the same weights
-                    mod.experts_stacked = stack_experts(mod)
+                stacked(mod)                # once: views of the same weights
                 mod.kernel = kernel
                 swap(mod, GroupedMoE)
         return {self.manifest_key: why, "moe_kernel_resolved": kernel}

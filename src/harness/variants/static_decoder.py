@@ -25,6 +25,17 @@ from ..models.routing import DeviceRouting
 from .static_kv import StaticKVCache
 
 
+def on_side_stream(fn: Callable, n: int) -> None:
+    """``fn()`` ``n`` times on a side CUDA stream that waits for the current one, which then waits for
+    it: the warm-up before a capture (lazy allocations and kernel builds off the capture stream)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(n):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+
+
 class StaticDecoder:
     """The decode step of one (batch, cache length) with a static cache.
 
@@ -84,11 +95,9 @@ class StaticDecoder:
             if self.routing is not None:
                 self.routing.phase = None
 
-    def _run(self, n: int) -> torch.Tensor:
-        out = None
-        for _ in range(n):
-            out = self.fn(self.token_in, self.cache, self.select, self.routing)
-        return out
+    def _call(self) -> torch.Tensor:
+        """One call of the step function on the decoder's token buffer, cache and routing."""
+        return self.fn(self.token_in, self.cache, self.select, self.routing)
 
     def _warm_up(self, key: str, runs: int) -> None:
         """Warm the step up (the first compiled call compiles) on a side stream (CUDA): eager once first
@@ -97,14 +106,11 @@ class StaticDecoder:
             self.core(self.token_in, self.cache, self.select, self.routing)   # eager first: probes, kernel builds
             t0 = time.perf_counter()
             if self.cache.k[0].device.type == "cuda":
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    self._run(runs)
-                torch.cuda.current_stream().wait_stream(stream)
+                on_side_stream(self._call, runs)
                 torch.cuda.synchronize()
             else:
-                self._run(runs - 1)
+                for _ in range(runs - 1):
+                    self._call()
         self.setup_s[key] = round(time.perf_counter() - t0, 3)
 
     def _capture(self) -> None:
@@ -116,7 +122,7 @@ class StaticDecoder:
         t0 = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
         with self._decoding(), torch.cuda.graph(graph):
-            out = self.fn(self.token_in, self.cache, self.select, self.routing)
+            out = self._call()
         torch.cuda.synchronize()
         self.decode_graphs[mode] = (graph, out)
         self.setup_s[key] = round(time.perf_counter() - t0, 3)
@@ -182,12 +188,7 @@ class CapturedCall:
         t0 = time.perf_counter()
         self.fn = fn
         self.inputs = tuple(t.clone() for t in inputs)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                fn(*self.inputs)
-        torch.cuda.current_stream().wait_stream(stream)
+        on_side_stream(lambda: fn(*self.inputs), warmup)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.output = fn(*self.inputs)
