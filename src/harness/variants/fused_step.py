@@ -105,7 +105,7 @@ class FusedCore:
 
     def __call__(self, token: torch.Tensor, cache, select, routing=None) -> torch.Tensor:
         r = routing if routing is not None else self.dec.routing
-        step = self._step(bool(r.active and r.table is not None))
+        step = self._step(r.active)   # begin() loads a table whenever a request is forced
         if token.data_ptr() != step.token.data_ptr():
             step.token.copy_(token.reshape(-1))
         step.run()
