@@ -11,6 +11,8 @@ rows against the best batch-1 row of the same routing); ``section`` is the repor
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import pandas as pd
 
 from ..floats import finite as _f
@@ -79,11 +81,12 @@ def execution_rows(run: RunData, st: pd.DataFrame, summary: Summary) -> pd.DataF
     return pd.concat([df, ladder_ratios(df, summary)], axis=1)
 
 
-def section(run: RunData, st: pd.DataFrame, summary: Summary) -> list:
-    """The report's "Execution variants" section (nothing for a run without variants)."""
+def section(run: RunData, st: pd.DataFrame, summary: Summary, rows: Optional[pd.DataFrame] = None) -> list:
+    """The report's "Execution variants" section (nothing for a run without variants); ``rows``:
+    ``execution_rows`` when the caller already derived them (the report, which also plots them)."""
     if not len(summary.stages) or not has_variants(run):
         return []
-    df = execution_rows(run, st, summary)
+    df = rows if rows is not None else execution_rows(run, st, summary)
     L = ["## Execution variants", "",
          "Same weights, different execution (`harness.config.ExecutionConfig`). tok/s, TPOT and TTFT: measured "
          "(the median request); kernels per step: measured (profiled request); host syncs per step: "
