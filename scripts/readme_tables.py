@@ -94,10 +94,10 @@ def evidence(folder: Path) -> dict:
 # ----------------------------------------------------------------------------- formatting
 
 def number(value, fmt: str) -> str:
-    """``fmt`` of a measured or derived value; '–' where the evidence has none."""
-    if value is None or (isinstance(value, float) and value != value):
-        return "–"
-    return fmt.format(value)
+    """``fmt`` of a measured or derived value; '–' where the evidence has none (``report.columns.fixed``)."""
+    from harness.report.columns import fixed
+
+    return fixed(fmt)(value)
 
 
 def share(fraction) -> str:
@@ -121,13 +121,17 @@ def pages_cell(fig: dict) -> str:
 
 def expected_note(fig: dict) -> str:
     """' (expected routing)' where a case's decode MBU used the uniform expectation, not measured counts."""
+    from harness.report.columns import EXPECTED_ROUTING_NOTE
     from harness.roofline.join import expected_routing
 
-    return " (expected routing)" if expected_routing(fig.get("routing_source")) else ""
+    return EXPECTED_ROUTING_NOTE if expected_routing(fig.get("routing_source")) else ""
 
 
 def table(header: list, align: list, rows: list) -> list:
-    return ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"] + ["| " + " | ".join(r) + " |" for r in rows]
+    """The harness's one Markdown table writer (``harness.markdown.table``)."""
+    from harness.markdown import table as markdown_table
+
+    return markdown_table(header, rows, align)
 
 
 def source(folder: Path, device: str, files: str) -> str:
