@@ -50,12 +50,13 @@ def _setup_s(ex: dict) -> float:
                for v in (d.values() if isinstance(d, dict) else [d]) if _f(v) is not None)
 
 
-def execution_rows(run: RunData, st: pd.DataFrame, summary: Summary) -> pd.DataFrame:
+def execution_rows(run: RunData, st: pd.DataFrame, summary: Summary, facts: Optional[dict] = None) -> pd.DataFrame:
     """``ROW_COLUMNS``, one row per case with a request and a decode stage (module docstring);
-    ``st``: the run's stage-level roofline rows (decode idle share, MBU)."""
+    ``st``: the run's stage-level roofline rows (decode idle share, MBU); ``facts``: the run's
+    ``routing_facts`` when the caller already has them."""
     rows = []
     info = case_info(run.manifest)
-    facts = routing_facts(run)
+    facts = routing_facts(run) if facts is None else facts
     measured = summary.stages
     for case in dict.fromkeys(measured["case"]):
         m = measured[measured["case"] == case].set_index("stage")

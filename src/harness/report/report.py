@@ -117,7 +117,8 @@ def _write(rd: RunDir, run: RunData, hardware: Optional[dict], plot: bool) -> di
                 raise
             except Exception as exc:  # noqa: BLE001
                 notes.append(f"tpot_vs_position.png not written ({exc.__class__.__name__}: {exc})")
-    rows = (ladder.execution_rows(run, table[table["level"] == "stage"] if len(table) else table, summary)
+    facts = routing.routing_facts(run)   # once: the ladder rows and the MoE routing section
+    rows = (ladder.execution_rows(run, table[table["level"] == "stage"] if len(table) else table, summary, facts)
             if len(measured) and ladder.has_variants(run) else None)   # one set of rows: ladder.png and the section
     if plot and rows is not None and len(rows) > 1:
         try:
@@ -126,7 +127,7 @@ def _write(rd: RunDir, run: RunData, hardware: Optional[dict], plot: bool) -> di
             raise
         except Exception as exc:  # noqa: BLE001 - a plotting failure must not lose the tables
             notes.append(f"ladder.png not written ({exc.__class__.__name__}: {exc})")
-    paths["report"] = rd.write_text("report.md", render(run, peaks, table, analytic, notes, summary, rows))
+    paths["report"] = rd.write_text("report.md", render(run, peaks, table, analytic, notes, summary, rows, facts))
     rd.manifest["roofline"] = {**peaks.as_dict(), "files": sorted(p.name for p in map(Path, paths.values()))}
     rd.save()
     return paths
@@ -142,9 +143,11 @@ PROVENANCE = ("Column headers say where each number comes from: *measured* (CUDA
 
 
 def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFrame, notes: list,
-           summary: Optional[Summary] = None, ladder_rows: Optional[pd.DataFrame] = None) -> str:
+           summary: Optional[Summary] = None, ladder_rows: Optional[pd.DataFrame] = None,
+           routing_facts: Optional[dict] = None) -> str:
     """report.md of a run: its sections in order (``sections``, ``ladder``, ``steps``, ``context``);
-    ``ladder_rows``: ``ladder.execution_rows`` when the caller already has them (else derived here)."""
+    ``ladder_rows`` (``ladder.execution_rows``) and ``routing_facts`` (``routing.routing_facts``) when
+    the caller already has them (else derived here)."""
     man = run.manifest
     cfg = man.get("config") or {}
     summary = summary or summarize(run.stages, warmup_counts(man))
@@ -160,7 +163,7 @@ def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFra
     st = table[table["level"] == "stage"] if len(table) else table
     L += headline_section(run, st, summary)
     L += ladder.section(run, st, summary, ladder_rows)
-    L += routing.section(run, st)
+    L += routing.section(run, st, routing_facts)
     L += steps.section(run.steps)
     L += stage_section(st)
     L += op_section(table)

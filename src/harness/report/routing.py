@@ -73,9 +73,10 @@ def routing_facts(run: RunData) -> dict:
     return out
 
 
-def section(run: RunData, st: pd.DataFrame) -> list:
-    """The report's "MoE routing" section (nothing for a run without cases)."""
-    facts = routing_facts(run)
+def section(run: RunData, st: pd.DataFrame, facts: Optional[dict] = None) -> list:
+    """The report's "MoE routing" section (nothing for a run without cases); ``facts``: the run's
+    ``routing_facts`` when the caller already has them."""
+    facts = routing_facts(run) if facts is None else facts
     if not facts:
         return []
     info = case_info(run.manifest)
