@@ -15,7 +15,7 @@ from typing import Optional
 import pandas as pd
 
 from ..measure.stats import median_low
-from ..roofline.join import expected_routing
+from ..roofline.join import expected_routing, expert_columns
 from ..rundir import RunData
 from .columns import table
 from .context import case_info
@@ -29,8 +29,7 @@ def _spread(values) -> Optional[tuple]:
 
 def _experts(frame: pd.DataFrame) -> pd.Series:
     """Distinct experts of each row of a routing table (its e0..eN columns > 0)."""
-    cols = [c for c in frame.columns if c.startswith("e") and c[1:].isdigit()]
-    return (frame[cols].fillna(0) > 0).sum(axis=1)
+    return (frame[expert_columns(frame)].fillna(0) > 0).sum(axis=1)
 
 
 def _top_k(manifest: dict) -> Optional[int]:
@@ -44,8 +43,7 @@ def inconsistent_steps(per_step: pd.DataFrame, rows: Optional[int], top_k: Optio
     decode counts each of the batch's ``rows`` tokens ``top_k`` times, so its counts sum to rows x top_k."""
     if not len(per_step) or not rows or not top_k:
         return None
-    cols = [c for c in per_step.columns if c.startswith("e") and c[1:].isdigit()]
-    sums = per_step[cols].fillna(0).sum(axis=1)
+    sums = per_step[expert_columns(per_step)].fillna(0).sum(axis=1)
     bad = sums[sums != rows * top_k]
     if not len(bad):
         return None
