@@ -64,7 +64,7 @@ def execution_rows(run: RunData, st: pd.DataFrame, summary: Summary, facts: Opti
             continue
         req, dec = m.loc["request"], m.loc["decode"]
         s = st[(st["case"] == case) & (st["stage"] == "decode")] if len(st) else st
-        r = s.iloc[0] if len(s) else {}
+        r = s.iloc[0] if len(s) else {}   # no decode roofline row: idle and MBU missing
         ex = info.get(case, {}).get("execution") or {}
         fact = facts.get(case, {})
         rows.append({"case": case, "execution": execution_label(ex), "routing": fact.get("routing", "weights"),
@@ -73,8 +73,8 @@ def execution_rows(run: RunData, st: pd.DataFrame, summary: Summary, facts: Opti
                      **{c: _f(req.get(c)) for c in ("tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "ttft_ms")},
                      "tok_s": _f(req.get("decode_tok_s")), "kernels_per_step": _f(dec.get("launches_per_step")),
                      "syncs_per_step": _f(dec.get("syncs_per_step")), "decode_cv": _f(dec.get("cv")),
-                     "decode_idle": _f(r.get("idle_fraction")) if len(s) else None,
-                     "mbu": _f(r.get("mbu")) if len(s) else None, "mbu_cal": _f(r.get("mbu_cal")) if len(s) else None,
+                     "decode_idle": _f(r.get("idle_fraction")), "mbu": _f(r.get("mbu")),
+                     "mbu_cal": _f(r.get("mbu_cal")),
                      "mbu_expected": bool(len(s) and expected_routing(r.get("routing"))),
                      "experts_step": fact.get("experts_step"), "setup_s": _setup_s(ex)})
     df = pd.DataFrame(rows, columns=ROW_COLUMNS).astype({c: "Int64" if c == "batch" else "float64"
