@@ -51,10 +51,13 @@ def evidence(folder: Path) -> dict:
     {"device": manifest's device name, "cases": {case: figures}, "tpot": {case: tpot_edges row},
     "overhead": {ratio, lo, hi, rounds} or None}. Figures per case: ``batch``, ``decode_tok_s``,
     ``tpot_p50_ms``, ``ttft_ms`` (headline.csv: the median request); ``launches_per_step``,
-    ``syncs_per_step`` (stages.csv: the profiled request's decode row); ``<stage>_ms``,
+    ``syncs_per_step`` (stages.csv through ``read_observations`` and ``summarize``, any layout: the
+    profiled request's decode row); ``<stage>_ms``,
     ``<stage>_mfu_cal``, ``mbu``, ``mbu_cal`` (roofline.csv: stage rows, median span over the
     repeats); ``rows``, ``distinct_pages`` (manifest.json's case entry: the page of each row).
     """
+    from harness.measure.observations import read_observations
+    from harness.measure.summary import summarize
     from harness.report.steps import tpot_edges
 
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -67,14 +70,12 @@ def evidence(folder: Path) -> dict:
     if (folder / "headline.csv").exists():
         for r in pd.read_csv(folder / "headline.csv").to_dict("records"):
             cases.setdefault(r["case"], {}).update({k: r[k] for k in ("decode_tok_s", "tpot_p50_ms", "ttft_ms")})
-    if (folder / "stages.csv").exists():
-        st = pd.read_csv(folder / "stages.csv", low_memory=False)
-        profiled = st["repeat"].astype(str) == "profiled"          # older runs: a "profiled" repeat label
-        if "profiled" in st:                                        # typed observations: a boolean column
-            profiled |= st["profiled"].astype(str).str.lower() == "true"
-        prof = st[(st["stage"] == "decode") & profiled & st["call"].astype(str).isin(["all", "-1"])]
-        for r in prof.to_dict("records"):
-            cases.setdefault(r["case"], {}).update({k: r.get(k) for k in ("launches_per_step", "syncs_per_step")})
+    if (folder / "stages.csv").exists():   # the run's observations as the harness reads them (any layout)
+        summary = summarize(read_observations(folder / "stages.csv"))
+        prof = summary.profiled
+        for case in dict.fromkeys(prof.loc[prof["stage"] == "decode", "case"]):
+            cases.setdefault(case, {}).update({k: summary.profiled_value(case, "decode", k)
+                                               for k in ("launches_per_step", "syncs_per_step")})
     if (folder / "roofline.csv").exists():
         rf = pd.read_csv(folder / "roofline.csv", low_memory=False)
         for r in rf[rf["level"] == "stage"].to_dict("records"):
@@ -94,10 +95,10 @@ def evidence(folder: Path) -> dict:
 # ----------------------------------------------------------------------------- formatting
 
 def number(value, fmt: str) -> str:
-    """``fmt`` of a measured or derived value; '–' where the evidence has none."""
-    if value is None or (isinstance(value, float) and value != value):
-        return "–"
-    return fmt.format(value)
+    """``fmt`` of a measured or derived value; '–' where the evidence has none (``report.columns.fixed``)."""
+    from harness.report.columns import fixed
+
+    return fixed(fmt)(value)
 
 
 def share(fraction) -> str:
@@ -121,13 +122,17 @@ def pages_cell(fig: dict) -> str:
 
 def expected_note(fig: dict) -> str:
     """' (expected routing)' where a case's decode MBU used the uniform expectation, not measured counts."""
+    from harness.report.columns import EXPECTED_ROUTING_NOTE
     from harness.roofline.join import expected_routing
 
-    return " (expected routing)" if expected_routing(fig.get("routing_source")) else ""
+    return EXPECTED_ROUTING_NOTE if expected_routing(fig.get("routing_source")) else ""
 
 
 def table(header: list, align: list, rows: list) -> list:
-    return ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"] + ["| " + " | ".join(r) + " |" for r in rows]
+    """The harness's one Markdown table writer (``harness.markdown.table``)."""
+    from harness.markdown import table as markdown_table
+
+    return markdown_table(header, rows, align)
 
 
 def source(folder: Path, device: str, files: str) -> str:

@@ -86,8 +86,8 @@ def analyze(cases: Optional[Iterable] = None, out_dir="runs/analyze", model_cfg:
     summaries, frames = [], []
     for case in cases:
         s = case_summary(case, cfg, dtype, routing, attn, kv)
-        frames.append(s.pop("frame") if not per_step else workload_costs(case, cfg, dtype, True, routing, attn, kv))
-        s.pop("frame", None)
+        frame = s.pop("frame")
+        frames.append(workload_costs(case, cfg, dtype, True, routing, attn, kv) if per_step else frame)
         summaries.append(s)
     anchors = {"params": component_params(cfg), "activated_params_per_token": activated_params_per_token(cfg),
                "kv_bytes_per_token": kv_bytes_per_token(cfg, dtype)}

@@ -80,12 +80,6 @@ def compare_stage(kern: pd.DataFrame, totals: dict, stage: str, case: str, steps
             "measured_dram_write_bytes": m_w, "analytic_write_bytes": a_w, "write_ratio": _ratio(m_w, a_w)}
 
 
-def analytic_totals(child_run: Path) -> tuple:
-    """Analytic stage totals of the child run's case (its measured routing applied to MoE bytes),
-    through the same analytic frames the roofline join uses: ``analytic_totals_of``."""
-    return analytic_totals_of(load_run(child_run))
-
-
 def analytic_totals_of(run) -> tuple:
     """(stage totals {stage: {column: value}}, first case entry, routing {"routing_source", "routing",
     "experts_step"}: the compare row's routing fields) of a ``RunData``: its routing tables, when it has
@@ -130,15 +124,15 @@ def run_ncu(cfg, stage: str, child: list[str], out_dir: Path) -> dict:
     child_runs = sorted((out_dir / "child").glob("*/manifest.json"))
     if not child_runs:
         raise HarnessError("the profiled child run wrote no manifest", f"see {out / 'ncu.log'}")
-    totals, case, routing = analytic_totals(child_runs[-1].parent)
+    child_run = load_run(child_runs[-1].parent)   # read once: its analytic totals and its manifest
+    totals, case, routing = analytic_totals_of(child_run)
     steps = max(case["decode_tokens"] - 1, 0)
     row = {**compare_stage(kern, totals, stage, case["name"], steps), **routing}
     if len(kern) >= prof.launch_count:
         row["note"] = "launch count reached: the stage was cut short; raise profile.launch_count"
     cmp_df = pd.DataFrame([row], columns=COMPARE_COLUMNS)
     cmp_df.to_csv(out / "stage_compare.csv", index=False)
-    child_manifest = json.loads((child_runs[-1].parent / "manifest.json").read_text())
-    paths = write_outputs(out, cmp_df, kern, stage, child_manifest)
+    paths = write_outputs(out, cmp_df, kern, stage, child_run.manifest)
     print((out / "report.md").read_text())
     return {"report": rep, **paths}
 

@@ -11,6 +11,8 @@ rows against the best batch-1 row of the same routing); ``section`` is the repor
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import pandas as pd
 
 from ..floats import finite as _f
@@ -48,12 +50,13 @@ def _setup_s(ex: dict) -> float:
                for v in (d.values() if isinstance(d, dict) else [d]) if _f(v) is not None)
 
 
-def execution_rows(run: RunData, st: pd.DataFrame, summary: Summary) -> pd.DataFrame:
+def execution_rows(run: RunData, st: pd.DataFrame, summary: Summary, facts: Optional[dict] = None) -> pd.DataFrame:
     """``ROW_COLUMNS``, one row per case with a request and a decode stage (module docstring);
-    ``st``: the run's stage-level roofline rows (decode idle share, MBU)."""
+    ``st``: the run's stage-level roofline rows (decode idle share, MBU); ``facts``: the run's
+    ``routing_facts`` when the caller already has them."""
     rows = []
     info = case_info(run.manifest)
-    facts = routing_facts(run)
+    facts = routing_facts(run) if facts is None else facts
     measured = summary.stages
     for case in dict.fromkeys(measured["case"]):
         m = measured[measured["case"] == case].set_index("stage")
@@ -61,7 +64,7 @@ def execution_rows(run: RunData, st: pd.DataFrame, summary: Summary) -> pd.DataF
             continue
         req, dec = m.loc["request"], m.loc["decode"]
         s = st[(st["case"] == case) & (st["stage"] == "decode")] if len(st) else st
-        r = s.iloc[0] if len(s) else {}
+        r = s.iloc[0] if len(s) else {}   # no decode roofline row: idle and MBU missing
         ex = info.get(case, {}).get("execution") or {}
         fact = facts.get(case, {})
         rows.append({"case": case, "execution": execution_label(ex), "routing": fact.get("routing", "weights"),
@@ -70,8 +73,8 @@ def execution_rows(run: RunData, st: pd.DataFrame, summary: Summary) -> pd.DataF
                      **{c: _f(req.get(c)) for c in ("tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "ttft_ms")},
                      "tok_s": _f(req.get("decode_tok_s")), "kernels_per_step": _f(dec.get("launches_per_step")),
                      "syncs_per_step": _f(dec.get("syncs_per_step")), "decode_cv": _f(dec.get("cv")),
-                     "decode_idle": _f(r.get("idle_fraction")) if len(s) else None,
-                     "mbu": _f(r.get("mbu")) if len(s) else None, "mbu_cal": _f(r.get("mbu_cal")) if len(s) else None,
+                     "decode_idle": _f(r.get("idle_fraction")), "mbu": _f(r.get("mbu")),
+                     "mbu_cal": _f(r.get("mbu_cal")),
                      "mbu_expected": bool(len(s) and expected_routing(r.get("routing"))),
                      "experts_step": fact.get("experts_step"), "setup_s": _setup_s(ex)})
     df = pd.DataFrame(rows, columns=ROW_COLUMNS).astype({c: "Int64" if c == "batch" else "float64"
@@ -79,11 +82,12 @@ def execution_rows(run: RunData, st: pd.DataFrame, summary: Summary) -> pd.DataF
     return pd.concat([df, ladder_ratios(df, summary)], axis=1)
 
 
-def section(run: RunData, st: pd.DataFrame, summary: Summary) -> list:
-    """The report's "Execution variants" section (nothing for a run without variants)."""
+def section(run: RunData, st: pd.DataFrame, summary: Summary, rows: Optional[pd.DataFrame] = None) -> list:
+    """The report's "Execution variants" section (nothing for a run without variants); ``rows``:
+    ``execution_rows`` when the caller already derived them (the report, which also plots them)."""
     if not len(summary.stages) or not has_variants(run):
         return []
-    df = execution_rows(run, st, summary)
+    df = rows if rows is not None else execution_rows(run, st, summary)
     L = ["## Execution variants", "",
          "Same weights, different execution (`harness.config.ExecutionConfig`). tok/s, TPOT and TTFT: measured "
          "(the median request); kernels per step: measured (profiled request); host syncs per step: "

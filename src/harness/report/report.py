@@ -100,36 +100,32 @@ def _write(rd: RunDir, run: RunData, hardware: Optional[dict], plot: bool) -> di
         cfg = rd.manifest.get("config") or {}
         exp = cfg.get("experiment_name") or (cfg.get("run") or {}).get("name")
         title = f"{exp}: {rd.path.name}" if exp and exp not in rd.path.name else rd.path.name
-        for key, name, draw in (("plot", "roofline.png", lambda p: plot_roofline(table, peaks, p, title)),
-                                ("breakdown", "time_breakdown.png", lambda p: plot_time_breakdown(measured, head, p,
-                                                                                                  title))):
-            try:
-                paths[key] = draw(rd.path / name)
-            except OSError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a plotting failure must not lose the tables
-                notes.append(f"{name} not written ({exc.__class__.__name__}: {exc})")
+        _draw(paths, notes, "plot", rd.path / "roofline.png", lambda p: plot_roofline(table, peaks, p, title))
+        _draw(paths, notes, "breakdown", rd.path / "time_breakdown.png",
+              lambda p: plot_time_breakdown(measured, head, p, title))
         if len(run.steps):
-            try:
-                paths["steps_plot"] = steps.plot_tpot_vs_position(run.steps, rd.path / "tpot_vs_position.png",
-                                                                  f"TPOT against position: {title}")
-            except OSError:
-                raise
-            except Exception as exc:  # noqa: BLE001
-                notes.append(f"tpot_vs_position.png not written ({exc.__class__.__name__}: {exc})")
-    if plot and len(measured) and ladder.has_variants(run):
-        try:
-            rows = ladder.execution_rows(run, table[table["level"] == "stage"] if len(table) else table, summary)
-            if len(rows) > 1:
-                paths["ladder"] = plot_ladder(rows, rd.path / "ladder.png")
-        except OSError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a plotting failure must not lose the tables
-            notes.append(f"ladder.png not written ({exc.__class__.__name__}: {exc})")
-    paths["report"] = rd.write_text("report.md", render(run, peaks, table, analytic, notes, summary))
+            _draw(paths, notes, "steps_plot", rd.path / "tpot_vs_position.png",
+                  lambda p: steps.plot_tpot_vs_position(run.steps, p, f"TPOT against position: {title}"))
+    facts = routing.routing_facts(run)   # once: the ladder rows and the MoE routing section
+    rows = (ladder.execution_rows(run, table[table["level"] == "stage"] if len(table) else table, summary, facts)
+            if len(measured) and ladder.has_variants(run) else None)   # one set of rows: ladder.png and the section
+    if plot and rows is not None and len(rows) > 1:
+        _draw(paths, notes, "ladder", rd.path / "ladder.png", lambda p: plot_ladder(rows, p))
+    paths["report"] = rd.write_text("report.md", render(run, peaks, table, analytic, notes, summary, rows, facts))
     rd.manifest["roofline"] = {**peaks.as_dict(), "files": sorted(p.name for p in map(Path, paths.values()))}
     rd.save()
     return paths
+
+
+def _draw(paths: dict, notes: list, key: str, path: Path, draw) -> None:
+    """``paths[key] = draw(path)``; a plotting failure becomes a caveat in ``notes`` (it must not lose the
+    tables), an OSError (a full disk, an unwritable directory) propagates."""
+    try:
+        paths[key] = draw(path)
+    except OSError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a plotting failure must not lose the tables
+        notes.append(f"{path.name} not written ({exc.__class__.__name__}: {exc})")
 
 
 PROVENANCE = ("Column headers say where each number comes from: *measured* (CUDA events, the host clock or "
@@ -142,8 +138,11 @@ PROVENANCE = ("Column headers say where each number comes from: *measured* (CUDA
 
 
 def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFrame, notes: list,
-           summary: Optional[Summary] = None) -> str:
-    """report.md of a run: its sections in order (``sections``, ``ladder``, ``steps``, ``context``)."""
+           summary: Optional[Summary] = None, ladder_rows: Optional[pd.DataFrame] = None,
+           routing_facts: Optional[dict] = None) -> str:
+    """report.md of a run: its sections in order (``sections``, ``ladder``, ``steps``, ``context``);
+    ``ladder_rows`` (``ladder.execution_rows``) and ``routing_facts`` (``routing.routing_facts``) when
+    the caller already has them (else derived here)."""
     man = run.manifest
     cfg = man.get("config") or {}
     summary = summary or summarize(run.stages, warmup_counts(man))
@@ -158,8 +157,8 @@ def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFra
     L += ["", PROVENANCE, ""]
     st = table[table["level"] == "stage"] if len(table) else table
     L += headline_section(run, st, summary)
-    L += ladder.section(run, st, summary)
-    L += routing.section(run, st)
+    L += ladder.section(run, st, summary, ladder_rows)
+    L += routing.section(run, st, routing_facts)
     L += steps.section(run.steps)
     L += stage_section(st)
     L += op_section(table)

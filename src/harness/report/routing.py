@@ -16,7 +16,7 @@ import pandas as pd
 
 from ..analytic.compose import routing_mismatch
 from ..measure.stats import median_low
-from ..roofline.join import expected_routing
+from ..roofline.join import expected_routing, expert_columns
 from ..rundir import RunData
 from .columns import table
 from .context import case_info
@@ -30,8 +30,7 @@ def _spread(values) -> Optional[tuple]:
 
 def _experts(frame: pd.DataFrame) -> pd.Series:
     """Distinct experts of each row of a routing table (its e0..eN columns > 0)."""
-    cols = [c for c in frame.columns if c.startswith("e") and c[1:].isdigit()]
-    return (frame[cols].fillna(0) > 0).sum(axis=1)
+    return (frame[expert_columns(frame)].fillna(0) > 0).sum(axis=1)
 
 
 def _top_k(manifest: dict) -> Optional[int]:
@@ -45,8 +44,7 @@ def inconsistent_steps(per_step: pd.DataFrame, rows: Optional[int], top_k: Optio
     decode counts each of the batch's ``rows`` tokens ``top_k`` times, so its counts sum to rows x top_k."""
     if not len(per_step) or not rows or not top_k:
         return None
-    cols = [c for c in per_step.columns if c.startswith("e") and c[1:].isdigit()]
-    sums = [routing_mismatch(r, rows, top_k) for r in per_step[cols].fillna(0).to_numpy()]
+    sums = [routing_mismatch(r, rows, top_k) for r in per_step[expert_columns(per_step)].fillna(0).to_numpy()]
     bad = [s for s in sums if s is not None]
     if not bad:
         return None
@@ -74,9 +72,10 @@ def routing_facts(run: RunData) -> dict:
     return out
 
 
-def section(run: RunData, st: pd.DataFrame) -> list:
-    """The report's "MoE routing" section (nothing for a run without cases)."""
-    facts = routing_facts(run)
+def section(run: RunData, st: pd.DataFrame, facts: Optional[dict] = None) -> list:
+    """The report's "MoE routing" section (nothing for a run without cases); ``facts``: the run's
+    ``routing_facts`` when the caller already has them."""
+    facts = routing_facts(run) if facts is None else facts
     if not facts:
         return []
     info = case_info(run.manifest)

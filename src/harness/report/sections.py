@@ -218,19 +218,19 @@ def top_kernels_section(run: RunData, summary: Summary | None = None) -> list:
     """The ``TOP_KERNELS`` longest kernels (by total time) of each case x stage of the profiled request
     (with ``summary``: a line where its decode ran fewer steps than the timed requests)."""
     L = ["## Top kernels per stage", ""]
-    k = run.kernels
-    if k is None or not len(k):
+    kernels = run.kernels
+    if kernels is None or not len(kernels):
         return L + ["_No kernel capture in this run._", ""]
-    k = k[k["stage"].notna()]
+    kernels = kernels[kernels["stage"].notna()]
     by_case: dict = {}
-    for (case, stage), ks in k.groupby(["case", "stage"], sort=False):
+    for (case, stage), ks in kernels.groupby(["case", "stage"], sort=False):
         by_case.setdefault(case, {})[stage] = ks
     for case, stages in by_case.items():
         L += [f"### {case}", ""]
-        k = summary.step_scale(case) if summary is not None else 1.0
-        if k != 1.0:
+        scale = summary.step_scale(case) if summary is not None else 1.0   # timed decode steps / profiled
+        if scale != 1.0:
             n = summary.profiled_value(case, "decode", "decode_steps")
-            L += [f"Decode: the profiled request's {n:.0f} steps (the timed requests run {k * n:.0f}; calls and "
+            L += [f"Decode: the profiled request's {n:.0f} steps (the timed requests run {scale * n:.0f}; calls and "
                   "totals are those of the profiled steps).", ""]
         rows = []
         for stage in STAGES:

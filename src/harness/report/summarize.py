@@ -44,6 +44,7 @@ from ..measure.summary import summarize as summarize_observations
 from ..roofline import flags
 from ..rundir import claim, read_table
 from .columns import efficiency
+from .columns import text as _text
 from ..anatomy.stages import STAGES
 
 JOB_DIR = re.compile(r"^(\d+)(-failed)?$")
@@ -276,10 +277,6 @@ def render(df: pd.DataFrame, info: dict, png: Path | None) -> str:
     if png:
         L += ["", f"![metrics vs swept values]({Path(png).name})"]
     return "\n".join(L) + "\n"
-
-
-def _text(v) -> str:
-    return "–" if v is None or (isinstance(v, float) and v != v) else str(v)
 
 
 def _numeric(values: pd.Series):

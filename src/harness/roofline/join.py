@@ -118,7 +118,8 @@ def model_config(manifest: dict):
         return from_dict(CostModelConfig, raw, strict=False), f"model config: {exc}"
 
 
-def _expert_cols(df: pd.DataFrame) -> list:
+def expert_columns(df: pd.DataFrame) -> list:
+    """The expert count columns (e0..eN) of a routing table, in expert order."""
     return sorted((c for c in df.columns if c.startswith("e") and c[1:].isdigit()), key=lambda c: int(c[1:]))
 
 
@@ -127,7 +128,7 @@ def routing_arrays(routing: pd.DataFrame, case: str, num_layers: int) -> Optiona
     if routing is None or not len(routing) or case not in set(routing["case"]):
         return None
     r = routing[routing["case"] == case]
-    ecols = _expert_cols(r)
+    ecols = expert_columns(r)
     out = {}
     for phase, g in r.groupby("phase"):
         arr = np.zeros((num_layers, len(ecols)), dtype=np.int64)
@@ -144,7 +145,7 @@ def routing_step_array(routing_steps: pd.DataFrame, case: str, steps: int, num_l
     if routing_steps is None or not len(routing_steps) or case not in set(routing_steps["case"]):
         return None
     r = routing_steps[routing_steps["case"] == case]
-    ecols = _expert_cols(r)
+    ecols = expert_columns(r)
     arr = np.zeros((steps, num_layers, len(ecols)), dtype=np.int64)
     vals = r[ecols].fillna(0).to_numpy(dtype=np.int64)
     for (st, layer), v in zip(zip(r["step"].astype(int), r["layer"].astype(int)), vals):
@@ -354,4 +355,4 @@ def join_stages(measured: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks,
 __all__ = ["ROOFLINE_COLUMNS", "ROOFLINE_TEXT", "roofline_frame", "OP_GROUPS", "CATEGORY_GROUP", "FAMILY_GROUP", "SUM_COLS",
            "KV_COPY_COLUMNS", "LAUNCH_BOUND_IDLE", "roofline_point", "floor_ms", "classify", "mfu", "mbu", "span_note", "run_cases", "analytic_for_case", "analytic_for_run",
            "join_stages", "routing_arrays", "routing_step_array", "model_config", "ROUTING_SOURCES",
-           "EXPECTED_ROUTING", "expected_routing"]
+           "EXPECTED_ROUTING", "expected_routing", "expert_columns"]
