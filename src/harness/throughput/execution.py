@@ -28,12 +28,17 @@ def conf_dir() -> Path:
     return Path(os.environ.get("HARNESS_CONF", Path(__file__).resolve().parents[1] / "conf"))
 
 
-def best_execution() -> dict:
-    """The execution knobs of the ``best`` case of ``experiment/optimize.yaml``."""
+def optimize_cases() -> dict:
+    """{case name: its case entry (a plain dict)} of ``experiment/optimize.yaml``, in file order."""
     from omegaconf import OmegaConf
 
     cases = OmegaConf.to_container(OmegaConf.load(conf_dir() / "experiment" / "optimize.yaml"))["cases"]
-    return dict(next(c for c in cases if c.get("name") == BEST_CASE)["execution"])
+    return {c.get("name"): c for c in cases}
+
+
+def best_execution() -> dict:
+    """The execution knobs of the ``best`` case of ``experiment/optimize.yaml``."""
+    return dict(optimize_cases()[BEST_CASE]["execution"])
 
 
 def execution_for(cfg: HarnessConfig, best: bool, cache_len: int, device=None, dtype=None) -> ExecutionConfig:
@@ -58,4 +63,4 @@ def apply_execution(model, cfg: HarnessConfig, best: bool, cache_len: int) -> di
     return variants.apply(model, execution_for(cfg, best, cache_len), p.device)
 
 
-__all__ = ["BEST_CASE", "best_execution", "execution_for", "apply_execution"]
+__all__ = ["BEST_CASE", "optimize_cases", "best_execution", "execution_for", "apply_execution"]
