@@ -41,14 +41,18 @@ def best_execution() -> dict:
     return dict(optimize_cases()[BEST_CASE]["execution"])
 
 
+def changed_knobs(ex: ExecutionConfig) -> dict:
+    """{knob: value} of the knobs of ``ex`` that differ from their defaults (``ExecutionConfig()``)."""
+    defaults = ExecutionConfig()
+    return {k: v for k, v in ex.execution().items() if v != getattr(defaults, k)}
+
+
 def execution_for(cfg: HarnessConfig, best: bool, cache_len: int, device=None, dtype=None) -> ExecutionConfig:
     """The execution the run runs (see the module docstring), checked on ``device`` in ``dtype``
     (``harness.variants.check``: refused in one line where it cannot run)."""
     ex = cfg.execution
     if best:
-        defaults = ExecutionConfig()
-        changed = {k: v for k, v in ex.execution().items() if v != getattr(defaults, k)}
-        ex = dataclasses.replace(ex, **{**best_execution(), **changed})
+        ex = dataclasses.replace(ex, **{**best_execution(), **changed_knobs(ex)})
     ex = case_execution(ex, cfg.throughput)
     if ex.kv_cache == "static" and ex.static_cache_len is None:
         ex = dataclasses.replace(ex, static_cache_len=cache_len)
@@ -63,4 +67,4 @@ def apply_execution(model, cfg: HarnessConfig, best: bool, cache_len: int) -> di
     return variants.apply(model, execution_for(cfg, best, cache_len), p.device)
 
 
-__all__ = ["BEST_CASE", "optimize_cases", "best_execution", "execution_for", "apply_execution"]
+__all__ = ["BEST_CASE", "optimize_cases", "best_execution", "changed_knobs", "execution_for", "apply_execution"]
