@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from harness.config import ExecutionConfig, ModelConfig  # noqa: E402
 
+TINY_YAML = Path(__file__).resolve().parents[1] / "src" / "harness" / "conf" / "model" / "tiny.yaml"
 NAMES = ("attn_norm", "q", "k", "v", "attn_out", "h_attn", "mlp_norm", "router_logits", "router_ids", "router_wts",
          "mlp_act", "h_out")
 
@@ -335,12 +336,9 @@ def tiny_config() -> ModelConfig:
     """conf/model/tiny.yaml with a 1,024-word vocabulary (the interpreter's lm_head stays quick)."""
     import dataclasses
 
-    from omegaconf import OmegaConf
+    from harness.analytic.check import load_model_config
 
-    from harness.config import from_dict
-
-    path = Path(__file__).resolve().parents[1] / "src" / "harness" / "conf" / "model" / "tiny.yaml"
-    cfg = from_dict(ModelConfig, OmegaConf.to_container(OmegaConf.load(path), resolve=True))
+    cfg = load_model_config(str(TINY_YAML))
     return dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm, vocab_size=1024))
 
 
