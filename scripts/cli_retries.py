@@ -409,8 +409,8 @@ def main(argv=None) -> int:
             ok = retry.holds(res)
         except Exception as exc:  # noqa: BLE001 - a check that cannot read the files does not hold
             ok, left = False, left + [f"(check failed: {exc!r})"]
-        row = [retry.id, retry.item, f"`{flat(shown(retry))}`", flat(retry.expected), res.rc, f"`{flat(res.line[:420])}`",
-               flat("; ".join(left)), f"{res.wall_s:.1f}", "yes" if ok else "NO"]
+        row = [retry.id, retry.item, f"`{flat(shown(retry))}`", flat(retry.expected), res.rc,
+               f"`{flat(res.line[:420])}`", flat("; ".join(left)), f"{res.wall_s:.1f}", "yes" if ok else "NO"]
         print(table(HEADER, [row], align)[-1], flush=True)
         rows.append(row)
         if not a.keep:
