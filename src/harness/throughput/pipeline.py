@@ -282,7 +282,7 @@ class ConfigRun:
             return None
         self.staged_wait_ms = (time.perf_counter_ns() - t0) / 1e6 if block else 0.0
         src = [self.setup.sources[i] for i in ready.pages]
-        lay = self.setup.layouts[ready.layout]
+        lay = ready.host.layout
         case = wl.Case(self.setup.mode, lay.grid, len(src), lay.text_tokens, max(p.budget for p in src), self.name)
         return self.stager.stage(ready, case, [p.name for p in src], self.cfg.workload.prompt)
 
