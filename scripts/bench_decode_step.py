@@ -163,15 +163,13 @@ def kernel_table(graph, replays: int = 3) -> list:
 
 
 def union_us(intervals) -> float:
-    total, end = 0.0, None
-    for s, e in sorted(intervals):
-        if end is None or s > end:
-            total += e - s
-            end = e
-        elif e > end:
-            total += e - end
-            end = e
-    return total
+    """Length of the union of (start, end) intervals, in their unit (``measure.observations.busy_ms``)."""
+    import pandas as pd
+
+    from harness.measure.observations import busy_ms
+
+    iv = list(intervals)
+    return busy_ms(pd.DataFrame({"start_ms": [a for a, _ in iv], "dur_ms": [b - a for a, b in iv]}))
 
 
 def print_kernels(label: str, table) -> None:
