@@ -163,15 +163,13 @@ def kernel_table(graph, replays: int = 3) -> list:
 
 
 def union_us(intervals) -> float:
-    total, end = 0.0, None
-    for s, e in sorted(intervals):
-        if end is None or s > end:
-            total += e - s
-            end = e
-        elif e > end:
-            total += e - end
-            end = e
-    return total
+    """Length of the union of (start, end) intervals, in their unit (``measure.observations.busy_ms``)."""
+    import pandas as pd
+
+    from harness.measure.observations import busy_ms
+
+    iv = list(intervals)
+    return busy_ms(pd.DataFrame({"start_ms": [a for a, _ in iv], "dur_ms": [b - a for a, b in iv]}))
 
 
 def print_kernels(label: str, table) -> None:
@@ -351,39 +349,26 @@ def mbu_text(total, us: float, spec) -> str:
 
 def parity(model, decoders: dict, steps: dict, graphs: dict, args, cache, pos, token) -> None:
     """Greedy tokens and teacher-forced logits of every step against the vendor-style reference."""
+    from diag_decode_step import agreement as agree, prefill_random, reference_greedy, static_cache
     from harness import variants
-    from harness.variants.static_kv import StaticKVCache
 
-    L = model.cfg.llm
     dev, n = cache.k[0].device, args.check_steps
     variants.apply(model, ExecutionConfig(kv_cache="static"))   # vendor-style modules: the reference function
     model.route_moe(None)                    # (the decoders pointed the MoE layers at their device counts)
-    ref_cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, args.len, L.head_dim, cache.k[0].dtype, dev,
-                              query_heads=L.num_heads)
-    ref_cache.position = torch.zeros(1, dtype=torch.int64, device=dev)
-    ids = torch.randint(0, L.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(7)).to(dev)
-    with torch.inference_mode():
-        first = model.prefill(ids, torch.zeros_like(ids, dtype=torch.bool), None, ref_cache)[:, -1:].float().argmax(-1)
+    ref_cache = static_cache(model.cfg.llm, args.len, cache.k[0].dtype, dev)
+    first = prefill_random(model, ref_cache, args.prompt)
     state = [t.clone() for t in ref_cache.k + ref_cache.v + [ref_cache.position]]
 
     def restore(target_k, target_v, target_pos):
         for dst, src in zip(list(target_k) + list(target_v) + [target_pos], state):
             dst.copy_(src)
 
-    ref_tokens, ref_logits = [], []
-    tok = first
-    with torch.inference_mode():
-        for _ in range(n):
-            out = model.decode_step(tok, ref_cache)[0, -1]
-            tok = out.float().argmax().view(1, 1)
-            ref_tokens.append(int(tok))
-            ref_logits.append(out.float())
+    ref_tokens, ref_logits = reference_greedy(model, ref_cache, first, n)
     feed = [int(first)] + ref_tokens[:-1]
     scale = max(float(t.abs().max()) for t in ref_logits)
 
     def agreement(tokens) -> str:
-        same = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), len(tokens))
-        equal = sum(a == b for a, b in zip(tokens, ref_tokens))
+        same, equal = agree(tokens, ref_tokens)
         return f"{same} of {n} greedy tokens equal before the first divergence, {equal} equal in all"
 
     def forced(run, logits, set_token) -> str:

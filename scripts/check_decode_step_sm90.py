@@ -32,6 +32,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import driver as triton_driver  # noqa: E402
 
+TINY_YAML = Path(__file__).resolve().parents[1] / "src" / "harness" / "conf" / "model" / "tiny.yaml"
+
 
 class OfflineSm90Driver:
     """Just enough of Triton's active driver for ``JITFunction.warmup`` to compile for sm90."""
@@ -88,20 +90,14 @@ def main(argv=None) -> int:
     ap.add_argument("--len", type=int, default=512, help="static cache positions")
     args = ap.parse_args(argv)
     triton_driver.set_active(OfflineSm90Driver())
-    from harness.config import ModelConfig
+    from harness.analytic.check import load_model_config
     from harness.kernels import decode_step as ds
     from harness.kernels import decode_step_triton as kt
     from harness.models.build import build_model
     from harness.variants.fused_step import weights_from_model
     from harness.variants.static_kv import StaticKVCache
 
-    if args.tiny:
-        from omegaconf import OmegaConf
-        from harness.config import from_dict
-        cfg = from_dict(ModelConfig, OmegaConf.to_container(OmegaConf.load(
-            Path(__file__).resolve().parents[1] / "src/harness/conf/model/tiny.yaml"), resolve=True))
-    else:
-        cfg = ModelConfig()
+    cfg = load_model_config(str(TINY_YAML) if args.tiny else None)   # None: the full-size model
     dt, L = torch.bfloat16, cfg.llm
     model = build_model(cfg, "meta", dt)
     cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, args.len, L.head_dim, dt, "meta")

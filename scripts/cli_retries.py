@@ -383,8 +383,12 @@ def shown(retry: Retry) -> str:
     return f"{pre}{env}python -m harness {args}".replace("{tmp}", "$TMP") + post
 
 
-def cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+HEADER = ["id", "issue item", "command", "expected", "exit", "first line", "files left", "wall s", "holds"]
+
+
+def flat(text: str) -> str:
+    """``text`` on one line (a table cell; ``harness.markdown`` escapes its ``|``)."""
+    return text.replace("\n", " ")
 
 
 def main(argv=None) -> int:
@@ -393,8 +397,10 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="*", help="retry ids to run (default: all)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directories")
     a = ap.parse_args(argv)
-    rows = ["| id | issue item | command | expected | exit | first line | files left | wall s | holds |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    from harness.markdown import LEFT, table
+
+    align = [LEFT] * len(HEADER)
+    rows = []
     for retry in RETRIES:
         if a.only and retry.id not in a.only:
             continue
@@ -403,14 +409,14 @@ def main(argv=None) -> int:
             ok = retry.holds(res)
         except Exception as exc:  # noqa: BLE001 - a check that cannot read the files does not hold
             ok, left = False, left + [f"(check failed: {exc!r})"]
-        row = (f"| {retry.id} | {retry.item} | `{cell(shown(retry))}` | {cell(retry.expected)} | {res.rc} | "
-               f"`{cell(res.line[:420])}` | {cell('; '.join(left))} | {res.wall_s:.1f} | {'yes' if ok else 'NO'} |")
-        print(row, flush=True)
+        row = [retry.id, retry.item, f"`{flat(shown(retry))}`", flat(retry.expected), res.rc,
+               f"`{flat(res.line[:420])}`", flat("; ".join(left)), f"{res.wall_s:.1f}", "yes" if ok else "NO"]
+        print(table(HEADER, [row], align)[-1], flush=True)
         rows.append(row)
         if not a.keep:
             shutil.rmtree(res.tmp, ignore_errors=True)
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text("\n".join(rows) + "\n")
+    a.out.write_text("\n".join(table(HEADER, rows, align)) + "\n")
     return 0
 
 

@@ -43,9 +43,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness.config import ExecutionConfig, ModelConfig  # noqa: E402
 
+TINY_YAML = Path(__file__).resolve().parents[1] / "src" / "harness" / "conf" / "model" / "tiny.yaml"
 NAMES = ("attn_norm", "q", "k", "v", "attn_out", "h_attn", "mlp_norm", "router_logits", "router_ids", "router_wts",
          "mlp_act", "h_out")
 
@@ -228,6 +230,51 @@ def fused_step(step, pos: int, ref=None) -> dict:
     return out
 
 
+# ------------------------------------------------- the reference's prefill and greedy steps
+
+PROMPT_SEED = 7   # the random prompt's generator seed
+
+
+def static_cache(llm, length: int, dtype, dev):
+    """A batch-1 ``StaticKVCache`` of ``length`` positions for ``llm`` (``LLMConfig``), its position a
+    device tensor at 0."""
+    from harness.variants.static_kv import StaticKVCache
+
+    cache = StaticKVCache(llm.num_layers, 1, llm.num_kv_heads, length, llm.head_dim, dtype, dev,
+                          query_heads=llm.num_heads)
+    cache.position = torch.zeros(1, dtype=torch.int64, device=dev)
+    return cache
+
+
+def prefill_random(model, cache, prompt: int) -> torch.Tensor:
+    """The greedy token [1, 1] after a prefill of ``prompt`` random tokens (seed ``PROMPT_SEED``) into
+    ``cache`` (the vendor-style modules)."""
+    dev = cache.k[0].device
+    ids = torch.randint(0, model.cfg.llm.vocab_size, (1, prompt),
+                        generator=torch.Generator().manual_seed(PROMPT_SEED)).to(dev)
+    with torch.inference_mode():
+        return model.prefill(ids, torch.zeros_like(ids, dtype=torch.bool), None, cache)[:, -1:].float().argmax(-1)
+
+
+def reference_greedy(model, cache, token: torch.Tensor, n: int) -> tuple:
+    """([token], [fp32 logits]) of ``n`` greedy vendor-style decode steps from ``token`` (eager)."""
+    tokens, logits = [], []
+    tok = token.view(1, 1)
+    with torch.inference_mode():
+        for _ in range(n):
+            out = model.decode_step(tok, cache)[0, -1]
+            tok = out.float().argmax().view(1, 1)
+            tokens.append(int(tok))
+            logits.append(out.float())
+    return tokens, logits
+
+
+def agreement(tokens: list, ref: list) -> tuple:
+    """(tokens equal to ``ref``'s before the first divergence, tokens equal in all)."""
+    same = next((i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b), min(len(tokens), len(ref)))
+    return same, sum(a == b for a, b in zip(tokens, ref))
+
+
 # ---------------------------------------------------------------------------------- the run
 
 def main(argv=None) -> int:
@@ -248,7 +295,6 @@ def main(argv=None) -> int:
     from harness.kernels.decode_step import FusedDecodeStep, default_config
     from harness.models.build import build_model
     from harness.variants.fused_step import weights_from_model
-    from harness.variants.static_kv import StaticKVCache
 
     t_start = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -263,14 +309,10 @@ def main(argv=None) -> int:
           f"{time.perf_counter() - t_start:.0f} s")
 
     def new_cache(dtype):
-        c = StaticKVCache(L.num_layers, 1, L.num_kv_heads, args.len, L.head_dim, dtype, dev, query_heads=L.num_heads)
-        c.position = torch.zeros(1, dtype=torch.int64, device=dev)
-        return c
+        return static_cache(L, args.len, dtype, dev)
 
     cache = new_cache(dt)
-    ids = torch.randint(0, L.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(7)).to(dev)
-    with torch.inference_mode():
-        token = model.prefill(ids, torch.zeros_like(ids, dtype=torch.bool), None, cache)[0, -1].float().argmax()
+    token = prefill_random(model, cache, args.prompt)
     state = [t.clone() for t in cache.k + cache.v + [cache.position]]
 
     def restore(target):
@@ -335,12 +377,9 @@ def tiny_config() -> ModelConfig:
     """conf/model/tiny.yaml with a 1,024-word vocabulary (the interpreter's lm_head stays quick)."""
     import dataclasses
 
-    from omegaconf import OmegaConf
+    from harness.analytic.check import load_model_config
 
-    from harness.config import from_dict
-
-    path = Path(__file__).resolve().parents[1] / "src" / "harness" / "conf" / "model" / "tiny.yaml"
-    cfg = from_dict(ModelConfig, OmegaConf.to_container(OmegaConf.load(path), resolve=True))
+    cfg = load_model_config(str(TINY_YAML))
     return dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm, vocab_size=1024))
 
 
@@ -388,34 +427,23 @@ def print_table(rows: list, truth: bool) -> None:
 def greedy(model, step, cache, fcache, ftoken, token, restore, n: int) -> None:
     """``n`` greedy steps: the reference (eager modules) against the fused step (a CUDA graph on CUDA,
     launched from Python elsewhere)."""
-    ref_tokens = []
     restore(cache)
-    tok = token.view(1, 1)
-    with torch.inference_mode():
-        for _ in range(n):
-            tok = model.decode_step(tok, cache)[0, -1].float().argmax().view(1, 1)
-            ref_tokens.append(int(tok))
+    ref_tokens, _ = reference_greedy(model, cache, token, n)
     run = step.run
     if ftoken.device.type == "cuda":
+        from bench_fast_moe import capture            # warm-up on a side stream (advances the step: restored below)
+
         restore(fcache)
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            step.run()                                # warm-up (advances the step: restored below)
-        torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(graph):
-            step.run()
-        run = graph.replay
+        run = capture(step.run)[0].replay
     restore(fcache)
     ftoken.fill_(int(token))
     got = []
     for _ in range(n):
         run()
         got.append(int(ftoken))
-    same = next((i for i, (a, b) in enumerate(zip(got, ref_tokens)) if a != b), n)
+    same, equal = agreement(got, ref_tokens)
     print(f"greedy: {same} of {n} fused tokens equal the reference's before the first divergence, "
-          f"{sum(a == b for a, b in zip(got, ref_tokens))} equal in all")
+          f"{equal} equal in all")
 
 
 if __name__ == "__main__":

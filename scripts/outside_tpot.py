@@ -37,13 +37,10 @@ SHORT, LONG = 2, 130
 
 
 def ladder_cases() -> dict:
-    """{case name: its case entry} of conf/experiment/optimize.yaml."""
-    from omegaconf import OmegaConf
+    """{case name: its case entry} of conf/experiment/optimize.yaml (``throughput.execution.optimize_cases``)."""
+    from harness.throughput.execution import optimize_cases
 
-    from harness.throughput.execution import conf_dir
-
-    cases = OmegaConf.to_container(OmegaConf.load(conf_dir() / "experiment" / "optimize.yaml"))["cases"]
-    return {c["name"]: c for c in cases}
+    return optimize_cases()
 
 
 def ladder_tpot(run_dir: Path, case: str):

@@ -46,9 +46,11 @@ def tokens(out: str, overrides: list) -> None:
 
 
 def counts(run: str, out: str) -> None:
-    k = pd.read_csv(f"{run}/kernels.csv").fillna({"step": -1, "call": -1, "module": "", "family": "", "op_group": ""})
-    st = pd.read_csv(f"{run}/stages.csv")
-    prof = st[st["repeat"].astype(str) == "profiled"]
+    from harness.rundir import load_run
+
+    data = load_run(run)   # stages.csv as typed observations, of either layout (``profiled`` column)
+    k = data.kernels.fillna({"step": -1, "call": -1, "module": "", "family": "", "op_group": ""})
+    prof = data.stages[data.stages["profiled"]]
     result = {
         "stages": {f"{r.case}/{r.stage}/{r.call}": [None if pd.isna(r.kernels) else int(r.kernels),
                                                    None if pd.isna(r.launches_per_step) else float(r.launches_per_step)]
@@ -56,8 +58,8 @@ def counts(run: str, out: str) -> None:
         "ops": {"/".join(map(str, i)): int(n) for i, n in k.groupby(["case", "stage", "call", "step", "name"]).size().items()},
         "modules": {"/".join(map(str, i)): int(n)
                     for i, n in k.groupby(["case", "stage", "step", "module", "family", "op_group"]).size().items()},
-        "routing": pd.read_csv(f"{run}/routing.csv").to_dict("records"),
-        "routing_steps": pd.read_csv(f"{run}/routing_steps.csv").to_dict("records")}
+        "routing": data.routing.to_dict("records"),
+        "routing_steps": data.routing_steps.to_dict("records")}
     with open(out, "w") as fh:
         json.dump(result, fh, indent=0, sort_keys=True)
 

@@ -28,12 +28,23 @@ def conf_dir() -> Path:
     return Path(os.environ.get("HARNESS_CONF", Path(__file__).resolve().parents[1] / "conf"))
 
 
-def best_execution() -> dict:
-    """The execution knobs of the ``best`` case of ``experiment/optimize.yaml``."""
+def optimize_cases() -> dict:
+    """{case name: its case entry (a plain dict)} of ``experiment/optimize.yaml``, in file order."""
     from omegaconf import OmegaConf
 
     cases = OmegaConf.to_container(OmegaConf.load(conf_dir() / "experiment" / "optimize.yaml"))["cases"]
-    return dict(next(c for c in cases if c.get("name") == BEST_CASE)["execution"])
+    return {c.get("name"): c for c in cases}
+
+
+def best_execution() -> dict:
+    """The execution knobs of the ``best`` case of ``experiment/optimize.yaml``."""
+    return dict(optimize_cases()[BEST_CASE]["execution"])
+
+
+def changed_knobs(ex: ExecutionConfig) -> dict:
+    """{knob: value} of the knobs of ``ex`` that differ from their defaults (``ExecutionConfig()``)."""
+    defaults = ExecutionConfig()
+    return {k: v for k, v in ex.execution().items() if v != getattr(defaults, k)}
 
 
 def execution_for(cfg: HarnessConfig, best: bool, cache_len: int, device=None, dtype=None) -> ExecutionConfig:
@@ -41,9 +52,7 @@ def execution_for(cfg: HarnessConfig, best: bool, cache_len: int, device=None, d
     (``harness.variants.check``: refused in one line where it cannot run)."""
     ex = cfg.execution
     if best:
-        defaults = ExecutionConfig()
-        changed = {k: v for k, v in ex.execution().items() if v != getattr(defaults, k)}
-        ex = dataclasses.replace(ex, **{**best_execution(), **changed})
+        ex = dataclasses.replace(ex, **{**best_execution(), **changed_knobs(ex)})
     ex = case_execution(ex, cfg.throughput)
     if ex.kv_cache == "static" and ex.static_cache_len is None:
         ex = dataclasses.replace(ex, static_cache_len=cache_len)
@@ -58,4 +67,4 @@ def apply_execution(model, cfg: HarnessConfig, best: bool, cache_len: int) -> di
     return variants.apply(model, execution_for(cfg, best, cache_len), p.device)
 
 
-__all__ = ["BEST_CASE", "best_execution", "execution_for", "apply_execution"]
+__all__ = ["BEST_CASE", "optimize_cases", "best_execution", "changed_knobs", "execution_for", "apply_execution"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import queue
 import threading
-import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -77,14 +76,12 @@ class HostBatch:
 
 @dataclass
 class Ready:
-    """A batch whose pages are in ``host``: its sequence number in the configuration, page indices,
-    layout key and the host time it became ready [ns]."""
+    """A batch whose pages are in ``host`` (its layout: ``host.layout``): its sequence number in the
+    configuration and page indices."""
 
     number: int
     pages: list
     host: HostBatch
-    layout: object
-    ready_ns: int
 
 
 class Feeder(threading.Thread):
@@ -130,9 +127,9 @@ class Feeder(threading.Thread):
         return None
 
     def _loop(self) -> None:
-        inflight, pending, number = collections.deque(), None, 0
+        inflight = collections.deque()
         try:
-            self._feed(inflight, pending, number)
+            self._feed(inflight)
         finally:   # pages not started are dropped; pages running are waited for, so their time is counted
             for _, _, futures, _ in inflight:
                 for fut in futures:
@@ -149,7 +146,8 @@ class Feeder(threading.Thread):
             self._seen.add((page.index, page.start_ns))
             self.prep.append((page.index, page.pid, page.start_ns, page.end_ns))
 
-    def _feed(self, inflight, pending, number) -> None:
+    def _feed(self, inflight) -> None:
+        pending, number = None, 0
         while not self._halt.is_set():
             while len(inflight) < self.depth:
                 pending = pending or next(self.stream)
@@ -168,7 +166,7 @@ class Feeder(threading.Thread):
                 host.put(j, page)
                 self._record(fut)
             inflight.popleft()
-            self.ready.put(Ready(n, pages, host, self.layout_of[pages[0]], time.perf_counter_ns()))
+            self.ready.put(Ready(n, pages, host))
 
     # ------------------------------------------------------------------- main thread
     def get(self) -> Ready:

@@ -41,7 +41,7 @@ from ..setup import device_info, load_adapter, resolve_device, resolve_dtype
 from ..stopping import Position, close_run
 from . import plan, prep
 from .clock import BatchClock, Marks
-from .execution import apply_execution, execution_for
+from .execution import apply_execution, changed_knobs, execution_for
 from .feeder import Feeder, HostBatch, Layout
 from .section import write_outputs
 from .staging import Staged, Stager
@@ -168,8 +168,8 @@ def prepare(cfg: HarnessConfig, cuda: bool, folder: Path) -> Setup:
     device = resolve_device(cfg.device)   # checked where the run runs (a plan for CUDA made on a CPU is not)
     here = device if (device.type == "cuda") == cuda else None
     m = execution_for(cfg, s.best, cache_len, here, resolve_dtype(cfg.dtype, device))
-    changed = {k: v for k, v in m.execution().items() if v != getattr(ExecutionConfig(), k)}
-    text = ("best: " if s.best else "execution.*: ") + (", ".join(f"{k}={v}" for k, v in changed.items()) or "vendor-style")
+    text = ("best: " if s.best else "execution.*: ") + (", ".join(f"{k}={v}" for k, v in changed_knobs(m).items())
+                                                        or "vendor-style")
     return Setup(s, mode, sources, groups, layouts, cache_len, text, notes)
 
 
@@ -282,7 +282,7 @@ class ConfigRun:
             return None
         self.staged_wait_ms = (time.perf_counter_ns() - t0) / 1e6 if block else 0.0
         src = [self.setup.sources[i] for i in ready.pages]
-        lay = self.setup.layouts[ready.layout]
+        lay = ready.host.layout
         case = wl.Case(self.setup.mode, lay.grid, len(src), lay.text_tokens, max(p.budget for p in src), self.name)
         return self.stager.stage(ready, case, [p.name for p in src], self.cfg.workload.prompt)
 

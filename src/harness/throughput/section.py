@@ -11,14 +11,15 @@ from typing import Optional
 import pandas as pd
 
 from ..markdown import LEFT, RIGHT, table as md_table
+from .charts import DEEPSEEK_CLAIM_PAGES_S, JINA_C16_PAGES_S
 from .window import COLUMNS, SATURATED
 
 #: figures published by others (as issue 25 and the design notes quote them), shown beside ours and
 #: never mixed with them: (system, hardware, published figure)
 ANCHORS = [
-    ("DeepSeek-OCR, DeepSeek's own claim", "one A100-40G", "200k pages/day, about 2.3 pages/s"),
+    ("DeepSeek-OCR, DeepSeek's own claim", "one A100-40G", f"200k pages/day, about {DEEPSEEK_CLAIM_PAGES_S} pages/s"),
     ("jina-ocr-v1 (same backbone, real pages, about 620 tokens per page)", "RTX PRO 6000",
-     "0.95 pages/s at concurrency 1; 4.3 pages/s at concurrency 16"),
+     f"0.95 pages/s at concurrency 1; {JINA_C16_PAGES_S} pages/s at concurrency 16"),
     ("SGLang serving DeepSeek-OCR-2", "H200", "12,739 tok/s at 100 concurrent requests (text-only prompts)"),
 ]
 
