@@ -5,7 +5,7 @@
 
 For each case of ``conf/experiment/optimize.yaml`` named in ``--cases``, the reference model (random
 weights, seed 0, bf16, built once) runs that case's execution (``variants.apply``) on one synthetic
-page of the ladder's mode (base), and ``generate()`` of 2 tokens (vision, prefill, 1 decode step) and
+page of the ladder's mode (base) under the case's routing (``routing``: the weights' own, or balanced), and ``generate()`` of 2 tokens (vision, prefill, 1 decode step) and
 of 130 tokens (vision, prefill, 129 decode steps) run back to back, each between
 ``torch.cuda.synchronize()`` calls and timed with ``time.perf_counter``; ``--repeats`` pairs after
 ``--warmup`` pairs (the first builds and captures the decoder). TPOT of a pair = (t130 - t2) / 128:
@@ -101,8 +101,9 @@ def main(argv=None) -> int:
             print(f"{name}: batch {case['batch']} (this script times batch 1): skipped")
             continue
         mode = case.get("mode", "base")
-        page = wl.Page("p", wl.synthetic_page(0), "synthetic")
-        request = wl.build_request([page], mode, decode_tokens=LONG).to(dev, dt)
+        page = wl.Page("synthetic-0000", wl.synthetic_page(0), "synthetic")   # the ladder's first page
+        request = wl.build_request([page], mode, decode_tokens=LONG, routing=case.get("routing", "weights"),
+                                   routing_seed=case.get("routing_seed", 0)).to(dev, dt)
         ex = ExecutionConfig(**case.get("execution", {}))
         if ex.kv_cache == "static":
             ex = dataclasses.replace(ex, static_cache_len=ex.cache_len(request.prefill_tokens, LONG))

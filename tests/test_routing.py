@@ -182,6 +182,20 @@ def test_balanced_table_is_distinct_reproducible_and_position_major():
     assert torch.equal(balanced_table(SEED, ["a"], 10, 4, 6, 64)[0], table[0, :10])                # a prefix
 
 
+@pytest.mark.parametrize("experts", [64, 300])        # ids kept as uint8, and wider than a byte
+def test_pages_drawn_once_give_the_fresh_draw_at_any_length(experts):
+    from harness.models import routing
+
+    routing._drawn.clear()
+    short = balanced_table(SEED, ["kept"], 12, 3, 6, experts)            # first draw: 12 positions
+    long = balanced_table(SEED, ["kept"], 50, 3, 6, experts)             # longer: drawn again
+    again = balanced_table(SEED, ["kept"], 30, 3, 6, experts)            # shorter: the kept draw's prefix
+    for table, n in ((short, 12), (long, 50), (again, 30)):
+        assert table.dtype == torch.int64
+        assert torch.equal(table[0], torch.from_numpy(balanced_experts(SEED, "kept", n, 3, 6, experts)))
+    assert len(routing._drawn) == 1
+
+
 def test_balanced_experts_are_uniform_over_the_experts():
     """N = 2000 positions x 12 layers = 24,000 tokens, k = 6 of E = 64: each expert is in a token's set
     with p = k/E = 0.09375, independently across tokens, so its count is Binomial(N, p): mean

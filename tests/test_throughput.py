@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
+from harness import workload as wl
 from harness.config import ThroughputConfig, TokensConfig
 from harness.errors import HarnessError
 from harness.throughput import plan
@@ -63,6 +65,7 @@ def test_window_row_from_checked_in_numbers():
     assert row["copy_busy"] == approx((0.005 + 0.006) / 2.0)
     assert row["wait_s"] == approx(0.05)
     assert row["peak_mem_bytes"] == 123
+    assert row["experts_step"] == 12                   # median of the batches' 10, 20, 12
     # device busy 90% >= 85%: saturated, decode has the largest share (400 of 600 ms)
     assert row["bound"] == "decode"
     assert set(row) <= set(COLUMN_NAMES)
@@ -155,6 +158,7 @@ def runs(tmp_path_factory):
     Image.new("RGB", (120, 180), (250, 250, 250)).save(one / "p001.png")
     jobs = {
         "complete": (FAST, None),
+        "balanced": ([*FAST, "workload.routing=balanced", "workload.routing_seed=3"], None),
         "sigint": (FAST, "signal:SIGINT@case=2,window"),
         "workers0": ([*TINY, "throughput.workers=0"], None),
         "batch-over-pages": ([*TINY, "throughput.pages=4", "throughput.batches=[1,8]"], None),
@@ -216,6 +220,41 @@ def test_cpu_run_writes_every_file(runs):
     assert set("+".join(batches["pages"]).split("+")) <= {"0", "1", "2", "3"}
     md = (d / "report.md").read_text()
     assert "## Throughput (sustained pipeline)" in md and "200k pages/day" in md and "| b2 | 2 |" in md
+
+
+# the tiny model (conf/model/tiny.yaml): 8 routed experts, top-2 per token
+TINY_EXPERTS, TINY_TOP_K = 8, 2
+
+
+@pytest.mark.parametrize("job, label", [("complete", "weights"), ("balanced", "balanced (seed 3)")])
+def test_routing_is_applied_and_its_experts_counted(runs, job, label):
+    res = runs[job].result()
+    assert res.rc == 0, res.describe()
+    table = pd.read_csv(res.only_dir() / "throughput.csv")
+    assert list(table["routing"]) == [label, label]
+    # one row routes each token to top-k distinct experts; two rows to top-k .. 2 x top-k of the 8
+    assert table["experts_step"].iloc[0] == TINY_TOP_K
+    assert TINY_TOP_K <= table["experts_step"].iloc[1] <= min(2 * TINY_TOP_K, TINY_EXPERTS)
+    md = (res.only_dir() / "report.md").read_text()
+    assert f"| b1 | 1 | {label} |" in md
+
+
+def test_staged_request_carries_the_routing():
+    from harness.throughput.clock import Marks
+    from harness.throughput.staging import Stager
+    from harness.measure.nvtx_ranges import NvtxRanges
+
+    class Host:   # the host buffers of one ready batch of 2 pages, 3 tokens (one image token)
+        views, tiles = torch.zeros(2, 3, 4, 4), None
+        ids, mask = torch.zeros(2, 3, dtype=torch.long), torch.tensor([[False, True, False]] * 2)
+        nbytes = 0
+        layout = type("L", (), {"image_start": 1})()
+
+    ready = type("R", (), {"host": Host(), "number": 1})()
+    case = wl.Case(wl.get_mode("tiny"), None, 2, 1, 4, "b2")
+    stager = Stager(torch.device("cpu"), torch.float32, Marks(False), NvtxRanges(False))
+    req = stager.stage(ready, case, ["p0", "p1"], "", "balanced", 7).request
+    assert (req.routing, req.routing_seed, req.pages) == ("balanced", 7, ["p0", "p1"])
 
 
 def test_sigint_during_the_window_keeps_the_finished_configuration(runs):

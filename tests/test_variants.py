@@ -228,7 +228,8 @@ def _static_logits(model, req, ex, tokens, dtype) -> list:
         img = model.image_embeddings(req.global_views, req.tiles, req.grid)
         dec = StaticDecoder(model, 1, ex.cache_len(req.prefill_tokens, STEPS + 1), torch.device("cuda"),
                             dtype, lambda logits: logits[:, -1].float(), compile=ex.compile,
-                            graphs=ex.cuda_graphs == "decode", bind=model.plan.decode_step)
+                            graphs=ex.cuda_graphs == "decode", bind=model.plan.decode_step,
+                            device_routing=model.plan.device_routing)
         dec.begin()
         out = [dec.prefill(req, img).clone()]
         for j in range(STEPS):

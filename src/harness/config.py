@@ -619,8 +619,7 @@ def check_vendor_execution(cfg: "HarnessConfig") -> None:
 
 def check_routing(cfg: "HarnessConfig") -> None:
     """``workload.routing=balanced`` (in ``workload`` or a case's) runs in the reference model's gate:
-    refused with ``model=vendor`` (its code runs as shipped) and with ``+experiment=throughput``
-    (its pipeline builds requests of the weights' routing)."""
+    refused with ``model=vendor`` (its code runs as shipped)."""
     where = [("workload", cfg.workload.routing)] + [(f"cases[{i}]", c.routing) for i, c in enumerate(cfg.cases or [])]
     for prefix, routing in where:
         if routing in (None, "weights"):
@@ -628,9 +627,6 @@ def check_routing(cfg: "HarnessConfig") -> None:
         if cfg.model.name == "vendor":
             raise HarnessError(f"{prefix}.routing={routing} forces the reference model's gate; the vendor code runs "
                                "as shipped", "drop workload.routing with model=vendor, or use model=reference")
-        if cfg.throughput is not None:
-            raise HarnessError(f"{prefix}.routing={routing} is not applied by the throughput pipeline",
-                               "drop workload.routing with +experiment=throughput")
 
 
 def validate(cfg: HarnessConfig) -> HarnessConfig:

@@ -103,9 +103,42 @@ def balanced_experts(seed: int, page: str, positions: int, layers: int, top_k: i
     return out
 
 
+#: drawn pages kept for reuse (a throughput run cycles through its pages, a run repeats them): (seed, page
+#: key, layers, top_k, experts) -> the longest draw so far, uint8 when the expert ids fit (the table of P
+#: positions is the first P positions of any longer one: module docstring); at most ``DRAWN_PAGES`` pages
+_drawn: dict = {}
+DRAWN_PAGES = 2048
+
+
+def page_experts(seed: int, page: str, positions: int, layers: int, top_k: int, experts: int) -> np.ndarray:
+    """``balanced_experts`` of one page, drawn once per page and cut to ``positions`` (a shorter request
+    reads the prefix of the longest draw; a longer one draws again). Read-only view."""
+    key = (int(seed), page_key(page), layers, top_k, experts)
+    kept = _drawn.get(key)
+    if kept is None or kept.shape[0] < positions:
+        drawn = balanced_experts(seed, page, positions, layers, top_k, experts)
+        kept = drawn.astype(np.uint8) if experts <= 256 else drawn
+        kept.flags.writeable = False
+        if key not in _drawn and len(_drawn) >= DRAWN_PAGES:
+            _drawn.clear()
+        _drawn[key] = kept
+    return kept[:positions]
+
+
+def experts_per_step(steps: Optional[np.ndarray]) -> np.ndarray:
+    """Distinct experts touched [experts] of every (decode step, layer) that routed anything, from a
+    [steps, layers, experts] count array (``RoutingCounter.steps_result``); empty without counts."""
+    if steps is None or not len(steps):
+        return np.zeros(0, dtype=np.int64)
+    counts = np.asarray(steps)
+    routed = counts.sum(axis=-1) > 0
+    return (counts > 0).sum(axis=-1)[routed]
+
+
 def balanced_table(seed: int, pages: list, positions: int, layers: int, top_k: int, experts: int) -> torch.Tensor:
-    """CPU int64 [batch, positions, layers, top_k]: ``balanced_experts`` of each row's page."""
-    return torch.from_numpy(np.stack([balanced_experts(seed, p, positions, layers, top_k, experts) for p in pages]))
+    """CPU int64 [batch, positions, layers, top_k]: ``balanced_experts`` of each row's page (``page_experts``)."""
+    rows = [page_experts(seed, p, positions, layers, top_k, experts) for p in pages]
+    return torch.from_numpy(np.stack(rows).astype(np.int64))
 
 
 # ------------------------------------------------------------------------------ device side
@@ -450,4 +483,4 @@ class RoutingCounter:
 
 
 __all__ = ["ROUTINGS", "routing_label", "RoutingCounter", "DeviceRouting", "balanced_experts", "balanced_table",
-           "page_key"]
+           "experts_per_step", "page_experts", "page_key"]

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import pandas as pd
 import torch
 from PIL import Image
@@ -35,6 +36,7 @@ from ..errors import HarnessError
 from ..interrupts import catch_signals
 from ..measure.nvtx_ranges import NvtxRanges
 from ..models.generate import generate
+from ..models.routing import experts_per_step, routing_label
 from ..rundir import RunData, RunDir
 from ..run import _log_errors_quiet
 from ..setup import device_info, load_adapter, resolve_device, resolve_dtype
@@ -226,7 +228,8 @@ def _measure(cfg: HarnessConfig, rd: RunDir, out: Outputs, where: Position, sign
         finally:
             run.close()
         row.update(config=name, batch=batch, workers=s.workers, pages=len(setup.sources),
-                   tokens=plan.tokens_text(s.tokens, cfg.workload.decode_tokens))
+                   tokens=plan.tokens_text(s.tokens, cfg.workload.decode_tokens),
+                   routing=routing_label(cfg.workload.routing, cfg.workload.routing_seed))
         where.at("case", name, i + 1, "writing")
         entry = {**run.last_case.to_dict(), "name": name, "execution": {**execution, **_setup_s(model)},
                  "warmup_s": round(warm_s, 3), "throughput": {k: row[k] for k in ("pages_s", "bound", "window_s")}}
@@ -251,6 +254,7 @@ class BatchRecord:
     staged: Staged
     clock: BatchClock
     wait_ms: float
+    experts_step: float    # median distinct experts per MoE layer per decode step (nan: no counts)
 
 
 class ConfigRun:
@@ -284,7 +288,8 @@ class ConfigRun:
         src = [self.setup.sources[i] for i in ready.pages]
         lay = ready.host.layout
         case = wl.Case(self.setup.mode, lay.grid, len(src), lay.text_tokens, max(p.budget for p in src), self.name)
-        return self.stager.stage(ready, case, [p.name for p in src], self.cfg.workload.prompt)
+        w = self.cfg.workload
+        return self.stager.stage(ready, case, [p.name for p in src], w.prompt, w.routing, w.routing_seed)
 
     def run_batch(self) -> BatchRecord:
         """One batch: its copy waited for, the next batch's copy issued, the batch generated."""
@@ -295,13 +300,14 @@ class ConfigRun:
         clock = BatchClock(self.marks, self.nvtx)
         self.nvtx.push("batch", cur.ready.number)
         try:
-            generate(self.model, cur.request, clock)
+            result = generate(self.model, cur.request, clock)
         finally:
             self.nvtx.pop()
         self.marks.done(cur.copy_end)
         self.feeder.release(cur.ready.host)
         self.last_case = cur.request.case
-        return BatchRecord(cur, clock, wait_ms)
+        touched = experts_per_step(result.routing_steps)
+        return BatchRecord(cur, clock, wait_ms, float(np.median(touched)) if len(touched) else float("nan"))
 
     def measure(self, where: Position, index: int, say) -> tuple:
         """(row, (batches, spans, prep) frames, timeline panel, warm-up seconds)."""
@@ -345,7 +351,7 @@ class ConfigRun:
             st, n = r.staged, r.staged.ready.number
             budgets = [self.setup.sources[i].budget for i in st.ready.pages]
             brows.append([self.name, n, len(budgets), "+".join(map(str, st.ready.pages)), max(budgets), sum(budgets),
-                          st.nbytes, r.wait_ms])
+                          st.nbytes, r.wait_ms, r.experts_step])
             srows += [[self.name, n, rng, a, b] for rng, a, b in r.clock.spans()]
             srows.append([self.name, n, "copy", self.marks.seconds(st.copy_start), self.marks.seconds(st.copy_end)])
         return pd.DataFrame(brows, columns=BATCH_COLUMNS), pd.DataFrame(srows, columns=SPAN_COLUMNS)

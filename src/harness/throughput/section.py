@@ -24,7 +24,7 @@ ANCHORS = [
 ]
 
 #: (column, header, format) of the section's table
-TABLE = [("config", "config", "{}"), ("batch", "batch", "{:d}"),
+TABLE = [("config", "config", "{}"), ("batch", "batch", "{:d}"), ("routing", "routing", "{}"),
          ("pages_s", "pages/s (derived)", "{:,.2f}"), ("decode_tok_s", "decode tok/s (derived)", "{:,.0f}"),
          ("wasted_decode_slots", "wasted decode slots (derived)", "pct"), ("gpu_busy", "GPU busy (derived)", "pct"),
          ("prep_pages_s", "prep capacity pages/s (derived)", "{:,.1f}"), ("prep_busy", "prep busy (derived)", "pct"),
@@ -32,6 +32,7 @@ TABLE = [("config", "config", "{}"), ("batch", "batch", "{:d}"),
          ("sam_ms", "sam ms/batch", "{:,.2f}"), ("clip_ms", "clip ms/batch", "{:,.2f}"),
          ("projector_ms", "projector ms/batch", "{:,.2f}"), ("prefill_ms", "prefill ms/batch", "{:,.2f}"),
          ("decode_ms", "decode ms/batch", "{:,.1f}"), ("peak_mem_bytes", "peak mem GB (measured)", "gb"),
+         ("experts_step", "experts per MoE layer per step (measured, median)", "{:,.0f}"),
          ("window_s", "window s (measured)", "{:,.1f}"), ("bound", "bound (derived)", "{}")]
 
 
@@ -65,7 +66,7 @@ def throughput_section(table: pd.DataFrame, manifest: dict) -> list:
     if len(table):
         out += md_table([h for _, h, _ in TABLE],
                         [[_cell(r.get(c), f) for c, _, f in TABLE] for r in table.to_dict("records")],
-                        [LEFT if c in ("config", "bound") else RIGHT for c, _, _ in TABLE])
+                        [LEFT if c in ("config", "routing", "bound") else RIGHT for c, _, _ in TABLE])
     else:
         out.append("No configuration finished.")
     out += ["", f"**Bound**: the resource whose busy fraction of the window is highest, when it is at least "
@@ -81,7 +82,10 @@ def throughput_section(table: pd.DataFrame, manifest: dict) -> list:
     out += ["", "Caveats: stage spans are marks on the compute stream: in a host-bound execution they include "
             "launch gaps, so `GPU busy` is the stream's occupancy, not kernel busy time. The generate loop reads "
             "the routing counts back at the end of every batch (one synchronisation per batch). A worker's time "
-            "per page leaves out handing its arrays back (about one copy of the pixels)."]
+            "per page leaves out handing its arrays back (about one copy of the pixels). Under "
+            "`workload.routing=balanced` every batch also builds its forced-routing table on the host "
+            "(`models.routing.balanced_table`: each page drawn once, then cut to the batch's positions) and "
+            "copies it to the device: harness work a trained model does not do, inside the window."]
     notes = info.get("notes") or []
     if notes:
         out += ["", "Notes:", ""] + [f"- {n}" for n in notes]

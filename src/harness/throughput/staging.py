@@ -37,8 +37,10 @@ class Stager:
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
 
-    def stage(self, ready: Ready, case: wl.Case, names: list, prompt: str) -> Staged:
-        """Copy ``ready``'s buffers to the device as the request of ``case`` (pages ``names``)."""
+    def stage(self, ready: Ready, case: wl.Case, names: list, prompt: str, routing: str = "weights",
+              routing_seed: int = 0) -> Staged:
+        """Copy ``ready``'s buffers to the device as the request of ``case`` (pages ``names``) that runs
+        ``routing`` (``workload.routing``, seed ``routing_seed``)."""
         host = ready.host
         self.nvtx.push("copy", ready.number)
         try:
@@ -60,7 +62,8 @@ class Stager:
         views, tiles, ids, mask = dev
         lay = host.layout
         req = wl.Request(case=case, input_ids=ids, images_seq_mask=mask, global_views=views, tiles=tiles,
-                         pages=list(names), image_start=lay.image_start, prompt=prompt)
+                         pages=list(names), image_start=lay.image_start, prompt=prompt, routing=routing,
+                         routing_seed=routing_seed)
         return Staged(req, ready, start, end, host.nbytes)
 
     def _copy(self, host) -> tuple:

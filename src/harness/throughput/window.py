@@ -5,8 +5,9 @@ Raw observations (one table each, times in seconds from the window start, which 
 device-idle point; the window ends at ``window_s``, synchronised too):
 
 * batches (``BATCH_COLUMNS``): one row per batch of the window: its pages, their decode budgets'
-  max and sum [tokens], the bytes copied to the device, and how long the main thread waited for the
-  batch's pages before launching it [ms];
+  max and sum [tokens], the bytes copied to the device, how long the main thread waited for the
+  batch's pages before launching it [ms], and the median over its decode steps and MoE layers of the
+  distinct experts the batch's rows touched (``models.routing.experts_per_step``; empty without counts);
 * spans (``SPAN_COLUMNS``): one row per timed range of a batch: ``request`` and the five stages
   (marks on the compute stream: CUDA events, or the host clock on the CPU) and ``copy`` (marks on
   the copy stream);
@@ -22,7 +23,8 @@ import pandas as pd
 
 from ..anatomy.stages import STAGES, VISION_STAGES
 
-BATCH_COLUMNS = ["config", "batch_no", "size", "pages", "budget_max", "budget_sum", "copy_bytes", "wait_ms"]
+BATCH_COLUMNS = ["config", "batch_no", "size", "pages", "budget_max", "budget_sum", "copy_bytes", "wait_ms",
+                 "experts_step"]
 SPAN_COLUMNS = ["config", "batch_no", "range", "start_s", "end_s"]
 PREP_COLUMNS = ["config", "page", "worker", "start_s", "end_s"]
 
@@ -37,6 +39,7 @@ batch | pages | setting | pages decoded together (throughput.batches)
 workers | processes | setting | preprocessing worker processes (throughput.workers)
 pages | pages | setting | distinct pages the run cycles through (throughput.pages or the folder)
 tokens | | setting | decode budget per page: fixed, or the seeded uniform range
+routing | | setting | MoE routing the pages ran (workload.routing: the weights' own, or balanced with its seed)
 window_s | s | measured | wall clock of the steady window, synchronised at both edges
 window_batches | batches | measured | batches run inside the window
 window_pages | pages | measured | pages decoded inside the window
@@ -60,6 +63,8 @@ h2d_ms | ms/batch | measured | copy span per batch (host to device, with the cas
 h2d_gbs | GB/s | derived | sum of copy_bytes / sum of copy spans, 1e9 bytes
 copy_busy | fraction | derived | copy spans inside the window / window_s
 wait_s | s | measured | main thread waiting for preprocessed batches inside the window
+experts_step | experts | measured | distinct experts per MoE layer per decode step over a batch's rows, median \
+over the window's batches of each batch's median (device routing counts)
 peak_mem_bytes | bytes | measured | peak allocated device memory in the window (torch allocator; weights \
 included); empty on the CPU
 bound | | derived | what bounds the configuration (harness.throughput.window.bound)
@@ -141,6 +146,7 @@ def summarize(batches: pd.DataFrame, spans: pd.DataFrame, prep: pd.DataFrame, wi
         "h2d_gbs": float(batches["copy_bytes"].sum()) / copy_s / 1e9 if copy_s > 0 else float("nan"),
         "copy_busy": copy_busy,
         "wait_s": float(batches["wait_ms"].sum()) / 1e3,
+        "experts_step": float(batches["experts_step"].median()) if n else float("nan"),
         "peak_mem_bytes": peak_mem_bytes,
     }
     row["bound"] = bound(prep_busy, copy_busy, gpu_busy, stage_ms)
