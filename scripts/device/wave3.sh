@@ -47,7 +47,7 @@ PY
             2>&1 | quiet | tail -4 | tee "$OUT/crop.log"; pack /tmp/crop crop ;;
     tp|tp-balanced|tp-weights)   # tp: both routings (~600 s: two calls are safer); tp-<routing>: one
           for routing in $( [ $section = tp ] && echo balanced weights || echo ${section#tp-} ); do
-            timeout 280 python -m harness run +experiment=throughput workload.decode_tokens=512 workload.routing=$routing \
+            timeout 450 python -m harness run +experiment=throughput workload.decode_tokens=512 workload.routing=$routing \
               run.root=/tmp/tp-$routing 2>&1 | quiet | tail -6 | tee -a "$OUT/tp.log"; pack /tmp/tp-$routing tp-$routing
           done ;;
     tp620) timeout 500 python -m harness run +experiment=throughput 'throughput.tokens={mean: 620, spread: 150, seed: 0}' \
