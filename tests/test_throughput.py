@@ -122,6 +122,27 @@ def test_batch_groups_leave_out_small_layouts_and_refuse_when_none_is_left():
         plan.batch_groups(src, 4)
 
 
+@pytest.mark.parametrize("override, expect", [
+    ("throughput.tokens={mean: 620, spread: 150, seed: 1}", ("tokens", TokensConfig(620, 150, 1))),
+    ("throughput.tokens.mean=700", ("tokens", TokensConfig(700, 0, 0))),
+    ("throughput.execution={vision_compile: false}", ("vision_compile", False)),
+])
+def test_nested_throughput_overrides_compose(override, expect):
+    from harness.cli import check_overrides
+
+    t = check_overrides(["+experiment=throughput", "model=tiny", override]).throughput
+    key, value = expect
+    assert (t.tokens if key == "tokens" else t.execution.vision_compile) == value
+    assert plan.resolve(t, False).tokens == (value if key == "tokens" else None)   # mean 0: the fixed budget
+
+
+def test_a_spread_without_a_mean_is_refused():
+    from harness.cli import check_overrides
+
+    with pytest.raises(HarnessError, match="spread 150 / seed 0 without a mean.*fix: set throughput.tokens.mean too"):
+        check_overrides(["+experiment=throughput", "model=tiny", "throughput.tokens.spread=150"])
+
+
 def test_device_defaults():
     gpu, cpu = plan.resolve(ThroughputConfig(), True, 16), plan.resolve(ThroughputConfig(), False, 2)
     assert gpu.batches == (1, 8, 32, 64) and gpu.window_s == 30 and gpu.workers == 8 and gpu.best

@@ -357,9 +357,11 @@ class RunConfig:
 @dataclass
 class TokensConfig:
     """A seeded decode budget per page: uniform integers in [mean - spread, mean + spread] tokens,
-    drawn once per distinct page (``harness.throughput.plan.page_budgets``)."""
+    drawn once per distinct page (``harness.throughput.plan.page_budgets``); ``mean`` 0 (the default):
+    none, every page decodes ``workload.decode_tokens``. (A set node, not None: an override such as
+    ``'throughput.tokens={mean: 620, spread: 150}'`` cannot merge into a None node.)"""
 
-    mean: int = _f(620, min=1)
+    mean: int = _f(0, min=0)
     spread: int = _f(0, min=0)
     seed: int = 0
 
@@ -376,10 +378,11 @@ class ThroughputConfig:
     * ``window_s`` / ``window_pages``: the steady window closes at the first batch end where both are
       reached [s, pages] (None: 30 s and 0 pages / 0 s and 4 pages).
     * ``warmup_batches``: batches run before the window (compile, capture, pool warm-up) (None: 2 / 1).
-    * ``tokens``: None = ``workload.decode_tokens`` for every page; else a seeded per-page distribution.
+    * ``tokens``: mean 0 (the default) = ``workload.decode_tokens`` for every page; else a seeded
+      per-page distribution (``TokensConfig``).
     * ``best``: run the ``best`` case's execution of ``conf/experiment/optimize.yaml`` with the
       ``execution.*`` knobs that differ from the defaults on top (None: on CUDA; the CPU runs ``execution.*``).
-    * ``execution``: execution knobs over all of that (None = as above), e.g. ``vision_compile: false``.
+    * ``execution``: execution knobs over all of that (each None = as above), e.g. ``vision_compile: false``.
     * ``prefetch``: batches prepared ahead of the one running (at least 2 x workers pages).
     * ``timeline_batches``: batches of each configuration drawn in ``throughput_timeline.png``.
     """
@@ -390,9 +393,9 @@ class ThroughputConfig:
     window_s: Optional[float] = _f(None, min=0)
     window_pages: Optional[int] = _f(None, min=0)
     warmup_batches: Optional[int] = _f(None, min=0)
-    tokens: Optional[TokensConfig] = None
+    tokens: TokensConfig = field(default_factory=TokensConfig)
     best: Optional[bool] = None
-    execution: Optional[ExecutionOverrides] = None
+    execution: ExecutionOverrides = field(default_factory=ExecutionOverrides)
     prefetch: int = _f(2, min=1)
     timeline_batches: int = _f(3, min=1)
 
@@ -660,7 +663,10 @@ def check_throughput(t: ThroughputConfig) -> None:
         raise HarnessError(f"throughput.batches={batches}: a batch of {max(batches)} pages is larger than the "
                            f"{t.pages} distinct pages (throughput.pages)",
                            f"set throughput.pages={max(batches)} or more, or lower the batch")
-    if t.tokens is not None and t.tokens.spread >= t.tokens.mean:
+    if t.tokens.mean == 0 and (t.tokens.spread or t.tokens.seed):
+        raise HarnessError(f"throughput.tokens: spread {t.tokens.spread} / seed {t.tokens.seed} without a mean "
+                           "(mean 0: every page decodes workload.decode_tokens)", "set throughput.tokens.mean too")
+    if t.tokens.mean and t.tokens.spread >= t.tokens.mean:
         raise HarnessError(f"throughput.tokens: spread {t.tokens.spread} reaches below 1 token around mean "
                            f"{t.tokens.mean}", f"set throughput.tokens.spread to {t.tokens.mean - 1} or less")
 
