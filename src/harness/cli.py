@@ -1,4 +1,4 @@
-"""``python -m harness VERB [hydra overrides]``: run, analyze, graph, calibrate, profile, compare, summarize.
+"""``python -m harness VERB [hydra overrides]``: run, analyze, graph, calibrate, profile, compare, summarize, merge.
 
 Hydra verbs compose ``conf/config.yaml`` (schema: ``harness.config.HarnessConfig``) with the
 overrides (``-m`` for multirun works) and get a fresh run directory with its ``.hydra/`` snapshot.
@@ -35,6 +35,8 @@ from .errors import HarnessError, RunStopped
 # so wheels and editable installs find it alike; HARNESS_CONF points elsewhere.
 CONF_DIR = Path(os.environ.get("HARNESS_CONF", Path(__file__).resolve().parent / "conf"))
 HYDRA_VERBS = ("run", "analyze", "graph", "calibrate", "profile")
+#: verbs over run directories (argparse, no Hydra)
+RUN_DIR_VERBS = ("compare", "summarize", "merge")
 #: Hydra command-line flags that take a value (the value is not an override)
 #: Hydra flags that print something instead of running the verb (no output directory is made)
 HYDRA_INFO_FLAGS = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc")
@@ -50,6 +52,8 @@ verbs:
   profile    Nsight Compute / Systems over one stage's NVTX range
   compare    python -m harness compare RUN_A RUN_B
   summarize  python -m harness summarize runs/multirun-.../   (one table and plot for a sweep)
+  merge      python -m harness merge RUN_A RUN_B [...] --out DIR   (one run and report from runs split
+             across processes on one machine: same GPU, revision, settings and calibration record)
 
 examples:
   python -m harness run
@@ -312,21 +316,24 @@ def _main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     verb, rest = argv[0], argv[1:]
-    if verb in ("compare", "summarize"):
+    if verb in RUN_DIR_VERBS:
         if verb == "compare":
             from .report.compare import compare_main as verb_main
-        else:
+        elif verb == "summarize":
             from .report.summarize import summarize_main as verb_main
+        else:
+            from .report.merge import merge_main as verb_main
         try:
             return verb_main(rest)
         except HarnessError as exc:
             _fail(exc)
         except OSError as exc:   # --out names a file, a folder it cannot write, a full disk
-            return _write_failed(exc, "give --out a directory you can write to (a new one, or an existing "
-                                      "directory; not a file)")
+            return _write_failed(exc, "give --out a new directory you can write to" if verb == "merge" else
+                                 "give --out a directory you can write to (a new one, or an existing directory; "
+                                 "not a file)")
     if verb not in HYDRA_VERBS:
-        print(f"error: unknown verb {verb!r}; fix: use one of run, analyze, graph, calibrate, profile, compare, "
-              "summarize", file=sys.stderr)
+        print(f"error: unknown verb {verb!r}; fix: use one of {', '.join(HYDRA_VERBS + RUN_DIR_VERBS)}",
+              file=sys.stderr)
         return 2
     logging.raiseExceptions = False   # a log record a full disk cannot take is dropped, not printed with a traceback
     from .stopping import write_fix

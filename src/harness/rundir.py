@@ -18,7 +18,8 @@ CSVs always hold the cases the manifest on disk lists.
 
 ``RunData`` is what one run measured, in memory: the run verb grows it case by case and hands it
 to the report; ``load_run`` reads a finished run directory into one (each file read once;
-``stages.csv`` as the typed observations, an older layout converted on read). The caller passes
+``stages.csv`` as the typed observations, an older layout converted on read; ``open_run`` the same
+for a directory a user names, with one-line errors). The caller passes
 what placed the process (``launch``: pid, pinning and scheduler variables) in.
 This module sits near the bottom of the package: it imports nothing from it but ``errors``,
 ``faults`` (the test-only write hook) and the observation schema (``measure.observations``).
@@ -42,7 +43,7 @@ import pandas as pd
 
 from . import faults
 from .errors import HarnessError
-from .measure.observations import read_observations
+from .measure.observations import NotObservations, read_observations
 
 PACKAGES = ("torch", "transformers", "tokenizers", "hydra-core", "omegaconf", "nvtx", "torchlens", "pandas",
             "numpy", "pillow", "safetensors", "flash-attn", "triton", "matplotlib")
@@ -71,6 +72,9 @@ def git_revision(root: Path | None = None) -> dict:
         return {"revision": None, "dirty": None, "reason": str(exc)}
 
 
+#: the observation files a run appends each finished case's rows to (``harness.run.CaseTables``),
+#: read back by ``load_run``; every other file of a run directory is derived from them and the manifest
+CASE_FILES = ("stages.csv", "kernels.csv", "steps.csv", "routing_steps.csv", "routing.csv")
 CSV_DTYPES = {"grid": str, "module": str, "family": str, "op_group": str}   # labels that may look like numbers
 
 
@@ -120,6 +124,29 @@ def load_run(path, manifest: Optional[dict] = None) -> RunData:
     return RunData(path, manifest, read_observations(path / "stages.csv"), read_table(path / "kernels.csv"),
                    read_table(path / "routing.csv"), read_table(path / "routing_steps.csv"),
                    steps=read_table(path / "steps.csv"))
+
+
+def open_run(path, fix: str, missing_fix: str) -> RunData:
+    """``load_run`` of a directory a user named on the command line, or a one-line HarnessError
+    when it is not a run directory: ``missing_fix`` where the directory does not exist, ``fix``
+    where it has no manifest.json or stages.csv, or one that cannot be read (a manifest that is not
+    a JSON object, a stages.csv without the columns a run writes, a parser or decoding error)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise HarnessError(f"run directory {str(path)!r} does not exist", missing_fix)
+    for name in ("manifest.json", "stages.csv"):
+        if not (path / name).is_file():
+            raise HarnessError(f"{path} has no {name}, so it is not a run directory", fix)
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+        if not isinstance(manifest, dict):
+            raise ValueError(f"it holds a JSON {type(manifest).__name__}, not an object")
+        return load_run(path, manifest)
+    except NotObservations as exc:
+        raise HarnessError(f"{path / 'stages.csv'} {exc}", fix) from None
+    except (ValueError, UnicodeDecodeError) as exc:   # JSON, CSV parser and decoding errors
+        raise HarnessError(f"{path} has an unreadable manifest.json or stages.csv ({exc.__class__.__name__}: "
+                           f"{' '.join(str(exc).split())[:200]})", fix) from None
 
 
 def claim(path) -> Path:

@@ -5,5 +5,7 @@
   their tables through the column registry (``columns``).
 * ``compare``: ``python -m harness compare RUN_A RUN_B`` (``compare_main``).
 * ``summarize``: ``python -m harness summarize SWEEP_DIR`` (``summarize_main``).
+* ``merge``: ``python -m harness merge RUN_A RUN_B --out DIR`` (``merge_main``): one run directory,
+  and its report, from runs split across processes on one machine.
 * ``breakdown``, ``progress``: time_breakdown.png and the run's progress line.
 """

@@ -25,13 +25,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import HarnessError
 from ..floats import finite as _f
 from ..markdown import LEFT, RIGHT, table
-from ..measure.observations import NotObservations
 from ..measure.summary import summarize
 from ..roofline import flags
-from ..rundir import RunData, claim, load_run
+from ..rundir import RunData, claim, open_run
 from .columns import efficiency
 from ..anatomy.stages import STAGES
 
@@ -42,20 +40,8 @@ COLUMNS = ["case", "stage", "metric", "a", "b", "delta", "ratio", "unit"]
 
 def _load(path) -> RunData:
     """A run directory read back, or a one-line HarnessError when it is not one."""
-    path = Path(path)
-    fix = "compare run directories written by `python -m harness run`"
-    if not path.is_dir():
-        raise HarnessError(f"run directory {str(path)!r} does not exist", "give two run directories under runs/")
-    for name in ("manifest.json", "stages.csv"):
-        if not (path / name).is_file():
-            raise HarnessError(f"{path} has no {name}, so it is not a run directory", fix)
-    try:
-        return load_run(path)
-    except NotObservations as exc:
-        raise HarnessError(f"{path / 'stages.csv'} {exc}", fix) from None
-    except (ValueError, UnicodeDecodeError) as exc:   # JSON, CSV parser and decoding errors
-        raise HarnessError(f"{path} has an unreadable manifest.json or stages.csv ({exc.__class__.__name__}: "
-                           f"{' '.join(str(exc).split())[:200]})", fix) from None
+    return open_run(path, "compare run directories written by `python -m harness run`",
+                    "give two run directories under runs/")
 
 
 def state_notes(label: str, run: RunData) -> list:

@@ -56,6 +56,18 @@ def calibration_line(man: dict, p: Peaks) -> str:
     return p.cal_source or "not calibrated"
 
 
+def merged_line(man: dict) -> list:
+    """'Merged from N runs on one machine: A, B (interrupted), ...' for a run ``python -m harness merge``
+    wrote (its manifest's ``merged_from``, each source with its status where it did not complete); []
+    for any other run."""
+    sources = man.get("merged_from") or []
+    if not sources:
+        return []
+    names = [f"{s.get('run')}" + (f" ({s.get('status')})" if s.get("status") != "complete" else "") for s in sources]
+    return [f"Merged from {len(sources)} runs on one machine: {', '.join(names)} (`python -m harness merge`: the "
+            "same device, revision, settings and calibration record; each case measured in its own run's process)."]
+
+
 def _pairs(rows: list) -> list:
     """A two-column key / value table (no header text)."""
     return table(["", ""], rows, [LEFT, LEFT])
@@ -179,5 +191,5 @@ def files_section(run: RunData) -> list:
     return L + [""]
 
 
-__all__ = ["case_info", "warmup_counts", "weights_of", "calibration_line", "ceilings_section", "environment_section",
+__all__ = ["case_info", "warmup_counts", "weights_of", "calibration_line", "merged_line", "ceilings_section", "environment_section",
            "caveats_section", "files_section", "CV_LIMIT"]

@@ -20,8 +20,9 @@ analytic costs of every measured case (``harness.analytic``), joins them
 * ``time_breakdown.png``: per case and stage, kernel busy and idle time, host span marked;
 * ``tpot_vs_position.png``: decode-step time against KV length (``harness.report.steps``);
 * ``ladder.png``: decode tok/s and MBU per execution variant (runs with execution variants);
-* ``report.md``: headline (median request) per case, its stage times, execution variants, MoE
-  routing (``report.routing``: the routing each case ran, experts touched per step), TPOT
+* ``report.md``: under its title, for a merged run (``python -m harness merge``), the runs it came
+  from (``context.merged_line``); headline (median request) per case, its stage times, execution
+  variants, MoE routing (``report.routing``: the routing each case ran, experts touched per step), TPOT
   against position, per-stage roofline table (GPU span, host span, busy, idle, efficiency against
   span and busy), op families, inside the decode step per module against the bandwidth floor
   (cases attributed by alignment, ``harness.report.step_modules``), top kernels per stage,
@@ -53,7 +54,7 @@ from ..rundir import RunData, RunDir, load_run
 from . import ladder, routing, step_modules, steps
 from .breakdown import plot_time_breakdown
 from .context import (calibration_line, caveats_section, ceilings_section, environment_section, files_section,
-                      warmup_counts, weights_of)
+                      merged_line, warmup_counts, weights_of)
 from .sections import charts_section, headline_section, op_section, stage_section, top_kernels_section
 
 log = logging.getLogger("harness.report")
@@ -154,6 +155,7 @@ def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFra
     L.append(f"Device {peaks.device_name} ({peaks.spec_name or 'unknown device'}), dtype {peaks.dtype}; model "
              f"`{(man.get('model') or {}).get('adapter', (cfg.get('model') or {}).get('name', '?'))}` with "
              f"{weights_of(man) or '?'} weights.")
+    L += merged_line(man)
     L += ["", PROVENANCE, ""]
     st = table[table["level"] == "stage"] if len(table) else table
     L += headline_section(run, st, summary)
