@@ -15,7 +15,9 @@ FOLDER is a run folder under runs/examples/ (the table names it underneath); KIN
 * ``vision``: the named CASEs' sam / clip / projector time and MFU (calibrated);
 * ``tpot``: FOLDER's run subfolders side by side: TPOT p50 over all decode steps, the first and the
   last 128 (the vendor's decode paths against a faster execution);
-* ``overhead``: the request ratio of ``scripts/bench_overhead.py`` (FOLDER/bench_overhead.log).
+* ``overhead``: the request ratio of ``scripts/bench_overhead.py`` (FOLDER/bench_overhead.log);
+* ``throughput``: FOLDER's throughput runs (subfolders with ``throughput.csv``): pages/s, decode tok/s,
+  wasted decode slots, GPU busy, preprocessing capacity, experts per step and the bound per batch size.
 
 Every figure is read by ``evidence`` (the one function that knows the run files) and printed as
 the run measured or derived it. A batched case whose rows repeat pages (a batch of copies, the
@@ -66,7 +68,8 @@ def evidence(folder: Path) -> dict:
         names = entry.get("pages")
         rows = len(names) if isinstance(names, list) else int(entry["batch"])
         distinct = entry.get("distinct_pages", len(set(names)) if isinstance(names, list) else rows)
-        cases[entry["name"]] = {"batch": int(entry["batch"]), "rows": rows, "distinct_pages": int(distinct)}
+        cases[entry["name"]] = {"batch": int(entry["batch"]), "rows": rows, "distinct_pages": int(distinct),
+                                "routing": entry.get("routing_label") or "weights"}
     if (folder / "headline.csv").exists():
         for r in pd.read_csv(folder / "headline.csv").to_dict("records"):
             cases.setdefault(r["case"], {}).update({k: r[k] for k in ("decode_tok_s", "tpot_p50_ms", "ttft_ms")})
@@ -147,24 +150,25 @@ def ladder(folder: Path, ev: dict, _cases: list) -> list:
         if "decode_tok_s" not in fig:
             continue
         if copies(fig):
-            rows.append([case, str(fig["batch"]), pages_cell(fig)] + ["–"] * 6)
+            rows.append([case, str(fig["batch"]), pages_cell(fig), fig.get("routing", "weights")] + ["–"] * 6)
             continue
-        rows.append([case, str(fig["batch"]), pages_cell(fig), number(fig["decode_tok_s"], "{:,.1f}"),
+        rows.append([case, str(fig["batch"]), pages_cell(fig), fig.get("routing", "weights"),
+                     number(fig["decode_tok_s"], "{:,.1f}"),
                      number(fig["tpot_p50_ms"], "{:.3f}"), number(fig["ttft_ms"], "{:.2f}"),
                      number(fig.get("launches_per_step"), "{:,.0f}"), number(fig.get("syncs_per_step"), "{:.0f}"),
                      f"{share(fig.get('mbu'))} / {share(fig.get('mbu_cal'))}" + expected_note(fig)])
-    out = table(["case", "batch", "pages", "tok/s (derived)", "TPOT p50 ms (measured)", "TTFT ms (measured)",
+    out = table(["case", "batch", "pages", "routing", "tok/s (derived)", "TPOT p50 ms (measured)", "TTFT ms (measured)",
                  "kernels/step (measured)", "host syncs/step (measured)", "decode MBU sheet / cal (derived)"],
-                ["---", "---:", "---", "---:", "---:", "---:", "---:", "---:", "---:"], rows)
+                ["---", "---:", "---", "---", "---:", "---:", "---:", "---:", "---:", "---:"], rows)
     superseded = [c for c, f in ev["cases"].items() if "decode_tok_s" in f and copies(f)]
     expected = [c for c, f in ev["cases"].items() if "decode_tok_s" in f and not copies(f) and expected_note(f)]
-    note = [""] + ([f"MBU marked *expected routing* ({', '.join(expected)}): no usable per-step routing counts, so "
+    note = ([f"MBU marked *expected routing* ({', '.join(expected)}): no usable per-step routing counts, so "
                     "the decode MoE bytes assume the uniform expectation; the evidence folder's README says why."]
                    if expected else [])
     note = note + ([f"Superseded rows ({', '.join(superseded)}): batches of copies, whose identical rows route onto "
                     "the same experts, so their tok/s and MBU describe no real batch; their figures stay in the "
                     "evidence folder's report only."] if superseded else [])
-    return out + note + ["", source(folder, ev["device"], "headline.csv: the median request; stages.csv: the profiled "
+    return out + ([""] + note if note else []) + ["", source(folder, ev["device"], "headline.csv: the median request; stages.csv: the profiled "
                                                  "request; roofline.csv; manifest.json: the pages")]
 
 
@@ -207,7 +211,26 @@ def overhead(folder: Path, ev: dict, _cases: list) -> list:
             f"`runs/examples/{folder.name}/bench_overhead.log`)."]
 
 
-KINDS = {"ladder": ladder, "vision": vision, "tpot": tpot, "overhead": overhead}
+def throughput(folder: Path, _ev: dict, _cases: list) -> list:
+    """FOLDER's throughput runs (subfolders with throughput.csv), one row per run and batch size."""
+    rows, devices = [], []
+    runs = [sub for sub in sorted(folder.iterdir()) if (sub / "throughput.csv").exists()]
+    for sub in runs:
+        devices.append((json.loads((sub / "manifest.json").read_text()).get("device") or {}).get("name", "?"))
+        for r in pd.read_csv(sub / "throughput.csv").to_dict("records"):
+            rows.append([f"`{sub.name}`", r["routing"], r["tokens"], str(int(r["batch"])),
+                         number(r["pages_s"], "{:,.2f}"), number(r["decode_tok_s"], "{:,.0f}"),
+                         share(r["wasted_decode_slots"]), share(r["gpu_busy"]), number(r["prep_pages_s"], "{:,.0f}"),
+                         number(r["experts_step"], "{:,.0f}"), r["bound"]])
+    out = table(["run", "routing", "decode tokens per page", "batch", "pages/s (derived)", "decode tok/s (derived)",
+                 "wasted decode slots (derived)", "GPU busy (derived)", "prep capacity pages/s (derived)",
+                 "experts per MoE layer per step (measured, median)", "bound (derived)"],
+                ["---", "---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---"], rows)
+    return out + ["", source(folder, ", ".join(dict.fromkeys(devices)), "each run's throughput.csv: a steady window "
+                                                                          "of at least 30 s per batch size")]
+
+
+KINDS = {"ladder": ladder, "vision": vision, "tpot": tpot, "overhead": overhead, "throughput": throughput}
 
 
 def render(spec: str, examples: Path) -> str:

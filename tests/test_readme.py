@@ -41,11 +41,11 @@ def test_readme_matches_its_evidence(tables, capsys):
 
 def test_a_readme_figure_that_differs_fails_the_check(tables, tmp_path, capsys):
     best = pd.read_csv(EXAMPLES / "h200-optimize" / "headline.csv").set_index("case").loc["best", "decode_tok_s"]
-    shown = f"| best | 1 | 1 page | {best:,.1f} |"              # the best row as the README prints it
+    shown = f"| best | 1 | 1 page | weights | {best:,.1f} |"    # the best row as the README prints it
     text = (ROOT / "README.md").read_text()
-    assert shown == "| best | 1 | 1 page | 1,555.7 |" and text.count(shown) == 1
+    assert shown == "| best | 1 | 1 page | weights | 1,555.7 |" and text.count(shown) == 1
     readme = tmp_path / "README.md"
-    readme.write_text(text.replace(shown, "| best | 1 | 1 page | 1,234.7 |"))     # the stale figure of issue 22
+    readme.write_text(text.replace(shown, "| best | 1 | 1 page | weights | 1,234.7 |"))   # the stale figure of issue 22
     assert tables.main(["--check", "--readme", str(readme)]) == 1
     assert capsys.readouterr().err.splitlines() == [
         f"{readme}: generated block 'ladder h200-optimize' differs from its evidence; run python "
@@ -67,7 +67,7 @@ def test_batches_of_copies_are_superseded_and_above_100_percent_is_flagged(table
     assert tables.share(1.097) == "flagged: above 100%"
     # the committed H100 best-b32 ran 32 copies of one page: no figures, marked superseded
     lines = tables.render("ladder h100-optimize", EXAMPLES).splitlines()
-    assert "| best-b32 | 32 | superseded: batch of 32 copies of 1 page | – | – | – | – | – | – |" in lines
+    assert "| best-b32 | 32 | superseded: batch of 32 copies of 1 page | weights | – | – | – | – | – | – |" in lines
     # the same row as if its pages had been distinct: its calibrated MBU, 109.7% in the evidence README
     # (analytic bytes over measured time against the calibrated copy bandwidth), is flagged, not printed
     examples = _examples_with(tmp_path, "h100-optimize")
@@ -86,5 +86,5 @@ def test_batches_of_copies_are_superseded_and_above_100_percent_is_flagged(table
     roof.loc[at, "mbu_cal"] = 1.097
     roof.to_csv(roof_path, index=False)
     row = next(ln for ln in tables.render("ladder h100-optimize", examples).splitlines() if ln.startswith("| best-b32"))
-    assert row.startswith("| best-b32 | 32 | batch of 32 distinct pages | 17,480.3 |")
+    assert row.startswith("| best-b32 | 32 | batch of 32 distinct pages | weights | 17,480.3 |")
     assert row.endswith("| 98.4% / flagged: above 100% |") and "109.7" not in row

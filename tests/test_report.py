@@ -168,6 +168,20 @@ def test_report_on_real_h100_crop_mode(tmp_path, cache):
     assert "| gundam-2x3 | gundam | 2x3 |" in md and "No kernel capture" in md
 
 
+def test_a_copy_without_its_kernel_table_says_so_instead_of_no_capture(tmp_path, cache):
+    """A run that captured kernels (``measure.kernels: true``) read back from a copy without kernels.csv
+    (committed evidence, a merge of such copies): the report names the missing file, not 'no capture'."""
+    run = _copy("h100_crop_mode", tmp_path)
+    man = json.loads((run / "manifest.json").read_text())
+    man.setdefault("measure", {})["kernels"] = True
+    (run / "manifest.json").write_text(json.dumps(man))
+    write_report(run, strict=True)
+    md = (run / "report.md").read_text()
+    assert "No kernel capture" not in md
+    # the caveat, the op-family section and the top-kernels section
+    assert md.count("kernels.csv is not in this directory (the run captured kernels") == 3
+
+
 def test_ladder_ratios_on_the_committed_h200_runs(tmp_path, cache):
     """Checked-in H200 runs: the speed-up divides the median decode tok/s of the timed repeats by the
     vendor-style batch-1 case of the same mode, says it is unstable (that row's decode CV is above

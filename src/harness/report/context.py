@@ -115,6 +115,24 @@ def environment_section(man: dict) -> list:
     return L + [""]
 
 
+def kernels_captured(run: RunData) -> bool:
+    """Whether the run captured kernels (``measure.kernels``), whether or not kernels.csv is still beside it."""
+    return bool((run.manifest.get("measure") or {}).get("kernels"))
+
+
+def no_kernels_text(run: RunData, caveat: bool = False) -> str:
+    """What a report says where it has no kernel table: the run captured none, or it did and kernels.csv
+    is not in this directory (a copy without it: the busy time and kernels per step in stages.csv stay)."""
+    if kernels_captured(run):
+        return ("kernels.csv is not in this directory (the run captured kernels; this copy left the table out): "
+                "busy, idle and kernels per step come from stages.csv; the op-family, per-module and top-kernel "
+                "tables need the kernel table" + ("." if caveat else ""))
+    if caveat:
+        return ("No kernel capture: no op-family rows, no busy or idle time, so launch/host-bound stages cannot be "
+                "told apart from slow kernels.")
+    return "No kernel capture in this run (`measure.kernels=true` adds it)"
+
+
 def caveats_section(run: RunData, p: Peaks, measured: pd.DataFrame, notes: list,
                     head: Optional[pd.DataFrame] = None) -> list:
     man = run.manifest
@@ -132,8 +150,7 @@ def caveats_section(run: RunData, p: Peaks, measured: pd.DataFrame, notes: list,
         out.append("Not calibrated: no measured ceilings (`python -m harness calibrate` caches them per device; a run "
                    "calibrates on first use unless hardware.calibrate=false).")
     if not len(run.kernels):
-        out.append("No kernel capture: no op-family rows, no busy or idle time, so launch/host-bound stages cannot be "
-                   "told apart from slow kernels.")
+        out.append(no_kernels_text(run, caveat=True))
     if man.get("status") == "running":
         out.append(f"Partial: the run is still going (or was interrupted) after {len(man.get('cases') or [])} case(s).")
     elif man.get("status") in ("failed", "interrupted"):

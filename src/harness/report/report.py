@@ -163,7 +163,7 @@ def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFra
     L += routing.section(run, st, routing_facts)
     L += steps.section(run.steps)
     L += stage_section(st)
-    L += op_section(table)
+    L += op_section(table, run)
     L += step_modules.section(run, analytic, peaks.mem_bw_gbs, _tpot_p50(summary))
     L += top_kernels_section(run, summary)
     L += charts_section(run)

@@ -16,7 +16,7 @@ from ..roofline.join import OP_GROUPS, expected_routing
 from ..rundir import RunData
 from ..anatomy.stages import PREPROCESS, STAGES
 from .columns import fixed, pct, table
-from .context import case_info
+from .context import case_info, no_kernels_text
 
 TOP_KERNELS = 5
 
@@ -179,12 +179,12 @@ OP_GROUP_TEXT = {"matmul": "GEMM/conv/attention modules incl. their own elementw
                  "other": "kernels outside every module (adapter glue, argmax)"}
 
 
-def op_section(table_rows: pd.DataFrame) -> list:
+def op_section(table_rows: pd.DataFrame, run: RunData | None = None) -> list:
     """Op families per stage: what each group holds, then kernel busy time against its analytic work."""
     L = ["## Op families per stage", ""]
     op = table_rows[table_rows["level"] == "op_family"] if len(table_rows) else table_rows
     if not len(op):
-        return L + ["_No kernel capture in this run (`measure.kernels=true` adds it)._", ""]
+        return L + [f"_{no_kernels_text(run) if run is not None else 'No kernel capture in this run'}._", ""]
     by_module = (op["attribution"] == "module").any()
     mapping = [{"op_family": g, "op_kernels": OP_GROUP_TEXT.get(g, ""),
                 "op_families": ", ".join(f) or ("llm_attention (KV copy bytes only)" if g == "kv_cache"
@@ -220,7 +220,7 @@ def top_kernels_section(run: RunData, summary: Summary | None = None) -> list:
     L = ["## Top kernels per stage", ""]
     kernels = run.kernels
     if kernels is None or not len(kernels):
-        return L + ["_No kernel capture in this run._", ""]
+        return L + [f"_{no_kernels_text(run)}._", ""]
     kernels = kernels[kernels["stage"].notna()]
     by_case: dict = {}
     for (case, stage), ks in kernels.groupby(["case", "stage"], sort=False):
