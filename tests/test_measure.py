@@ -42,9 +42,29 @@ from harness.measure.summary import summarize
     ("void at::elementwise_kernel<128, 4, at::gpu_kernel_impl_nocast<at::CUDAFunctor_add<float>>>",
      "activation/elementwise"),
     ("some_unknown_kernel", "other"),
+    ("_gate_up_silu_kernel", "gemm"),                 # the harness's routed-expert GEMVs (fast_moe_triton)
+    ("_rows_down_weighted_kernel", "gemm"),
+    ("_down_kernel", "gemm"),                         # the fused decode step's down projection
 ])
 def test_categorize(name, cat):
     assert categorize(name) == cat
+
+
+def test_gemms_of_the_moe_container_are_the_routed_experts():
+    """Grouped MoE launches the experts' GEMVs from the MoE container (its experts' modules are not
+    called): those kernels count as moe_routed / matmul, the container's routing kernels stay routing."""
+    from harness.measure.kernels import KERNEL_COLUMNS, categorize, routed_expert_gemms
+
+    names = ["_gate_up_silu_kernel", "void at::native::index_elementwise_kernel<128, 4>", "_down_weighted_kernel",
+             "gemv_in_a_dense_mlp"]
+    groups = ["routing/indexing", "routing/indexing", "routing/indexing", "matmul"]
+    families = ["", "", "", "dense_mlp"]
+    df = pd.DataFrame([{**dict.fromkeys(KERNEL_COLUMNS), "name": n, "category": categorize(n), "op_group": g,
+                        "family": f, "module": "llm.layers.1.mlp"} for n, g, f in zip(names, groups, families)])
+    out = routed_expert_gemms(df)
+    assert list(out["op_group"]) == ["matmul", "routing/indexing", "matmul", "matmul"]
+    assert list(out["family"]) == ["moe_routed", "", "moe_routed", "dense_mlp"]
+    assert list(df["op_group"]) == groups                    # the input frame is left as it was
 
 
 def test_busy_is_union_of_intervals():

@@ -51,7 +51,10 @@ CATEGORIES = [  # first match wins; patterns are case-insensitive regexes over t
     ("copy/cast", r"memcpy|copy_|direct_copy|to_copy|(?<!no)(?<!with)cast|convert|unrolled_elementwise_kernel.*copy"),
     ("attention", r"flash|fmha|attention|sdpa|efficient_attention|mem_eff|softmax_warp_forward.*causal"),
     ("conv", r"conv|implicit_gemm|winograd|im2col|cudnn|nchw|nhwc"),
-    ("gemm", r"linear|gemm|gemv|sm90_xmma|cutlass|cublas|matmul|\bmm\b|addmm|bmm|nvjet|xmma|splitk|dot_product"),
+    # gate_up / down_weighted / _down_kernel: the harness's own routed-expert and MLP GEMV kernels
+    # (kernels/fast_moe_triton.py, kernels/decode_step_triton.py)
+    ("gemm", r"linear|gemm|gemv|sm90_xmma|cutlass|cublas|matmul|\bmm\b|addmm|bmm|nvjet|xmma|splitk|dot_product"
+             r"|gate_up|down_weighted|_down_kernel"),
     ("norm", r"layer_norm|layernorm|rms|norm_kernel|welford|batch_norm"),
     ("moe routing/indexing", r"index|scatter|gather|nonzero|masked|bincount|histc|where|sort|topk|radix|unique|cumsum|scan"),
     ("softmax/reduce", r"softmax|reduce|sum_kernel|mean|argmax|max_kernel"),
@@ -295,8 +298,27 @@ def kernel_table(prof, cuda: bool, ranges: pd.DataFrame, modules=None) -> pd.Dat
         df["module"] = [lb.path for lb in labels]
         df["family"] = [lb.family for lb in labels]
         df["op_group"] = [lb.op_group for lb in labels]
+        df = routed_expert_gemms(df)
     if not cuda and len(df):
         df = _cpu_top_level_ops(df)
+    return df
+
+
+#: (family, op group) of a GEMM launched by an MoE container itself: grouped MoE runs the routed experts'
+#: GEMMs from the container (the experts' modules are not called), whose own other kernels are routing
+ROUTED_GEMM = ("moe_routed", "matmul")
+
+
+def routed_expert_gemms(df: pd.DataFrame) -> pd.DataFrame:
+    """Kernels labelled with the MoE container's routing group (``modules.ROUTING_GROUP``) whose category
+    is ``gemm`` are the routed experts' work: family ``moe_routed``, op group ``matmul`` (where the
+    analytic bytes and FLOPs of the experts are); every other kernel keeps its label."""
+    from .modules import ROUTING_GROUP
+
+    at = (df["op_group"] == ROUTING_GROUP) & (df["category"] == "gemm")
+    if at.any():
+        df = df.copy()
+        df.loc[at, "family"], df.loc[at, "op_group"] = ROUTED_GEMM
     return df
 
 

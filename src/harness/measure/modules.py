@@ -14,7 +14,8 @@ the profiler's clock domain (as ``StageRecorder``'s wall-clock bounds).
 * a KV-cache update (the growing cache's ``torch.cat``, a static cache's index copy): family
   ``llm_attention``, op group ``kv_cache``;
 * an MoE container outside its gate, experts and shared expert (argsort, gather, scatter, the
-  count copy, the weighted sum): op group ``routing/indexing``, no family;
+  count copy, the weighted sum): op group ``routing/indexing``, no family (its GEMM kernels, grouped
+  MoE's routed experts, are relabelled ``moe_routed`` / ``matmul`` by ``kernels.routed_expert_gemms``);
 * a module without a family inside one that has one (the Linear of an attention): the parent's;
 * any other container (decoder layer, SAM/CLIP block: residual adds, casts): ``elementwise``;
 * no module at all (adapter glue: the projector layout, ``masked_scatter``, the argmax): ``other``.
