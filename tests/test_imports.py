@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -110,3 +113,27 @@ def test_the_import_finder_sees_function_level_kernel_imports(tmp_path):
             "harness.kernels": pkg / "kernels" / "__init__.py",
             "harness.kernels.gemv_triton": pkg / "kernels" / "gemv_triton.py", "harness.models.llm": pkg / "models" / "llm.py"}
     assert "harness.kernels.gemv_triton" in _imports("harness.models.llm", mods["harness.models.llm"], mods)
+
+
+def _fresh_interpreter(code: str) -> str:
+    """stdout of ``code`` run by a new interpreter that imports this checkout's ``src``."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_the_measure_facade_is_lazy():
+    """Importing the report side's ``harness.measure.summary`` runs ``harness/measure/__init__`` but
+    loads neither the measurement machinery (``runner``, ``recorder``) nor torch; the facade's names
+    are still there on first access, each the object its submodule defines."""
+    out = _fresh_interpreter(
+        "import sys\n"
+        "import harness.measure.summary\n"
+        "print(sorted(m for m in ('harness.measure.runner', 'harness.measure.recorder', 'torch') if m in sys.modules))\n"
+        "import harness.measure as m\n"
+        "from harness.measure import recorder, runner, summary\n"
+        "print(m.measure_case is runner.measure_case, m.CaseMeasurement is runner.CaseMeasurement,\n"
+        "      m.StageRecorder is recorder.StageRecorder, m.Summary is summary.Summary, m.summarize is summary.summarize)\n"
+        "print(sorted(m.__all__) == sorted(n for n in dir(m) if n in m.__all__), hasattr(m, 'not_a_name'))\n")
+    assert out.split("\n")[:3] == ["[]", "True True True True True", "True False"]

@@ -121,21 +121,26 @@ def test_observations_are_typed():
     assert set(DTYPES) == set(OBSERVATION_COLUMNS)
 
 
-def _tiny_case(device, tiny_model_cfg, tiny_mode):
+def _tiny_case(device, tiny_model_cfg, tiny_mode, at=lambda request: None, model_out=None, **measure):
+    """measure_case of the tiny model on one synthetic page, 5 decode tokens (``measure``: MeasureConfig
+    fields, default no warm-up, 2 timed repeats, kernel capture; ``model_out``: a list the model is
+    appended to)."""
     from harness import workload as wl
     from harness.measure.runner import MeasureConfig, measure_case
     from harness.models.build import build_model
 
     dtype = torch.float32
     model = build_model(tiny_model_cfg, device, dtype, seed=0)
+    if model_out is not None:
+        model_out.append(model)
     pages = [wl.Page("p", wl.synthetic_page(0, size=(300, 200)), "synthetic:0")]
 
     def make(i):
         return wl.build_request(pages, tiny_mode, decode_tokens=5).to(device, dtype)
 
-    mcfg = MeasureConfig(warmup=0, repeats=2, kernels=True)
+    mcfg = MeasureConfig(**{"warmup": 0, "repeats": 2, "kernels": True, **measure})
     return measure_case(model, make, mcfg, {"case": "t", "mode": "t", "grid": None, "batch": 1},
-                        device.type == "cuda", progress=lambda m: None)
+                        device.type == "cuda", progress=lambda m: None, at=at)
 
 
 def _check_case(measured, timed_col):
@@ -166,6 +171,49 @@ def test_measure_case_cpu(tiny_model_cfg, tiny_mode):
     measured = _tiny_case(torch.device("cpu"), tiny_model_cfg, tiny_mode)
     _check_case(measured, "host_ms")
     assert measured.observations["gpu_ms"].isna().all()
+
+
+def test_layer_ranges_hook_each_layer_once_per_case_and_range_only_the_timed_repeats(tiny_model_cfg, tiny_mode,
+                                                                                    monkeypatch):
+    """measure.layer_ranges: the tiny model has 7 layer modules (conf/model/tiny.yaml: 2 SAM blocks, 2
+    CLIP layers, 3 decoder layers); over a case of 1 warm-up and 3 timed repeats each gets one pre-hook
+    (7 registrations, not 7 per repeat) and none is left after the case. ``layer`` ranges are pushed in
+    the timed repeats only, the same sequence in each (the one the hooks registered per repeat gave), every
+    one popped."""
+    from harness.measure.nvtx_ranges import NvtxRanges
+
+    pytest.importorskip("nvtx")
+    registered, pushed, where = [], [], ["set-up"]
+    real_register, real_push, real_pop = (torch.nn.Module.register_forward_pre_hook, NvtxRanges.push,
+                                          NvtxRanges.pop)
+    monkeypatch.setattr(torch.nn.Module, "register_forward_pre_hook",
+                        lambda self, *a, **k: registered.append(self) or real_register(self, *a, **k))
+
+    def push(self, name, payload=None):   # returns None, as a hook must to leave the layer's inputs alone
+        pushed.append((where[0], name, payload))
+        real_push(self, name, payload)
+
+    def pop(self):
+        pushed.append((where[0], "pop", None))
+        real_pop(self)
+
+    monkeypatch.setattr(NvtxRanges, "push", push)
+    monkeypatch.setattr(NvtxRanges, "pop", pop)
+    models = []
+    _tiny_case(torch.device("cpu"), tiny_model_cfg, tiny_mode, at=lambda request: where.__setitem__(0, request),
+               model_out=models, warmup=1, repeats=3, kernels=False, steady_pct=0.0, layer_ranges=True)
+    assert len(registered) == 2 + 2 + 3
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in models[0].modules())
+    layer = {}
+    for label, name, payload in pushed:
+        if name == "layer":
+            layer.setdefault(label, []).append(payload)
+    assert sorted(layer) == ["repeat=0", "repeat=1", "repeat=2"]
+    # per request: SAM's blocks 0, 1 and CLIP's layers 0, 1, each over the page's tiles and its global
+    # view (4 passes of [0, 1]), then 5 decoder passes (prefill, 4 decode steps) of layers 0, 1, 2
+    assert layer["repeat=0"] == layer["repeat=1"] == layer["repeat=2"] == [0, 1] * 4 + [0, 1, 2] * 5
+    pops = sum(name == "pop" for _, name, _ in pushed)
+    assert pops == sum(name != "pop" for _, name, _ in pushed)
 
 
 @pytest.mark.gpu

@@ -126,14 +126,52 @@ def _setup_of(model) -> dict:
     return {"setup_s": dict(setup)} if setup else {}
 
 
+class _CaseFrames:
+    """A ``RunData`` table a run grows one case at a time: the cases' frames are kept in a list
+    (``LiveRunData.grow`` costs the case's own rows) and concatenated when the table is read after a
+    change (a read costs the table once; the one frame is then kept). Assigning a frame replaces them."""
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        frames = obj.__dict__[self.name]
+        if frames is None:
+            return None
+        if len(frames) > 1:
+            frames[:] = [pd.concat(frames, ignore_index=True)]
+        return frames[0] if frames else pd.DataFrame()
+
+    def __set__(self, obj, frame):
+        obj.__dict__[self.name] = None if frame is None else ([frame] if len(frame.columns) else [])
+
+
+class LiveRunData(RunData):
+    """The ``RunData`` of a run in progress: the measured tables and the analytic frames grow by
+    ``grow(name, frame)``, each read as one frame (``_CaseFrames``)."""
+
+    stages = _CaseFrames()
+    kernels = _CaseFrames()
+    routing = _CaseFrames()
+    routing_steps = _CaseFrames()
+    steps = _CaseFrames()
+    analytic = _CaseFrames()
+
+    def grow(self, name: str, frame: pd.DataFrame) -> None:
+        """Append one case's rows to table ``name`` (numbered on from the rows before it)."""
+        self.__dict__[name].append(frame.reset_index(drop=True))
+
+
 class CaseTables:
     """The run's tables, grown one finished case at a time (``add``): a case's files and the
     manifest that lists it are written as one unit (``RunDir.case_files``), then the in-memory
-    ``RunData`` follows, so memory, manifest and CSVs agree on the cases kept whatever stops the run."""
+    ``LiveRunData`` follows, so memory, manifest and CSVs agree on the cases kept whatever stops the run.
+    A case costs its own rows (the CSVs are appended to, the frames kept per case)."""
 
-    def __init__(self, rd: RunDir, data: RunData):
+    def __init__(self, rd: RunDir, data: LiveRunData):
         self.rd, self.data = rd, data
-        self.stages, self.kernels, self.routing, self.steps, self.routing_steps = [], [], [], [], []
 
     def add(self, inputs, measured: CaseMeasurement, analytic: tuple, execution: dict) -> None:
         """One case: stages.csv (its observations), kernels.csv, steps.csv, routing_steps.csv,
@@ -143,25 +181,23 @@ class CaseTables:
         ``analytic_for_case``'s (frame, MBU bytes, notes); ``execution``: what the adapter ran
         (``variants.apply``) with its set-up seconds."""
         rd, data, case = self.rd, self.data, inputs.case
-        stages, kernels, counts, steps = measured.observations, measured.kernels, measured.routing, measured.steps
+        kernels, counts, steps = measured.kernels, measured.routing, measured.steps
         warm, trace = measured.warmup, measured.trace
-        grown = pd.concat(self.stages + [stages], ignore_index=True)
-        frame_steps = pd.DataFrame(list(steps), columns=STEP_COLUMNS) if steps else None
         per_step = routing_step_rows(case.name, counts.get("decode_steps"))
-        frame_rs = pd.DataFrame(per_step) if per_step else None
         rows = routing_rows(case.name, counts)
-        table = pd.DataFrame(self.routing + rows) if rows else None
+        tables = {"stages": measured.observations, "kernels": kernels if len(kernels) else None,
+                  "steps": pd.DataFrame(list(steps), columns=STEP_COLUMNS) if steps else None,
+                  "routing_steps": pd.DataFrame(per_step) if per_step else None,
+                  "routing": pd.DataFrame(rows) if rows else None}
         entry = {**case.to_dict(), **inputs.pages_entry(), **inputs.routing_entry(),
                  "execution": execution,
                  "warmup_ms": [round(t, 3) for t in warm.get("warmup_ms", [])], "warmup_steady": warm.get("steady"),
                  "trace": {"file": trace_name(case.name), "bytes": trace["bytes"]} if trace else None,
                  **measured.entry()}
         with rd.case_files():   # every table has fixed columns: each case's rows are appended
-            for name, frame in (("stages.csv", stages), ("kernels.csv", kernels if len(kernels) else None),
-                                ("steps.csv", frame_steps), ("routing_steps.csv", frame_rs),
-                                ("routing.csv", pd.DataFrame(rows) if rows else None)):
+            for name, frame in tables.items():
                 if frame is not None:
-                    rd.append_csv(name, frame)
+                    rd.append_csv(f"{name}.csv", frame)
             rd.manifest["cases"].append(entry)
             rd.manifest["attention"] = {k: list(v) for k, v in attn_probe.SEEN.items()}
             try:
@@ -169,24 +205,12 @@ class CaseTables:
             except BaseException:
                 rd.manifest["cases"].pop()
                 raise
-        self.stages.append(stages)
-        data.stages = grown
         frame, mbu, notes = analytic
-        data.analytic = pd.concat([data.analytic, frame], ignore_index=True)
+        for name, part in {**tables, "analytic": frame}.items():
+            if part is not None:
+                data.grow(name, part)
         data.mbu_bytes[case.name] = mbu
         data.notes += notes
-        if len(kernels):
-            self.kernels.append(kernels)
-            data.kernels = pd.concat(self.kernels, ignore_index=True)
-        if frame_steps is not None:
-            self.steps.append(frame_steps)
-            data.steps = pd.concat(self.steps, ignore_index=True)
-        if frame_rs is not None:
-            self.routing_steps.append(frame_rs)
-            data.routing_steps = pd.concat(self.routing_steps, ignore_index=True)
-        if table is not None:
-            self.routing += rows
-            data.routing = table
 
 
 def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
@@ -201,7 +225,7 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
     with catch_signals() as signals, _log_errors_quiet():
         with signals.deferred():
             rd = RunDir(run_path, to_dict(cfg), launch=job_environment())
-            data = RunData(rd.path, rd.manifest, analytic=pd.DataFrame())
+            data = LiveRunData(rd.path, rd.manifest, analytic=pd.DataFrame())
         try:
             _measure(cfg, rd, data, where, signals, progress, timeline)
             where.at("report")

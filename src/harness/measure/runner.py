@@ -51,6 +51,7 @@ from ..models.generate import generate
 from .alignment import attribute_replay
 from .kernels import KERNEL_COLUMNS, KernelCapture, kernel_table
 from .modules import ModuleTracker
+from .nvtx_ranges import NvtxRanges
 from .recorder import StageRecorder
 from .stats import median_low
 from .observations import frame, stage_rows, step_rows
@@ -64,16 +65,18 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 
 @contextlib.contextmanager
-def layer_ranges(model: torch.nn.Module, rec: StageRecorder, enabled: bool):
-    """NVTX ``layer`` ranges around SAM blocks, CLIP layers and decoder layers (payload = index)."""
+def layer_ranges(model: torch.nn.Module, nvtx: NvtxRanges, enabled: bool):
+    """NVTX ``layer`` ranges around SAM blocks, CLIP layers and decoder layers (payload = index):
+    the hooks are registered on entering and removed on leaving (``measure_case`` holds them over
+    a case's timed repeats, so each layer module gets one pre- and one post-hook per case)."""
     handles = []
-    if enabled and rec.nvtx.available:
+    if enabled and nvtx.available:
         for name, mod in model.named_modules():
             parts = name.split(".")
             if len(parts) >= 2 and parts[-2] in ("blocks", "layers") and parts[-1].isdigit():
                 idx = int(parts[-1])
-                handles.append(mod.register_forward_pre_hook(lambda m, a, i=idx: rec.nvtx.push("layer", i)))
-                handles.append(mod.register_forward_hook(lambda m, a, o: rec.nvtx.pop()))
+                handles.append(mod.register_forward_pre_hook(lambda m, a, i=idx: nvtx.push("layer", i)))
+                handles.append(mod.register_forward_hook(lambda m, a, o: nvtx.pop()))
     try:
         yield
     finally:
@@ -254,7 +257,7 @@ def _timed_repeat(model, req, prep: dict, r: int, mcfg: MeasureConfig, case: dic
     """Timed repeat ``r`` of ``req`` (NVTX + CUDA events, GC paused, the ``generate`` call timed as
     a whole): its rows, steps and routing."""
     rec = StageRecorder(cuda, nvtx=mcfg.nvtx, events=mcfg.events)
-    with layer_ranges(model, rec, mcfg.layer_ranges), quiet_gc():
+    with quiet_gc():
         if cuda:
             settle_gpu(mcfg.settle_ms)
         res, call_ms = timed_call(model, req, cuda, rec)
@@ -341,13 +344,15 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
     try:
         _sync(cuda)
         t_run = time.perf_counter()
-        for r in range(mcfg.repeats):
-            at(f"repeat={r}")
-            req, prep = unpack(make_request(r if mcfg.fresh_inputs else 0))
-            done.append(_timed_repeat(model, req, prep, r, mcfg, case, cuda, wbytes, note))   # one step: whole or not
-            req_row = done[-1].rows[-1]
-            say(f"{case['case']}: repeat {r + 1}/{mcfg.repeats} request {req_row['e2e_ms']:.1f} ms "
-                f"({req_row['timer']})")
+        # layer ranges in the timed repeats only, hooked once for all of them (none in warm-up or profiled)
+        with layer_ranges(model, NvtxRanges(mcfg.nvtx), mcfg.layer_ranges):
+            for r in range(mcfg.repeats):
+                at(f"repeat={r}")
+                req, prep = unpack(make_request(r if mcfg.fresh_inputs else 0))
+                done.append(_timed_repeat(model, req, prep, r, mcfg, case, cuda, wbytes, note))   # whole or not
+                req_row = done[-1].rows[-1]
+                say(f"{case['case']}: repeat {r + 1}/{mcfg.repeats} request {req_row['e2e_ms']:.1f} ms "
+                    f"({req_row['timer']})")
         _sync(cuda)
         wall_ms = (time.perf_counter() - t_run) * 1e3
     except BaseException as exc:
