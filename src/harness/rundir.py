@@ -111,26 +111,30 @@ class RunData:
     steps: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
-def load_run(path, manifest: Optional[dict] = None) -> RunData:
+def load_run(path, manifest: Optional[dict] = None, tables: bool = True) -> RunData:
     """A finished (or interrupted) run directory read back: manifest.json (unless given) and the
     measured CSVs (stages.csv as typed observations: ``NotObservations``, a ValueError, when it
-    lacks the columns a run writes)."""
+    lacks the columns a run writes); ``tables=False``: stages.csv alone (the other tables empty),
+    for a caller that needs the cases, not the kernels."""
     path = Path(path)
     mpath = path / "manifest.json"
     if manifest is None:
         manifest = json.loads(mpath.read_text()) if mpath.is_file() else {}
     manifest.setdefault("warnings", [])
     manifest.setdefault("cases", [])
-    return RunData(path, manifest, read_observations(path / "stages.csv"), read_table(path / "kernels.csv"),
-                   read_table(path / "routing.csv"), read_table(path / "routing_steps.csv"),
-                   steps=read_table(path / "steps.csv"))
+    stages = read_observations(path / "stages.csv")
+    if not tables:
+        return RunData(path, manifest, stages)
+    return RunData(path, manifest, stages, read_table(path / "kernels.csv"), read_table(path / "routing.csv"),
+                   read_table(path / "routing_steps.csv"), steps=read_table(path / "steps.csv"))
 
 
-def open_run(path, fix: str, missing_fix: str) -> RunData:
+def open_run(path, fix: str, missing_fix: str, tables: bool = True) -> RunData:
     """``load_run`` of a directory a user named on the command line, or a one-line HarnessError
     when it is not a run directory: ``missing_fix`` where the directory does not exist, ``fix``
     where it has no manifest.json or stages.csv, or one that cannot be read (a manifest that is not
-    a JSON object, a stages.csv without the columns a run writes, a parser or decoding error)."""
+    a JSON object, a stages.csv without the columns a run writes, a parser or decoding error);
+    ``tables`` as ``load_run``'s."""
     path = Path(path)
     if not path.is_dir():
         raise HarnessError(f"run directory {str(path)!r} does not exist", missing_fix)
@@ -141,7 +145,7 @@ def open_run(path, fix: str, missing_fix: str) -> RunData:
         manifest = json.loads((path / "manifest.json").read_text())
         if not isinstance(manifest, dict):
             raise ValueError(f"it holds a JSON {type(manifest).__name__}, not an object")
-        return load_run(path, manifest)
+        return load_run(path, manifest, tables)
     except NotObservations as exc:
         raise HarnessError(f"{path / 'stages.csv'} {exc}", fix) from None
     except (ValueError, UnicodeDecodeError) as exc:   # JSON, CSV parser and decoding errors

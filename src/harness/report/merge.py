@@ -161,7 +161,8 @@ def check(paths: list, out) -> list:
         if p.is_dir() and not (p / "stages.csv").is_file():
             raise HarnessError(f"{p} has no stages.csv: it measured no case", f"merge only runs that measured a case "
                                                                              f"(leave {p} out)")
-        runs.append(open_run(p, NOT_A_RUN, "give existing run directories"))
+        # manifest and stages.csv only (the cases): the tables are concatenated as text, read once by the report
+        runs.append(open_run(p, NOT_A_RUN, "give existing run directories", tables=False))
     for r in runs:
         status = r.manifest.get("status")
         if status in OPEN:
