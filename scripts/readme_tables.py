@@ -51,7 +51,7 @@ def evidence(folder: Path) -> dict:
     it here when they change).
 
     {"device": manifest's device name, "cases": {case: figures}, "tpot": {case: tpot_edges row},
-    "overhead": {ratio, lo, hi, rounds} or None}. Figures per case: ``batch``, ``decode_tok_s``,
+    "overhead": {ratio, lo, hi, rounds} or None, "throughput": throughput.csv's rows (records) or []}. Figures per case: ``batch``, ``decode_tok_s``,
     ``tpot_p50_ms``, ``ttft_ms`` (headline.csv: the median request); ``launches_per_step``,
     ``syncs_per_step`` (stages.csv through ``read_observations`` and ``summarize``, any layout: the
     profiled request's decode row); ``<stage>_ms``,
@@ -91,8 +91,10 @@ def evidence(folder: Path) -> dict:
         tpot = {r["case"]: r for r in tpot_edges(pd.read_csv(folder / "steps.csv")).to_dict("records")}
     log = folder / "bench_overhead.log"
     hit = OVERHEAD.search(log.read_text()) if log.exists() else None
+    through = folder / "throughput.csv"
     return {"device": (manifest.get("device") or {}).get("name") or "no CUDA device", "manifest": manifest,
-            "cases": cases, "tpot": tpot, "overhead": hit.groupdict() if hit else None}
+            "cases": cases, "tpot": tpot, "overhead": hit.groupdict() if hit else None,
+            "throughput": pd.read_csv(through).to_dict("records") if through.exists() else []}
 
 
 # ----------------------------------------------------------------------------- formatting
@@ -214,10 +216,10 @@ def overhead(folder: Path, ev: dict, _cases: list) -> list:
 def throughput(folder: Path, _ev: dict, _cases: list) -> list:
     """FOLDER's throughput runs (subfolders with throughput.csv), one row per run and batch size."""
     rows, devices = [], []
-    runs = [sub for sub in sorted(folder.iterdir()) if (sub / "throughput.csv").exists()]
-    for sub in runs:
-        devices.append((json.loads((sub / "manifest.json").read_text()).get("device") or {}).get("name", "?"))
-        for r in pd.read_csv(sub / "throughput.csv").to_dict("records"):
+    runs = {sub: evidence(sub) for sub in sorted(folder.iterdir()) if (sub / "throughput.csv").exists()}
+    for sub, sev in runs.items():
+        devices.append(sev["device"])
+        for r in sev["throughput"]:
             rows.append([f"`{sub.name}`", r["routing"], r["tokens"], str(int(r["batch"])),
                          number(r["pages_s"], "{:,.2f}"), number(r["decode_tok_s"], "{:,.0f}"),
                          share(r["wasted_decode_slots"]), share(r["gpu_busy"]), number(r["prep_pages_s"], "{:,.0f}"),
