@@ -81,7 +81,8 @@ def main(argv=None) -> int:
         return 1
     from harness import variants
     from harness import workload as wl
-    from harness.config import ExecutionConfig, ModelConfig
+    from harness.config import ExecutionConfig, ModelConfig, WorkloadConfig
+    from harness.setup import synthetic_pages
     from harness.models.build import build_model
 
     t_start = time.perf_counter()
@@ -101,8 +102,8 @@ def main(argv=None) -> int:
             print(f"{name}: batch {case['batch']} (this script times batch 1): skipped")
             continue
         mode = case.get("mode", "base")
-        page = wl.Page("synthetic-0000", wl.synthetic_page(0), "synthetic")   # the ladder's first page
-        request = wl.build_request([page], mode, decode_tokens=LONG, routing=case.get("routing", "weights"),
+        pages = synthetic_pages(WorkloadConfig(), 0)                  # the ladder's first request's page
+        request = wl.build_request(pages, mode, decode_tokens=LONG, routing=case.get("routing", "weights"),
                                    routing_seed=case.get("routing_seed", 0)).to(dev, dt)
         ex = ExecutionConfig(**case.get("execution", {}))
         if ex.kv_cache == "static":
