@@ -31,12 +31,12 @@ pytestmark = needs_triton
 VOCAB, PROMPT, MAX_LEN = 500, 7, 32
 
 
-def small_tiles():
+def small_tiles(flat: bool = False):
     from harness.kernels.decode_step import DecodeStepConfig
 
     return DecodeStepConfig(qkv=(32, 4, 1), attention=(16, 4), o_proj=(32, 4, 1, 2), router=(8, 2),
                             gate_up=(16, 4, 1), down=(32, 4, 1), dense_gate_up=(64, 4, 1), dense_down=(32, 4, 1, 2),
-                            lm_head=(128, 4, 1), sms=2)
+                            lm_head=(128, 4, 1), sms=2, flat=flat)
 
 
 def tiny_model(dtype):
@@ -99,13 +99,15 @@ def reference_decode(model, cache, token, steps, feed=None):
     return tokens, logits, counter.steps_result()
 
 
-def test_fused_step_decodes_the_reference_tokens_fp32():
+@pytest.mark.parametrize("flat", [False, True], ids=["looped", "flat"])
+def test_fused_step_decodes_the_reference_tokens_fp32(flat):
     """10 greedy steps in fp32: the same tokens, the same routing counts per step and layer (a
     buffer of 10 + 1 rows: the last, for steps past it, stays empty), logits within 1e-5 of the
     reference's largest (fp32 summation order); the device position and the step index advance
     once per step, and a step is 18 launches (5 dense + 2 x 6 MoE + 1). The steps write positions
     PROMPT .. PROMPT + 9 = 7 .. 16 of MAX_LEN = 32: the attention's second split (keys 16-31 at 16
-    keys per split) is empty for the first 9 steps and filled at the last."""
+    keys per split) is empty for the first 9 steps and filled at the last. Both kernel layouts
+    (looped tiles; flat: one program per tile)."""
     from harness.kernels.decode_step import FusedDecodeStep
 
     dt, steps = torch.float32, 10
@@ -119,7 +121,7 @@ def test_fused_step_decodes_the_reference_tokens_fp32():
     counts = torch.zeros(steps + 1, L.num_layers, L.n_routed_experts, dtype=torch.int64, device=DEV)
     step_index = torch.zeros(1, dtype=torch.int64, device=DEV)
     step = FusedDecodeStep(weights(model), fused_cache, fused_cache.position, token=token.view(1).clone(),
-                           config=small_tiles(), counts=(counts, step_index))
+                           config=small_tiles(flat), counts=(counts, step_index))
     assert step.launches == 18
     got = []
     with torch.inference_mode():
@@ -134,10 +136,11 @@ def test_fused_step_decodes_the_reference_tokens_fp32():
     assert int(ref_counts.sum()) == steps * 2 * L.num_experts_per_tok      # 2 MoE layers, k each
 
 
-def test_fused_step_bf16_teacher_forced_logits():
+@pytest.mark.parametrize("flat", [False, True], ids=["looped", "flat"])
+def test_fused_step_bf16_teacher_forced_logits(flat):
     """bf16, 4 steps fed the reference's tokens: logits within 2e-2 of the reference's largest (the
     norms, attention and summation orders round differently at bf16's 8 bits), the same greedy
-    token at every step."""
+    token at every step. Both kernel layouts."""
     from harness.kernels.decode_step import FusedDecodeStep
 
     dt, steps = torch.bfloat16, 4
@@ -146,7 +149,7 @@ def test_fused_step_bf16_teacher_forced_logits():
     fused_cache = copy_of(model, cache, dt)
     ref_tokens, ref_logits, _ = reference_decode(model, cache, token, steps)
     feed = [int(token)] + ref_tokens[:-1]
-    step = FusedDecodeStep(weights(model), fused_cache, fused_cache.position, config=small_tiles())
+    step = FusedDecodeStep(weights(model), fused_cache, fused_cache.position, config=small_tiles(flat))
     with torch.inference_mode():
         for i in range(steps):
             step.token.fill_(feed[i])

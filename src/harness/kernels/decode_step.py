@@ -47,24 +47,27 @@ class DecodeStepConfig:
     width (gate_up), output columns of H (down, o_proj), vocabulary rows (lm_head). ``attention``:
     (keys per split, num_warps); ``router``: (gate rows per program, num_warps). ``sms``: the SM
     count the programs per SM multiply (None: the device's on CUDA, 4 elsewhere). ``gate_up_norm``:
-    the MoE gate/up kernel recomputes RMSNorm(h) itself instead of reading the router's.
-    Defaults: the combined pick of ``scripts/bench_decode_step.py --sweep`` on an H100 80GB HBM3
-    (PDL, CUDA graph, positions 286..485): 731.0 µs per step against 778.8 µs for the first,
-    untimed sizing (about two loaded tiles per program); each field was varied alone from that
-    sizing and the best value of each kept. Programs per SM 0 (one program per tile) for q/k/v,
-    MoE down and dense gate/up; o_proj one program per tile and one part (no combine); the dense
-    down in 4 parts (a [4, 6848] tile would not fit in registers)."""
-    qkv: tuple = (4, 4, 0)
+    the MoE gate/up kernel recomputes RMSNorm(h) itself instead of reading the router's. ``flat``:
+    q/k/v, o_proj, gate/up and the down kernels in the flat layout (``decode_step_triton``: one
+    program per tile, a down block's every slot in one program; programs per SM not used, the parts
+    of ``o_proj`` / ``dense_down`` still cut their reduction).
+    Defaults: the flat layout with the combined pick of ``scripts/bench_decode_step.py --flat --sweep
+    --sweep-base flat`` on an H100 80GB HBM3 (PDL, CUDA graph, positions 286..485): 609.5 µs per step
+    against 639.3 µs for the first version's tiles (``FLAT_CONFIG``) and 728.9 µs for the looped
+    layout's tuned tiles; each field was varied alone from ``FLAT_CONFIG`` and the best value of each
+    kept (``runs/examples/h100-decode-step-bench/bench_flat.log``)."""
+    qkv: tuple = (4, 2, 0)
     attention: tuple = (32, 2)
     o_proj: tuple = (4, 4, 0, 1)
-    router: tuple = (1, 1)
-    gate_up: tuple = (4, 4, 3)
-    down: tuple = (4, 4, 0)
+    router: tuple = (2, 2)
+    gate_up: tuple = (4, 4, 0)
+    down: tuple = (2, 4, 0)
     dense_gate_up: tuple = (4, 4, 0)
-    dense_down: tuple = (4, 4, 4, 4)
-    lm_head: tuple = (4, 4, 4)
+    dense_down: tuple = (1, 8, 0, 4)
+    lm_head: tuple = (8, 8, 2)
     sms: Optional[int] = None
     gate_up_norm: bool = False
+    flat: bool = True
 
     def check(self) -> None:
         for name in _LOOPED + ("attention", "router"):
@@ -81,6 +84,12 @@ class DecodeStepConfig:
         if self.sms is not None and self.sms < 1:
             raise HarnessError(f"DecodeStepConfig.sms={self.sms} must be >= 1 (or None)")
 
+
+#: the flat layout with the tiles of the first fused version (the decode-roof wave: 627.0 µs per step
+#: with PDL on an H100, ``runs/examples/h100-decode-step-bench/``); programs per SM not used
+FLAT_CONFIG = DecodeStepConfig(qkv=(4, 4, 0), attention=(32, 4), o_proj=(4, 4, 0, 1), router=(2, 2),
+                               gate_up=(4, 4, 0), down=(2, 8, 0), dense_gate_up=(4, 4, 0), dense_down=(1, 4, 0, 4),
+                               lm_head=(8, 8, 2), flat=True)
 
 #: tiles for Triton's interpreter (CPU tests): few, large programs (its cost is per program and per op)
 INTERPRETER_CONFIG = DecodeStepConfig(qkv=(64, 4, 1), attention=(16, 4), o_proj=(64, 4, 1, 2), router=(8, 2),
@@ -278,7 +287,7 @@ class FusedDecodeStep:
         w, cfg, pdl, cache = self.w, self.config, self.pdl, self.cache
         p = functools.partial
         calls = []
-        down = dict(part=self.part, cnt=self.down_cnt, pdl=pdl)
+        down = dict(part=self.part, cnt=self.down_cnt, flat=cfg.flat, pdl=pdl)
         o_parts = cfg.o_proj[3]
         for i, lw in enumerate(w.layers):
             first = i == 0
@@ -286,7 +295,7 @@ class FusedDecodeStep:
                 ("qkv", i, p(k.qkv_rope, self.h, lw.ln_in, lw.qkv, self.cos, self.sin, self.pos, self.q, cache.k[i],
                              cache.v[i], w.eps, embed=w.embed if first else None,
                              token=self.token if first else None, xn_out=self.norm_out, tile=cfg.qkv[:2],
-                             programs=self._programs(cfg.qkv), pdl=pdl)),
+                             programs=self._programs(cfg.qkv), flat=cfg.flat, pdl=pdl)),
                 ("attention", i, p(k.attention, self.q, cache.k[i], cache.v[i], self.pos, self.attn_out, self.attn_acc,
                                    self.attn_m, self.attn_l, self.attn_sem, tile=cfg.attention, pdl=pdl)),
                 ("o_proj", i, p(k.down_residual, self.attn_out.view(o_parts, -1), lw.o, self.h, tile=cfg.o_proj[:2],
@@ -302,7 +311,7 @@ class FusedDecodeStep:
                     ("gate_up", i, p(k.gate_up, self.h if norm else self.xn, lw.gate_up, self.moe_act,
                                      ln=lw.ln_post if norm else None, eps=w.eps, experts_gate_up=lw.experts_gate_up,
                                      ids=self.ids[i], tile=cfg.gate_up[:2], programs=self._programs(cfg.gate_up),
-                                     pdl=pdl)),
+                                     flat=cfg.flat, pdl=pdl)),
                     ("down", i, p(k.down_residual, self.moe_act, lw.down, self.h, experts=lw.experts_down,
                                   ids=self.ids[i], wts=self.wts[i], tile=cfg.down[:2],
                                   programs=self._programs(cfg.down), **down))]
@@ -310,7 +319,7 @@ class FusedDecodeStep:
                 calls += [
                     ("gate_up", i, p(k.gate_up, self.h, lw.gate_up, self.dense_act, ln=lw.ln_post, eps=w.eps,
                                      tile=cfg.dense_gate_up[:2], programs=self._programs(cfg.dense_gate_up),
-                                     pdl=pdl)),
+                                     flat=cfg.flat, pdl=pdl)),
                     ("down", i, p(k.down_residual, self.dense_act.view(cfg.dense_down[3], -1), lw.down, self.h,
                                   tile=cfg.dense_down[:2], programs=self._programs(cfg.dense_down), **down))]
         calls.append(("lm_head", len(w.layers), p(

@@ -150,6 +150,17 @@ def _load_rows(w_rows, n_ok, K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr
 
 
 @triton.jit
+def _zero_rows(BLOCK_N: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, dtype: tl.constexpr):
+    """Zero tiles shaped as ``_load_rows``'."""
+    za = tl.zeros([BLOCK_N, KA], dtype)
+    if KB > 0:
+        zb = tl.zeros([BLOCK_N, KB], dtype)
+    else:
+        zb = za
+    return za, zb
+
+
+@triton.jit
 def _load_vec(p, K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr):
     """A row of K elements at ``p`` as fp32 parts [KA], [KB] (padding 0)."""
     offs_a = tl.arange(0, KA)
@@ -209,6 +220,41 @@ def _store_first(p, xa, xb, K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr)
 
 
 @triton.jit
+def _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF: tl.constexpr):
+    """cos and sin of position ``pos`` at columns ``dim`` and ``dim + HALF`` (fp32), from the tables."""
+    cos_a = tl.load(cos_ptr + pos * stride_ct + dim).to(tl.float32)
+    cos_b = tl.load(cos_ptr + pos * stride_ct + dim + HALF).to(tl.float32)
+    sin_a = tl.load(sin_ptr + pos * stride_st + dim).to(tl.float32)
+    sin_b = tl.load(sin_ptr + pos * stride_st + dim + HALF).to(tl.float32)
+    return cos_a, cos_b, sin_a, sin_b
+
+
+@triton.jit
+def _rope_store(ya, yb, cos_a, cos_b, sin_a, sin_b, offs_j, ok, dim, col_a, col_b, pos, max_len, q_cols, kv_cols,
+                q_ptr, k_ptr, v_ptr, stride_kh, stride_kn, stride_vh, stride_vn, HALF: tl.constexpr, EMU: tl.constexpr):
+    """RoPE of the q and k columns (a, a + HALF) of the linear's rounded outputs ``ya``, ``yb``; q
+    stored, k and v written into the cache at ``pos`` (when it holds that position)."""
+    act = q_ptr.dtype.element_ty
+    # q * cos + rotate_half(q) * sin, rotate_half(q) = (-q[a + HALF], q[a]) at (a, a + HALF)
+    ra = rne(rounded(ya * cos_a, act, EMU) + rounded(-yb * sin_a, act, EMU), EMU).to(act)
+    rb = rne(rounded(yb * cos_b, act, EMU) + rounded(ya * sin_b, act, EMU), EMU).to(act)
+    in_cache = (offs_j * 0 + pos) < max_len         # (vector masks only: the interpreter refuses vector & scalar)
+    is_q = col_a < q_cols
+    is_k = (col_a >= q_cols) & (col_a < q_cols + kv_cols)
+    is_v = col_a >= q_cols + kv_cols
+    tl.store(q_ptr + col_a, ra, mask=ok & is_q)
+    tl.store(q_ptr + col_b, rb, mask=ok & is_q)
+    kc = col_a - q_cols                                              # head * 2 HALF + dim
+    k_at = k_ptr + (kc // (2 * HALF)).to(tl.int64) * stride_kh + pos * stride_kn + dim
+    tl.store(k_at, ra, mask=ok & is_k & in_cache)
+    tl.store(k_at + HALF, rb, mask=ok & is_k & in_cache)
+    vc = col_a - q_cols - kv_cols
+    v_at = v_ptr + (vc // (2 * HALF)).to(tl.int64) * stride_vh + pos * stride_vn + dim
+    tl.store(v_at, ya.to(act), mask=ok & is_v & in_cache)
+    tl.store(v_at + HALF, yb.to(act), mask=ok & is_v & in_cache)
+
+
+@triton.jit
 def _qkv_tile(w_ptr, t, valid, n_pairs, stride_wn, H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr,
               HALF: tl.constexpr, BLOCK_P: tl.constexpr):
     """Weight rows of tile ``t``: pairs j = t * BLOCK_P ..: columns a and a + HALF of one head (rotate_half
@@ -259,27 +305,9 @@ def _qkv_rope_kernel(embed_ptr, tok_ptr, h_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr,
         col_b = col_a + HALF
         ya = rounded(_dot_rows(w_aa, w_ab, na, nb, HB), act, EMU)      # the linear's output
         yb = rounded(_dot_rows(w_ba, w_bb, na, nb, HB), act, EMU)
-        cos_a = tl.load(cos_ptr + pos * stride_ct + dim).to(tl.float32)
-        cos_b = tl.load(cos_ptr + pos * stride_ct + dim + HALF).to(tl.float32)
-        sin_a = tl.load(sin_ptr + pos * stride_st + dim).to(tl.float32)
-        sin_b = tl.load(sin_ptr + pos * stride_st + dim + HALF).to(tl.float32)
-        # q * cos + rotate_half(q) * sin, rotate_half(q) = (-q[a + HALF], q[a]) at (a, a + HALF)
-        ra = rne(rounded(ya * cos_a, act, EMU) + rounded(-yb * sin_a, act, EMU), EMU).to(act)
-        rb = rne(rounded(yb * cos_b, act, EMU) + rounded(ya * sin_b, act, EMU), EMU).to(act)
-        in_cache = (offs_j * 0 + pos) < max_len
-        is_q = col_a < q_cols
-        is_k = (col_a >= q_cols) & (col_a < q_cols + kv_cols)
-        is_v = col_a >= q_cols + kv_cols
-        tl.store(q_ptr + col_a, ra, mask=ok & is_q)
-        tl.store(q_ptr + col_b, rb, mask=ok & is_q)
-        kc = col_a - q_cols                                              # head * 2 HALF + dim
-        k_at = k_ptr + (kc // (2 * HALF)).to(tl.int64) * stride_kh + pos * stride_kn + dim
-        tl.store(k_at, ra, mask=ok & is_k & in_cache)
-        tl.store(k_at + HALF, rb, mask=ok & is_k & in_cache)
-        vc = col_a - q_cols - kv_cols
-        v_at = v_ptr + (vc // (2 * HALF)).to(tl.int64) * stride_vh + pos * stride_vn + dim
-        tl.store(v_at, ya.to(act), mask=ok & is_v & in_cache)
-        tl.store(v_at + HALF, yb.to(act), mask=ok & is_v & in_cache)
+        cos_a, cos_b, sin_a, sin_b = _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF)
+        _rope_store(ya, yb, cos_a, cos_b, sin_a, sin_b, offs_j, ok, dim, col_a, col_b, pos, max_len, q_cols, kv_cols,
+                    q_ptr, k_ptr, v_ptr, stride_kh, stride_kn, stride_vh, stride_vn, HALF, EMU)
         w_aa, w_ab, w_ba, w_bb = n_aa, n_ab, n_ba, n_bb
         n_aa, n_ab, n_ba, n_bb = _qkv_tile(w_ptr, t + 2, t + 2 < t1, n_pairs, stride_wn, H, HA, HB, HALF, BLOCK_P)
 
@@ -564,6 +592,150 @@ def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride_we, 
                                                ALIGNED, TOP_K > 0)
 
 
+# ------------------------------------------------------------------------- the flat layout
+#
+# The same functions as q/k/v (1.), the down kernels (3./6.) and gate/up (5.) with one program per
+# tile and no loop (``flat=True`` in their launchers): every weight row a program reads is loaded
+# before its wait where it is known then (everything but a routed gate/up row), so all resident
+# programs of a launch stream their weights while the previous kernel finishes; a down column
+# block's P + k slots are one program's [slots, BLOCK_N, I] tile, summed in registers (no fp32
+# scratch, no counter, no combine on the critical path). Gate/up tiles go slot by slot (programs
+# of one matrix adjacent). Same roundings as the looped kernels.
+
+
+@triton.jit
+def _qkv_rope_flat_kernel(embed_ptr, tok_ptr, h_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr,
+                          xn_ptr, q_cols, kv_cols, max_len, stride_et, stride_wn, stride_ct, stride_st, stride_kh,
+                          stride_kn, stride_vh, stride_vn,
+                          H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, HALF: tl.constexpr,
+                          BLOCK_P: tl.constexpr, EPS: tl.constexpr, EMBED: tl.constexpr, XN_OUT: tl.constexpr,
+                          USE_PDL: tl.constexpr, EMU: tl.constexpr):
+    offs_j = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    ok = offs_j < (q_cols + 2 * kv_cols) // 2
+    dim = offs_j % HALF
+    col_a = (offs_j // HALF) * (2 * HALF) + dim
+    col_b = col_a + HALF
+    w_aa, w_ab = _load_rows(w_ptr + col_a[:, None].to(tl.int64) * stride_wn, ok, H, HA, HB)
+    w_ba, w_bb = _load_rows(w_ptr + col_b[:, None].to(tl.int64) * stride_wn, ok, H, HA, HB)
+    lna, lnb = _load_vec(ln_ptr, H, HA, HB)
+    if not EMBED:           # layers after the first: the position was written more than two launches ago
+        pos = tl.load(pos_ptr, cache_modifier=".cg")
+        cos_a, cos_b, sin_a, sin_b = _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF)
+    _pdl_wait(USE_PDL)
+    if EMBED:               # the first layer: the previous kernel (last step's lm_head) advanced it
+        pos = tl.load(pos_ptr)
+        cos_a, cos_b, sin_a, sin_b = _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF)
+    act = q_ptr.dtype.element_ty
+    if EMBED:
+        x_row = embed_ptr + tl.load(tok_ptr) * stride_et
+    else:
+        x_row = h_ptr
+    xa, xb = _load_vec(x_row, H, HA, HB)
+    if EMBED:
+        _store_first(h_ptr, xa, xb, H, HA, HB)
+    na, nb = _rms_norm(xa, xb, lna, lnb, act, H, HB, EPS, EMU)
+    if XN_OUT:
+        _store_first(xn_ptr, na, nb, H, HA, HB)
+    ya = rounded(_dot_rows(w_aa, w_ab, na, nb, HB), act, EMU)
+    yb = rounded(_dot_rows(w_ba, w_bb, na, nb, HB), act, EMU)
+    _rope_store(ya, yb, cos_a, cos_b, sin_a, sin_b, offs_j, ok, dim, col_a, col_b, pos, max_len, q_cols, kv_cols,
+                q_ptr, k_ptr, v_ptr, stride_kh, stride_kn, stride_vh, stride_vn, HALF, EMU)
+
+
+@triton.jit
+def _gate_up_flat_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride_we, stride_wn, stride_sn, stride_ar,
+                         H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, INTER: tl.constexpr,
+                         S_INTER: tl.constexpr, PARTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
+                         ROUTED: tl.constexpr, NORM: tl.constexpr, EPS: tl.constexpr, ALIGNED: tl.constexpr,
+                         USE_PDL: tl.constexpr, EMU: tl.constexpr):
+    # slot s = pid // BLOCKS: s < PARTS the shared (dense) part s, else the routed row s - PARTS
+    s = tl.program_id(0) // BLOCKS
+    offs_n = (tl.program_id(0) % BLOCKS) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < INTER
+    if s < PARTS:                                    # shared / dense weights: known before the wait
+        gate = sw_ptr + (s * INTER + offs_n).to(tl.int64) * stride_sn
+        up = gate + S_INTER * stride_sn
+        if ALIGNED:             # (checked on the host: 16-byte vector loads)
+            gate = tl.multiple_of(gate, 16)
+            up = tl.multiple_of(up, 16)
+        ga, gb = _load_rows(gate[:, None], n_ok, H, HA, HB)
+        ua, ub = _load_rows(up[:, None], n_ok, H, HA, HB)
+    else:
+        ga, gb = _zero_rows(BLOCK_N, HA, HB, sw_ptr.dtype.element_ty)
+        ua, ub = _zero_rows(BLOCK_N, HA, HB, sw_ptr.dtype.element_ty)
+    if NORM:
+        lna, lnb = _load_vec(ln_ptr, H, HA, HB)
+    _pdl_wait(USE_PDL)
+    if ROUTED and s >= PARTS:                        # routed: the expert the router (previous kernel) chose
+        expert = tl.load(ids_ptr + s - PARTS).to(tl.int64)
+        gate = ew_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn
+        up = gate + INTER * stride_wn
+        if ALIGNED:
+            gate = tl.multiple_of(gate, 16)
+            up = tl.multiple_of(up, 16)
+        ga, gb = _load_rows(gate[:, None], n_ok, H, HA, HB)
+        ua, ub = _load_rows(up[:, None], n_ok, H, HA, HB)
+    xa, xb = _load_vec(x_ptr, H, HA, HB)
+    if NORM:
+        xa, xb = _rms_norm(xa, xb, lna, lnb, act_ptr.dtype.element_ty, H, HB, EPS, EMU)
+    hv = swiglu(_dot_rows(ga, gb, xa, xb, HB), _dot_rows(ua, ub, xa, xb, HB), act_ptr, EMU)
+    tl.store(act_ptr + s * stride_ar + offs_n, hv, mask=n_ok)
+
+
+@triton.jit
+def _down_flat_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, stride_ar, stride_we, stride_wn, stride_sn,
+                      H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, TOP_K: tl.constexpr,
+                      KP2: tl.constexpr, PARTS: tl.constexpr, PP2: tl.constexpr, BLOCK_N: tl.constexpr,
+                      USE_PDL: tl.constexpr, EMU: tl.constexpr):
+    # act rows: p < PARTS the shared (dense, attention-out) parts, then the k routed rows
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < H
+    offs_ia = tl.arange(0, IA)
+    if IB > 0:
+        offs_ib = IA + tl.arange(0, IB)
+        ib_ok = (offs_ib < INTER)[None, None, :]
+    offs_p = tl.arange(0, PP2)
+    p_ok = offs_p < PARTS
+    s_rows = sw_ptr + offs_n[None, :, None].to(tl.int64) * stride_sn + (offs_p * INTER)[:, None, None]
+    s_ok = p_ok[:, None, None] & n_ok[None, :, None]
+    w_sa = tl.load(s_rows + offs_ia[None, None, :], mask=s_ok, other=0.0)          # [PP2, BLOCK_N, IA]
+    if IB > 0:
+        w_sb = tl.load(s_rows + offs_ib[None, None, :], mask=s_ok & ib_ok, other=0.0)
+    if TOP_K > 0:           # the router (two launches back) has completed: its experts and weights, from L2
+        offs_k = tl.arange(0, KP2)
+        k_ok = offs_k < TOP_K
+        expert = tl.load(ids_ptr + offs_k, mask=k_ok, other=0, cache_modifier=".cg").to(tl.int64)
+        gate_w = tl.load(wts_ptr + offs_k, mask=k_ok, other=0.0, cache_modifier=".cg")
+        r_rows = ew_ptr + expert[:, None, None] * stride_we + offs_n[None, :, None].to(tl.int64) * stride_wn
+        r_ok = k_ok[:, None, None] & n_ok[None, :, None]
+        w_ra = tl.load(r_rows + offs_ia[None, None, :], mask=r_ok, other=0.0)      # [KP2, BLOCK_N, IA]
+        if IB > 0:
+            w_rb = tl.load(r_rows + offs_ib[None, None, :], mask=r_ok & ib_ok, other=0.0)
+    _pdl_wait(USE_PDL)
+    act = h_ptr.dtype.element_ty
+    a_rows = act_ptr + offs_p[:, None] * stride_ar
+    part_s = tl.sum(w_sa.to(tl.float32) * _act_tile(a_rows, p_ok, offs_ia, INTER)[:, None, :], axis=2)
+    if IB > 0:
+        part_s += tl.sum(w_sb.to(tl.float32) * _act_tile(a_rows, p_ok, offs_ib, INTER)[:, None, :], axis=2)
+    y = rounded(tl.sum(part_s, axis=0), act, EMU)          # the shared (dense, o_proj) linear, rounded once
+    if TOP_K > 0:
+        r_act = act_ptr + (PARTS + offs_k)[:, None] * stride_ar
+        part_r = tl.sum(w_ra.to(tl.float32) * _act_tile(r_act, k_ok, offs_ia, INTER)[:, None, :], axis=2)
+        if IB > 0:
+            part_r += tl.sum(w_rb.to(tl.float32) * _act_tile(r_act, k_ok, offs_ib, INTER)[:, None, :], axis=2)
+        # each routed row's down_proj rounded, times its fp32 gate weight, summed over k in fp32, rounded
+        routed = rounded(tl.sum(rounded(part_r, act, EMU) * gate_w[:, None], axis=0), act, EMU)
+        y = rounded(routed + y, act, EMU)                   # MoE output: routed + shared_experts(x)
+    res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(h_ptr + offs_n, rne(res + y, EMU).to(act), mask=n_ok)     # x + linear(..), rounded
+
+
+@triton.jit
+def _act_tile(rows, r_ok, offs, INTER: tl.constexpr):
+    """Activation rows [R, len(offs)] at ``rows`` (pointers [R, 1]) as fp32, 0 past INTER or off ``r_ok``."""
+    return tl.load(rows + offs[None, :], mask=r_ok[:, None] & (offs < INTER)[None, :], other=0.0).to(tl.float32)
+
+
 # ------------------------------------------------------------------ 7. final norm, lm_head, token
 
 
@@ -654,12 +826,13 @@ def _grid(n_tiles: int, programs: int) -> tuple:
 
 
 def qkv_rope(h, ln, w, cos, sin, pos, q, k_cache, v_cache, eps: float, *, embed=None, token=None, xn_out=None,
-             tile=(4, 4), programs: int = 0, pdl: bool = False) -> None:
+             tile=(4, 4), programs: int = 0, flat: bool = False, pdl: bool = False) -> None:
     """q [nh*d] <- RoPE(q rows of w @ RMSNorm(x)); k, v rows written into ``k_cache``/``v_cache``
     [1, nkv, L, d] at position ``pos`` (int64 [1]). x = h [H], or with ``embed`` [V, H] and
     ``token`` (int64 [1]) the token's embedding row, which is also written to h. ``cos``/``sin``
     [L, d] tables in the activation dtype. ``xn_out`` [H]: RMSNorm(x) written there (diagnostics).
-    ``tile[0]``: column pairs per tile."""
+    ``tile[0]``: column pairs per tile. ``flat``: the flat layout (one program per tile, ``programs``
+    not used)."""
     d, nkv, L = k_cache.shape[-1], k_cache.shape[1], k_cache.shape[2]
     H = h.numel()
     ha, hb = k_parts(H)
@@ -667,12 +840,15 @@ def qkv_rope(h, ln, w, cos, sin, pos, q, k_cache, v_cache, eps: float, *, embed=
     block_p, warps = tile
     n_tiles = tiles((q_cols + 2 * kv_cols) // 2, block_p)
     has_embed = embed is not None
-    _launch(_qkv_rope_kernel, _grid(n_tiles, programs), warps, pdl,
-            embed if has_embed else h, token if has_embed else pos, h, ln, w, cos, sin, pos, q, k_cache, v_cache,
+    args = (embed if has_embed else h, token if has_embed else pos, h, ln, w, cos, sin, pos, q, k_cache, v_cache,
             xn_out if xn_out is not None else h, q_cols, kv_cols, L, embed.stride(0) if has_embed else 0, w.stride(0),
-            cos.stride(0), sin.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
-            H=H, HA=ha, HB=hb, HALF=d // 2, BLOCK_P=block_p, N_TILES=n_tiles, EPS=float(eps), EMBED=has_embed,
-            XN_OUT=xn_out is not None, USE_PDL=pdl, EMU=emulates_bf16_rne(q.dtype))
+            cos.stride(0), sin.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2))
+    meta = dict(H=H, HA=ha, HB=hb, HALF=d // 2, BLOCK_P=block_p, EPS=float(eps), EMBED=has_embed,
+                XN_OUT=xn_out is not None, USE_PDL=pdl, EMU=emulates_bf16_rne(q.dtype))
+    if flat:
+        _launch(_qkv_rope_flat_kernel, (n_tiles,), warps, pdl, *args, **meta)
+    else:
+        _launch(_qkv_rope_kernel, _grid(n_tiles, programs), warps, pdl, *args, N_TILES=n_tiles, **meta)
 
 
 def attention_splits(max_len: int, split_n: int) -> int:
@@ -696,14 +872,15 @@ def attention(q, k_cache, v_cache, pos, out, acc, m, ls, sem, *, tile=(32, 4), p
 
 
 def down_residual(act, w, h, part, cnt, *, experts=None, ids=None, wts=None, tile=(4, 4), programs: int = 0,
-                  pdl: bool = False) -> None:
+                  flat: bool = False, pdl: bool = False) -> None:
     """h [H] <- h + y, y the vendor's rounding of a down projection whose input is cut into the
     rows of ``act`` [P + k, I]: rows p < P are parts of one input times ``w`` [H, P*I] (columns
     [p*I, (p+1)*I): o_proj, a dense or the shared down_proj), summed in fp32 and rounded once; with
     ``experts`` [E, H, I], ``ids`` int64 [k] and ``wts`` fp32 [k], rows P + j are routed expert
     ids[j]'s input: routed = sum_j wts[j] * round(experts[ids[j]] @ act[P + j]) (fp32 sum, rounded)
     and y = round(routed + round(shared)). Scratch (P + k > 1): ``part`` fp32 [>= P + k, H],
-    ``cnt`` int32 [>= H / tile[0]] zeros (left zero). ``tile[0]``: output rows per tile."""
+    ``cnt`` int32 [>= H / tile[0]] zeros (left zero). ``tile[0]``: output rows per tile. ``flat``:
+    the flat layout (one program per output block holding all P + k slots; no scratch used)."""
     top_k = ids.numel() if experts is not None else 0
     inter = act.shape[1]
     parts = w.shape[1] // inter
@@ -715,6 +892,13 @@ def down_residual(act, w, h, part, cnt, *, experts=None, ids=None, wts=None, til
     ew = experts if experts is not None else w
     aligned = aligned16((act, w, ew), (act.stride(0), inter, w.stride(0))
                         + ((ew.stride(0), ew.stride(1)) if experts is not None else ()))
+    if flat:
+        _launch(_down_flat_kernel, (tiles(H, block_n),), warps, pdl,
+                act, ew, w, ids if ids is not None else act, wts if wts is not None else act, h, act.stride(0),
+                ew.stride(0) if experts is not None else 0, ew.stride(1) if experts is not None else 0, w.stride(0),
+                H=H, INTER=inter, IA=ia, IB=ib, TOP_K=top_k, KP2=triton.next_power_of_2(max(top_k, 1)), PARTS=parts,
+                PP2=triton.next_power_of_2(parts), BLOCK_N=block_n, USE_PDL=pdl, EMU=emulates_bf16_rne(h.dtype))
+        return
     _launch(_down_kernel, _grid(n_tiles, programs), warps, pdl,
             act, ew, w, ids if ids is not None else cnt, wts if wts is not None else part, h, part, cnt,
             act.stride(0), ew.stride(0) if experts is not None else 0, ew.stride(1) if experts is not None else 0,
@@ -750,14 +934,15 @@ def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk
 
 
 def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_up=None, ids=None, tile=(4, 4),
-            programs: int = 0, pdl: bool = False) -> None:
+            programs: int = 0, flat: bool = False, pdl: bool = False) -> None:
     """SwiGLU rows silu(x @ gate^T) * (x @ up^T) into ``act`` [P + k, I] (act dtype).
 
     ``shared_gate_up`` [2S, H] (gate rows, then up rows; S = P * I) gives rows 0..P-1 (part p: h
     columns [p*I, (p+1)*I) of the shared expert; a dense SwiGLU is P = S / I parts, no routed row).
     With ``experts_gate_up`` [E, 2I, H] and ``ids`` int64 [k], row P + j is expert ids[j]'s.
     ``ln`` given: x is h and RMSNorm(h) (weight ``ln``, ``eps``) is recomputed once per program.
-    ``tile[0]``: columns of the expert width per tile."""
+    ``tile[0]``: columns of the expert width per tile. ``flat``: the flat layout (one program per
+    tile, slot by slot; ``programs`` not used)."""
     H = x.numel()
     ha, hb = k_parts(H)
     inter = act.shape[1]
@@ -769,6 +954,14 @@ def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_u
     ew = experts_gate_up if experts_gate_up is not None else shared_gate_up
     aligned = aligned16((shared_gate_up, ew), (inter, s_inter, shared_gate_up.stride(0))
                         + ((ew.stride(0), ew.stride(1)) if experts_gate_up is not None else ()))
+    if flat:
+        _launch(_gate_up_flat_kernel, (n_tiles,), warps, pdl,
+                x, ln if ln is not None else x, ew, shared_gate_up, ids if ids is not None else act, act,
+                ew.stride(0) if experts_gate_up is not None else 0, ew.stride(1), shared_gate_up.stride(0),
+                act.stride(0), H=H, HA=ha, HB=hb, INTER=inter, S_INTER=s_inter, PARTS=parts, BLOCK_N=block_n,
+                BLOCKS=tiles(inter, block_n), ROUTED=top_k > 0, NORM=ln is not None, EPS=float(eps), ALIGNED=aligned, USE_PDL=pdl,
+                EMU=emulates_bf16_rne(act.dtype))
+        return
     _launch(_gate_up_kernel, _grid(n_tiles, programs), warps, pdl,
             x, ln if ln is not None else x, ew, shared_gate_up, ids if ids is not None else act, act,
             ew.stride(0) if experts_gate_up is not None else 0, ew.stride(1), shared_gate_up.stride(0), act.stride(0),
