@@ -79,10 +79,37 @@ def test_fused_variant_generates_the_vendor_tokens_and_routing_fp32():
         assert torch.equal(again.tokens, ref.tokens[:, :4]) and int(again.routing["decode"].sum()) == 3 * 2 * 2
         (dec,) = model.static_decoders.values()
         assert isinstance(dec.core, FusedCore) and dec.core.step.launches == 18
+        assert_launches_attributed(model, dec)
         assert variants.label(ExecutionConfig(**FUSED)).endswith("triton decode attention + fused decode step")
         assert not variants.allows_module_hooks(ExecutionConfig(**FUSED))
     finally:
         variants.apply(model, ExecutionConfig())
+
+
+def assert_launches_attributed(model, dec):
+    """Kernel attribution's eager reference step (``measure.alignment.reference_step``): each of the
+    fused step's 18 launches runs inside the interval of the module whose work it does, in the
+    vendor's order: layer 0 (dense) q/k/v, attention, o_proj in its attention and gate/up, down in
+    its MLP; layers 1 and 2 (MoE) the same with the router in the MoE gate and gate/up, down in the
+    MoE container; the step end in lm_head. Each interval's label carries that module's family."""
+    from harness.measure.modules import ModuleTracker
+
+    with ModuleTracker(model) as tracker:
+        dec.core.module_scope = tracker.scope
+        try:
+            dec.eager_step()
+        finally:
+            dec.core.module_scope = None
+    opened = [(t, i) for t, i in tracker.events if i >= 0]
+    closed = [t for t, i in tracker.events if i < 0]
+    moe = lambda n: [f"model.layers.{n}.self_attn"] * 3 + [f"model.layers.{n}.mlp.gate"] + [f"model.layers.{n}.mlp"] * 2  # noqa: E731
+    want = ["model.layers.0.self_attn"] * 3 + ["model.layers.0.mlp"] * 2 + moe(1) + moe(2) + ["lm_head"]
+    assert [tracker.names[i][0] for _, i in opened] == want and len(closed) == len(want)
+    labels = tracker.attribute([(t0 + t1) // 2 for (t0, _), t1 in zip(opened, closed)])
+    fam = {"self_attn": "llm_attention", "gate": "moe_gate", "lm_head": "lm_head"}
+    assert [lab.family for lab in labels] == [
+        "dense_mlp" if p == "model.layers.0.mlp" else "" if p.endswith(".mlp") else fam[p.split(".")[-1]] for p in want]
+    assert {lab.op_group for lab, p in zip(labels, want) if p.endswith(("1.mlp", "2.mlp"))} == {"routing/indexing"}
 
 
 def test_missing_prerequisites_are_refused_in_one_line():

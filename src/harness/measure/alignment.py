@@ -13,7 +13,9 @@ kernels carry names only. This module gives them back their modules:
   (``compile=true``) they are the same variant classes run uncompiled: the GEMMs (cuBLAS) and the
   variants' own Triton kernels are the same kernels (inductor renames a user Triton kernel with a
   numeric suffix, which ``name_key`` drops); inductor's fused kernels (``triton_poi_fused_*``, ...)
-  have no eager counterpart and stay ``unattributed``. torch.compile drops
+  have no eager counterpart and stay ``unattributed``. A fused decode step (``decode_step=fused``)
+  calls no module: its core runs each launch under the module whose work it does
+  (``FusedCore.module_of``, ``ModuleTracker.scope``). torch.compile drops
   ``torch.profiler.record_function`` ranges (dynamo: "Profiler record function ... will be ignored"),
   so no marker can carry a module into a compiled step.
 * **alignment** (``align``): each decode step of the profiled request (its kernels in GPU start
@@ -93,9 +95,16 @@ def reference_step(decoder, cuda: bool) -> pd.DataFrame:
     """One eager, hooked decode step of ``decoder`` (a ``StaticDecoder``): its kernel table rows
     (``KERNEL_COLUMNS``, range ``decode_step``) in GPU start order."""
     rec = StageRecorder(cuda, nvtx=False, events=False, memory=False)
+    core = decoder.core if hasattr(decoder.core, "module_scope") else None   # a fused step: no module runs
     with ModuleTracker(decoder.model) as modules, KernelCapture(cuda) as prof, torch.inference_mode():
-        with rec("decode"), rec(DECODE_STEP, step=0):
-            decoder.eager_step()
+        if core is not None:
+            core.module_scope = modules.scope
+        try:
+            with rec("decode"), rec(DECODE_STEP, step=0):
+                decoder.eager_step()
+        finally:
+            if core is not None:
+                core.module_scope = None
         ranges = rec.finish()
     k = kernel_table(prof, cuda, ranges, modules)
     return k[k["range"] == DECODE_STEP].sort_values("start_ms", kind="stable").reset_index(drop=True)

@@ -21,10 +21,12 @@ the profiler's clock domain (as ``StageRecorder``'s wall-clock bounds).
 * no module at all (adapter glue: the projector layout, ``masked_scatter``, the argmax): ``other``.
 
 Kernels replayed from a CUDA graph are attributed to the graph launch, i.e. to whatever module
-was open then (usually none: ``other``).
+was open then (usually none: ``other``). ``scope(module)`` opens a module's interval without its
+forward: code that does a module's work in its own kernels (the fused decode step) uses it.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import NamedTuple, Optional
@@ -83,8 +85,10 @@ class ModuleTracker:
     def __enter__(self):
         ev = self.events
         now = time.time_ns
+        self._index = {}
         for i, (name, mod) in enumerate(self.model.named_modules()):
             self.names.append((name, reference_class(mod).__name__))   # a variant's module: its reference class
+            self._index[id(mod)] = i
             self._handles.append(mod.register_forward_pre_hook(lambda m, a, i=i: ev.append((now(), i))))
             self._handles.append(mod.register_forward_hook(lambda m, a, o: ev.append((now(), -1)), always_call=True))
         kv = self.kv_index = len(self.names)
@@ -109,6 +113,16 @@ class ModuleTracker:
             setattr(cls, "update", orig)
         self._handles, self._patched = [], []
         return False
+
+    @contextlib.contextmanager
+    def scope(self, module):
+        """Kernels launched inside count as ``module``'s, as if its forward ran (a fused kernel doing
+        that module's work without calling it: ``variants.fused_step``)."""
+        self.events.append((time.time_ns(), self._index[id(module)]))
+        try:
+            yield
+        finally:
+            self.events.append((time.time_ns(), -1))
 
     # ------------------------------------------------------------------------ attribution
     def _family(self, i: int) -> str:

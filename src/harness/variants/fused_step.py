@@ -89,6 +89,19 @@ class FusedCore:
         self.config = config or default_config(dec.cache.position.device)
         self.weights = weights_from_model(dec.model)
         self.steps: dict = {}
+        self.module_scope = None   # set by kernel attribution (``measure.alignment``): module -> context
+
+    def module_of(self, label: str, layer: int):
+        """The model's module whose work a step launch (``FusedDecodeStep.calls``' label, layer) does:
+        the layer's attention for q/k/v, attention and o_proj, its MoE gate for the router, its MLP
+        (MoE container or dense MLP) for gate/up and down, ``lm_head`` for the step end."""
+        model = self.dec.model
+        if label == "lm_head":
+            return model.lm_head
+        block = model.model.layers[layer]
+        if label in ("qkv", "attention", "o_proj"):
+            return block.self_attn
+        return block.mlp.gate if label == "router" else block.mlp
 
     def _step(self, forced: bool) -> FusedDecodeStep:
         if forced not in self.steps:
@@ -108,7 +121,12 @@ class FusedCore:
         step = self._step(r.active)   # begin() loads a table whenever a request is forced
         if token.data_ptr() != step.token.data_ptr():
             step.token.copy_(token.reshape(-1))
-        step.run()
+        if self.module_scope is None:
+            step.run()
+        else:                       # an eager, hooked reference step: each launch under its module
+            for label, layer, call in step.calls:
+                with self.module_scope(self.module_of(label, layer)):
+                    call()
         out = step.token.view(1, 1) if select in (greedy, greedy_chunked) else select(step.logits.view(1, 1, -1).float())
         capturing = out.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         return out if capturing else out.clone()
