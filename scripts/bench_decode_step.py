@@ -62,30 +62,19 @@ BEST = dict(kv_cache="static", moe_impl="grouped", moe_kernel="triton", cuda_gra
             linear_impl="fused", decode_attention="triton")
 BEST_FUSED = dict(BEST, compile=False, decode_step="fused")
 
-#: the sweep: (field of DecodeStepConfig, values tried besides the default)
-SWEEP = (("qkv", [(2, 4, 2), (8, 4, 2), (4, 8, 2), (4, 4, 1), (4, 4, 4), (4, 4, 0)]),
-         ("attention", [(16, 4), (64, 4), (32, 2)]),
-         ("o_proj", [(2, 4, 0, 1), (8, 4, 0, 1), (4, 8, 0, 1), (4, 2, 0, 1), (4, 4, 2, 1), (4, 4, 0, 2),
-                     (4, 4, 0, 5)]),
-         ("router", [(1, 1), (1, 2), (2, 1), (4, 4)]),
-         ("gate_up", [(2, 4, 2), (8, 4, 2), (4, 8, 2), (4, 4, 1), (4, 4, 3), (4, 4, 0), (8, 8, 2)]),
-         ("down", [(2, 4, 4), (8, 4, 4), (4, 8, 4), (4, 4, 2), (4, 4, 8), (4, 4, 0), (8, 8, 2)]),
-         ("dense_gate_up", [(8, 4, 2), (4, 4, 4), (4, 4, 0)]),
-         ("dense_down", [(4, 4, 4, 4), (4, 4, 4, 16), (8, 4, 4, 8), (4, 4, 0, 8)]),
-         ("lm_head", [(8, 8, 1), (8, 8, 3), (16, 8, 2), (4, 4, 4), (8, 4, 2)]),
+#: the sweep: (field of DecodeStepConfig, values tried besides the default). The values of the H100
+#: sweep behind the defaults (``runs/examples/h100-decode-step-bench/bench_flat.log``, run around
+#: the first version's tiles); where one is now the default, the first version's value instead
+SWEEP = (("qkv", [(2, 4), (8, 4), (4, 4), (4, 8)]),
+         ("attention", [(32, 4), (64, 4), (16, 4)]),
+         ("o_proj", [(2, 4, 1), (8, 4, 1), (4, 2, 1), (4, 4, 2)]),
+         ("router", [(1, 1), (1, 2), (4, 4)]),
+         ("gate_up", [(2, 4), (8, 4), (4, 2), (4, 8), (8, 8)]),
+         ("down", [(1, 8), (4, 8), (2, 8), (4, 4), (1, 4)]),
+         ("dense_gate_up", [(8, 4), (2, 4)]),
+         ("dense_down", [(2, 4, 4), (1, 4, 1), (1, 4, 4)]),
+         ("lm_head", [(4, 4, 4), (8, 8, 1), (8, 8, 3), (16, 8, 2)]),
          ("gate_up_norm", [True]))
-
-#: the sweep around FLAT_CONFIG (programs per SM not used there; o_proj and dense_down parts still cut K)
-FLAT_SWEEP = (("qkv", [(2, 4, 0), (8, 4, 0), (4, 2, 0), (4, 8, 0)]),
-              ("attention", [(32, 2), (64, 4), (16, 4)]),
-              ("o_proj", [(2, 4, 0, 1), (8, 4, 0, 1), (4, 2, 0, 1), (4, 4, 0, 2)]),
-              ("router", [(1, 1), (1, 2), (4, 4)]),
-              ("gate_up", [(2, 4, 0), (8, 4, 0), (4, 2, 0), (4, 8, 0), (8, 8, 0)]),
-              ("down", [(1, 8, 0), (4, 8, 0), (2, 4, 0), (4, 4, 0), (1, 4, 0)]),
-              ("dense_gate_up", [(8, 4, 0), (2, 4, 0)]),
-              ("dense_down", [(2, 4, 0, 4), (1, 4, 0, 1), (1, 8, 0, 4)]),
-              ("lm_head", [(4, 4, 4), (8, 8, 1), (8, 8, 3), (16, 8, 2)]),
-              ("gate_up_norm", [True]))
 
 
 def per_step_us(fn, reset, reps: int, rounds: int) -> list:
@@ -228,10 +217,6 @@ def main(argv=None) -> int:
     ap.add_argument("--no-parity", action="store_true", help="skip the parity check")
     ap.add_argument("--no-eager", action="store_true", help="skip the eager (uncaptured) fused rows")
     ap.add_argument("--sweep", action="store_true", help="also time alternative tiles of the fused step")
-    ap.add_argument("--flat", action="store_true",
-                    help="also time the fused step in the flat layout (decode_step.FLAT_CONFIG), with and without PDL")
-    ap.add_argument("--sweep-base", choices=("default", "flat"), default="default",
-                    help="the config the sweep varies: DecodeStepConfig() or FLAT_CONFIG (then FLAT_SWEEP's fields)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_decode_step: no CUDA device; this benchmark needs a GPU", file=sys.stderr)
@@ -284,13 +269,11 @@ def main(argv=None) -> int:
         step_index.zero_()
         token.fill_(1)
 
-    layouts = [("fused", ds.DecodeStepConfig())] + [("fused flat", ds.FLAT_CONFIG)] * args.flat
-    for (name, config), pdl in [(lay, pdl) for lay in layouts for pdl in ([False, True] if pdl_ok else [False])]:
-        label = f"{name} PDL" if pdl else name
+    for pdl in [False, True] if pdl_ok else [False]:
+        label = "fused PDL" if pdl else "fused"
         try:
             t0 = time.perf_counter()
-            step = ds.FusedDecodeStep(weights, cache, pos, token=token, pdl=pdl, counts=(counts, step_index),
-                                      config=config)
+            step = ds.FusedDecodeStep(weights, cache, pos, token=token, pdl=pdl, counts=(counts, step_index))
             if not compile_check(step, failures):
                 print(f"{label}: kernels failed, its rows are skipped")
                 continue
@@ -437,8 +420,7 @@ def sweep(weights, cache, pos, token, counts, step_index, reset, args, pdl: bool
     and timed (3 rounds); the fastest value of each field and a config combining them."""
     from harness.kernels import decode_step as ds
 
-    base = ds.FLAT_CONFIG if args.sweep_base == "flat" else ds.DecodeStepConfig()
-    fields = FLAT_SWEEP if base.flat else SWEEP
+    base = ds.DecodeStepConfig()
     print(f"\nsweep ({'PDL, ' if pdl else ''}graph, 3 rounds of {args.reps}; one field changed from {base}):")
     timed = {}
 
@@ -455,7 +437,7 @@ def sweep(weights, cache, pos, token, counts, step_index, reset, args, pdl: bool
         return
     print(f"  {'default':34s} {timed['default']:8.1f} us  " + mbu_text(total, timed["default"], spec))
     best = {}
-    for field, values in fields:
+    for field, values in SWEEP:
         best[field] = (getattr(base, field), timed["default"])
         for v in values:
             label = f"{field}={v}"

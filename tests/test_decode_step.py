@@ -6,9 +6,10 @@ parts; vocabulary cut to 500 so the interpreter's lm_head is quick), run as ``kv
 reference then decodes greedily with ``decode_step`` (SDPA over the masked buffer, the per-expert
 loop, its routing counted per step on the host), and the fused step decodes from a copy of the
 same cache state, its token buffer fed only by itself. Kernel tiles are chosen so each launch has
-few programs (Triton's interpreter is slow) and the looping paths still run: 2 programs over the
-tiles of every looped kernel, the down kernels' column blocks combined across programs, the
-attention split in two (its last-split combine runs).
+few programs (Triton's interpreter is slow) and the multi-program paths still run: 2 column blocks
+in each down kernel (o_proj and the dense down with their reduction in 2 parts), gate/up tiles of
+each shared part and routed slot, 2 lm_head programs looping over 2 tiles each (their maxima
+combined by the last), the attention split in two (its last-split combine runs).
 """
 from __future__ import annotations
 
@@ -31,12 +32,11 @@ pytestmark = needs_triton
 VOCAB, PROMPT, MAX_LEN = 500, 7, 32
 
 
-def small_tiles(flat: bool = False):
+def small_tiles():
     from harness.kernels.decode_step import DecodeStepConfig
 
-    return DecodeStepConfig(qkv=(32, 4, 1), attention=(16, 4), o_proj=(32, 4, 1, 2), router=(8, 2),
-                            gate_up=(16, 4, 1), down=(32, 4, 1), dense_gate_up=(64, 4, 1), dense_down=(32, 4, 1, 2),
-                            lm_head=(128, 4, 1), sms=2, flat=flat)
+    return DecodeStepConfig(qkv=(32, 4), attention=(16, 4), o_proj=(32, 4, 2), router=(8, 2), gate_up=(16, 4),
+                            down=(32, 4), dense_gate_up=(64, 4), dense_down=(32, 4, 2), lm_head=(128, 4, 1), sms=2)
 
 
 def tiny_model(dtype):
@@ -99,15 +99,13 @@ def reference_decode(model, cache, token, steps, feed=None):
     return tokens, logits, counter.steps_result()
 
 
-@pytest.mark.parametrize("flat", [False, True], ids=["looped", "flat"])
-def test_fused_step_decodes_the_reference_tokens_fp32(flat):
+def test_fused_step_decodes_the_reference_tokens_fp32():
     """10 greedy steps in fp32: the same tokens, the same routing counts per step and layer (a
     buffer of 10 + 1 rows: the last, for steps past it, stays empty), logits within 1e-5 of the
     reference's largest (fp32 summation order); the device position and the step index advance
     once per step, and a step is 18 launches (5 dense + 2 x 6 MoE + 1). The steps write positions
     PROMPT .. PROMPT + 9 = 7 .. 16 of MAX_LEN = 32: the attention's second split (keys 16-31 at 16
-    keys per split) is empty for the first 9 steps and filled at the last. Both kernel layouts
-    (looped tiles; flat: one program per tile)."""
+    keys per split) is empty for the first 9 steps and filled at the last."""
     from harness.kernels.decode_step import FusedDecodeStep
 
     dt, steps = torch.float32, 10
@@ -121,7 +119,7 @@ def test_fused_step_decodes_the_reference_tokens_fp32(flat):
     counts = torch.zeros(steps + 1, L.num_layers, L.n_routed_experts, dtype=torch.int64, device=DEV)
     step_index = torch.zeros(1, dtype=torch.int64, device=DEV)
     step = FusedDecodeStep(weights(model), fused_cache, fused_cache.position, token=token.view(1).clone(),
-                           config=small_tiles(flat), counts=(counts, step_index))
+                           config=small_tiles(), counts=(counts, step_index))
     assert step.launches == 18
     got = []
     with torch.inference_mode():
@@ -136,11 +134,10 @@ def test_fused_step_decodes_the_reference_tokens_fp32(flat):
     assert int(ref_counts.sum()) == steps * 2 * L.num_experts_per_tok      # 2 MoE layers, k each
 
 
-@pytest.mark.parametrize("flat", [False, True], ids=["looped", "flat"])
-def test_fused_step_bf16_teacher_forced_logits(flat):
+def test_fused_step_bf16_teacher_forced_logits():
     """bf16, 4 steps fed the reference's tokens: logits within 2e-2 of the reference's largest (the
     norms, attention and summation orders round differently at bf16's 8 bits), the same greedy
-    token at every step. Both kernel layouts."""
+    token at every step."""
     from harness.kernels.decode_step import FusedDecodeStep
 
     dt, steps = torch.bfloat16, 4
@@ -149,7 +146,7 @@ def test_fused_step_bf16_teacher_forced_logits(flat):
     fused_cache = copy_of(model, cache, dt)
     ref_tokens, ref_logits, _ = reference_decode(model, cache, token, steps)
     feed = [int(token)] + ref_tokens[:-1]
-    step = FusedDecodeStep(weights(model), fused_cache, fused_cache.position, config=small_tiles(flat))
+    step = FusedDecodeStep(weights(model), fused_cache, fused_cache.position, config=small_tiles())
     with torch.inference_mode():
         for i in range(steps):
             step.token.fill_(feed[i])
@@ -209,8 +206,8 @@ def test_weight_bytes_by_hand():
 
 def test_refusals():
     """PDL off a Hopper GPU, a batch-2 cache, a counts buffer of the wrong shape, a forced table
-    shorter than the cache and o_proj parts that do not divide its width are refused with one-line
-    errors."""
+    shorter than the cache, o_proj parts that do not divide its width and a tile of the wrong length
+    (a programs-per-SM entry where there is none) are refused with one-line errors."""
     from harness.kernels.decode_step import DecodeStepConfig, FusedDecodeStep
 
     model = tiny_model(torch.float32)
@@ -230,8 +227,10 @@ def test_refusals():
     with pytest.raises(HarnessError, match="forced routing must be"):
         FusedDecodeStep(w, cache, pos, forced=torch.zeros(1, MAX_LEN - 1, 3, 2, dtype=torch.int64, device=DEV))
     with pytest.raises(HarnessError, match=r"3 parts do not divide its reduction length 64") as exc:
-        FusedDecodeStep(w, cache, pos, config=DecodeStepConfig(o_proj=(4, 4, 1, 3)))
+        FusedDecodeStep(w, cache, pos, config=DecodeStepConfig(o_proj=(4, 4, 3)))
     assert "\n" not in str(exc.value)
+    with pytest.raises(HarnessError, match=r"DecodeStepConfig.qkv=\(4, 2, 0\): 2 entries expected"):
+        FusedDecodeStep(w, cache, pos, config=DecodeStepConfig(qkv=(4, 2, 0)))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the script's refusal without CUDA")

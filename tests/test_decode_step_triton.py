@@ -81,13 +81,12 @@ def test_k_parts_split_a_length_into_two_power_of_two_tiles():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("embed,programs,flat", [(False, 0, False), (True, 0, False), (False, 3, False),
-                                                 (False, 0, True), (True, 0, True)])
-def test_qkv_rope_equals_norm_linear_rope_and_cache_write(dtype, embed, programs, flat):
+@pytest.mark.parametrize("embed", [False, True])
+def test_qkv_rope_equals_norm_linear_rope_and_cache_write(dtype, embed):
     """RMSNorm, the q/k/v linear, RoPE from the table at the device position and the KV write equal
     the eager vendor ops bit for bit (exact inputs); the embedding variant also writes h; the other
-    cache positions are untouched. 64 column pairs in 4 tiles of 16: one program per tile, or 3
-    programs looping over 1, 1 and 2 tiles, or the flat layout; program 0 writes the normed x when asked."""
+    cache positions are untouched. 64 column pairs in 4 tiles of 16, one program each; program 0
+    writes the normed x when asked."""
     k = kt()
     g = torch.Generator().manual_seed(3 + embed)
     H, nh, nkv, d, L, pos = 64, 4, 2, 16, 12, 7
@@ -109,7 +108,7 @@ def test_qkv_rope_equals_norm_linear_rope_and_cache_write(dtype, embed, programs
     xn_out = torch.zeros(H, dtype=dtype, device=DEV)
     k.qkv_rope(hd, lnd, wd, cd, sd, torch.tensor([pos], device=DEV), qd, kcd, vcd, 0.0,
                embed=table.to(DEV) if embed else None, token=torch.tensor([41], device=DEV) if embed else None,
-               xn_out=xn_out, tile=(16, 4), programs=programs, flat=flat)
+               xn_out=xn_out, tile=(16, 4))
     assert_exact(xn_out, xn[0], dtype)
     terms = [(t.double().abs() + rotate_half(t).double().abs()) for t in (q, kk)]   # |t cos| + |rot(t) sin| bound
     assert_exact(qd, want_q.reshape(-1), dtype, terms[0].reshape(-1))
@@ -159,29 +158,20 @@ def test_attention_matches_float64(dtype, tol, nh, nkv, L, split, pos):
     assert int(sem.count_nonzero()) == 0
 
 
-def down_scratch(slots, H):
-    """The down kernel's fp32 partials [slots, H] and per-block counters (zeros)."""
-    return torch.zeros(slots, H, device=DEV), torch.zeros(H, dtype=torch.int32, device=DEV)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("parts,programs,flat", [(1, 0, False), (1, 2, False), (2, 0, False), (3, 2, False),
-                                                 (3, 5, False), (1, 0, True), (3, 0, True)])
-def test_down_residual_rounds_the_linear_then_the_sum(dtype, parts, programs, flat):
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_down_residual_rounds_the_linear_then_the_sum(dtype, parts):
     """h + F.linear(x, w), each rounded to the dtype (eager order), bit for bit on exact inputs, with
     the reduction (K = 96) cut into 1, 2 or 3 parts (fp32 partials of 96, 48 or 32 columns: tiles
-    64 + 32, 32 + 16, 32) combined by the last tile of each of the 3 output blocks (N = 40 in blocks
-    of 16: a partial block); one program per tile, or 2 or 5 programs looping over the tiles, or the
-    flat layout (a block's parts in one program). The block counters are back at zero."""
+    64 + 32, 32 + 16, 32 + none) summed in one program per output block (N = 40 in 3 blocks of 16:
+    a partial block), each holding its block's parts."""
     k = kt()
     g = torch.Generator().manual_seed(5)
     x, w, h = grid((96,), g).to(dtype), grid((40, 96), g).to(dtype), grid((40,), g, -64, 64, 16).to(dtype)
     want = h + F.linear(x[None], w)[0]
     hd = h.clone().to(DEV)
-    part, cnt = down_scratch(parts, 40)
-    k.down_residual(x.to(DEV).view(parts, -1), w.to(DEV), hd, part, cnt, tile=(16, 4), programs=programs, flat=flat)
+    k.down_residual(x.to(DEV).view(parts, -1), w.to(DEV), hd, tile=(16, 4))
     assert_exact(hd, want, dtype)
-    assert int(cnt.count_nonzero()) == 0
 
 
 def _gate(E, k, H, norm, scale, w):
@@ -286,12 +276,10 @@ def assert_within_one_ulp(got, want, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("programs,flat", [(0, False), (1, False), (3, False), (0, True)])
-def test_gate_up_routed_and_shared_rows(dtype, programs, flat):
+def test_gate_up_routed_and_shared_rows(dtype):
     """Rows p < P: part p of the shared expert's SwiGLU of x (h columns [p*I, (p+1)*I)); rows P + j:
-    expert ids[j]'s; I = 24 is not a multiple of the tile (16). 2 column blocks x 4 slots = 8 tiles:
-    one program each, or 1 or 3 programs looping (a routed tile first in a range: loaded after the wait),
-    or the flat layout (slot by slot)."""
+    expert ids[j]'s; I = 24 is not a multiple of the tile (16). 2 column blocks x 4 slots = 8 tiles,
+    one program each, slot by slot (the routed ones loaded after the wait)."""
     k = kt()
     g = torch.Generator().manual_seed(13)
     H, I, E, top_k, P = 64, 24, 6, 2, 2
@@ -300,37 +288,33 @@ def test_gate_up_routed_and_shared_rows(dtype, programs, flat):
     shared = grid((2 * P * I, H), g).to(dtype)
     ids = torch.tensor([4, 1])
     act = torch.zeros(P + top_k, I, dtype=dtype, device=DEV)
-    k.gate_up(*on(x, shared), act, experts_gate_up=experts.to(DEV), ids=ids.to(DEV), tile=(16, 4), programs=programs,
-              flat=flat)
+    k.gate_up(*on(x, shared), act, experts_gate_up=experts.to(DEV), ids=ids.to(DEV), tile=(16, 4))
     want = torch.cat([swiglu_rows(x[None], shared).view(P, I)]
                      + [swiglu_rows(x[None], experts[e]) for e in ids.tolist()])
     assert_within_one_ulp(act.cpu(), want, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("flat", [False, True])
-def test_gate_up_dense_recomputes_the_norm(dtype, flat):
+def test_gate_up_dense_recomputes_the_norm(dtype):
     """The dense SwiGLU (one part, no routed rows) of post_attention_layernorm(h), the norm
-    computed once in each of the 2 programs (4 tiles)."""
+    computed once in each of the 4 programs (one per tile of 16 of I = 64)."""
     k = kt()
     g = torch.Generator().manual_seed(17)
     H, I = 64, 64
     h, ln = norm_exact_row(H, g).to(dtype), grid((H,), g, -8, 8, 8).to(dtype)
     w = grid((2 * I, H), g).to(dtype)
     act = torch.zeros(1, I, dtype=dtype, device=DEV)
-    k.gate_up(*on(h, w), act, ln=ln.to(DEV), eps=0.0, tile=(16, 4), programs=2, flat=flat)
+    k.gate_up(*on(h, w), act, ln=ln.to(DEV), eps=0.0, tile=(16, 4))
     assert_within_one_ulp(act.cpu()[0], swiglu_rows(vendor_norm(h[None], ln, 0.0), w)[0], dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("programs,flat", [(0, False), (1, False), (4, False), (0, True)])
-def test_moe_down_weights_sums_adds_shared_and_residual(dtype, programs, flat):
+def test_moe_down_weights_sums_adds_shared_and_residual(dtype):
     """h + (routed + shared) in the vendor's order: each routed row's down_proj rounded, cast to
     fp32, times its gate weight, summed over k, rounded; the shared down_proj over its whole width
     (P parts) rounded; their sum rounded; the residual add rounded. Exact inputs, 2 shared parts and
     3 routed rows (act rows in that order), I = 24 (two tiles: 16 + 8 of 16), H = 40 in 3 blocks of
-    16: 15 tiles, one program each or 1 or 4 programs looping, or the flat layout (3 programs, each
-    holding a block's 5 slots); counters back at zero."""
+    16 (a partial block): 3 programs, each holding its block's 5 slots."""
     k = kt()
     g = torch.Generator().manual_seed(19)
     H, I, E, top_k, P = 40, 24, 5, 3, 2
@@ -343,12 +327,9 @@ def test_moe_down_weights_sums_adds_shared_and_residual(dtype, programs, flat):
     routed = (rows.float() * wts[:, None]).sum(0).to(dtype)
     want = h + (routed + F.linear(act[:P].reshape(1, -1), shared)[0])
     hd = h.clone().to(DEV)
-    part, cnt = down_scratch(P + top_k, H)
     act_d, experts_d, shared_d, ids_d, wts_d = on(act, experts, shared, ids, wts)
-    k.down_residual(act_d, shared_d, hd, part, cnt, experts=experts_d, ids=ids_d, wts=wts_d, tile=(16, 4),
-                    programs=programs, flat=flat)
+    k.down_residual(act_d, shared_d, hd, experts=experts_d, ids=ids_d, wts=wts_d, tile=(16, 4))
     assert_exact(hd, want, dtype)
-    assert int(cnt.count_nonzero()) == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

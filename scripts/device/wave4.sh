@@ -2,7 +2,7 @@
 # GPU evidence for issue 24 after the flat layout became the fused step's default (2026-11-27), one
 # device call per card. Carry .whl. Results under $OUT.
 #   bash scripts/device/wave4.sh tests b1 outside      # GPU tests of the fused step; ladder best + best-fused; outside TPOT
-#   bash scripts/device/wave4.sh bench                 # bench_decode_step: the fused step, flat and looped tiles
+#   bash scripts/device/wave4.sh bench                 # bench_decode_step: the fused step (its default tiles)
 set -u
 set -o pipefail
 source scripts/device_setup.sh

@@ -34,67 +34,62 @@ import torch
 from ..errors import HarnessError
 from . import decode_step_triton as k
 
-#: the tiles with a (rows, num_warps, programs per SM) entry, and those that also cut K into parts
-_LOOPED = ("qkv", "o_proj", "gate_up", "down", "dense_gate_up", "dense_down", "lm_head")
+#: every tile field of DecodeStepConfig
+_TILES = ("qkv", "attention", "o_proj", "router", "gate_up", "down", "dense_gate_up", "dense_down", "lm_head")
+#: the tiles with a third entry: (what it holds, its least value)
+_THIRD = {"o_proj": ("parts", 1), "dense_down": ("parts", 1), "lm_head": ("programs per SM", 0)}
 
 
 @dataclass(frozen=True)
 class DecodeStepConfig:
-    """Tiles of the step's kernels. ``qkv``, ``gate_up``, ``down``, ``dense_gate_up``, ``lm_head``:
-    (rows per tile, num_warps, programs per SM); ``o_proj``, ``dense_down``: the same and the parts
-    their reduction is cut into (equal pieces: partial sums in fp32, rounded once). Programs per SM
-    0: one program per tile. Rows per tile: RoPE column pairs (qkv), columns of the expert or dense
-    width (gate_up), output columns of H (down, o_proj), vocabulary rows (lm_head). ``attention``:
-    (keys per split, num_warps); ``router``: (gate rows per program, num_warps). ``sms``: the SM
-    count the programs per SM multiply (None: the device's on CUDA, 4 elsewhere). ``gate_up_norm``:
-    the MoE gate/up kernel recomputes RMSNorm(h) itself instead of reading the router's. ``flat``:
-    q/k/v, o_proj, gate/up and the down kernels in the flat layout (``decode_step_triton``: one
-    program per tile, a down block's every slot in one program; programs per SM not used, the parts
-    of ``o_proj`` / ``dense_down`` still cut their reduction).
-    Defaults: the flat layout with the combined pick of ``scripts/bench_decode_step.py --flat --sweep
-    --sweep-base flat`` on an H100 80GB HBM3 (PDL, CUDA graph, positions 286..485): 609.5 µs per step
-    against 639.3 µs for the first version's tiles (``FLAT_CONFIG``) and 728.9 µs for the looped
-    layout's tuned tiles; each field was varied alone from ``FLAT_CONFIG`` and the best value of each
-    kept (``runs/examples/h100-decode-step-bench/bench_flat.log``)."""
-    qkv: tuple = (4, 2, 0)
+    """Tiles of the step's kernels. ``qkv``, ``gate_up``, ``down``, ``dense_gate_up``: (rows per tile,
+    num_warps), one program per tile; ``o_proj``, ``dense_down``: the same and the parts their
+    reduction is cut into (equal pieces: partial sums in fp32, rounded once). Rows per tile: RoPE
+    column pairs (qkv), columns of the expert or dense width (gate_up), output columns of H (down,
+    o_proj). ``lm_head``: (vocabulary rows per tile, num_warps, programs per SM: each program loops
+    over a balanced range of tiles; 0: one program per tile). ``attention``: (keys per split,
+    num_warps); ``router``: (gate rows per program, num_warps). ``sms``: the SM count lm_head's
+    programs per SM multiply (None: the device's on CUDA, 4 elsewhere). ``gate_up_norm``: the MoE
+    gate/up kernel recomputes RMSNorm(h) itself instead of reading the router's.
+    Defaults: the combined pick of a tile sweep (``scripts/bench_decode_step.py --sweep``, then run
+    around the first version's tiles: qkv (4, 4), attention (32, 4), down (2, 8), dense_down
+    (1, 4, 4), the others as here) on an H100 80GB HBM3 (PDL, CUDA graph, positions 286..485):
+    609.5 µs per step against 639.3 µs for the first version's tiles and 728.9 µs for the earlier
+    looped layout (persistent programs looping over tiles, since removed); each field was varied
+    alone and the best value of each kept (``runs/examples/h100-decode-step-bench/bench_flat.log``)."""
+    qkv: tuple = (4, 2)
     attention: tuple = (32, 2)
-    o_proj: tuple = (4, 4, 0, 1)
+    o_proj: tuple = (4, 4, 1)
     router: tuple = (2, 2)
-    gate_up: tuple = (4, 4, 0)
-    down: tuple = (2, 4, 0)
-    dense_gate_up: tuple = (4, 4, 0)
-    dense_down: tuple = (1, 8, 0, 4)
+    gate_up: tuple = (4, 4)
+    down: tuple = (2, 4)
+    dense_gate_up: tuple = (4, 4)
+    dense_down: tuple = (1, 8, 4)
     lm_head: tuple = (8, 8, 2)
     sms: Optional[int] = None
     gate_up_norm: bool = False
-    flat: bool = True
 
     def check(self) -> None:
-        for name in _LOOPED + ("attention", "router"):
+        for name in _TILES:
             tile = getattr(self, name)
-            want = 4 if name in ("o_proj", "dense_down") else 3 if name in _LOOPED else 2
+            third = _THIRD.get(name)
+            want = 3 if third else 2
             if len(tile) != want:
                 raise HarnessError(f"DecodeStepConfig.{name}={tile}: {want} entries expected")
             block, warps = tile[0], tile[1]
             if block < 1 or block & (block - 1) or warps not in (1, 2, 4, 8, 16):
                 raise HarnessError(f"DecodeStepConfig.{name}={tile}: the block must be a power of two, "
                                    "num_warps one of 1, 2, 4, 8, 16")
-            if want >= 3 and tile[2] < 0 or want == 4 and tile[3] < 1:
-                raise HarnessError(f"DecodeStepConfig.{name}={tile}: programs per SM >= 0 and parts >= 1")
+            if third and tile[2] < third[1]:
+                raise HarnessError(f"DecodeStepConfig.{name}={tile}: {third[0]} must be >= {third[1]}")
         if self.sms is not None and self.sms < 1:
             raise HarnessError(f"DecodeStepConfig.sms={self.sms} must be >= 1 (or None)")
 
 
-#: the flat layout with the tiles of the first fused version (the decode-roof wave: 627.0 µs per step
-#: with PDL on an H100, ``runs/examples/h100-decode-step-bench/``); programs per SM not used
-FLAT_CONFIG = DecodeStepConfig(qkv=(4, 4, 0), attention=(32, 4), o_proj=(4, 4, 0, 1), router=(2, 2),
-                               gate_up=(4, 4, 0), down=(2, 8, 0), dense_gate_up=(4, 4, 0), dense_down=(1, 4, 0, 4),
-                               lm_head=(8, 8, 2), flat=True)
-
 #: tiles for Triton's interpreter (CPU tests): few, large programs (its cost is per program and per op)
-INTERPRETER_CONFIG = DecodeStepConfig(qkv=(64, 4, 1), attention=(16, 4), o_proj=(64, 4, 1, 2), router=(8, 2),
-                                      gate_up=(32, 4, 1), down=(64, 4, 1), dense_gate_up=(128, 4, 1),
-                                      dense_down=(64, 4, 1, 2), lm_head=(1024, 4, 1), sms=2)
+INTERPRETER_CONFIG = DecodeStepConfig(qkv=(64, 4), attention=(16, 4), o_proj=(64, 4, 2), router=(8, 2),
+                                      gate_up=(32, 4), down=(64, 4), dense_gate_up=(128, 4), dense_down=(64, 4, 2),
+                                      lm_head=(1024, 4, 1), sms=2)
 
 
 def default_config(device) -> DecodeStepConfig:
@@ -181,8 +176,6 @@ class FusedDecodeStep:
         cos, sin = w.rotary(torch.zeros(1, dtype=dt, device=dev), torch.arange(L, device=dev)[None])
         self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()
         self.logits = zeros(w.lm_head.shape[0])
-        slots = [config.o_proj[3]] + ([config.dense_down[3]] if dense else [])
-        blocks = [k.tiles(H, config.o_proj[0])] + ([k.tiles(H, config.dense_down[0])] if dense else [])
         if moe:
             E, inter = moe[0].experts_down.shape[0], moe[0].experts_down.shape[2]
             parts = moe[0].down.shape[1] // inter
@@ -190,11 +183,8 @@ class FusedDecodeStep:
             self.ids = zeros(len(w.layers), w.top_k, dtype=torch.int64)
             self.wts = zeros(len(w.layers), w.top_k, dtype=f32)
             self.moe_act = zeros(parts + w.top_k, inter)        # rows: the shared parts, then the routed slots
-            slots.append(parts + w.top_k)
-            blocks.append(k.tiles(H, config.down[0]))
         if dense:
             self.dense_act = zeros(1, dense[0].down.shape[1])
-        self.part, self.down_cnt = zeros(max(slots), H, dtype=f32), zeros(max(blocks), dtype=i32)
         self.sms = config.sms or (torch.cuda.get_device_properties(dev).multi_processor_count
                                   if dev.type == "cuda" else 4)
         lm_tiles = k.tiles(w.lm_head.shape[0], config.lm_head[0])
@@ -246,7 +236,7 @@ class FusedDecodeStep:
     @staticmethod
     def _check_parts(config: DecodeStepConfig, attn_width: int, dense: list) -> None:
         for name, width in [("o_proj", attn_width)] + [("dense_down", dense[0].down.shape[1])] * bool(dense):
-            parts = getattr(config, name)[3]
+            parts = getattr(config, name)[2]
             if width % parts:
                 raise HarnessError(f"DecodeStepConfig.{name}={getattr(config, name)}: {parts} parts do not divide "
                                    f"its reduction length {width}", "pick parts that divide it")
@@ -278,28 +268,22 @@ class FusedDecodeStep:
         return forced
 
     # ------------------------------------------------------------------------------------ the step
-    def _programs(self, tile: tuple) -> int:
-        """Programs of a looped kernel: programs per SM x SMs (0: one per tile)."""
-        return tile[2] * self.sms
-
     def _plan(self) -> list:
         """[(label, layer, callable)]: every launch of one step, arguments bound once."""
         w, cfg, pdl, cache = self.w, self.config, self.pdl, self.cache
         p = functools.partial
         calls = []
-        down = dict(part=self.part, cnt=self.down_cnt, flat=cfg.flat, pdl=pdl)
-        o_parts = cfg.o_proj[3]
+        o_parts = cfg.o_proj[2]
         for i, lw in enumerate(w.layers):
             first = i == 0
             calls += [
                 ("qkv", i, p(k.qkv_rope, self.h, lw.ln_in, lw.qkv, self.cos, self.sin, self.pos, self.q, cache.k[i],
                              cache.v[i], w.eps, embed=w.embed if first else None,
-                             token=self.token if first else None, xn_out=self.norm_out, tile=cfg.qkv[:2],
-                             programs=self._programs(cfg.qkv), flat=cfg.flat, pdl=pdl)),
+                             token=self.token if first else None, xn_out=self.norm_out, tile=cfg.qkv, pdl=pdl)),
                 ("attention", i, p(k.attention, self.q, cache.k[i], cache.v[i], self.pos, self.attn_out, self.attn_acc,
                                    self.attn_m, self.attn_l, self.attn_sem, tile=cfg.attention, pdl=pdl)),
                 ("o_proj", i, p(k.down_residual, self.attn_out.view(o_parts, -1), lw.o, self.h, tile=cfg.o_proj[:2],
-                                programs=self._programs(cfg.o_proj), **down))]
+                                pdl=pdl))]
             if lw.moe:
                 counts = (self.counts[0], self.counts[1], i) if self.counts is not None else None
                 forced = (self.forced, self.pos, i) if self.forced is not None else None
@@ -310,18 +294,15 @@ class FusedDecodeStep:
                                     counts=counts, forced=forced, tile=cfg.router, pdl=pdl)),
                     ("gate_up", i, p(k.gate_up, self.h if norm else self.xn, lw.gate_up, self.moe_act,
                                      ln=lw.ln_post if norm else None, eps=w.eps, experts_gate_up=lw.experts_gate_up,
-                                     ids=self.ids[i], tile=cfg.gate_up[:2], programs=self._programs(cfg.gate_up),
-                                     flat=cfg.flat, pdl=pdl)),
+                                     ids=self.ids[i], tile=cfg.gate_up, pdl=pdl)),
                     ("down", i, p(k.down_residual, self.moe_act, lw.down, self.h, experts=lw.experts_down,
-                                  ids=self.ids[i], wts=self.wts[i], tile=cfg.down[:2],
-                                  programs=self._programs(cfg.down), **down))]
+                                  ids=self.ids[i], wts=self.wts[i], tile=cfg.down, pdl=pdl))]
             else:
                 calls += [
                     ("gate_up", i, p(k.gate_up, self.h, lw.gate_up, self.dense_act, ln=lw.ln_post, eps=w.eps,
-                                     tile=cfg.dense_gate_up[:2], programs=self._programs(cfg.dense_gate_up),
-                                     flat=cfg.flat, pdl=pdl)),
-                    ("down", i, p(k.down_residual, self.dense_act.view(cfg.dense_down[3], -1), lw.down, self.h,
-                                  tile=cfg.dense_down[:2], programs=self._programs(cfg.dense_down), **down))]
+                                     tile=cfg.dense_gate_up, pdl=pdl)),
+                    ("down", i, p(k.down_residual, self.dense_act.view(cfg.dense_down[2], -1), lw.down, self.h,
+                                  tile=cfg.dense_down[:2], pdl=pdl))]
         calls.append(("lm_head", len(w.layers), p(
             k.lm_head_argmax, self.h, w.norm, w.lm_head, self.logits, self.lm_pmax, self.lm_pidx, self.lm_sem,
             self.token, self.pos, w.eps, step=self.counts[1] if self.counts is not None else None,

@@ -16,10 +16,9 @@ Per layer (h: the residual stream [H] in the activation dtype, updated in place)
 5. ``_gate_up_kernel``: silu(gate(x)) * up(x) rows of the shared expert's P parts and of the k
    routed experts (dense layer: the SwiGLU's rows, with RMSNorm(h) recomputed once per program).
 6. ``_down_kernel``: the P shared (or dense) parts and the k routed rows times their down_proj
-   columns, each a tile of fp32 partials; the last tile of an output column block to finish sums
-   them with the vendor's roundings (routed rows rounded, times their fp32 gate weights, summed
-   over k and rounded; the shared partials summed and rounded once; routed + shared rounded) and
-   adds the residual.
+   columns, summed with the vendor's roundings (routed rows rounded, times their fp32 gate weights,
+   summed over k and rounded; the shared parts summed in fp32 and rounded once; routed + shared
+   rounded), plus the residual.
 
 Step end: ``_lm_head_argmax_kernel``: every program (about two per SM) recomputes RMSNorm(h) and
 streams a contiguous, balanced range of lm_head rows (the next tile loaded while the current one
@@ -27,14 +26,15 @@ is reduced), writes the logits in the activation dtype and keeps the first index
 the last program to finish picks the token (first index of the max, as torch.argmax), writes it
 into the token buffer the next step reads, advances the device position (and the step index).
 
-Work split (q/k/v, gate/up, down, lm_head): the weight rows a kernel reads are cut into tiles of
-equal size (``BLOCK`` rows of one matrix: a routed expert, a shared or dense part, pairs of q/k/v
-columns); a launch has ``programs`` programs (a multiple of the SM count, or one per tile), each
-owning a contiguous, balanced range of tiles: its first tile is loaded before the wait, its second
-before its prologue (the input row, the norm), then each next tile while the current one is reduced. Tiles of a down kernel's output column block are ordered together (the block's P + k slots
-one after the other), so that most blocks are completed by one program; its partials go through
-an fp32 scratch [slots, H] and a per-block counter (acquire-release atomic after a CTA barrier,
-reset by the program that combines): no atomic on the output, one fixed summation order.
+Work split (q/k/v, gate/up, down): one program per tile, no loop. A tile is ``BLOCK`` rows of one
+matrix: pairs of q/k/v columns (a and a + HALF of one head); columns of the expert width of one
+gate/up slot (a shared or dense part, or a routed expert; tiles go slot by slot, so the programs of
+one matrix are adjacent); output columns of H for the down kernels. Every weight row a program reads
+is loaded before its wait where it is known then (all but a routed gate/up row, whose expert the
+router, the previous kernel, picks), so all resident programs of a launch stream their weights while
+the previous kernel finishes. A down column block's P + k slots are one program's [slots, BLOCK_N,
+I] tile, summed in registers: no fp32 scratch, no counter, no atomic on the output, one fixed
+summation order.
 
 Programmatic dependent launch (``USE_PDL``, Hopper): every kernel issues its first weight loads,
 then ``gdc_wait`` (the previous kernel of the stream has completed and its writes are visible),
@@ -44,9 +44,10 @@ launch once each of its programs has triggered or exited, and at least one progr
 here triggers after its wait: the attention's split 0 of each head always has keys). So before its
 wait a kernel may read, besides weights, what was written two or more launches earlier (``.cg``
 loads: from L2, past the SM's L1): the attention reads the position and the cached keys/values of
-earlier positions, the q/k/v kernel of every layer but the first the position, the down kernel
-the router's experts (and so its first routed tile). No kernel writes anything before its wait.
-Without PDL ``gdc_*`` are not emitted and the same code runs as plain kernels.
+earlier positions, the q/k/v kernel of every layer but the first the position (and its RoPE table
+row), the down kernel the router's experts and gate weights (and so its routed rows). No kernel
+writes anything before its wait. Without PDL ``gdc_*`` are not emitted and the same code runs as
+plain kernels.
 
 Roundings are the vendor's (eager bf16): RMSNorm in fp32 (the mean rounded, then + eps rounded:
 ``fp32_rounded`` keeps them two operations), ``x * rsqrt`` rounded, times the weight, rounded;
@@ -126,13 +127,6 @@ def _tile_range(n_tiles):
     pid = tl.program_id(0)
     n = tl.num_programs(0)
     return pid * n_tiles // n, (pid + 1) * n_tiles // n
-
-
-@triton.jit
-def _bound(valid, n):
-    """``n`` where the scalar condition ``valid`` holds, else 0: an index bound that masks a whole
-    tile off (vector masks only: the interpreter refuses a vector & scalar mask)."""
-    return tl.where(valid, n, 0)
 
 
 @triton.jit
@@ -255,39 +249,29 @@ def _rope_store(ya, yb, cos_a, cos_b, sin_a, sin_b, offs_j, ok, dim, col_a, col_
 
 
 @triton.jit
-def _qkv_tile(w_ptr, t, valid, n_pairs, stride_wn, H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr,
-              HALF: tl.constexpr, BLOCK_P: tl.constexpr):
-    """Weight rows of tile ``t``: pairs j = t * BLOCK_P ..: columns a and a + HALF of one head (rotate_half
-    pairs them); nothing loaded where ``valid`` is false."""
-    offs_j = t * BLOCK_P + tl.arange(0, BLOCK_P)
-    ok = offs_j < _bound(valid, n_pairs)
-    col_a = (offs_j // HALF) * (2 * HALF) + offs_j % HALF
-    w_aa, w_ab = _load_rows(w_ptr + col_a[:, None].to(tl.int64) * stride_wn, ok, H, HA, HB)
-    w_ba, w_bb = _load_rows(w_ptr + (col_a + HALF)[:, None].to(tl.int64) * stride_wn, ok, H, HA, HB)
-    return w_aa, w_ab, w_ba, w_bb
-
-
-@triton.jit
 def _qkv_rope_kernel(embed_ptr, tok_ptr, h_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr,
                      xn_ptr, q_cols, kv_cols, max_len, stride_et, stride_wn, stride_ct, stride_st, stride_kh,
                      stride_kn, stride_vh, stride_vn,
                      H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, HALF: tl.constexpr,
-                     BLOCK_P: tl.constexpr, N_TILES: tl.constexpr, EPS: tl.constexpr, EMBED: tl.constexpr,
-                     XN_OUT: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
-    # pair j: columns a and a + HALF of one head; q, k, v heads one after the other
-    n_pairs = (q_cols + 2 * kv_cols) // 2
-    t0, t1 = _tile_range(N_TILES)
-    w_aa, w_ab, w_ba, w_bb = _qkv_tile(w_ptr, t0, t0 < t1, n_pairs, stride_wn, H, HA, HB, HALF, BLOCK_P)
+                     BLOCK_P: tl.constexpr, EPS: tl.constexpr, EMBED: tl.constexpr, XN_OUT: tl.constexpr,
+                     USE_PDL: tl.constexpr, EMU: tl.constexpr):
+    offs_j = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    ok = offs_j < (q_cols + 2 * kv_cols) // 2
+    dim = offs_j % HALF
+    col_a = (offs_j // HALF) * (2 * HALF) + dim
+    col_b = col_a + HALF
+    w_aa, w_ab = _load_rows(w_ptr + col_a[:, None].to(tl.int64) * stride_wn, ok, H, HA, HB)
+    w_ba, w_bb = _load_rows(w_ptr + col_b[:, None].to(tl.int64) * stride_wn, ok, H, HA, HB)
     lna, lnb = _load_vec(ln_ptr, H, HA, HB)
     if not EMBED:           # layers after the first: the position was written more than two launches ago
         pos = tl.load(pos_ptr, cache_modifier=".cg")
+        cos_a, cos_b, sin_a, sin_b = _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF)
     _pdl_wait(USE_PDL)
     if EMBED:               # the first layer: the previous kernel (last step's lm_head) advanced it
         pos = tl.load(pos_ptr)
-    # the second tile in flight during the norm (then one tile ahead of the one reduced)
-    n_aa, n_ab, n_ba, n_bb = _qkv_tile(w_ptr, t0 + 1, t0 + 1 < t1, n_pairs, stride_wn, H, HA, HB, HALF, BLOCK_P)
+        cos_a, cos_b, sin_a, sin_b = _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF)
     act = q_ptr.dtype.element_ty
-    if EMBED:                                       # the step's first layer: h is the token's embedding
+    if EMBED:
         x_row = embed_ptr + tl.load(tok_ptr) * stride_et
     else:
         x_row = h_ptr
@@ -295,21 +279,12 @@ def _qkv_rope_kernel(embed_ptr, tok_ptr, h_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr,
     if EMBED:
         _store_first(h_ptr, xa, xb, H, HA, HB)
     na, nb = _rms_norm(xa, xb, lna, lnb, act, H, HB, EPS, EMU)
-    if XN_OUT:                                      # diagnostics: input_layernorm(h)
+    if XN_OUT:
         _store_first(xn_ptr, na, nb, H, HA, HB)
-    for t in range(t0, t1):
-        offs_j = t * BLOCK_P + tl.arange(0, BLOCK_P)
-        ok = offs_j < n_pairs
-        dim = offs_j % HALF
-        col_a = (offs_j // HALF) * (2 * HALF) + dim
-        col_b = col_a + HALF
-        ya = rounded(_dot_rows(w_aa, w_ab, na, nb, HB), act, EMU)      # the linear's output
-        yb = rounded(_dot_rows(w_ba, w_bb, na, nb, HB), act, EMU)
-        cos_a, cos_b, sin_a, sin_b = _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF)
-        _rope_store(ya, yb, cos_a, cos_b, sin_a, sin_b, offs_j, ok, dim, col_a, col_b, pos, max_len, q_cols, kv_cols,
-                    q_ptr, k_ptr, v_ptr, stride_kh, stride_kn, stride_vh, stride_vn, HALF, EMU)
-        w_aa, w_ab, w_ba, w_bb = n_aa, n_ab, n_ba, n_bb
-        n_aa, n_ab, n_ba, n_bb = _qkv_tile(w_ptr, t + 2, t + 2 < t1, n_pairs, stride_wn, H, HA, HB, HALF, BLOCK_P)
+    ya = rounded(_dot_rows(w_aa, w_ab, na, nb, HB), act, EMU)
+    yb = rounded(_dot_rows(w_ba, w_bb, na, nb, HB), act, EMU)
+    _rope_store(ya, yb, cos_a, cos_b, sin_a, sin_b, offs_j, ok, dim, col_a, col_b, pos, max_len, q_cols, kv_cols,
+                q_ptr, k_ptr, v_ptr, stride_kh, stride_kn, stride_vh, stride_vn, HALF, EMU)
 
 
 # ---------------------------------------------------------------------------- 2. attention
@@ -376,89 +351,57 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, acc_ptr, m_ptr, l_p
 
 
 @triton.jit
-def _down_tile(ew_ptr, sw_ptr, ids_ptr, t, valid, stride_we, stride_wn, stride_sn,
-               H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, TOP_K: tl.constexpr,
-               PARTS: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr):
-    """Weight rows of tile ``t`` (output column block t // SLOTS, slot t % SLOTS): slot s < PARTS the
-    shared (dense) weight's rows, columns [s*INTER, (s+1)*INTER); else the routed expert ids[s - PARTS]'s
-    down_proj rows (its id from the router, two launches back: read from L2). Nothing where not ``valid``."""
-    c = t // SLOTS
-    s = t % SLOTS
-    offs_n = c * BLOCK_N + tl.arange(0, BLOCK_N)
-    ok = offs_n < _bound(valid, H)
-    rows = sw_ptr + offs_n.to(tl.int64) * stride_sn + s * INTER
-    if TOP_K > 0:
-        j = tl.minimum(tl.maximum(s - PARTS, 0), TOP_K - 1)
-        expert = tl.load(ids_ptr + j, cache_modifier=".cg").to(tl.int64)
-        rows = tl.where(s < PARTS, rows, ew_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn)
-    if ALIGNED:                 # (checked on the host; a pointer picked by tl.where loses it: 2-byte loads)
-        rows = tl.multiple_of(rows, 16)
-    return _load_rows(rows[:, None], ok, INTER, IA, IB)
+def _act_tile(rows, r_ok, offs, INTER: tl.constexpr):
+    """Activation rows [R, len(offs)] at ``rows`` (pointers [R, 1]) as fp32, 0 past INTER or off ``r_ok``."""
+    return tl.load(rows + offs[None, :], mask=r_ok[:, None] & (offs < INTER)[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _combine_block(part_ptr, h_ptr, c, H: tl.constexpr, TOP_K: tl.constexpr, PARTS: tl.constexpr,
-                   SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr, BLOCK_N: tl.constexpr, EMU: tl.constexpr):
-    """Output columns of block ``c``: the slots' fp32 partials (L2) summed: shared (or dense) parts
-    rounded once; with routed rows, their weighted sum rounded and routed + shared rounded; h += y."""
-    offs_n = c * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < H
-    offs_s = tl.arange(0, SLOTS_P2)
-    p = tl.load(part_ptr + offs_s[:, None] * H + offs_n[None, :], mask=(offs_s < SLOTS)[:, None] & n_ok[None, :],
-                other=0.0, cache_modifier=".cg")
-    act = h_ptr.dtype.element_ty
-    shared = rounded(tl.sum(tl.where((offs_s < PARTS)[:, None], p, 0.0), axis=0), act, EMU)
-    if TOP_K > 0:
-        routed = rounded(tl.sum(tl.where((offs_s >= PARTS)[:, None], p, 0.0), axis=0), act, EMU)
-        y = rounded(routed + shared, act, EMU)            # MoE output: routed + shared_experts(x)
-    else:
-        y = shared
-    res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-    tl.store(h_ptr + offs_n, rne(res + y, EMU).to(act), mask=n_ok)     # x + mlp(..), rounded
-
-
-@triton.jit
-def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, part_ptr, cnt_ptr,
-                 stride_ar, stride_we, stride_wn, stride_sn,
+def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, stride_ar, stride_we, stride_wn, stride_sn,
                  H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, TOP_K: tl.constexpr,
-                 PARTS: tl.constexpr, SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr, BLOCK_N: tl.constexpr,
-                 N_TILES: tl.constexpr, ALIGNED: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
-    # act rows: s < PARTS the shared (dense, attention-out) parts, then the k routed rows
-    t0, t1 = _tile_range(N_TILES)
-    wa, wb = _down_tile(ew_ptr, sw_ptr, ids_ptr, t0, t0 < t1, stride_we, stride_wn, stride_sn,
-                        H, INTER, IA, IB, TOP_K, PARTS, SLOTS, BLOCK_N, ALIGNED)
+                 KP2: tl.constexpr, PARTS: tl.constexpr, PP2: tl.constexpr, BLOCK_N: tl.constexpr,
+                 USE_PDL: tl.constexpr, EMU: tl.constexpr):
+    # act rows: p < PARTS the shared (dense, attention-out) parts, then the k routed rows
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < H
+    offs_ia = tl.arange(0, IA)
+    if IB > 0:
+        offs_ib = IA + tl.arange(0, IB)
+        ib_ok = (offs_ib < INTER)[None, None, :]
+    offs_p = tl.arange(0, PP2)
+    p_ok = offs_p < PARTS
+    s_rows = sw_ptr + offs_n[None, :, None].to(tl.int64) * stride_sn + (offs_p * INTER)[:, None, None]
+    s_ok = p_ok[:, None, None] & n_ok[None, :, None]
+    w_sa = tl.load(s_rows + offs_ia[None, None, :], mask=s_ok, other=0.0)          # [PP2, BLOCK_N, IA]
+    if IB > 0:
+        w_sb = tl.load(s_rows + offs_ib[None, None, :], mask=s_ok & ib_ok, other=0.0)
+    if TOP_K > 0:           # the router (two launches back) has completed: its experts and weights, from L2
+        offs_k = tl.arange(0, KP2)
+        k_ok = offs_k < TOP_K
+        expert = tl.load(ids_ptr + offs_k, mask=k_ok, other=0, cache_modifier=".cg").to(tl.int64)
+        gate_w = tl.load(wts_ptr + offs_k, mask=k_ok, other=0.0, cache_modifier=".cg")
+        r_rows = ew_ptr + expert[:, None, None] * stride_we + offs_n[None, :, None].to(tl.int64) * stride_wn
+        r_ok = k_ok[:, None, None] & n_ok[None, :, None]
+        w_ra = tl.load(r_rows + offs_ia[None, None, :], mask=r_ok, other=0.0)      # [KP2, BLOCK_N, IA]
+        if IB > 0:
+            w_rb = tl.load(r_rows + offs_ib[None, None, :], mask=r_ok & ib_ok, other=0.0)
     _pdl_wait(USE_PDL)
-    nxt_a, nxt_b = _down_tile(ew_ptr, sw_ptr, ids_ptr, t0 + 1, t0 + 1 < t1, stride_we, stride_wn, stride_sn,
-                              H, INTER, IA, IB, TOP_K, PARTS, SLOTS, BLOCK_N, ALIGNED)
     act = h_ptr.dtype.element_ty
-    for t in range(t0, t1):
-        c = t // SLOTS
-        s = t % SLOTS
-        offs_n = c * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < H
-        a_row = act_ptr + s * stride_ar
-        if ALIGNED:
-            a_row = tl.multiple_of(a_row, 16)
-        xa, xb = _load_vec(a_row, INTER, IA, IB)
-        acc = _dot_rows(wa, wb, xa, xb, IB)
-        if SLOTS == 1:                                    # one part: the linear's output, the residual
-            res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-            tl.store(h_ptr + offs_n, rne(res + rounded(acc, act, EMU), EMU).to(act), mask=n_ok)
-        else:
-            y = acc                                       # a shared part: an fp32 partial, unrounded
-            if TOP_K > 0:                                 # a routed row: down_proj rounded, times its weight
-                j = tl.minimum(tl.maximum(s - PARTS, 0), TOP_K - 1)
-                gate_w = tl.load(wts_ptr + j, cache_modifier=".cg")
-                y = tl.where(s >= PARTS, rounded(acc, act, EMU) * gate_w, acc)
-            tl.store(part_ptr + s * H + offs_n, y, mask=n_ok)
-            tl.debug_barrier()                            # every thread's partials stored
-            arrived = tl.atomic_add(cnt_ptr + c, 1, sem="acq_rel", scope="gpu")
-            if arrived == SLOTS - 1:                      # the block's other slots are done: combine
-                _combine_block(part_ptr, h_ptr, c, H, TOP_K, PARTS, SLOTS, SLOTS_P2, BLOCK_N, EMU)
-                tl.store(cnt_ptr + c, 0)                  # for the next down kernel
-        wa, wb = nxt_a, nxt_b
-        nxt_a, nxt_b = _down_tile(ew_ptr, sw_ptr, ids_ptr, t + 2, t + 2 < t1, stride_we, stride_wn, stride_sn,
-                                  H, INTER, IA, IB, TOP_K, PARTS, SLOTS, BLOCK_N, ALIGNED)
+    a_rows = act_ptr + offs_p[:, None] * stride_ar
+    part_s = tl.sum(w_sa.to(tl.float32) * _act_tile(a_rows, p_ok, offs_ia, INTER)[:, None, :], axis=2)
+    if IB > 0:
+        part_s += tl.sum(w_sb.to(tl.float32) * _act_tile(a_rows, p_ok, offs_ib, INTER)[:, None, :], axis=2)
+    y = rounded(tl.sum(part_s, axis=0), act, EMU)          # the shared (dense, o_proj) linear, rounded once
+    if TOP_K > 0:
+        r_act = act_ptr + (PARTS + offs_k)[:, None] * stride_ar
+        part_r = tl.sum(w_ra.to(tl.float32) * _act_tile(r_act, k_ok, offs_ia, INTER)[:, None, :], axis=2)
+        if IB > 0:
+            part_r += tl.sum(w_rb.to(tl.float32) * _act_tile(r_act, k_ok, offs_ib, INTER)[:, None, :], axis=2)
+        # each routed row's down_proj rounded, times its fp32 gate weight, summed over k in fp32, rounded
+        routed = rounded(tl.sum(rounded(part_r, act, EMU) * gate_w[:, None], axis=0), act, EMU)
+        y = rounded(routed + y, act, EMU)                   # MoE output: routed + shared_experts(x)
+    res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(h_ptr + offs_n, rne(res + y, EMU).to(act), mask=n_ok)     # x + linear(..), rounded
 
 
 # ------------------------------------------------------------------------------- 4. router
@@ -528,126 +471,11 @@ def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, w
 
 
 @triton.jit
-def _gate_up_tile(ew_ptr, sw_ptr, ids_ptr, t, valid, stride_we, stride_wn, stride_sn,
-                  H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, INTER: tl.constexpr, S_INTER: tl.constexpr,
-                  TOP_K: tl.constexpr, PARTS: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr,
-                  ALIGNED: tl.constexpr, ROUTED: tl.constexpr):
-    """Gate and up rows of tile ``t`` (column block t // SLOTS of the expert width, slot t % SLOTS):
-    slot s < PARTS rows [s*INTER, ..) of the shared (dense) gate and up weights; else, with ``ROUTED``
-    (the router has finished), the routed expert ids[s - PARTS]'s; without it a routed tile is not loaded."""
-    c = t // SLOTS
-    s = t % SLOTS
-    offs_n = c * BLOCK_N + tl.arange(0, BLOCK_N)
-    gate = sw_ptr + (s * INTER + offs_n).to(tl.int64) * stride_sn
-    up = S_INTER * stride_sn
-    if ROUTED:
-        j = tl.minimum(tl.maximum(s - PARTS, 0), TOP_K - 1)
-        expert = tl.load(ids_ptr + j).to(tl.int64)
-        gate = tl.where(s < PARTS, gate, ew_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn)
-        up = tl.where(s < PARTS, up, INTER * stride_wn)
-        ok = offs_n < _bound(valid, INTER)
-    else:
-        ok = offs_n < _bound(valid & (s < PARTS), INTER)
-    up = gate + up
-    if ALIGNED:                 # (checked on the host; a pointer picked by tl.where loses it: 2-byte loads)
-        gate = tl.multiple_of(gate, 16)
-        up = tl.multiple_of(up, 16)
-    ga, gb = _load_rows(gate[:, None], ok, H, HA, HB)
-    ua, ub = _load_rows(up[:, None], ok, H, HA, HB)
-    return ga, gb, ua, ub
-
-
-@triton.jit
 def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride_we, stride_wn, stride_sn, stride_ar,
                     H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, INTER: tl.constexpr,
-                    S_INTER: tl.constexpr, TOP_K: tl.constexpr, PARTS: tl.constexpr, SLOTS: tl.constexpr,
-                    BLOCK_N: tl.constexpr, N_TILES: tl.constexpr, NORM: tl.constexpr, EPS: tl.constexpr,
-                    ALIGNED: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
-    # act rows: s < PARTS the shared (dense) parts (h columns [s*INTER, (s+1)*INTER)), then the k routed rows
-    t0, t1 = _tile_range(N_TILES)
-    ga, gb, ua, ub = _gate_up_tile(ew_ptr, sw_ptr, ids_ptr, t0, t0 < t1, stride_we, stride_wn, stride_sn, H, HA, HB,
-                                   INTER, S_INTER, TOP_K, PARTS, SLOTS, BLOCK_N, ALIGNED, False)   # shared: pre-wait
-    if NORM:
-        lna, lnb = _load_vec(ln_ptr, H, HA, HB)
-    _pdl_wait(USE_PDL)
-    if TOP_K > 0:                                    # a routed first tile: the router (previous kernel) chose it
-        late = (t0 < t1) & (t0 % SLOTS >= PARTS)
-        la, lb, lua, lub = _gate_up_tile(ew_ptr, sw_ptr, ids_ptr, t0, late, stride_we, stride_wn, stride_sn, H, HA,
-                                         HB, INTER, S_INTER, TOP_K, PARTS, SLOTS, BLOCK_N, ALIGNED, True)
-        ga, gb, ua, ub = tl.where(late, la, ga), tl.where(late, lb, gb), tl.where(late, lua, ua), tl.where(late, lub, ub)
-    # the second tile in flight while x is read (and normed): then one tile ahead of the one reduced
-    n_ga, n_gb, n_ua, n_ub = _gate_up_tile(ew_ptr, sw_ptr, ids_ptr, t0 + 1, t0 + 1 < t1, stride_we, stride_wn,
-                                           stride_sn, H, HA, HB, INTER, S_INTER, TOP_K, PARTS, SLOTS, BLOCK_N,
-                                           ALIGNED, TOP_K > 0)
-    xa, xb = _load_vec(x_ptr, H, HA, HB)
-    if NORM:
-        xa, xb = _rms_norm(xa, xb, lna, lnb, act_ptr.dtype.element_ty, H, HB, EPS, EMU)
-    for t in range(t0, t1):
-        offs_n = (t // SLOTS) * BLOCK_N + tl.arange(0, BLOCK_N)
-        hv = swiglu(_dot_rows(ga, gb, xa, xb, HB), _dot_rows(ua, ub, xa, xb, HB), act_ptr, EMU)
-        tl.store(act_ptr + (t % SLOTS) * stride_ar + offs_n, hv, mask=offs_n < INTER)
-        ga, gb, ua, ub = n_ga, n_gb, n_ua, n_ub
-        n_ga, n_gb, n_ua, n_ub = _gate_up_tile(ew_ptr, sw_ptr, ids_ptr, t + 2, t + 2 < t1, stride_we, stride_wn,
-                                               stride_sn, H, HA, HB, INTER, S_INTER, TOP_K, PARTS, SLOTS, BLOCK_N,
-                                               ALIGNED, TOP_K > 0)
-
-
-# ------------------------------------------------------------------------- the flat layout
-#
-# The same functions as q/k/v (1.), the down kernels (3./6.) and gate/up (5.) with one program per
-# tile and no loop (``flat=True`` in their launchers): every weight row a program reads is loaded
-# before its wait where it is known then (everything but a routed gate/up row), so all resident
-# programs of a launch stream their weights while the previous kernel finishes; a down column
-# block's P + k slots are one program's [slots, BLOCK_N, I] tile, summed in registers (no fp32
-# scratch, no counter, no combine on the critical path). Gate/up tiles go slot by slot (programs
-# of one matrix adjacent). Same roundings as the looped kernels.
-
-
-@triton.jit
-def _qkv_rope_flat_kernel(embed_ptr, tok_ptr, h_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr,
-                          xn_ptr, q_cols, kv_cols, max_len, stride_et, stride_wn, stride_ct, stride_st, stride_kh,
-                          stride_kn, stride_vh, stride_vn,
-                          H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, HALF: tl.constexpr,
-                          BLOCK_P: tl.constexpr, EPS: tl.constexpr, EMBED: tl.constexpr, XN_OUT: tl.constexpr,
-                          USE_PDL: tl.constexpr, EMU: tl.constexpr):
-    offs_j = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-    ok = offs_j < (q_cols + 2 * kv_cols) // 2
-    dim = offs_j % HALF
-    col_a = (offs_j // HALF) * (2 * HALF) + dim
-    col_b = col_a + HALF
-    w_aa, w_ab = _load_rows(w_ptr + col_a[:, None].to(tl.int64) * stride_wn, ok, H, HA, HB)
-    w_ba, w_bb = _load_rows(w_ptr + col_b[:, None].to(tl.int64) * stride_wn, ok, H, HA, HB)
-    lna, lnb = _load_vec(ln_ptr, H, HA, HB)
-    if not EMBED:           # layers after the first: the position was written more than two launches ago
-        pos = tl.load(pos_ptr, cache_modifier=".cg")
-        cos_a, cos_b, sin_a, sin_b = _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF)
-    _pdl_wait(USE_PDL)
-    if EMBED:               # the first layer: the previous kernel (last step's lm_head) advanced it
-        pos = tl.load(pos_ptr)
-        cos_a, cos_b, sin_a, sin_b = _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF)
-    act = q_ptr.dtype.element_ty
-    if EMBED:
-        x_row = embed_ptr + tl.load(tok_ptr) * stride_et
-    else:
-        x_row = h_ptr
-    xa, xb = _load_vec(x_row, H, HA, HB)
-    if EMBED:
-        _store_first(h_ptr, xa, xb, H, HA, HB)
-    na, nb = _rms_norm(xa, xb, lna, lnb, act, H, HB, EPS, EMU)
-    if XN_OUT:
-        _store_first(xn_ptr, na, nb, H, HA, HB)
-    ya = rounded(_dot_rows(w_aa, w_ab, na, nb, HB), act, EMU)
-    yb = rounded(_dot_rows(w_ba, w_bb, na, nb, HB), act, EMU)
-    _rope_store(ya, yb, cos_a, cos_b, sin_a, sin_b, offs_j, ok, dim, col_a, col_b, pos, max_len, q_cols, kv_cols,
-                q_ptr, k_ptr, v_ptr, stride_kh, stride_kn, stride_vh, stride_vn, HALF, EMU)
-
-
-@triton.jit
-def _gate_up_flat_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride_we, stride_wn, stride_sn, stride_ar,
-                         H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, INTER: tl.constexpr,
-                         S_INTER: tl.constexpr, PARTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
-                         ROUTED: tl.constexpr, NORM: tl.constexpr, EPS: tl.constexpr, ALIGNED: tl.constexpr,
-                         USE_PDL: tl.constexpr, EMU: tl.constexpr):
+                    S_INTER: tl.constexpr, PARTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
+                    ROUTED: tl.constexpr, NORM: tl.constexpr, EPS: tl.constexpr, ALIGNED: tl.constexpr,
+                    USE_PDL: tl.constexpr, EMU: tl.constexpr):
     # slot s = pid // BLOCKS: s < PARTS the shared (dense) part s, else the routed row s - PARTS
     s = tl.program_id(0) // BLOCKS
     offs_n = (tl.program_id(0) % BLOCKS) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -680,60 +508,6 @@ def _gate_up_flat_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride
         xa, xb = _rms_norm(xa, xb, lna, lnb, act_ptr.dtype.element_ty, H, HB, EPS, EMU)
     hv = swiglu(_dot_rows(ga, gb, xa, xb, HB), _dot_rows(ua, ub, xa, xb, HB), act_ptr, EMU)
     tl.store(act_ptr + s * stride_ar + offs_n, hv, mask=n_ok)
-
-
-@triton.jit
-def _down_flat_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, stride_ar, stride_we, stride_wn, stride_sn,
-                      H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, TOP_K: tl.constexpr,
-                      KP2: tl.constexpr, PARTS: tl.constexpr, PP2: tl.constexpr, BLOCK_N: tl.constexpr,
-                      USE_PDL: tl.constexpr, EMU: tl.constexpr):
-    # act rows: p < PARTS the shared (dense, attention-out) parts, then the k routed rows
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < H
-    offs_ia = tl.arange(0, IA)
-    if IB > 0:
-        offs_ib = IA + tl.arange(0, IB)
-        ib_ok = (offs_ib < INTER)[None, None, :]
-    offs_p = tl.arange(0, PP2)
-    p_ok = offs_p < PARTS
-    s_rows = sw_ptr + offs_n[None, :, None].to(tl.int64) * stride_sn + (offs_p * INTER)[:, None, None]
-    s_ok = p_ok[:, None, None] & n_ok[None, :, None]
-    w_sa = tl.load(s_rows + offs_ia[None, None, :], mask=s_ok, other=0.0)          # [PP2, BLOCK_N, IA]
-    if IB > 0:
-        w_sb = tl.load(s_rows + offs_ib[None, None, :], mask=s_ok & ib_ok, other=0.0)
-    if TOP_K > 0:           # the router (two launches back) has completed: its experts and weights, from L2
-        offs_k = tl.arange(0, KP2)
-        k_ok = offs_k < TOP_K
-        expert = tl.load(ids_ptr + offs_k, mask=k_ok, other=0, cache_modifier=".cg").to(tl.int64)
-        gate_w = tl.load(wts_ptr + offs_k, mask=k_ok, other=0.0, cache_modifier=".cg")
-        r_rows = ew_ptr + expert[:, None, None] * stride_we + offs_n[None, :, None].to(tl.int64) * stride_wn
-        r_ok = k_ok[:, None, None] & n_ok[None, :, None]
-        w_ra = tl.load(r_rows + offs_ia[None, None, :], mask=r_ok, other=0.0)      # [KP2, BLOCK_N, IA]
-        if IB > 0:
-            w_rb = tl.load(r_rows + offs_ib[None, None, :], mask=r_ok & ib_ok, other=0.0)
-    _pdl_wait(USE_PDL)
-    act = h_ptr.dtype.element_ty
-    a_rows = act_ptr + offs_p[:, None] * stride_ar
-    part_s = tl.sum(w_sa.to(tl.float32) * _act_tile(a_rows, p_ok, offs_ia, INTER)[:, None, :], axis=2)
-    if IB > 0:
-        part_s += tl.sum(w_sb.to(tl.float32) * _act_tile(a_rows, p_ok, offs_ib, INTER)[:, None, :], axis=2)
-    y = rounded(tl.sum(part_s, axis=0), act, EMU)          # the shared (dense, o_proj) linear, rounded once
-    if TOP_K > 0:
-        r_act = act_ptr + (PARTS + offs_k)[:, None] * stride_ar
-        part_r = tl.sum(w_ra.to(tl.float32) * _act_tile(r_act, k_ok, offs_ia, INTER)[:, None, :], axis=2)
-        if IB > 0:
-            part_r += tl.sum(w_rb.to(tl.float32) * _act_tile(r_act, k_ok, offs_ib, INTER)[:, None, :], axis=2)
-        # each routed row's down_proj rounded, times its fp32 gate weight, summed over k in fp32, rounded
-        routed = rounded(tl.sum(rounded(part_r, act, EMU) * gate_w[:, None], axis=0), act, EMU)
-        y = rounded(routed + y, act, EMU)                   # MoE output: routed + shared_experts(x)
-    res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-    tl.store(h_ptr + offs_n, rne(res + y, EMU).to(act), mask=n_ok)     # x + linear(..), rounded
-
-
-@triton.jit
-def _act_tile(rows, r_ok, offs, INTER: tl.constexpr):
-    """Activation rows [R, len(offs)] at ``rows`` (pointers [R, 1]) as fp32, 0 past INTER or off ``r_ok``."""
-    return tl.load(rows + offs[None, :], mask=r_ok[:, None] & (offs < INTER)[None, :], other=0.0).to(tl.float32)
 
 
 # ------------------------------------------------------------------ 7. final norm, lm_head, token
@@ -799,8 +573,8 @@ def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr,
 #
 # Thin host wrappers: no allocation, no device read, shapes from tensor metadata only (callable
 # inside CUDA-graph capture). ``FusedDecodeStep`` checks shapes and dtypes once; tests call these
-# directly. ``tile`` = (rows per tile, num_warps); ``programs``: the launch's programs (0: one per
-# tile; more programs than tiles get one tile each); ``pdl`` launches with programmatic dependent launch.
+# directly. ``tile`` = (rows per tile, num_warps): q/k/v, gate/up and down launch one program per
+# tile; ``pdl`` launches with programmatic dependent launch.
 
 
 def _launch(kernel, grid, warps: int, pdl: bool, *args, **meta) -> None:
@@ -821,34 +595,25 @@ def aligned16(tensors: tuple, strides: tuple) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in tensors) and all(s * size % 16 == 0 for s in strides)
 
 
-def _grid(n_tiles: int, programs: int) -> tuple:
-    return (n_tiles if programs <= 0 else max(1, min(programs, n_tiles)),)
-
-
 def qkv_rope(h, ln, w, cos, sin, pos, q, k_cache, v_cache, eps: float, *, embed=None, token=None, xn_out=None,
-             tile=(4, 4), programs: int = 0, flat: bool = False, pdl: bool = False) -> None:
+             tile=(4, 4), pdl: bool = False) -> None:
     """q [nh*d] <- RoPE(q rows of w @ RMSNorm(x)); k, v rows written into ``k_cache``/``v_cache``
     [1, nkv, L, d] at position ``pos`` (int64 [1]). x = h [H], or with ``embed`` [V, H] and
     ``token`` (int64 [1]) the token's embedding row, which is also written to h. ``cos``/``sin``
     [L, d] tables in the activation dtype. ``xn_out`` [H]: RMSNorm(x) written there (diagnostics).
-    ``tile[0]``: column pairs per tile. ``flat``: the flat layout (one program per tile, ``programs``
-    not used)."""
+    ``tile[0]``: column pairs per tile (one program each)."""
     d, nkv, L = k_cache.shape[-1], k_cache.shape[1], k_cache.shape[2]
     H = h.numel()
     ha, hb = k_parts(H)
     q_cols, kv_cols = q.numel(), nkv * d
     block_p, warps = tile
-    n_tiles = tiles((q_cols + 2 * kv_cols) // 2, block_p)
     has_embed = embed is not None
-    args = (embed if has_embed else h, token if has_embed else pos, h, ln, w, cos, sin, pos, q, k_cache, v_cache,
+    _launch(_qkv_rope_kernel, (tiles((q_cols + 2 * kv_cols) // 2, block_p),), warps, pdl,
+            embed if has_embed else h, token if has_embed else pos, h, ln, w, cos, sin, pos, q, k_cache, v_cache,
             xn_out if xn_out is not None else h, q_cols, kv_cols, L, embed.stride(0) if has_embed else 0, w.stride(0),
-            cos.stride(0), sin.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2))
-    meta = dict(H=H, HA=ha, HB=hb, HALF=d // 2, BLOCK_P=block_p, EPS=float(eps), EMBED=has_embed,
-                XN_OUT=xn_out is not None, USE_PDL=pdl, EMU=emulates_bf16_rne(q.dtype))
-    if flat:
-        _launch(_qkv_rope_flat_kernel, (n_tiles,), warps, pdl, *args, **meta)
-    else:
-        _launch(_qkv_rope_kernel, _grid(n_tiles, programs), warps, pdl, *args, N_TILES=n_tiles, **meta)
+            cos.stride(0), sin.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
+            H=H, HA=ha, HB=hb, HALF=d // 2, BLOCK_P=block_p, EPS=float(eps), EMBED=has_embed,
+            XN_OUT=xn_out is not None, USE_PDL=pdl, EMU=emulates_bf16_rne(q.dtype))
 
 
 def attention_splits(max_len: int, split_n: int) -> int:
@@ -871,40 +636,26 @@ def attention(q, k_cache, v_cache, pos, out, acc, m, ls, sem, *, tile=(32, 4), p
             SPLITS_P2=triton.next_power_of_2(splits), USE_PDL=pdl, EMU=emulates_bf16_rne(q.dtype))
 
 
-def down_residual(act, w, h, part, cnt, *, experts=None, ids=None, wts=None, tile=(4, 4), programs: int = 0,
-                  flat: bool = False, pdl: bool = False) -> None:
+def down_residual(act, w, h, *, experts=None, ids=None, wts=None, tile=(4, 4), pdl: bool = False) -> None:
     """h [H] <- h + y, y the vendor's rounding of a down projection whose input is cut into the
     rows of ``act`` [P + k, I]: rows p < P are parts of one input times ``w`` [H, P*I] (columns
     [p*I, (p+1)*I): o_proj, a dense or the shared down_proj), summed in fp32 and rounded once; with
     ``experts`` [E, H, I], ``ids`` int64 [k] and ``wts`` fp32 [k], rows P + j are routed expert
     ids[j]'s input: routed = sum_j wts[j] * round(experts[ids[j]] @ act[P + j]) (fp32 sum, rounded)
-    and y = round(routed + round(shared)). Scratch (P + k > 1): ``part`` fp32 [>= P + k, H],
-    ``cnt`` int32 [>= H / tile[0]] zeros (left zero). ``tile[0]``: output rows per tile. ``flat``:
-    the flat layout (one program per output block holding all P + k slots; no scratch used)."""
+    and y = round(routed + round(shared)). ``tile[0]``: output rows per tile, one program each
+    holding all P + k slots of its rows (no scratch)."""
     top_k = ids.numel() if experts is not None else 0
     inter = act.shape[1]
     parts = w.shape[1] // inter
-    slots = parts + top_k
     ia, ib = k_parts(inter)
     block_n, warps = tile
     H = h.numel()
-    n_tiles = tiles(H, block_n, slots)
     ew = experts if experts is not None else w
-    aligned = aligned16((act, w, ew), (act.stride(0), inter, w.stride(0))
-                        + ((ew.stride(0), ew.stride(1)) if experts is not None else ()))
-    if flat:
-        _launch(_down_flat_kernel, (tiles(H, block_n),), warps, pdl,
-                act, ew, w, ids if ids is not None else act, wts if wts is not None else act, h, act.stride(0),
-                ew.stride(0) if experts is not None else 0, ew.stride(1) if experts is not None else 0, w.stride(0),
-                H=H, INTER=inter, IA=ia, IB=ib, TOP_K=top_k, KP2=triton.next_power_of_2(max(top_k, 1)), PARTS=parts,
-                PP2=triton.next_power_of_2(parts), BLOCK_N=block_n, USE_PDL=pdl, EMU=emulates_bf16_rne(h.dtype))
-        return
-    _launch(_down_kernel, _grid(n_tiles, programs), warps, pdl,
-            act, ew, w, ids if ids is not None else cnt, wts if wts is not None else part, h, part, cnt,
-            act.stride(0), ew.stride(0) if experts is not None else 0, ew.stride(1) if experts is not None else 0,
-            w.stride(0), H=H, INTER=inter, IA=ia, IB=ib, TOP_K=top_k, PARTS=parts, SLOTS=slots,
-            SLOTS_P2=triton.next_power_of_2(slots), BLOCK_N=block_n, N_TILES=n_tiles, ALIGNED=aligned, USE_PDL=pdl,
-            EMU=emulates_bf16_rne(h.dtype))
+    _launch(_down_kernel, (tiles(H, block_n),), warps, pdl,
+            act, ew, w, ids if ids is not None else act, wts if wts is not None else act, h, act.stride(0),
+            ew.stride(0) if experts is not None else 0, ew.stride(1) if experts is not None else 0, w.stride(0),
+            H=H, INTER=inter, IA=ia, IB=ib, TOP_K=top_k, KP2=triton.next_power_of_2(max(top_k, 1)), PARTS=parts,
+            PP2=triton.next_power_of_2(parts), BLOCK_N=block_n, USE_PDL=pdl, EMU=emulates_bf16_rne(h.dtype))
 
 
 def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk: bool, scale: float, *,
@@ -934,15 +685,14 @@ def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk
 
 
 def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_up=None, ids=None, tile=(4, 4),
-            programs: int = 0, flat: bool = False, pdl: bool = False) -> None:
+            pdl: bool = False) -> None:
     """SwiGLU rows silu(x @ gate^T) * (x @ up^T) into ``act`` [P + k, I] (act dtype).
 
     ``shared_gate_up`` [2S, H] (gate rows, then up rows; S = P * I) gives rows 0..P-1 (part p: h
     columns [p*I, (p+1)*I) of the shared expert; a dense SwiGLU is P = S / I parts, no routed row).
     With ``experts_gate_up`` [E, 2I, H] and ``ids`` int64 [k], row P + j is expert ids[j]'s.
     ``ln`` given: x is h and RMSNorm(h) (weight ``ln``, ``eps``) is recomputed once per program.
-    ``tile[0]``: columns of the expert width per tile. ``flat``: the flat layout (one program per
-    tile, slot by slot; ``programs`` not used)."""
+    ``tile[0]``: columns of the expert width per tile (one program each, slot by slot)."""
     H = x.numel()
     ha, hb = k_parts(H)
     inter = act.shape[1]
@@ -950,24 +700,15 @@ def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_u
     parts = s_inter // inter
     top_k = ids.numel() if experts_gate_up is not None else 0
     block_n, warps = tile
-    n_tiles = tiles(inter, block_n, parts + top_k)
     ew = experts_gate_up if experts_gate_up is not None else shared_gate_up
     aligned = aligned16((shared_gate_up, ew), (inter, s_inter, shared_gate_up.stride(0))
                         + ((ew.stride(0), ew.stride(1)) if experts_gate_up is not None else ()))
-    if flat:
-        _launch(_gate_up_flat_kernel, (n_tiles,), warps, pdl,
-                x, ln if ln is not None else x, ew, shared_gate_up, ids if ids is not None else act, act,
-                ew.stride(0) if experts_gate_up is not None else 0, ew.stride(1), shared_gate_up.stride(0),
-                act.stride(0), H=H, HA=ha, HB=hb, INTER=inter, S_INTER=s_inter, PARTS=parts, BLOCK_N=block_n,
-                BLOCKS=tiles(inter, block_n), ROUTED=top_k > 0, NORM=ln is not None, EPS=float(eps), ALIGNED=aligned, USE_PDL=pdl,
-                EMU=emulates_bf16_rne(act.dtype))
-        return
-    _launch(_gate_up_kernel, _grid(n_tiles, programs), warps, pdl,
+    _launch(_gate_up_kernel, (tiles(inter, block_n, parts + top_k),), warps, pdl,
             x, ln if ln is not None else x, ew, shared_gate_up, ids if ids is not None else act, act,
-            ew.stride(0) if experts_gate_up is not None else 0, ew.stride(1), shared_gate_up.stride(0), act.stride(0),
-            H=H, HA=ha, HB=hb, INTER=inter, S_INTER=s_inter, TOP_K=top_k, PARTS=parts, SLOTS=parts + top_k,
-            BLOCK_N=block_n, N_TILES=n_tiles, NORM=ln is not None, EPS=float(eps), ALIGNED=aligned, USE_PDL=pdl,
-            EMU=emulates_bf16_rne(act.dtype))
+            ew.stride(0) if experts_gate_up is not None else 0, ew.stride(1), shared_gate_up.stride(0),
+            act.stride(0), H=H, HA=ha, HB=hb, INTER=inter, S_INTER=s_inter, PARTS=parts, BLOCK_N=block_n,
+            BLOCKS=tiles(inter, block_n), ROUTED=top_k > 0, NORM=ln is not None, EPS=float(eps), ALIGNED=aligned,
+            USE_PDL=pdl, EMU=emulates_bf16_rne(act.dtype))
 
 
 def lm_head_argmax(h, ln, w, logits, pmax, pidx, sem, token, pos, eps: float, *, step=None, xn_out=None,
