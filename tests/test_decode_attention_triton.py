@@ -64,6 +64,7 @@ CASES = {  # name: (B, nh, nkv, L, d, pos, config, scale)
     "one-split": (3, 2, 2, 100, 32, 77, Cfg(block_n=16, num_splits=1), None),  # direct write, no combine
     "uneven-splits": (1, 2, 2, 100, 16, 60, Cfg(block_n=16, num_splits=3), None),  # 7 blocks in 3 splits
     "model-shape": (1, 10, 10, 448, 128, 413, Cfg(), None),                   # default: 14 splits of 32 keys
+    "wide": (2, 4, 4, 100, 32, 70, Cfg(block_n=16, wide_from=8, wide_block_n=32, wide_warps=2), None),  # 8 programs: 32 keys
 }
 
 
@@ -97,6 +98,15 @@ def test_position_is_read_on_the_device():
         pos.fill_(p)
         out = dat.decode_attention(q, k, v, pos, config=cfg).cpu()
         assert rel_err(out, reference(q.cpu(), k.cpu(), v.cpu(), p)) <= 1e-5, p
+
+
+def test_wide_launches_take_the_wide_tiles():
+    """From 2 x 132 programs (B*nh) the default runs 64 keys per tile with 2 warps in one split (B = 32 at
+    10 heads: 7 blocks of a 448-position cache); below it, and for a config with wide_from None, its own."""
+    wide = Cfg().for_programs(320)
+    assert (wide.block_n, wide.num_warps, wide.splits(320, 448)) == (64, 2, (1, 7))
+    assert Cfg().for_programs(263) == Cfg() and Cfg().for_programs(263).splits(263, 448) == (2, 7)   # 264 / 263 -> 2
+    assert Cfg(wide_from=None).for_programs(10_000) == Cfg(wide_from=None)
 
 
 @pytest.mark.parametrize("bh,L,block_n,want", [

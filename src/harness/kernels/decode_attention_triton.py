@@ -32,6 +32,7 @@ that of ``common``, imported here for its bf16 rounding helper).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -54,7 +55,8 @@ class DecodeAttentionConfig:
 
     For L = 448, BLOCK_N = 32 (14 blocks), nh = 10 the default gives: B = 1 -> 14 splits of one
     block (140 programs), B = 8 -> 4 splits of 4 blocks (320), B >= 27 -> one split (one launch, no
-    combine; B = 32: 320 programs of 14 blocks). ``scripts/bench_decode_attention.py --sweep`` on an
+    combine) of ``wide_block_n`` = 64 keys per tile with 2 warps (``for_programs``; B = 32: 320
+    programs of 7 blocks). ``scripts/bench_decode_attention.py --sweep`` on an
     H200 at B = 1, pos 413 (µs per call): 6.11 for BLOCK_N = 32 with the last split combining, against
     7.63 for the earlier default BLOCK_N = 64 (7 splits, combine launch) and 7.81 for that one with
     the last split combining (runs/examples/h200-optimize-shared-rows/bench_decode_attention.log).
@@ -64,6 +66,20 @@ class DecodeAttentionConfig:
     num_splits: Optional[int] = None
     target_programs: int = 2 * SMS
     num_warps: int = 4
+    wide_from: Optional[int] = 2 * SMS
+    wide_block_n: int = 64
+    wide_warps: int = 2
+
+    def for_programs(self, bh: int) -> "DecodeAttentionConfig":
+        """The tiles a launch of ``bh`` = B*nh programs per split runs: from ``wide_from`` programs on
+        (one split already about two waves: B >= 27 at 10 heads) ``wide_block_n`` keys per tile with
+        ``wide_warps`` warps, else this config (``wide_from`` None: always this config). On an H100 at
+        B = 32, L 512, pos 413 (µs per call, ``scripts/bench_decode_attention.py --batch 32 --sweep``):
+        32.9 for BLOCK_N = 64 with 2 warps in one split, against 59.2 for BLOCK_N = 32 with 4 warps
+        (runs/examples/h100-balanced-opfamily/bench_decode_attention_b32.log)."""
+        if self.wide_from is None or bh < self.wide_from:
+            return self
+        return dataclasses.replace(self, block_n=self.wide_block_n, num_warps=self.wide_warps, wide_from=None)
 
     def splits(self, bh: int, L: int) -> tuple:
         """(NUM_SPLITS, BLOCKS_PER_SPLIT) for ``bh`` = B*nh programs per split and L cache positions:
@@ -80,6 +96,9 @@ class DecodeAttentionConfig:
             raise HarnessError(f"DecodeAttentionConfig.block_n={self.block_n}: must be a power of two")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise HarnessError(f"DecodeAttentionConfig.num_warps={self.num_warps}: one of 1, 2, 4, 8, 16")
+        if self.wide_block_n < 1 or self.wide_block_n & (self.wide_block_n - 1) or self.wide_warps not in (1, 2, 4, 8, 16):
+            raise HarnessError(f"DecodeAttentionConfig.wide_block_n={self.wide_block_n}, wide_warps={self.wide_warps}: "
+                               "a power of two and one of 1, 2, 4, 8, 16")
         if self.num_splits is not None and self.num_splits < 1:
             raise HarnessError(f"DecodeAttentionConfig.num_splits={self.num_splits}: must be >= 1 (or None)")
 
@@ -203,6 +222,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         k, v = k.contiguous(), v.contiguous()
     scale_log2 = (D ** -0.5 if scale is None else scale) * LOG2E
+    config = config.for_programs(B * nh)
     splits, per = config.splits(B * nh, L)
     emulate_rne = emulates_bf16_rne(q.dtype)
     out = torch.empty((B, nh, 1, D), dtype=q.dtype, device=q.device)
@@ -232,7 +252,7 @@ def bench_configs() -> list:
     out = [DecodeAttentionConfig()]
     for bn in (32, 64, 128):
         for splits in (None, 1, 2, 4, 8, 14):
-            out.append(DecodeAttentionConfig(block_n=bn, num_splits=splits))
+            out.append(DecodeAttentionConfig(block_n=bn, num_splits=splits, wide_from=None))
         for warps in (2, 8) if bn < 128 else (8,):
-            out.append(DecodeAttentionConfig(block_n=bn, num_warps=warps))
+            out.append(DecodeAttentionConfig(block_n=bn, num_warps=warps, wide_from=None))
     return list(dict.fromkeys(out))
