@@ -72,8 +72,9 @@ def bench(B: int, args, configs, flush) -> list:
     add(f"sdpa ({attn_probe.sdpa_choice(q, *kv[0], mask)})",
         lambda k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask), L)
     for cfg in configs:
-        splits, per = cfg.splits(B * nh, L)
-        name = f"triton bn={cfg.block_n} w={cfg.num_warps}" + ("" if cfg.num_splits is None else f" s={cfg.num_splits}")
+        run = cfg.for_programs(B * nh)                    # the tiles this launch runs (the default's wide ones)
+        splits, per = run.splits(B * nh, L)
+        name = f"triton bn={run.block_n} w={run.num_warps}" + ("" if cfg.num_splits is None else f" s={cfg.num_splits}")
         add(name + (" (default)" if cfg == dat.DecodeAttentionConfig() else ""),
             lambda k, v, cfg=cfg: dat.decode_attention(q, k, v, pos, config=cfg), args.pos + 1, splits, per)
         if splits > 1:                                    # the last split combines (one launch)

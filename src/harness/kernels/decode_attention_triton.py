@@ -74,9 +74,9 @@ class DecodeAttentionConfig:
         """The tiles a launch of ``bh`` = B*nh programs per split runs: from ``wide_from`` programs on
         (one split already about two waves: B >= 27 at 10 heads) ``wide_block_n`` keys per tile with
         ``wide_warps`` warps, else this config (``wide_from`` None: always this config). On an H100 at
-        B = 32, L 512, pos 413 (µs per call, ``scripts/bench_decode_attention.py --batch 32 --sweep``):
-        32.9 for BLOCK_N = 64 with 2 warps in one split, against 59.2 for BLOCK_N = 32 with 4 warps
-        (runs/examples/h100-balanced-opfamily/bench_decode_attention_b32.log)."""
+        B = 32, L 512, pos 413 (µs per call, ``scripts/bench_decode_attention.py --sweep``): 32.7 for
+        BLOCK_N = 64 with 2 warps in one split, against 59.3 for BLOCK_N = 32 with 4 warps; through the
+        ladder, best-b32-balanced's TPOT 3.169 ms against 3.393 ms (runs/examples/h100-b32-attention/)."""
         if self.wide_from is None or bh < self.wide_from:
             return self
         return dataclasses.replace(self, block_n=self.wide_block_n, num_warps=self.wide_warps, wide_from=None)
