@@ -79,7 +79,8 @@ def bench(B: int, args, configs, flush) -> list:
             lambda k, v, cfg=cfg: dat.decode_attention(q, k, v, pos, config=cfg), args.pos + 1, splits, per)
         if splits > 1:                                    # the last split combines (one launch)
             add(name + " last-split",
-                lambda k, v, cfg=cfg: dat.decode_attention(q, k, v, pos, config=cfg, sem=sem), args.pos + 1, splits, per)
+                lambda k, v, cfg=cfg: dat.decode_attention(q, k, v, pos, config=cfg, sem=sem), args.pos + 1,
+                splits, per)
     return rows
 
 

@@ -5,8 +5,8 @@
 
 For each case of ``conf/experiment/optimize.yaml`` named in ``--cases``, the reference model (random
 weights, seed 0, bf16, built once) runs that case's execution (``variants.apply``) on one synthetic
-page of the ladder's mode (base) under the case's routing (``routing``: the weights' own, or balanced), and ``generate()`` of 2 tokens (vision, prefill, 1 decode step) and
-of 130 tokens (vision, prefill, 129 decode steps) run back to back, each between
+page of the ladder's mode (base) under the case's routing (``routing``: the weights' own, or
+balanced), and ``generate()`` of 2 tokens (vision, prefill, 1 decode step) and of 130 tokens (vision, prefill, 129 decode steps) run back to back, each between
 ``torch.cuda.synchronize()`` calls and timed with ``time.perf_counter``; ``--repeats`` pairs after
 ``--warmup`` pairs (the first builds and captures the decoder). TPOT of a pair = (t130 - t2) / 128:
 the 128 extra decode steps, everything else (vision, prefill, the result's routing read-back) in

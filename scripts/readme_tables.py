@@ -51,7 +51,8 @@ def evidence(folder: Path) -> dict:
     it here when they change).
 
     {"device": manifest's device name, "cases": {case: figures}, "tpot": {case: tpot_edges row},
-    "overhead": {ratio, lo, hi, rounds} or None, "throughput": throughput.csv's rows (records) or []}. Figures per case: ``batch``, ``decode_tok_s``,
+    "overhead": {ratio, lo, hi, rounds} or None, "throughput": throughput.csv's rows (records) or []}.
+    Figures per case: ``batch``, ``decode_tok_s``,
     ``tpot_p50_ms``, ``ttft_ms`` (headline.csv: the median request); ``launches_per_step``,
     ``syncs_per_step`` (stages.csv through ``read_observations`` and ``summarize``, any layout: the
     profiled request's decode row); ``<stage>_ms``,
@@ -170,8 +171,9 @@ def ladder(folder: Path, ev: dict, _cases: list) -> list:
     note = note + ([f"Superseded rows ({', '.join(superseded)}): batches of copies, whose identical rows route onto "
                     "the same experts, so their tok/s and MBU describe no real batch; their figures stay in the "
                     "evidence folder's report only."] if superseded else [])
-    return out + ([""] + note if note else []) + ["", source(folder, ev["device"], "headline.csv: the median request; stages.csv: the profiled "
-                                                 "request; roofline.csv; manifest.json: the pages")]
+    what = ("headline.csv: the median request; stages.csv: the profiled request; roofline.csv; "
+            "manifest.json: the pages")
+    return out + ([""] + note if note else []) + ["", source(folder, ev["device"], what)]
 
 
 def vision(folder: Path, ev: dict, cases: list) -> list:

@@ -64,7 +64,8 @@ CASES = {  # name: (B, nh, nkv, L, d, pos, config, scale)
     "one-split": (3, 2, 2, 100, 32, 77, Cfg(block_n=16, num_splits=1), None),  # direct write, no combine
     "uneven-splits": (1, 2, 2, 100, 16, 60, Cfg(block_n=16, num_splits=3), None),  # 7 blocks in 3 splits
     "model-shape": (1, 10, 10, 448, 128, 413, Cfg(), None),                   # default: 14 splits of 32 keys
-    "wide": (2, 4, 4, 100, 32, 70, Cfg(block_n=16, wide_from=8, wide_block_n=32, wide_warps=2), None),  # 8 programs: 32 keys
+    # 8 programs from wide_from = 8: 32-key tiles
+    "wide": (2, 4, 4, 100, 32, 70, Cfg(block_n=16, wide_from=8, wide_block_n=32, wide_warps=2), None),
 }
 
 

@@ -102,7 +102,10 @@ def assert_launches_attributed(model, dec):
             dec.core.module_scope = None
     opened = [(t, i) for t, i in tracker.events if i >= 0]
     closed = [t for t, i in tracker.events if i < 0]
-    moe = lambda n: [f"model.layers.{n}.self_attn"] * 3 + [f"model.layers.{n}.mlp.gate"] + [f"model.layers.{n}.mlp"] * 2  # noqa: E731
+
+    def moe(n):
+        return [f"model.layers.{n}.self_attn"] * 3 + [f"model.layers.{n}.mlp.gate"] + [f"model.layers.{n}.mlp"] * 2
+
     want = ["model.layers.0.self_attn"] * 3 + ["model.layers.0.mlp"] * 2 + moe(1) + moe(2) + ["lm_head"]
     assert [tracker.names[i][0] for _, i in opened] == want and len(closed) == len(want)
     labels = tracker.attribute([(t0 + t1) // 2 for (t0, _), t1 in zip(opened, closed)])

@@ -35,6 +35,7 @@ from .measure.observations import STEP_COLUMNS
 from .measure.runner import CaseMeasurement, measure_case
 from .memory_check import check_memory
 from .models import attn_probe
+from .models.routing import routed_steps
 from .report.progress import RunProgress, waiting
 from .report.report import write_report
 from .roofline.calibrate import ensure_calibration
@@ -64,13 +65,10 @@ def routing_rows(case: str, routing: dict) -> list:
 def routing_step_rows(case: str, steps) -> list:
     """routing_steps.csv rows (case, step, layer, experts = distinct experts touched, e0..eN) of a
     [steps, layers, experts] decode count array; layers that routed nothing are left out."""
-    rows = []
-    for step, arr in enumerate(steps if steps is not None else []):
-        for layer, counts in enumerate(arr):
-            if counts.sum():
-                rows.append({"case": case, "step": step, "layer": layer, "experts": int((counts > 0).sum()),
-                             **{f"e{j}": int(c) for j, c in enumerate(counts)}})
-    return rows
+    where, touched = routed_steps(steps)
+    return [{"case": case, "step": int(step), "layer": int(layer), "experts": int(n),
+             **{f"e{j}": int(c) for j, c in enumerate(steps[step][layer])}}
+            for (step, layer), n in zip(where, touched)]
 
 
 #: seconds between two rewrites of report.md while a run goes on (the final report is always written;

@@ -96,7 +96,8 @@ class DecodeAttentionConfig:
             raise HarnessError(f"DecodeAttentionConfig.block_n={self.block_n}: must be a power of two")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise HarnessError(f"DecodeAttentionConfig.num_warps={self.num_warps}: one of 1, 2, 4, 8, 16")
-        if self.wide_block_n < 1 or self.wide_block_n & (self.wide_block_n - 1) or self.wide_warps not in (1, 2, 4, 8, 16):
+        wide_ok = self.wide_block_n >= 1 and not self.wide_block_n & (self.wide_block_n - 1)
+        if not wide_ok or self.wide_warps not in (1, 2, 4, 8, 16):
             raise HarnessError(f"DecodeAttentionConfig.wide_block_n={self.wide_block_n}, wide_warps={self.wide_warps}: "
                                "a power of two and one of 1, 2, 4, 8, 16")
         if self.num_splits is not None and self.num_splits < 1:

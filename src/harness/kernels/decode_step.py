@@ -314,11 +314,16 @@ class FusedDecodeStep:
         """Kernel launches per step."""
         return len(self.calls)
 
-    def run(self) -> None:
+    def run(self, scope=None) -> None:
         """One step: the token in ``token`` at position ``pos`` -> ``logits``, the next token in
-        ``token``, ``pos`` + 1 (all on the device; nothing read back)."""
-        for _, _, call in self.calls:
-            call()
+        ``token``, ``pos`` + 1 (all on the device; nothing read back). ``scope(label, layer)``: a
+        context each launch runs inside (kernel attribution: ``variants.fused_step``)."""
+        for label, layer, call in self.calls:
+            if scope is None:
+                call()
+            else:
+                with scope(label, layer):
+                    call()
 
     # ------------------------------------------------------------------------------- accounting
     def weight_bytes(self) -> dict:

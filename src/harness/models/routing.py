@@ -125,14 +125,20 @@ def page_experts(seed: int, page: str, positions: int, layers: int, top_k: int, 
     return kept[:positions]
 
 
-def experts_per_step(steps: Optional[np.ndarray]) -> np.ndarray:
-    """Distinct experts touched [experts] of every (decode step, layer) that routed anything, from a
-    [steps, layers, experts] count array (``RoutingCounter.steps_result``); empty without counts."""
+def routed_steps(steps: Optional[np.ndarray]) -> tuple:
+    """(where int64 [n, 2]: the (decode step, layer) of every layer that routed anything, step-major;
+    distinct experts touched [n] there) of a [steps, layers, experts] count array
+    (``RoutingCounter.steps_result``); both empty without counts."""
     if steps is None or not len(steps):
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros((0, 2), dtype=np.int64), np.zeros(0, dtype=np.int64)
     counts = np.asarray(steps)
     routed = counts.sum(axis=-1) > 0
-    return (counts > 0).sum(axis=-1)[routed]
+    return np.argwhere(routed), (counts > 0).sum(axis=-1)[routed]
+
+
+def experts_per_step(steps: Optional[np.ndarray]) -> np.ndarray:
+    """Distinct experts touched of every (decode step, layer) that routed anything (``routed_steps``)."""
+    return routed_steps(steps)[1]
 
 
 def balanced_table(seed: int, pages: list, positions: int, layers: int, top_k: int, experts: int) -> torch.Tensor:
@@ -483,4 +489,4 @@ class RoutingCounter:
 
 
 __all__ = ["ROUTINGS", "routing_label", "RoutingCounter", "DeviceRouting", "balanced_experts", "balanced_table",
-           "experts_per_step", "page_experts", "page_key"]
+           "experts_per_step", "page_experts", "page_key", "routed_steps"]

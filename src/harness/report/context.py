@@ -208,5 +208,5 @@ def files_section(run: RunData) -> list:
     return L + [""]
 
 
-__all__ = ["case_info", "warmup_counts", "weights_of", "calibration_line", "merged_line", "ceilings_section", "environment_section",
-           "caveats_section", "files_section", "CV_LIMIT"]
+__all__ = ["case_info", "warmup_counts", "weights_of", "calibration_line", "merged_line", "ceilings_section",
+           "environment_section", "caveats_section", "files_section", "CV_LIMIT"]

@@ -71,7 +71,7 @@ def resolve(t: ThroughputConfig, cuda: bool, cpus: Optional[int] = None) -> Sett
                     pages=pages, window_s=float(t.window_s if t.window_s is not None else d["window_s"]),
                     window_pages=int(t.window_pages if t.window_pages is not None else d["window_pages"]),
                     warmup_batches=t.warmup_batches if t.warmup_batches is not None else d["warmup_batches"],
-                    tokens=t.tokens if t.tokens is not None and t.tokens.mean else None,
+                    tokens=t.tokens if t.tokens.mean else None,
                     best=bool(cuda) if t.best is None else bool(t.best), prefetch=t.prefetch,
                     timeline_batches=t.timeline_batches)
 

@@ -121,12 +121,8 @@ class FusedCore:
         step = self._step(r.active)   # begin() loads a table whenever a request is forced
         if token.data_ptr() != step.token.data_ptr():
             step.token.copy_(token.reshape(-1))
-        if self.module_scope is None:
-            step.run()
-        else:                       # an eager, hooked reference step: each launch under its module
-            for label, layer, call in step.calls:
-                with self.module_scope(self.module_of(label, layer)):
-                    call()
+        scope = self.module_scope            # an eager, hooked reference step: each launch under its module
+        step.run(None if scope is None else lambda label, layer: scope(self.module_of(label, layer)))
         out = step.token.view(1, 1) if select in (greedy, greedy_chunked) else select(step.logits.view(1, 1, -1).float())
         capturing = out.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         return out if capturing else out.clone()
