@@ -217,6 +217,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-parity", action="store_true", help="skip the parity check")
     ap.add_argument("--no-eager", action="store_true", help="skip the eager (uncaptured) fused rows")
     ap.add_argument("--sweep", action="store_true", help="also time alternative tiles of the fused step")
+    ap.add_argument("--only", nargs="+", default=None, metavar="FIELD",
+                    help="with --sweep: only these fields of DecodeStepConfig")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_decode_step: no CUDA device; this benchmark needs a GPU", file=sys.stderr)
@@ -438,6 +440,8 @@ def sweep(weights, cache, pos, token, counts, step_index, reset, args, pdl: bool
     print(f"  {'default':34s} {timed['default']:8.1f} us  " + mbu_text(total, timed["default"], spec))
     best = {}
     for field, values in SWEEP:
+        if args.only and field not in args.only:
+            continue
         best[field] = (getattr(base, field), timed["default"])
         for v in values:
             label = f"{field}={v}"

@@ -4,6 +4,7 @@ of ``harness.variants.fast_moe``, at DeepSeek-OCR's sizes (H=1280, I=896, E=64, 
     python scripts/bench_fast_moe.py [--tokens 1 8 32 64 300] [--reps 50] [--warmup 10] [--csv out.csv]
     python scripts/bench_fast_moe.py --rows-sweep --tokens 1 2   # tiles of the decode-size kernels
     python scripts/bench_fast_moe.py --rows-sweep --shared --tokens 1   # ... with the shared expert folded in
+    python scripts/bench_fast_moe.py --blocks-sweep --tokens 32   # tiles of the sorted, blocked kernels
 
 Self-contained: one MoE layer with random weights (std 0.02, the harness's init_std), routing from
 its own fp32 softmax gate on random activations. For each T and implementation it prints:
@@ -203,6 +204,43 @@ def rows_sweep(moe: MoE, weights: fm.ExpertWeights, tokens, reps, warmup, flush,
     return rows
 
 
+BLOCK_CANDIDATES = [(bm, bn, bk, w, st) for bm in (16,) for bn in (32, 64, 128) for bk in (64, 128, 256)
+                    for w in (4, 8) for st in (3, 4)]
+
+
+def blocks_sweep(moe: MoE, weights: fm.ExpertWeights, tokens, reps, warmup, flush) -> list[dict]:
+    """The sorted, blocked kernels (``fast_moe_triton.routed_experts_triton`` with an explicit
+    ``TritonMoEConfig``: row alignment, gate_up, down and the sum over k) under each (block_m,
+    block_n, block_k, num_warps, num_stages) of ``BLOCK_CANDIDATES``, each call graph-captured; the
+    first row is ``default_triton_config``'s choice."""
+    from harness.kernels import fast_moe_triton as fmt
+    from harness.kernels.moe_blocks import TritonMoEConfig, default_triton_config
+    dev = weights.gate_up.device
+    rows = []
+    for T in tokens:
+        gen = torch.Generator(device=dev).manual_seed(T)
+        x = torch.randn(T, weights.hidden, device=dev, generator=gen).to(torch.bfloat16)
+        ids, w = moe.gate(x)
+        bytes_touched = torch.unique(ids).numel() * weights.bytes_per_expert()
+        with torch.no_grad():
+            ref = moe.moe_infer(x, ids, w)
+        base = default_triton_config(ids.numel(), weights.num_experts)
+        configs = [("default " + str(tuple(vars(base).values())), base)]
+        configs += [(str(c), TritonMoEConfig(*c)) for c in BLOCK_CANDIDATES]
+        print(f"T={T}: {torch.unique(ids).numel()} experts touched")
+        for label, cfg in configs:
+            def call(cfg=cfg):
+                return fmt.routed_experts_triton(x, ids, w, weights, cfg)
+            try:
+                graph, out = capture(call)
+                spans = time_ms(graph.replay, reps, warmup, flush)
+            except Exception as exc:  # a tile that does not compile or fit: report and go on
+                print(f"skipped: blocks {label} at T={T}: {exc.__class__.__name__}: {str(exc).splitlines()[0][:120]}")
+                continue
+            rows.append(row("blocks+graph", T, spans, bytes_touched, rel_err(out, ref), "yes", label))
+    return rows
+
+
 def check_fp32(moe32: MoE, weights32: fm.ExpertWeights, tokens) -> None:
     dev = weights32.gate_up.device
     print("\nfp32 parity against the vendor loop (rel_err <= 1e-5):")
@@ -240,6 +278,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 parity section")
     ap.add_argument("--rows-sweep", action="store_true",
                     help="only time the per-row decode kernels under each tile candidate (T*k <= 16)")
+    ap.add_argument("--blocks-sweep", action="store_true",
+                    help="only time the sorted, blocked kernels under each (block_m, block_n, block_k, warps, "
+                         "stages) of BLOCK_CANDIDATES")
     ap.add_argument("--shared", action="store_true",
                     help="with --rows-sweep: the shared expert as extra rows of the kernels (linear_impl=fused)")
     args = ap.parse_args(argv)
@@ -260,6 +301,10 @@ def main(argv=None) -> int:
     print(f"experts: {weights.num_experts} x (gate_up {tuple(weights.gate_up.shape[1:])} + down "
           f"{tuple(weights.down.shape[1:])}) bf16, {weights.bytes_per_expert() / 1e6:.2f} MB per expert")
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=dev)
+    if args.blocks_sweep:
+        rows = blocks_sweep(moe, weights, args.tokens, args.reps, args.warmup, flush)
+        print_table(sorted(rows, key=lambda r: (r["T"], r["ms_med"])))
+        return 0
     if args.rows_sweep:
         print_table(rows_sweep(moe, weights, args.tokens, args.reps, args.warmup, flush, args.shared))
         return 0

@@ -102,11 +102,14 @@ def test_position_is_read_on_the_device():
 
 
 def test_wide_launches_take_the_wide_tiles():
-    """From 2 x 132 programs (B*nh) the default runs 64 keys per tile with 2 warps in one split (B = 32 at
-    10 heads: 7 blocks of a 448-position cache); below it, and for a config with wide_from None, its own."""
+    """From 80 programs (B*nh: B = 8 at 10 heads) the default runs 64 keys per tile with 2 warps: at
+    B = 32 in one split (7 blocks of a 448-position cache), at B = 8 in 4 splits of 2 blocks (264 / 80
+    -> 4 wanted); below it, and for a config with wide_from None, its own."""
     wide = Cfg().for_programs(320)
     assert (wide.block_n, wide.num_warps, wide.splits(320, 448)) == (64, 2, (1, 7))
-    assert Cfg().for_programs(263) == Cfg() and Cfg().for_programs(263).splits(263, 448) == (2, 7)   # 264 / 263 -> 2
+    b8 = Cfg().for_programs(80)
+    assert (b8.block_n, b8.num_warps, b8.splits(80, 448)) == (64, 2, (4, 2))
+    assert Cfg().for_programs(79) == Cfg() and Cfg().for_programs(79).splits(79, 448) == (4, 4)   # 264 / 79 -> 4
     assert Cfg(wide_from=None).for_programs(10_000) == Cfg(wide_from=None)
 
 

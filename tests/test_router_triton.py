@@ -6,6 +6,7 @@ import types
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import DEV, needs_triton
 from harness.errors import HarnessError
@@ -168,7 +169,8 @@ def _moe(E=8, k=2, H=64, inter=16):
 
 
 def test_moe_gate_dispatch():
-    """linear_impl=fused at one token: the Triton router; more rows or fused off: the torch path.
+    """linear_impl=fused at one token: the Triton router; more tokens of one sequence or fused off: the
+    torch path.
     The grouped path counts the routing either way: in the kernel at the device step index (one
     token), else with add_device (a device-driven routing: its scratch, into the step's row at
     ``advance``)."""
@@ -185,7 +187,8 @@ def test_moe_gate_dispatch():
     ref1, ref2 = moe(x1), moe(x2)                      # the reference gate, no routing target
     ref_idx, _ = moe.gate(x1)
     swap(moe.gate, FusedGate)
-    assert moe.gate.routes_in_kernel(1) and not moe.gate.routes_in_kernel(2)
+    assert moe.gate.routes_in_kernel(1) and not moe.gate.routes_in_kernel(2, per_sequence=2)
+    assert moe.gate.routes_in_kernel(128) and not moe.gate.routes_in_kernel(129)   # decode steps (ROUTER_MAX_ROWS)
     routing = DeviceRouting(3, 8, 2, DEV, "device")
     routing.phase = "decode"
     routing.step_index.fill_(1)
@@ -222,3 +225,43 @@ def test_gpu_route_under_torch_compile_equals_eager(dtype):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])
+
+
+def test_batched_decode_routes_and_counts_in_the_kernels():
+    """A decode step of 20 sequences (one token each, 40 routed rows): the Triton router (forced experts
+    at the device position under balanced routing) and the blocked Triton MoE, whose alignment kernel
+    counts the routing at the device step index: outputs as the reference MoE's within fp32 rounding,
+    the counts exactly the reference routing's experts, nothing in the scratch."""
+    from harness.variants import fast_moe
+    from harness.variants.base import swap
+    from harness.variants.fused_linears import FusedGate
+    from harness.variants.grouped_moe import GroupedMoE
+
+    B, E, k = 20, 8, 2
+    moe = _moe(E=E, k=k)
+    x = torch.randn(B, 1, 64, device=DEV)
+    ref_y = moe(x)                                     # the vendor loop, the torch gate
+    ref_idx, _ = moe.gate(x)
+    moe.kernel = "triton"
+    moe.experts_stacked = fast_moe.stack_experts(moe)
+    swap(moe, GroupedMoE)
+    swap(moe.gate, FusedGate)
+    routing = DeviceRouting(3, E, 2, DEV, "device")
+    routing.phase = "decode"
+    routing.step_index.fill_(1)
+    moe.routing = routing
+    y = moe(x)
+    assert ((y - ref_y).norm() / ref_y.norm()) <= 1e-5
+    want = torch.zeros(3, 3, E, dtype=torch.int64)         # [steps + 1, layers, experts]
+    want[1, 1] = torch.bincount(ref_idx.view(-1).cpu(), minlength=E)
+    assert torch.equal(routing.decode.cpu(), want)
+    assert not routing.scratch_used and int(routing.scratch.sum()) == 0
+    forced = torch.stack([torch.randperm(E)[:k] for _ in range(B)]).to(DEV)   # balanced: the table's experts
+    routing.table = torch.zeros(B, 4, 3, k, dtype=torch.int64, device=DEV)
+    routing.table[:, 2, 1] = forced
+    routing.position.fill_(2)
+    routing.active = True
+    idx, w = moe.gate(x, routing)
+    assert torch.equal(idx.sort(-1)[0], forced.sort(-1)[0])
+    probs = torch.softmax(F.linear(x.view(B, -1), moe.gate.weight), -1).gather(-1, idx)
+    assert torch.allclose(w, probs / probs.sum(-1, keepdim=True) * 1.5, rtol=1e-5)

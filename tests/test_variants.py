@@ -218,6 +218,28 @@ def test_gpu_variant_matches_vendor_style(name, dtype, tol):
         assert _rel(a, b[:, -1].float()) <= tol, (name, j, _rel(a, b[:, -1].float()))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("routing", ["weights", "balanced"])
+def test_gpu_batched_decode_matches_vendor_style_fp32(routing):
+    """12 distinct pages (24 routed rows per MoE layer: the blocked Triton MoE with the one-program
+    alignment, which counts the routing, and the Triton router at 12 rows), compiled and captured,
+    fp32 with TF32 off: vendor-style's tokens and per-step routing counts."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    cfg = load_tiny_cfg()
+    model = build_model(cfg, "cuda", torch.float32, seed=0)
+    pages = [wl.Page(f"p{i}", wl.synthetic_page(i, size=(300, 200)), "s") for i in range(12)]
+    req = wl.build_request(pages, TINY_MODE, decode_tokens=STEPS + 1, routing=routing).to("cuda", torch.float32)
+    ref = generate(model, req)
+    info = variants.apply(model, ExecutionConfig(**GPU_VARIANTS["graphs+compile+fused-linears+attention"],
+                                                 moe_kernel="triton"))
+    res = generate(model, req)
+    assert torch.equal(res.tokens, ref.tokens), (info, res.tokens, ref.tokens)
+    assert (res.routing["prefill"] == ref.routing["prefill"]).all()
+    assert (res.routing["decode"] == ref.routing["decode"]).all()
+    assert int(res.routing["decode"].sum()) == STEPS * 12 * 2 * (cfg.llm.num_layers - 1)   # top-2, MoE layers
+
+
 def _static_logits(model, req, ex, tokens, dtype) -> list:
     """Last-position logits [B, V] of the prefill and STEPS teacher-forced decode steps through a
     ``StaticDecoder`` of ``ex`` (compiled and captured as the run's is, its step bound as the run's:

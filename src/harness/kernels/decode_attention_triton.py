@@ -54,9 +54,9 @@ class DecodeAttentionConfig:
     (None: enough splits for about ``target_programs`` programs in all), ``num_warps``.
 
     For L = 448, BLOCK_N = 32 (14 blocks), nh = 10 the default gives: B = 1 -> 14 splits of one
-    block (140 programs), B = 8 -> 4 splits of 4 blocks (320), B >= 27 -> one split (one launch, no
-    combine) of ``wide_block_n`` = 64 keys per tile with 2 warps (``for_programs``; B = 32: 320
-    programs of 7 blocks). ``scripts/bench_decode_attention.py --sweep`` on an
+    block (140 programs); from B = 8 ``wide_block_n`` = 64 keys per tile with 2 warps
+    (``for_programs``): B = 8 -> 4 splits of 2 blocks (320 programs), B >= 27 -> one split (one
+    launch, no combine; B = 32: 320 programs of 7 blocks). ``scripts/bench_decode_attention.py --sweep`` on an
     H200 at B = 1, pos 413 (µs per call): 6.11 for BLOCK_N = 32 with the last split combining, against
     7.63 for the earlier default BLOCK_N = 64 (7 splits, combine launch) and 7.81 for that one with
     the last split combining (runs/examples/h200-optimize-shared-rows/bench_decode_attention.log).
@@ -66,17 +66,19 @@ class DecodeAttentionConfig:
     num_splits: Optional[int] = None
     target_programs: int = 2 * SMS
     num_warps: int = 4
-    wide_from: Optional[int] = 2 * SMS
+    wide_from: Optional[int] = 80
     wide_block_n: int = 64
     wide_warps: int = 2
 
     def for_programs(self, bh: int) -> "DecodeAttentionConfig":
         """The tiles a launch of ``bh`` = B*nh programs per split runs: from ``wide_from`` programs on
-        (one split already about two waves: B >= 27 at 10 heads) ``wide_block_n`` keys per tile with
-        ``wide_warps`` warps, else this config (``wide_from`` None: always this config). On an H100 at
-        B = 32, L 512, pos 413 (µs per call, ``scripts/bench_decode_attention.py --sweep``): 32.7 for
-        BLOCK_N = 64 with 2 warps in one split, against 59.3 for BLOCK_N = 32 with 4 warps; through the
-        ladder, best-b32-balanced's TPOT 3.169 ms against 3.393 ms (runs/examples/h100-b32-attention/)."""
+        (B >= 8 at 10 heads) ``wide_block_n`` keys per tile with ``wide_warps`` warps, else this config
+        (``wide_from`` None: always this config). ``scripts/bench_decode_attention.py --sweep`` at L 512,
+        pos 413 (µs per call): on an H100 at B = 32, 32.7 for BLOCK_N = 64 with 2 warps in one split,
+        against 59.3 for BLOCK_N = 32 with 4 warps (through the ladder, best-b32-balanced's TPOT 3.169 ms
+        against 3.393 ms; runs/examples/h100-b32-attention/); at B = 8, 13.2 against 20.7 on an H100
+        and 12.8 against 20.6 on an H200 (runs/examples/h200-b32-align/attn.log). B = 2..7 was not
+        swept and keeps the 32-key tiles."""
         if self.wide_from is None or bh < self.wide_from:
             return self
         return dataclasses.replace(self, block_n=self.wide_block_n, num_warps=self.wide_warps, wide_from=None)

@@ -60,6 +60,11 @@ add rounded; logits rounded before the argmax. Summation orders differ from cuBL
 ``TRITON_INTERPRET=1`` set before the first import of ``kernels.common`` the kernels run on CPU
 tensors (tests), where ``EMU`` rounds fp32 -> bf16 to nearest-even as compiled code does.
 
+Tried and dropped (H200, ``scripts/bench_decode_step.py --sweep``, 2026-11-27): weights sent to L2 ahead
+of their kernel with ``cp.async.bulk.prefetch.L2`` - the chosen experts' 41 MB from the router's last
+program (one SM issuing every bulk copy; cause of the cost not measured) made a step 1.56-1.78 ms
+slower, lm_head tiles 2-8 ahead per program 129-141 µs slower (runs/examples/h200-b32-align/).
+
 Weight tiles hold a whole row range in registers: a reduction length K is loaded as two tiles,
 KA (the largest power of two <= K) and KB (the next power of two >= K - KA, masked; 0 if K = KA).
 """

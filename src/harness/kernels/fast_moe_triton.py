@@ -6,7 +6,8 @@ before the first import they run in Triton's numpy interpreter on CPU tensors (t
 Execution (T tokens, k slots, E experts, hidden H, expert width I; no host sync anywhere):
 
 1. ``moe_blocks.align_rows_to_blocks``: the T*k rows sorted by expert, each expert's rows padded to
-   BLOCK_M; one expert per block of BLOCK_M padded rows. The grid is the host bound
+   BLOCK_M; one expert per block of BLOCK_M padded rows (up to ``ALIGN_KERNEL_MAX_ROWS`` rows: the
+   same in one launch, ``moe_align_triton.align_rows``). The grid is the host bound
    ``T*k // BLOCK_M + min(E, T*k)`` blocks; a program whose block starts at or past
    ``num_padded`` (read from device memory) returns at once.
 2. ``_gate_up_silu_kernel``: per (block, BLOCK_N columns of I) program, x rows [BLOCK_M, H] times
@@ -30,7 +31,9 @@ import triton.language as tl
 
 from ..errors import HarnessError
 from .common import INTERPRETED, check_runnable, emulates_bf16_rne, rounded, row_times_tile, swiglu
-from .moe_blocks import ROWS_KERNEL_MAX, TritonMoEConfig, align_rows_to_blocks, default_triton_config  # noqa: F401
+from .moe_align_triton import align_rows
+from .moe_blocks import (ALIGN_KERNEL_MAX_ROWS, ROWS_KERNEL_MAX, TritonMoEConfig, align_rows_to_blocks,  # noqa: F401
+                         counts_in_alignment, default_triton_config)
 
 
 
@@ -129,13 +132,20 @@ def _down_weighted_kernel(
 
 
 def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
-                          weights, config: TritonMoEConfig | None = None, shared: tuple | None = None) -> torch.Tensor:
+                          weights, config: TritonMoEConfig | None = None, shared: tuple | None = None,
+                          counts: tuple | None = None) -> torch.Tensor:
     """Routed-expert output [T, H] in x's dtype; see the module docstring. Inputs as ``fast_moe``.
-    ``shared`` (decode size only, see ``routed_experts_rows``) adds the shared expert's output."""
+    ``shared`` (decode size only, see ``routed_experts_rows``) adds the shared expert's output.
+    ``counts`` (only where ``counts_in_alignment``): (buffer, step index, layer) of
+    ``moe_align_triton.align_rows``, which adds the routing count in the alignment's launch. Step 1
+    is that kernel up to ALIGN_KERNEL_MAX_ROWS rows, torch beyond."""
     check_runnable(x)
     if topk_w.dtype != torch.float32:
         raise HarnessError(f"triton MoE multiplies by fp32 gate weights (as the vendor does); topk_w is {topk_w.dtype}")
     T, k = topk_ids.shape
+    if counts is not None and not counts_in_alignment(T * k):
+        raise HarnessError(f"routed_experts_triton: the routing counts in the alignment kernel only from "
+                           f"{ROWS_KERNEL_MAX + 1} to {ALIGN_KERNEL_MAX_ROWS} routed rows; got {T * k}")
     if config is None and T * k <= ROWS_KERNEL_MAX:
         return routed_experts_rows(x, topk_ids, topk_w, weights, shared=shared)
     if shared is not None:
@@ -149,7 +159,8 @@ def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch
             raise HarnessError(f"TritonMoEConfig.{name}={size}: tl.dot needs a power of two >= 16")
     x = x.contiguous()
     topk_w32 = topk_w.contiguous()
-    al = align_rows_to_blocks(topk_ids, E, cfg.block_m)
+    al = align_rows(topk_ids, E, cfg.block_m, counts) if T * k <= ALIGN_KERNEL_MAX_ROWS else \
+        align_rows_to_blocks(topk_ids, E, cfg.block_m)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"   # fp32 inputs: no TF32 rounding
     dot_in_fp32 = INTERPRETED and x.dtype != torch.float32
     emulate_rne = emulates_bf16_rne(x.dtype)

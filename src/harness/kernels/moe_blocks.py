@@ -13,6 +13,16 @@ import torch
 #: routed rows (T*k) up to which impl=triton runs the per-row decode kernels
 #: (``fast_moe_triton.routed_experts_rows``) instead of the sorted, blocked ones
 ROWS_KERNEL_MAX = 16
+#: routed rows up to which the blocked kernels' row alignment is one Triton program
+#: (``moe_align_triton.align_rows``: its [rows, experts] one-hot matrix stays in registers), which
+#: can also count the routing; more rows take ``align_rows_to_blocks`` (torch)
+ALIGN_KERNEL_MAX_ROWS = 1024
+
+
+def counts_in_alignment(routed_rows: int) -> bool:
+    """Whether the Triton MoE (default tiles) on ``routed_rows`` = T*k rows runs the blocked kernels with
+    the one-program alignment, which can count the routing."""
+    return ROWS_KERNEL_MAX < routed_rows <= ALIGN_KERNEL_MAX_ROWS
 
 
 def expert_counts(flat_ids: torch.Tensor, num_experts: int) -> torch.Tensor:

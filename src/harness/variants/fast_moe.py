@@ -50,8 +50,9 @@ from torch import nn
 
 from ..errors import HarnessError
 from ..kernels.availability import triton_available
-from ..kernels.moe_blocks import (ROWS_KERNEL_MAX, BlockAlignment, TritonMoEConfig,  # noqa: F401 (re-exported)
-                         align_rows_to_blocks, default_triton_config, expert_counts)
+from ..kernels.moe_blocks import (ALIGN_KERNEL_MAX_ROWS, ROWS_KERNEL_MAX, BlockAlignment,  # noqa: F401 (re-exported)
+                                  TritonMoEConfig, align_rows_to_blocks, counts_in_alignment, default_triton_config,
+                                  expert_counts)
 
 IMPLEMENTATIONS = ("torch", "grouped_mm", "triton")
 TORCH_STRATEGIES = ("auto", "gather", "dense")
@@ -193,19 +194,32 @@ def folds_shared(impl: str, routed_rows: int) -> bool:
     return impl == "triton" and routed_rows <= ROWS_KERNEL_MAX
 
 
+def counts_routing(impl: str, routed_rows: int) -> bool:
+    """Whether ``routed_experts(..., counts=...)`` can count the routing in the kernels: impl triton with
+    ``routed_rows`` = T*k in the alignment kernel's range (``moe_blocks.counts_in_alignment``)."""
+    return impl == "triton" and counts_in_alignment(routed_rows)
+
+
 def routed_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor, weights: ExpertWeights,
                    impl: str, *, torch_strategy: str = "auto",
-                   triton_config: TritonMoEConfig | None = None, shared: tuple | None = None) -> torch.Tensor:
+                   triton_config: TritonMoEConfig | None = None, shared: tuple | None = None,
+                   counts: tuple | None = None) -> torch.Tensor:
     """Routed-expert output [T, H] in x's dtype, without a host sync (see the module docstring).
 
     ``torch_strategy`` applies to ``impl="torch"``; ``triton_config`` (a ``TritonMoEConfig``, None
     for ``default_triton_config``) to ``impl="triton"``. ``shared`` = (gate_up [2S, H], down [H, S])
     of the layer's shared expert, only where ``folds_shared``: the output is then routed + shared(x).
+    ``counts`` = (buffer [steps + 1, layers, E], step index [1], layer), only where ``counts_routing``:
+    the rows per expert are added there in the kernels (``DeviceRouting.device_counts``).
     """
     _check_inputs(x, topk_ids, topk_w, weights)
     if shared is not None and impl != "triton":     # the size and tile rule: routed_experts_triton
         raise HarnessError(f"routed_experts: the shared expert folds into impl=triton's per-row kernels only; "
                            f"got impl={impl}")
+    if counts is not None and not counts_routing(impl, topk_ids.numel()):
+        raise HarnessError(f"routed_experts: the routing counts in impl=triton's alignment kernel only, from "
+                           f"{ROWS_KERNEL_MAX + 1} to {ALIGN_KERNEL_MAX_ROWS} routed rows; got impl={impl}, "
+                           f"{topk_ids.numel()} rows")
     if impl == "torch":
         return _routed_torch(x, topk_ids, topk_w, weights, torch_strategy)
     if impl == "grouped_mm":
@@ -219,7 +233,7 @@ def routed_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
             raise HarnessError(f"moe impl triton is unavailable: {reason}", "use impl=grouped_mm or impl=torch")
         from ..kernels import fast_moe_triton
 
-        return fast_moe_triton.routed_experts_triton(x, topk_ids, topk_w, weights, triton_config, shared)
+        return fast_moe_triton.routed_experts_triton(x, topk_ids, topk_w, weights, triton_config, shared, counts)
     raise HarnessError(f"unknown moe impl {impl!r}", f"use one of {IMPLEMENTATIONS}")
 
 

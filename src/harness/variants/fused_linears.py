@@ -30,6 +30,12 @@ from .static_kv import StaticKVCache
 
 #: rows (tokens) up to which the GEMV kernels run; more rows go to cuBLAS
 GEMV_MAX_ROWS = 1
+#: decode rows (one token per sequence) up to which the MoE router is the Triton GEMV + top-k kernel
+#: (``FusedGate``). At batch 32 on an H200 the torch gate took about 17 µs per layer in five kernels
+#: (fp32 GEMM 6.3, top-k 5.9, split-K reduce 2.1, cast 1.5, softmax 1.3), the Triton GEMV and top-k
+#: kernel 2.9 + 2.5 (runs/examples/h200-b32-align/kernels_b32*.txt); the GEMV reads the 164 KB gate
+#: once per row, from L2 after the first
+ROUTER_MAX_ROWS = 128
 #: reduction length up to which the GEMV kernels run (their loop over K is unrolled)
 GEMV_MAX_K = 2048
 #: tiles of the GEMV kernels (a ``gemv_triton.GemvConfig``); None: the kernels' default (the H200's
@@ -160,9 +166,12 @@ class FusedGate(Variant, MoEGate):
     torch.topk(sorted=False)'s order: the set is the same, and the experts' outputs are summed over k
     downstream (equal up to fp32 rounding order)."""
 
-    def routes_in_kernel(self, rows: int) -> bool:
-        """Whether ``forward`` on ``rows`` token rows runs the Triton router."""
-        return gemv_fits(rows, self.weight.shape[1])
+    def routes_in_kernel(self, rows: int, per_sequence: int = 1) -> bool:
+        """Whether ``forward`` on ``rows`` token rows, ``per_sequence`` of them per batch row, runs the
+        Triton router: one token, or a decode step (one token per sequence) of up to
+        ``ROUTER_MAX_ROWS`` sequences (the forced table holds one position per sequence)."""
+        return self.weight.shape[1] <= GEMV_MAX_K and (
+            rows == 1 or (per_sequence == 1 and rows <= ROUTER_MAX_ROWS))
 
     def counts_in_kernel(self, rows: int) -> bool:
         """Whether ``forward`` can count the routing inside the Triton router (one token)."""
@@ -172,7 +181,7 @@ class FusedGate(Variant, MoEGate):
         rows = x.numel() // x.shape[-1]
         if count and not self.counts_in_kernel(rows):
             raise HarnessError("FusedGate: the routing count runs in the Triton router at one token only")
-        if self.routes_in_kernel(rows):
+        if self.routes_in_kernel(rows, rows // x.shape[0] if x.dim() == 3 else rows):
             from ..kernels.router_triton import route
 
             return route(x.reshape(-1, x.shape[-1]), self.weight, self.top_k, self.norm_topk_prob, self.scale,
@@ -212,7 +221,8 @@ class FusedLinears(Converter):
         return {self.manifest_key: (
             f"fused: q/k/v and dense/shared gate/up as one weight each; at <= {GEMV_MAX_ROWS} token(s) Triton GEMV "
             f"kernels for K <= {GEMV_MAX_K}, the router's softmax, top-k, scale and routing count one Triton kernel "
-            "after its GEMV; with the static cache q/k/v, RoPE and the KV write one kernel; with moe_kernel=triton "
+            f"after its GEMV (the router so up to {ROUTER_MAX_ROWS} decode rows); with the static cache q/k/v, RoPE "
+            "and the KV write one kernel; with moe_kernel=triton "
             "the shared expert as extra rows of the routed-expert kernels; cuBLAS otherwise")}
 
 

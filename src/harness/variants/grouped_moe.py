@@ -3,10 +3,11 @@
 ``GroupedMoE`` is the reference ``MoE`` whose routed experts run as ``fast_moe.routed_experts``
 with one kernel (``kernel``: triton | grouped_mm | torch) over the experts stacked once
 (``experts_stacked``: views, the state_dict is unchanged) and whose routing is counted on the
-device (``routing.add_device``, or inside the Triton router with fused linears, at the device step
-index); its gate takes the request's forced experts from the same routing target. ``GROUPED_MOE``
-is the converter; ``resolve_kernel`` says which kernel ``moe_kernel`` gets on a device (or why
-none can run: refused, never replaced).
+device (``routing.add_device``; inside the Triton router with fused linears at one token, inside
+the Triton alignment kernel at batched decode sizes: both at the device step index); its gate takes
+the request's forced experts from the same routing target. ``GROUPED_MOE`` is the converter;
+``resolve_kernel`` says which kernel ``moe_kernel`` gets on a device (or why none can run: refused,
+never replaced).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from ..kernels.availability import triton_available
 from ..models.llm import MoE
 from .base import Converter, Variant, need, swap
 from .engine import attach
-from .fast_moe import folds_shared, grouped_mm_available, routed_experts, stacked
+from .fast_moe import counts_routing, folds_shared, grouped_mm_available, routed_experts, stacked
 from .fused_linears import FusedGate, FusedSwiGLU
 
 
@@ -28,19 +29,24 @@ class GroupedMoE(Variant, MoE):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        in_kernel = self.routing is not None and isinstance(self.gate, FusedGate) and \
+        in_router = self.routing is not None and isinstance(self.gate, FusedGate) and \
             self.gate.counts_in_kernel(x.numel() // shape[-1])
-        if in_kernel:
+        counts = None
+        if in_router:
             idx, w = self.gate(x, self.routing, count=True)
         else:
             idx, w = self.gate(x, self.routing)
             if self.routing is not None:
-                self.routing.add_device(self.layer_idx, idx)
+                counts = self.routing.device_counts() if counts_routing(self.kernel, idx.numel()) else None
+                if counts is None:
+                    self.routing.add_device(self.layer_idx, idx)
+                else:                       # in the Triton alignment kernel, at the device step index
+                    counts = (*counts, self.layer_idx)
         sh = self.shared_experts
         if self.shares_kernels(idx.numel()):
             return routed_experts(x.reshape(-1, shape[-1]), idx, w, self.experts_stacked, self.kernel,
                                   shared=(sh.gate_up_weight, sh.down_proj.weight)).view(*shape)
-        y = routed_experts(x.reshape(-1, shape[-1]), idx, w, self.experts_stacked, self.kernel)
+        y = routed_experts(x.reshape(-1, shape[-1]), idx, w, self.experts_stacked, self.kernel, counts=counts)
         return y.view(*shape) + self.shared_experts(x)
 
     def shares_kernels(self, routed_rows: int) -> bool:

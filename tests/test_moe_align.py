@@ -1,0 +1,114 @@
+"""The one-program alignment kernel (``kernels.moe_align_triton``; the interpreter on the CPU) against
+the torch path (``moe_blocks.align_rows_to_blocks``), whose exact layout ``test_fast_moe`` pins by
+hand: every output is an integer, so equal means bit for bit."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import DEV, needs_triton
+from harness.errors import HarnessError
+from harness.kernels.moe_blocks import align_rows_to_blocks
+
+pytestmark = needs_triton
+
+
+def _random_ids(T, k, E, seed, experts_used=None):
+    """[T, k] int64: each token's k distinct experts, drawn from the first ``experts_used`` (all by default)."""
+    g = torch.Generator().manual_seed(seed)
+    pool = experts_used or E
+    return torch.stack([torch.randperm(pool, generator=g)[:k] for _ in range(T)]).to(DEV)
+
+
+def _same(got, want):
+    assert got.max_blocks == want.max_blocks and got.num_rows == want.num_rows and got.block_m == want.block_m
+    for name in ("sorted_rows", "block_expert", "num_padded"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype == torch.int32, name
+        assert torch.equal(a.cpu(), b.cpu()), name
+
+
+def test_align_kernel_hand_case():
+    """The hand-derived layout of ``test_fast_moe.test_expert_counts_and_block_alignment_exact``."""
+    from harness.kernels.moe_align_triton import align_rows
+
+    ids = torch.tensor([[2, 0], [2, 1], [0, 2]], device=DEV)
+    al = align_rows(ids, 4, 4)
+    pad = 6
+    assert al.sorted_rows.tolist() == [1, 4, pad, pad, 3, pad, pad, pad, 0, 2, 5, pad] + [pad] * 8
+    assert al.block_expert.tolist() == [0, 1, 2, 3, 3]
+    assert al.num_padded.tolist() == [12]
+
+
+@pytest.mark.parametrize("T,k,E,block_m,used", [
+    (32, 6, 64, 16, None),      # batch-32 decode, balanced routing: ~61 experts
+    (32, 6, 64, 16, 8),         # the random weights' routing: a few experts, several blocks each
+    (8, 6, 64, 16, None),
+    (3, 2, 10, 4, None),        # E not a power of two
+    (85, 6, 64, 32, 20),        # 510 rows, 32-row blocks
+    (128, 6, 64, 16, None),     # batch 128: 768 rows
+    (5, 1, 3, 16, None),
+])
+def test_align_kernel_equals_torch(T, k, E, block_m, used):
+    from harness.kernels.moe_align_triton import align_rows
+
+    ids = _random_ids(T, k, E, seed=T * 7 + E, experts_used=used)
+    _same(align_rows(ids, E, block_m), align_rows_to_blocks(ids, E, block_m))
+
+
+def test_align_kernel_counts_at_the_device_step():
+    """The per-expert rows added at (min(step, steps), layer); other rows and layers untouched."""
+    from harness.kernels.moe_align_triton import align_rows
+
+    ids = torch.tensor([[3, 1], [3, 0], [1, 3]], device=DEV)
+    buf = torch.zeros(4, 2, 5, dtype=torch.int64, device=DEV)
+    buf[2, 1, 4] = 7                                      # an earlier count stays
+    step = torch.tensor([2], device=DEV)
+    align_rows(ids, 5, 16, counts=(buf, step, 1))
+    want = torch.zeros(4, 2, 5, dtype=torch.int64)
+    want[2, 1] = torch.tensor([1, 2, 0, 3, 7])
+    assert torch.equal(buf.cpu(), want)
+    step.fill_(9)                                         # past the plan: the last row (steps = 3)
+    align_rows(ids, 5, 16, counts=(buf, step, 0))
+    want[3, 0] = torch.tensor([1, 2, 0, 3, 0])
+    assert torch.equal(buf.cpu(), want)
+
+
+def test_align_kernel_refuses():
+    from harness.kernels.moe_align_triton import ALIGN_KERNEL_MAX_ROWS, align_rows
+
+    with pytest.raises(HarnessError, match="routed rows"):
+        align_rows(torch.zeros(ALIGN_KERNEL_MAX_ROWS + 1, 1, dtype=torch.int64, device=DEV), 4, 16)
+    ids = torch.zeros(2, 1, dtype=torch.int64, device=DEV)
+    with pytest.raises(HarnessError, match="counts need"):
+        align_rows(ids, 4, 16, counts=(torch.zeros(3, 2, 5, dtype=torch.int64, device=DEV),
+                                       torch.zeros(1, dtype=torch.int64, device=DEV), 0))
+
+
+@pytest.mark.gpu
+def test_gpu_align_under_torch_compile_and_graph_equals_torch():
+    """Dynamo traces the kernel without a graph break (fullgraph); a CUDA graph replays it with the
+    step index moved on the device; layouts equal the torch path's, counts land at each replay's row."""
+    from harness.kernels.moe_align_triton import align_rows
+
+    ids = _random_ids(32, 6, 64, seed=3).cuda()
+    want = align_rows_to_blocks(ids, 64, 16)
+    buf = torch.zeros(3, 2, 64, dtype=torch.int64, device="cuda")
+    step = torch.zeros(1, dtype=torch.int64, device="cuda")
+    fn = torch.compile(lambda i: align_rows(i, 64, 16, counts=(buf, step, 1)), fullgraph=True, dynamic=False)
+    _same(fn(ids), want)
+    _same(align_rows(ids, 64, 16, counts=(buf, step, 1)), want)        # eager: compiled before the capture
+    assert torch.equal(buf[0, 1], 2 * torch.bincount(ids.view(-1), minlength=64))
+    buf.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = align_rows(ids, 64, 16, counts=(buf, step, 1))
+    step.fill_(1)
+    graph.replay()
+    step.add_(1)
+    graph.replay()
+    torch.cuda.synchronize()
+    _same(out, want)
+    per_expert = torch.bincount(ids.view(-1), minlength=64)
+    assert torch.equal(buf[1:, 1], torch.stack([per_expert, per_expert]))     # one replay at row 1, one at 2
+    assert int(buf[0].sum()) == 0 and int(buf[:, 0].sum()) == 0
