@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # GPU evidence for issue 24's batched decode (2026-11-27), one device call per card. Carry .whl. Results under $OUT.
-#   bash scripts/device/wave5.sh b32k attn moe   # b32 balanced ladder row + its step's kernels; attention and MoE tile sweeps
-#   bash scripts/device/wave5.sh tests b32 b8     # GPU tests of the batched router / alignment; ladder rows, both routings
-#   bash scripts/device/wave5.sh b64 tp128        # batch 64 rows; pipeline pages/s at batch 128, balanced, 620 +- 150 tokens
+#   bash scripts/device/wave5.sh b32k attn moe  # b32 balanced ladder row + its step's kernels; attention, MoE tiles
+#   bash scripts/device/wave5.sh tests b32 b8    # GPU tests of the batched router / alignment; ladder, both routings
+#   bash scripts/device/wave5.sh b64 tp128       # batch 64 rows; pages/s at batch 128, balanced, 620 +- 150 tokens
 set -u
 set -o pipefail
 source scripts/device_setup.sh
 OUT=${OUT:-device-out}; mkdir -p "$OUT"
-quiet() { grep -v "^USDT\|UserWarning\|_warn_once\|==PROF==\|warnings.warn\|FutureWarning\|repeat [0-9]*/\|warm-up [0-9]" ; }
+quiet() { grep -v "^USDT\|UserWarning\|_warn_once\|==PROF==\|warnings.warn\|FutureWarning\|repeat [0-9]*/" ; }
 ladder() {  # ladder NAME CASES...: the optimize experiment's rows, kernels profiled; report + step kernels to $OUT/NAME
   name=$1; shift; cases=$(IFS=,; echo "$*")
   timeout 400 python -m harness run +experiment=optimize "run.only=[$cases]" measure.kernels=true \
@@ -26,8 +26,9 @@ for section in "$@"; do
     b32)  ladder b32 best-b32-balanced best-b32 ;;
     b8)   ladder b8 best-b8-balanced best-b8 ;;
     b64)  ladder b64 best-b64-balanced best-b64 ;;
-    tp128) timeout 500 python -m harness run +experiment=throughput 'throughput.tokens={mean: 620, spread: 150, seed: 0}' \
-             workload.routing=balanced 'throughput.batches=[128]' run.root=/tmp/tp128 2>&1 | quiet | tail -12 \
+    tp128) timeout 500 python -m harness run +experiment=throughput \
+             'throughput.tokens={mean: 620, spread: 150, seed: 0}' workload.routing=balanced \
+             'throughput.batches=[128]' run.root=/tmp/tp128 2>&1 | quiet | tail -12 \
              | tee "$OUT/tp128.log"
            for d in /tmp/tp128/*/; do (cd "$d" && tar czf "$OUT/tp128.tgz" --exclude=traces .); done ;;
     b1)   ladder b1 best-fused ;;
