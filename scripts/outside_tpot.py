@@ -6,14 +6,15 @@
 For each case of ``conf/experiment/optimize.yaml`` named in ``--cases``, the reference model (random
 weights, seed 0, bf16, built once) runs that case's execution (``variants.apply``) on one synthetic
 page of the ladder's mode (base) under the case's routing (``routing``: the weights' own, or
-balanced), and ``generate()`` of 2 tokens (vision, prefill, 1 decode step) and of 130 tokens (vision, prefill, 129 decode steps) run back to back, each between
-``torch.cuda.synchronize()`` calls and timed with ``time.perf_counter``; ``--repeats`` pairs after
-``--warmup`` pairs (the first builds and captures the decoder). TPOT of a pair = (t130 - t2) / 128:
-the 128 extra decode steps, everything else (vision, prefill, the result's routing read-back) in
-both. Printed (measured): the median TPOT over the pairs with its min-max, the medians of t2 and
-t130, tok/s = 1000 / TPOT; with ``--ladder RUN_DIR``, the ladder's ``tpot_mean_ms`` and
-``tpot_p50_ms`` of the same case (``headline.csv``: CUDA events around each decode step, median
-request) and the ratio outside / ladder mean (issue 24 asks for it within 3%).
+balanced), and ``generate()`` of 2 tokens (vision, prefill, 1 decode step) and of 130 tokens
+(vision, prefill, 129 decode steps) run back to back, each between ``torch.cuda.synchronize()``
+calls and timed with ``time.perf_counter``; ``--repeats`` pairs after ``--warmup`` pairs (the first
+builds and captures the decoder). TPOT of a pair = (t130 - t2) / 128: the 128 extra decode steps,
+everything else (vision, prefill, the result's routing read-back) in both. Printed (measured): the
+median TPOT over the pairs with its min-max, the medians of t2 and t130, tok/s = 1000 / TPOT; with
+``--ladder RUN_DIR``, the ladder's ``tpot_mean_ms`` and ``tpot_p50_ms`` of the same case
+(``headline.csv``: CUDA events around each decode step, median request) and the ratio outside /
+ladder mean (issue 24 asks for it within 3%).
 
 Both requests get the same static cache (``static_cache_len`` = prompt + 130 rounded up to 64, as
 the ladder's 128-token request rounds), so they run one decoder. ``vision_compile`` is turned off

@@ -6,6 +6,7 @@ every kernel of the package for Triton's numpy interpreter (CPU tensors, tests o
 modules import this one, so the flag is read once, here (``INTERPRETED``).
 
 - ``check_runnable(x)``: refuse CUDA inputs when the kernels were defined for the interpreter.
+- ``check_counts(...)``: refuse a routing-count buffer and step index a counting kernel cannot write.
 - ``emulates_bf16_rne(dtype)``: the ``EMULATE_BF16_RNE`` flag a launch passes for that activation dtype.
 - ``rne(x, EMULATE_BF16_RNE)``: fp32 nudged so a following cast to bf16 rounds to nearest-even
   (the interpreter truncates).
@@ -38,6 +39,19 @@ def check_runnable(x: torch.Tensor) -> None:
     if x.device.type == "cuda" and INTERPRETED:
         raise HarnessError("the Triton kernels were imported with TRITON_INTERPRET=1; they cannot run on CUDA",
                            "unset TRITON_INTERPRET in the process that runs on the GPU")
+
+
+def check_counts(who: str, buf: torch.Tensor, step: torch.Tensor, layer: int, experts: int, device) -> None:
+    """Refuse a routing-count target a kernel cannot write: ``buf`` must be a contiguous int64
+    [steps + 1, layers, experts] buffer holding ``layer``, ``step`` an int64 [1] index, both on
+    ``device`` (``DeviceRouting.device_counts``; the kernels add at row min(step, steps))."""
+    device = torch.device(device)
+    if (buf.dim() != 3 or buf.dtype != torch.int64 or not buf.is_contiguous() or buf.device != device
+            or buf.shape[2] != experts or not 0 <= layer < buf.shape[1] or step.dtype != torch.int64
+            or step.numel() != 1 or step.device != device):
+        raise HarnessError(f"{who}: counts need a contiguous int64 buffer [steps + 1, layers, {experts}] holding "
+                           f"layer {layer} and an int64 step index [1] on {device}; got {buf.dtype} "
+                           f"{tuple(buf.shape)} on {buf.device}, step {step.dtype} {tuple(step.shape)}")
 
 
 def emulates_bf16_rne(dtype: torch.dtype) -> bool:

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .common import check_runnable
+from .common import check_counts, check_runnable
 from .moe_blocks import ALIGN_KERNEL_MAX_ROWS, BlockAlignment
 
 
@@ -95,12 +95,7 @@ def align_rows(topk_ids: torch.Tensor, num_experts: int, block_m: int, counts: t
     shift = torch.empty(experts_pow2, dtype=torch.int32, device=dev)
     if counts is not None:
         buf, step, layer = counts
-        if (buf.dim() != 3 or buf.dtype != torch.int64 or not buf.is_contiguous() or buf.device != dev
-                or buf.shape[2] != num_experts or not 0 <= layer < buf.shape[1] or step.dtype != torch.int64
-                or step.numel() != 1 or step.device != dev):
-            raise HarnessError(f"align_rows: counts need a contiguous int64 buffer [steps + 1, layers, {num_experts}] "
-                               f"holding layer {layer} and an int64 step index [1] on {dev}; got {buf.dtype} "
-                               f"{tuple(buf.shape)} on {buf.device}, step {step.dtype} {tuple(step.shape)}")
+        check_counts("align_rows", buf, step, layer, num_experts, dev)
     else:
         buf, step, layer = num_padded, num_padded, 0
     rows_pow2 = triton.next_power_of_2(num_rows)

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .common import check_runnable
+from .common import check_counts, check_runnable
 
 
 @triton.jit
@@ -94,14 +94,9 @@ def _topk_kernel(logits_ptr, idx_ptr, wt_ptr, counts_ptr, step_ptr, steps, n_lay
 
 
 def _check_counts(counts: tuple, x: torch.Tensor, E: int, layer: int) -> None:
-    buf, step = counts
-    T = x.shape[0]
-    if (T != 1 or buf.dim() != 3 or buf.dtype != torch.int64 or not buf.is_contiguous() or buf.device != x.device
-            or buf.shape[2] != E or not 0 <= layer < buf.shape[1] or step.dtype != torch.int64 or step.numel() != 1
-            or step.device != x.device):
-        raise HarnessError(f"route: counts need one token, a contiguous int64 buffer [steps + 1, layers, {E}] with "
-                           f"layer {layer} and an int64 step index [1] on {x.device}; got T={T}, {buf.dtype} "
-                           f"{tuple(buf.shape)} on {buf.device}, step {step.dtype} {tuple(step.shape)}")
+    if x.shape[0] != 1:
+        raise HarnessError(f"route: the routing counts in the kernel at one token only; got T={x.shape[0]}")
+    check_counts("route", *counts, layer, E, x.device)
 
 
 def _check_forced(forced: tuple, x: torch.Tensor, top_k: int, layer: int) -> None:

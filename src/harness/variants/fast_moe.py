@@ -50,9 +50,8 @@ from torch import nn
 
 from ..errors import HarnessError
 from ..kernels.availability import triton_available
-from ..kernels.moe_blocks import (ALIGN_KERNEL_MAX_ROWS, ROWS_KERNEL_MAX, BlockAlignment,  # noqa: F401 (re-exported)
-                                  TritonMoEConfig, align_rows_to_blocks, counts_in_alignment, default_triton_config,
-                                  expert_counts)
+from ..kernels.moe_blocks import (ROWS_KERNEL_MAX, BlockAlignment, TritonMoEConfig,  # noqa: F401 (re-exported)
+                                  align_rows_to_blocks, counts_in_alignment, default_triton_config, expert_counts)
 
 IMPLEMENTATIONS = ("torch", "grouped_mm", "triton")
 TORCH_STRATEGIES = ("auto", "gather", "dense")
@@ -216,10 +215,8 @@ def routed_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
     if shared is not None and impl != "triton":     # the size and tile rule: routed_experts_triton
         raise HarnessError(f"routed_experts: the shared expert folds into impl=triton's per-row kernels only; "
                            f"got impl={impl}")
-    if counts is not None and not counts_routing(impl, topk_ids.numel()):
-        raise HarnessError(f"routed_experts: the routing counts in impl=triton's alignment kernel only, from "
-                           f"{ROWS_KERNEL_MAX + 1} to {ALIGN_KERNEL_MAX_ROWS} routed rows; got impl={impl}, "
-                           f"{topk_ids.numel()} rows")
+    if counts is not None and impl != "triton":    # the row rule: routed_experts_triton
+        raise HarnessError(f"routed_experts: the routing counts in impl=triton's alignment kernel only; got impl={impl}")
     if impl == "torch":
         return _routed_torch(x, topk_ids, topk_w, weights, torch_strategy)
     if impl == "grouped_mm":
