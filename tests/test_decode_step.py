@@ -231,6 +231,8 @@ def test_refusals():
     assert "\n" not in str(exc.value)
     with pytest.raises(HarnessError, match=r"DecodeStepConfig.qkv=\(4, 2, 0\): 2 entries expected"):
         FusedDecodeStep(w, cache, pos, config=DecodeStepConfig(qkv=(4, 2, 0)))
+    with pytest.raises(HarnessError, match=r"lm_head_stages=1: 0 \(register double buffer\) or 2-6"):
+        FusedDecodeStep(w, cache, pos, config=DecodeStepConfig(lm_head_stages=1))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the script's refusal without CUDA")

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from conftest import DEV, needs_triton
 from harness.models.llm import MoEGate, RMSNorm, RotaryEmbedding, rotate_half
+from harness.errors import HarnessError
 
 pytestmark = needs_triton
 
@@ -216,10 +217,9 @@ def test_route_normalises_then_matches_moegate(dtype, E, top_k, norm, scale):
     assert (b["wts"][:-1] >= b["wts"][1:]).all() and int(b["sem"]) == 0
 
 
-def test_route_counts_per_step_and_takes_a_forced_table():
-    """counts[min(step, steps), layer, e] += 1 for each chosen e (step read on the device; a buffer of
-    steps + 1 = 3 rows: step 1 counts into row 1, steps 2 and 5 into the last row); a forced table
-    replaces the top-k by its experts at the device position, weighted by their softmax probabilities."""
+def test_route_takes_a_forced_table():
+    """A forced table replaces the top-k by its experts at the device position, weighted by their
+    softmax probabilities."""
     k = kt()
     g = torch.Generator().manual_seed(11)
     H, E, top_k, layer = 64, 8, 2, 1
@@ -227,23 +227,45 @@ def test_route_counts_per_step_and_takes_a_forced_table():
     xn = vendor_norm(h[None], ln, 0.0)
     probs = F.linear(xn, w).softmax(-1)[0]
     b = _router_buffers(H, E, top_k, torch.float32)
-    counts = torch.zeros(3, 2, E, dtype=torch.int64, device=DEV)
-    step = torch.tensor([1], device=DEV)
     args = (*on(h, ln, w), b["xn"], b["logits"], b["sem"], b["ids"], b["wts"], 0.0, top_k, False, 1.0)
-    k.route(*args, counts=(counts, step, layer), tile=(4, 2))
-    want = torch.zeros(3, 2, E, dtype=torch.int64)
-    want[1, layer, probs.topk(top_k).indices] = 1
-    assert torch.equal(counts.cpu(), want)
-    for last in (2, 5):                                    # the last row, and past it: the last row
-        step.fill_(last)
-        k.route(*args, counts=(counts, step, layer), tile=(4, 2))
-    want[2, layer, probs.topk(top_k).indices] = 2
-    assert torch.equal(counts.cpu(), want)
     table = torch.zeros(1, 6, 2, top_k, dtype=torch.int64)
     table[0, 4, layer] = torch.tensor([5, 0])              # position 4, this layer: experts 5 and 0
     k.route(*args, forced=(table.to(DEV), torch.tensor([4], device=DEV), layer), tile=(4, 2))
     assert b["ids"].cpu().tolist() == [5, 0]
     assert torch.allclose(b["wts"].cpu(), probs[[5, 0]], rtol=1e-6, atol=0)
+
+
+def test_lm_head_counts_the_routing_of_every_moe_layer_per_step():
+    """counts[min(step, steps), l, e] += 1 for the experts e = ids[l] of each MoE layer l listed (the
+    dense layer 0's row of ids is not counted), at the step index read on the device (a buffer of
+    steps + 1 = 3 rows: step 1 counts into row 1, steps 2 and 5 into the last row), once per launch
+    whatever the number of programs (4 here); counts without the step index are refused."""
+    k = kt()
+    g = torch.Generator().manual_seed(12)
+    H, V, E = 64, 40, 8
+    h, ln, w = norm_exact_row(H, g), torch.ones(H), grid((V, H), g)
+    ids = torch.tensor([[7, 7], [6, 1], [3, 0]])                # layer 0 dense: its row is ignored
+    moe = torch.tensor([1, 2])
+    counts = torch.zeros(3, 3, E, dtype=torch.int64, device=DEV)
+    logits, pmax, pidx = torch.zeros(V, device=DEV), torch.zeros(4, device=DEV), torch.zeros(4, dtype=torch.int32,
+                                                                                               device=DEV)
+    sem, token, pos = torch.zeros(1, dtype=torch.int32, device=DEV), torch.zeros(1, dtype=torch.int64, device=DEV), \
+        torch.tensor([3], device=DEV)
+    step = torch.tensor([1], device=DEV)
+    args = (*on(h, ln, w), logits, pmax, pidx, sem, token, pos, 0.0)
+    k.lm_head_argmax(*args, step=step, counts=(counts, *on(ids, moe)), tile=(8, 4))
+    want = torch.zeros(3, 3, E, dtype=torch.int64)
+    want[1, 1, [6, 1]] = 1
+    want[1, 2, [3, 0]] = 1
+    assert torch.equal(counts.cpu(), want) and int(step) == 2
+    k.lm_head_argmax(*args, step=step, counts=(counts, *on(ids, moe)), tile=(8, 4))   # step 2: the last row
+    step.fill_(5)
+    k.lm_head_argmax(*args, step=step, counts=(counts, *on(ids, moe)), tile=(8, 4))   # past it: the last row
+    want[2, 1, [6, 1]] = 2
+    want[2, 2, [3, 0]] = 2
+    assert torch.equal(counts.cpu(), want)
+    with pytest.raises(HarnessError, match="counts need the device step index"):
+        k.lm_head_argmax(*args, counts=(counts, *on(ids, moe)), tile=(8, 4))
 
 
 def test_route_ties_go_to_the_lowest_index():
@@ -332,11 +354,13 @@ def test_moe_down_weights_sums_adds_shared_and_residual(dtype):
     assert_exact(hd, want, dtype)
 
 
+@pytest.mark.parametrize("stages", [0, 3])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_lm_head_argmax_picks_the_first_maximum_across_programs(dtype):
+def test_lm_head_argmax_picks_the_first_maximum_across_programs(dtype, stages):
     """logits = lm_head(norm(h)) in the dtype bit for bit; the token is the first index of the
     maximum (torch.argmax) when equal maxima sit in different programs' row ranges and twice in one
-    tile; the position and the step index advance by one, the counter is back at zero."""
+    tile; the position and the step index advance by one, the counter is back at zero. Both loops:
+    the register double buffer (stages 0) and the software-pipelined one (stages 3)."""
     k = kt()
     g = torch.Generator().manual_seed(23)
     H, V = 64, 150
@@ -356,7 +380,8 @@ def test_lm_head_argmax_picks_the_first_maximum_across_programs(dtype):
     sem, token = torch.zeros(1, dtype=torch.int32, device=DEV), torch.zeros(1, dtype=torch.int64, device=DEV)
     pos, step = torch.tensor([30], device=DEV), torch.tensor([5], device=DEV)
     xn_out = torch.zeros(H, dtype=dtype, device=DEV)
-    k.lm_head_argmax(*on(h, ln, w), logits, pmax, pidx, sem, token, pos, 0.0, step=step, xn_out=xn_out, tile=(8, 4))
+    k.lm_head_argmax(*on(h, ln, w), logits, pmax, pidx, sem, token, pos, 0.0, step=step, xn_out=xn_out, tile=(8, 4),
+                     stages=stages)
     assert_exact(logits, want_logits, dtype, F.linear(xn.abs().double(), w.abs().double())[0])
     assert_exact(xn_out, xn[0], dtype)
     assert int(token) == 97 and int(pos) == 31 and int(step) == 6 and int(sem) == 0

@@ -16,7 +16,8 @@ for section in "$@"; do
     b1)    timeout 300 python -m harness run +experiment=optimize 'run.only=[best,best-fused]' measure.kernels=true \
              measure.profile_steps=4 measure.trace=false run.root=/tmp/b1 2>&1 | quiet | tail -8 | tee "$OUT/b1.log"
            python scripts/device/headline_keys.py /tmp/b1/*/ 2>/dev/null | tee -a "$OUT/b1.log"
-           for d in /tmp/b1/*/; do (cd "$d" && tar czf "$OUT/b1.tgz" --exclude=traces .); done ;;
+           python scripts/device/step_kernels.py /tmp/b1/*/ --case best-fused > "$OUT/b1_kernels.txt" 2>&1
+           for d in /tmp/b1/*/; do (cd "$d" && tar czf "$OUT/b1.tgz" --exclude=traces --exclude=kernels.csv .); done ;;
     outside) ladder_dir=$(ls -d /tmp/b1/*/ 2>/dev/null | head -1)
              timeout 200 python scripts/outside_tpot.py --cases best best-fused ${ladder_dir:+--ladder $ladder_dir} \
                2>&1 | grep -v "UserWarning\|warn" | tail -12 | tee "$OUT/outside.log" ;;

@@ -16,11 +16,12 @@ diagnostics run them one at a time.
 
 ``DecodeWeights`` holds what a step reads (model-side code builds it: ``variants.fused_step``;
 this package imports no model). Options: ``counts`` = (int64 [steps + 1, layers, experts], int64
-[1] step index on the device): the router adds 1 per chosen expert at [min(step, steps), layer]
-and the step end advances the index. ``forced``: int64 [rows, positions, layers, k] expert ids:
-each MoE layer takes table[0, pos, layer] (and their softmax probabilities) instead of its top-k;
-it must hold a row for every position the step runs at (the cache length). ``pdl``: programmatic
-dependent launch (Hopper; ``decode_step_triton.pdl_support``), refused where it cannot run.
+[1] step index on the device): the step end adds 1 per chosen expert of each MoE layer at
+[min(step, steps), layer] (before it waits: off the critical path) and advances the index.
+``forced``: int64 [rows, positions, layers, k] expert ids: each MoE layer takes table[0, pos,
+layer] (and their softmax probabilities) instead of its top-k; it must hold a row for every
+position the step runs at (the cache length). ``pdl``: programmatic dependent launch (Hopper;
+``decode_step_triton.pdl_support``), refused where it cannot run.
 ``debug``: the q/k/v and lm_head kernels also write their RMSNorm output to ``norm_out`` [H].
 """
 from __future__ import annotations
@@ -50,7 +51,11 @@ class DecodeStepConfig:
     over a balanced range of tiles; 0: one program per tile). ``attention``: (keys per split,
     num_warps); ``router``: (gate rows per program, num_warps). ``sms``: the SM count lm_head's
     programs per SM multiply (None: the device's on CUDA, 4 elsewhere). ``gate_up_norm``: the MoE
-    gate/up kernel recomputes RMSNorm(h) itself instead of reading the router's.
+    gate/up kernel recomputes RMSNorm(h) itself instead of reading the router's. ``lm_head_stages``:
+    0, each lm_head program holds its next tile in registers; 2-6, its tiles stream through Triton's
+    software pipeline with that many stages (``decode_step_triton.lm_head_argmax``); 4 on an H200
+    (``scripts/device/step_ablation.py --configs``, counted routing): 500.3 µs per step against 519.1
+    with 0 and 497.1 with 3 (lm_head alone 80.6 µs, 4.1 TB/s, against 104.7 µs before).
     Defaults: the combined pick of a tile sweep (``scripts/bench_decode_step.py --sweep``, then run
     around the first version's tiles: qkv (4, 4), attention (32, 4), down (2, 8), dense_down
     (1, 4, 4), the others as here) on an H100 80GB HBM3 (PDL, CUDA graph, positions 286..485):
@@ -68,6 +73,7 @@ class DecodeStepConfig:
     lm_head: tuple = (8, 8, 2)
     sms: Optional[int] = None
     gate_up_norm: bool = False
+    lm_head_stages: int = 4
 
     def check(self) -> None:
         for name in _TILES:
@@ -82,6 +88,9 @@ class DecodeStepConfig:
                                    "num_warps one of 1, 2, 4, 8, 16")
             if third and tile[2] < third[1]:
                 raise HarnessError(f"DecodeStepConfig.{name}={tile}: {third[0]} must be >= {third[1]}")
+        if self.lm_head_stages not in (0, 2, 3, 4, 5, 6):
+            raise HarnessError(f"DecodeStepConfig.lm_head_stages={self.lm_head_stages}: 0 (register double "
+                               "buffer) or 2-6 (software-pipelined stages) expected")
         if self.sms is not None and self.sms < 1:
             raise HarnessError(f"DecodeStepConfig.sms={self.sms} must be >= 1 (or None)")
 
@@ -176,11 +185,12 @@ class FusedDecodeStep:
         cos, sin = w.rotary(torch.zeros(1, dtype=dt, device=dev), torch.arange(L, device=dev)[None])
         self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()
         self.logits = zeros(w.lm_head.shape[0])
+        self.moe_layers = torch.tensor([i for i, lw in enumerate(w.layers) if lw.moe], dtype=torch.int64, device=dev)
         if moe:
             E, inter = moe[0].experts_down.shape[0], moe[0].experts_down.shape[2]
             parts = moe[0].down.shape[1] // inter
             self.xn, self.router_logits, self.router_sem = zeros(H), zeros(E, dtype=f32), zeros(1, dtype=i32)
-            self.ids = zeros(len(w.layers), w.top_k, dtype=torch.int64)
+            self.ids = zeros(len(w.layers), w.top_k, dtype=torch.int64)     # the rows of MoE layers are used
             self.wts = zeros(len(w.layers), w.top_k, dtype=f32)
             self.moe_act = zeros(parts + w.top_k, inter)        # rows: the shared parts, then the routed slots
         if dense:
@@ -285,13 +295,12 @@ class FusedDecodeStep:
                 ("o_proj", i, p(k.down_residual, self.attn_out.view(o_parts, -1), lw.o, self.h, tile=cfg.o_proj[:2],
                                 pdl=pdl))]
             if lw.moe:
-                counts = (self.counts[0], self.counts[1], i) if self.counts is not None else None
                 forced = (self.forced, self.pos, i) if self.forced is not None else None
                 norm = cfg.gate_up_norm
                 calls += [
                     ("router", i, p(k.route, self.h, lw.ln_post, lw.router, self.xn, self.router_logits,
                                     self.router_sem, self.ids[i], self.wts[i], w.eps, w.top_k, w.norm_topk, w.scale,
-                                    counts=counts, forced=forced, tile=cfg.router, pdl=pdl)),
+                                    forced=forced, tile=cfg.router, pdl=pdl)),
                     ("gate_up", i, p(k.gate_up, self.h if norm else self.xn, lw.gate_up, self.moe_act,
                                      ln=lw.ln_post if norm else None, eps=w.eps, experts_gate_up=lw.experts_gate_up,
                                      ids=self.ids[i], tile=cfg.gate_up, pdl=pdl)),
@@ -306,7 +315,9 @@ class FusedDecodeStep:
         calls.append(("lm_head", len(w.layers), p(
             k.lm_head_argmax, self.h, w.norm, w.lm_head, self.logits, self.lm_pmax, self.lm_pidx, self.lm_sem,
             self.token, self.pos, w.eps, step=self.counts[1] if self.counts is not None else None,
-            xn_out=self.norm_out, tile=cfg.lm_head[:2], pdl=pdl)))
+            counts=(self.counts[0], self.ids, self.moe_layers) if self.counts is not None and self.moe_layers.numel()
+            else None,
+            xn_out=self.norm_out, tile=cfg.lm_head[:2], stages=cfg.lm_head_stages, pdl=pdl)))
         return calls
 
     @property

@@ -12,7 +12,7 @@ Per layer (h: the residual stream [H] in the activation dtype, updated in place)
    reduction cut into ``parts`` equal pieces, summed in fp32 and rounded once).
 4. MoE layer: ``_router_kernel``: RMSNorm(h) (program 0 writes it, ``xn``), fp32 gate GEMV over
    many programs, then the last program to finish: softmax, top-k by rank (or the experts of a
-   forced routing table), renormalisation and scale, the routing count. Dense layer: nothing.
+   forced routing table), renormalisation and scale. Dense layer: nothing.
 5. ``_gate_up_kernel``: silu(gate(x)) * up(x) rows of the shared expert's P parts and of the k
    routed experts (dense layer: the SwiGLU's rows, with RMSNorm(h) recomputed once per program).
 6. ``_down_kernel``: the P shared (or dense) parts and the k routed rows times their down_proj
@@ -22,9 +22,11 @@ Per layer (h: the residual stream [H] in the activation dtype, updated in place)
 
 Step end: ``_lm_head_argmax_kernel``: every program (about two per SM) recomputes RMSNorm(h) and
 streams a contiguous, balanced range of lm_head rows (the next tile loaded while the current one
-is reduced), writes the logits in the activation dtype and keeps the first index of its maximum;
-the last program to finish picks the token (first index of the max, as torch.argmax), writes it
-into the token buffer the next step reads, advances the device position (and the step index).
+is reduced, or with ``STAGES`` through Triton's software pipeline), writes the logits in the
+activation dtype and keeps the first index of its maximum; the last program to finish picks the
+token (first index of the max, as torch.argmax), writes it into the token buffer the next step
+reads, advances the device position (and the step index). With routing counts, program 0 adds the
+step's experts of every MoE layer first.
 
 Work split (q/k/v, gate/up, down): one program per tile, no loop. A tile is ``BLOCK`` rows of one
 matrix: pairs of q/k/v columns (a and a + HALF of one head); columns of the expert width of one
@@ -45,9 +47,10 @@ here triggers after its wait: the attention's split 0 of each head always has ke
 wait a kernel may read, besides weights, what was written two or more launches earlier (``.cg``
 loads: from L2, past the SM's L1): the attention reads the position and the cached keys/values of
 earlier positions, the q/k/v kernel of every layer but the first the position (and its RoPE table
-row), the down kernel the router's experts and gate weights (and so its routed rows). No kernel
-writes anything before its wait. Without PDL ``gdc_*`` are not emitted and the same code runs as
-plain kernels.
+row), the down kernel the router's experts and gate weights (and so its routed rows), the lm_head
+kernel every MoE layer's experts and the device step index. No kernel writes anything before its
+wait but the lm_head kernel's routing counts (atomic adds into a buffer no kernel of the step
+reads). Without PDL ``gdc_*`` are not emitted and the same code runs as plain kernels.
 
 Roundings are the vendor's (eager bf16): RMSNorm in fp32 (the mean rounded, then + eps rounded:
 ``fp32_rounded`` keeps them two operations), ``x * rsqrt`` rounded, times the weight, rounded;
@@ -63,7 +66,10 @@ tensors (tests), where ``EMU`` rounds fp32 -> bf16 to nearest-even as compiled c
 Tried and dropped (H200, ``scripts/bench_decode_step.py --sweep``, 2026-11-27): weights sent to L2 ahead
 of their kernel with ``cp.async.bulk.prefetch.L2`` - the chosen experts' 41 MB from the router's last
 program (one SM issuing every bulk copy; cause of the cost not measured) made a step 1.56-1.78 ms
-slower, lm_head tiles 2-8 ahead per program 129-141 µs slower (runs/examples/h200-b32-align/).
+slower, lm_head tiles 2-8 ahead per program 129-141 µs slower (runs/examples/h200-b32-align/). The
+attention's splits as trailing programs of the q/k/v launch, spinning on a counter until every q/k/v
+program had stored (one launch less per layer; ``scripts/device/step_ablation.py --configs``, H200,
+2026-11-27): 501.2 µs per step against 489.3 split (168 registers per thread for the joined kernel).
 
 Weight tiles hold a whole row range in registers: a reduction length K is loaded as two tiles,
 KA (the largest power of two <= K) and KB (the next power of two >= K - KA, masked; 0 if K = KA).
@@ -426,13 +432,11 @@ def _top_k(p, offs_e, offs_k):
 
 
 @triton.jit
-def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, wts_ptr, counts_ptr, step_ptr,
-                   forced_ptr, pos_ptr, n_exp, n_steps, counts_offset, counts_step_stride, forced_offset,
-                   forced_positions, forced_pos_stride, stride_wn,
+def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, wts_ptr, forced_ptr, pos_ptr,
+                   n_exp, forced_offset, forced_positions, forced_pos_stride, stride_wn,
                    H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, ROWS: tl.constexpr, TOP_K: tl.constexpr,
                    BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr, NORM_TOPK: tl.constexpr, SCALE: tl.constexpr,
-                   EPS: tl.constexpr, HAS_COUNTS: tl.constexpr, FORCED: tl.constexpr, USE_PDL: tl.constexpr,
-                   EMU: tl.constexpr):
+                   EPS: tl.constexpr, FORCED: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
     offs_r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     r_ok = offs_r < n_exp
     wa, wb = _load_rows(w_ptr + offs_r[:, None].to(tl.int64) * stride_wn, r_ok, H, HA, HB)
@@ -445,7 +449,7 @@ def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, w
     tl.store(logits_ptr + offs_r, _dot_rows(wa, wb, na, nb, HB), mask=r_ok)
     tl.debug_barrier()
     arrived = tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu")
-    if arrived == tl.num_programs(0) - 1:            # every logit is stored: softmax, top-k, count
+    if arrived == tl.num_programs(0) - 1:            # every logit is stored: softmax, top-k
         offs_e = tl.arange(0, BLOCK_E)
         e_ok = offs_e < n_exp
         logits = tl.load(logits_ptr + offs_e, mask=e_ok, other=float("-inf"), cache_modifier=".cg")
@@ -465,10 +469,6 @@ def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, w
         sel_w = sel_w * SCALE
         tl.store(ids_ptr + offs_k, sel_i, mask=k_ok)
         tl.store(wts_ptr + offs_k, sel_w, mask=k_ok)
-        if HAS_COUNTS:                               # counts[min(step, steps), layer, e] += 1 per chosen e
-            step = tl.minimum(tl.load(step_ptr) + offs_k * 0, n_steps)
-            at = counts_ptr + step * counts_step_stride + counts_offset + sel_i
-            tl.atomic_add(at, 1, mask=k_ok & (step >= 0))
         tl.store(sem_ptr, 0)
 
 
@@ -519,13 +519,51 @@ def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride_we, 
 
 
 @triton.jit
+def _logit_tile(wa, wb, na, nb, rows, vocab, best, best_i, logits_ptr, act: tl.constexpr, HB: tl.constexpr,
+                EMU: tl.constexpr):
+    """One tile of lm_head rows: logits rounded to ``act`` and stored; (best, best_i) updated with the
+    tile's maximum (its first index; an equal later maximum keeps the earlier index)."""
+    r_ok = rows < vocab
+    y = rounded(_dot_rows(wa, wb, na, nb, HB), act, EMU)     # logits in the activation dtype
+    tl.store(logits_ptr + rows, y.to(act), mask=r_ok)
+    y = tl.where(r_ok, y, float("-inf"))
+    m = tl.max(y, axis=0)
+    at = tl.min(tl.where(y == m, rows, vocab), axis=0)
+    take = m > best                                          # strictly: an equal later max keeps the first index
+    return tl.where(take, m, best), tl.where(take, at, best_i)
+
+
+@triton.jit
+def _count_routing(counts_ptr, ids_ptr, layers_ptr, step_ptr, n_moe, n_steps, counts_step_stride, n_exp,
+                   MOE_P2: tl.constexpr, TOP_K: tl.constexpr, KP2: tl.constexpr):
+    """counts[min(step, steps), layer, e] += 1 for the k experts e = ids[layer, :] of each MoE layer
+    (``layers_ptr``: their indices). The routers wrote the ids and the previous step's end the step
+    index, all at least two launches back (``.cg`` loads); relaxed atomics, nothing waits on them."""
+    offs_m = tl.arange(0, MOE_P2)
+    m_ok = offs_m < n_moe
+    offs_k = tl.arange(0, KP2)
+    ok = m_ok[:, None] & (offs_k < TOP_K)[None, :]
+    layer = tl.load(layers_ptr + offs_m, mask=m_ok, other=0, cache_modifier=".cg")
+    e = tl.load(ids_ptr + layer[:, None] * TOP_K + offs_k[None, :], mask=ok, other=0, cache_modifier=".cg")
+    step = tl.minimum(tl.load(step_ptr, cache_modifier=".cg") + layer * 0, n_steps)
+    at = counts_ptr + step[:, None] * counts_step_stride + layer[:, None] * n_exp + e
+    tl.atomic_add(at, 1, mask=ok & (step >= 0)[:, None], sem="relaxed")
+
+
+@triton.jit
 def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr, sem_ptr, tok_ptr, pos_ptr,
-                           step_ptr, xn_ptr, vocab, n_tiles, stride_wn,
+                           step_ptr, xn_ptr, counts_ptr, ids_ptr, layers_ptr, vocab, n_tiles, stride_wn, n_moe,
+                           n_steps, counts_step_stride, n_exp,
                            H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, BLOCK_N: tl.constexpr,
                            G_P2: tl.constexpr, EPS: tl.constexpr, HAS_STEP: tl.constexpr, XN_OUT: tl.constexpr,
-                           USE_PDL: tl.constexpr, EMU: tl.constexpr):
+                           STAGES: tl.constexpr, HAS_COUNTS: tl.constexpr, MOE_P2: tl.constexpr,
+                           TOP_K: tl.constexpr, KP2: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
+    if HAS_COUNTS:      # program 0, before its wait: every MoE layer's routing count of this step
+        if pid == 0:
+            _count_routing(counts_ptr, ids_ptr, layers_ptr, step_ptr, n_moe, n_steps, counts_step_stride, n_exp,
+                           MOE_P2, TOP_K, KP2)
     t0, t1 = _tile_range(n_tiles)                    # a contiguous, balanced range of row tiles
     offs = tl.arange(0, BLOCK_N)
     rows = t0 * BLOCK_N + offs
@@ -533,8 +571,9 @@ def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr,
     cur_a, cur_b = _load_rows(w_ptr + rows[:, None].to(tl.int64) * stride_wn, rows < end, H, HA, HB)
     lna, lnb = _load_vec(ln_ptr, H, HA, HB)
     _pdl_wait(USE_PDL)
-    nxt = (t0 + 1) * BLOCK_N + offs                 # the second tile in flight during the norm
-    nxt_a, nxt_b = _load_rows(w_ptr + nxt[:, None].to(tl.int64) * stride_wn, nxt < end, H, HA, HB)
+    if STAGES == 0:
+        nxt = (t0 + 1) * BLOCK_N + offs             # the second tile in flight during the norm
+        nxt_a, nxt_b = _load_rows(w_ptr + nxt[:, None].to(tl.int64) * stride_wn, nxt < end, H, HA, HB)
     act = logits_ptr.dtype.element_ty
     xa, xb = _load_vec(h_ptr, H, HA, HB)
     na, nb = _rms_norm(xa, xb, lna, lnb, act, H, HB, EPS, EMU)
@@ -542,20 +581,20 @@ def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr,
         _store_first(xn_ptr, na, nb, H, HA, HB)
     best = tl.full([], float("-inf"), tl.float32)
     best_i = tl.full([], 0, tl.int32)
-    for t in range(t0, t1):
-        rows = t * BLOCK_N + offs
-        r_ok = rows < vocab
-        y = rounded(_dot_rows(cur_a, cur_b, na, nb, HB), act, EMU)   # logits in the activation dtype
-        tl.store(logits_ptr + rows, y.to(act), mask=r_ok)
-        y = tl.where(r_ok, y, float("-inf"))
-        m = tl.max(y, axis=0)
-        at = tl.min(tl.where(y == m, rows, vocab), axis=0)
-        take = m > best                              # strictly: an equal later max keeps the first index
-        best_i = tl.where(take, at, best_i)
-        best = tl.where(take, m, best)
-        cur_a, cur_b = nxt_a, nxt_b
-        nxt = (t + 2) * BLOCK_N + offs              # one tile ahead of the one reduced
-        nxt_a, nxt_b = _load_rows(w_ptr + nxt[:, None].to(tl.int64) * stride_wn, nxt < end, H, HA, HB)
+    if STAGES == 0:                                  # register double buffer: one tile ahead
+        for t in range(t0, t1):
+            best, best_i = _logit_tile(cur_a, cur_b, na, nb, t * BLOCK_N + offs, vocab, best, best_i, logits_ptr,
+                                       act, HB, EMU)
+            cur_a, cur_b = nxt_a, nxt_b
+            nxt = (t + 2) * BLOCK_N + offs          # one tile ahead of the one reduced
+            nxt_a, nxt_b = _load_rows(w_ptr + nxt[:, None].to(tl.int64) * stride_wn, nxt < end, H, HA, HB)
+    else:                                            # the first tile (loaded before the wait), then a
+        if t0 < t1:                                  # software-pipelined loop (STAGES - 1 tiles in flight)
+            best, best_i = _logit_tile(cur_a, cur_b, na, nb, rows, vocab, best, best_i, logits_ptr, act, HB, EMU)
+        for t in tl.range(t0 + 1, t1, num_stages=STAGES):
+            rows_t = t * BLOCK_N + offs
+            wa, wb = _load_rows(w_ptr + rows_t[:, None].to(tl.int64) * stride_wn, rows_t < vocab, H, HA, HB)
+            best, best_i = _logit_tile(wa, wb, na, nb, rows_t, vocab, best, best_i, logits_ptr, act, HB, EMU)
     tl.store(pmax_ptr + pid, best)
     tl.store(pidx_ptr + pid, best_i)
     tl.debug_barrier()
@@ -664,29 +703,24 @@ def down_residual(act, w, h, *, experts=None, ids=None, wts=None, tile=(4, 4), p
 
 
 def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk: bool, scale: float, *,
-          counts=None, forced=None, tile=(2, 2), pdl: bool = False) -> None:
+          forced=None, tile=(2, 2), pdl: bool = False) -> None:
     """The MoE router of one token: xn [H] <- RMSNorm(h); fp32 logits [E] = w [E, H] @ xn; ids
     int64 [k] and wts fp32 [k] <- the top-k softmax probabilities (descending, ties to the lowest
     index), renormalised if ``norm_topk``, times ``scale``. ``sem`` int32 [1] zero (left zero).
-
-    ``counts`` = (buffer int64 [steps + 1, layers, E], step int64 [1], layer): buffer[min(step,
-    steps), layer, e] += 1 per chosen e (row ``steps`` gathers steps past the buffer). ``forced`` =
+    (The routing count is the lm_head kernel's: ``lm_head_argmax(counts=...)``.) ``forced`` =
     (table int64 [rows, P, layers, k], pos int64 [1], layer): the experts are table[0, min(pos, P-1),
     layer] with their softmax probabilities instead of the top-k."""
     H, E = h.numel(), w.shape[0]
     ha, hb = k_parts(H)
     rows, warps = tile
-    buf, step, layer = counts if counts is not None else (ids, ids, 0)
     table, pos, f_layer = forced if forced is not None else (ids, ids, 0)
     _launch(_router_kernel, (triton.cdiv(E, rows),), warps, pdl,
-            h, ln, w, xn, logits, sem, ids, wts, buf, step, table, pos, E,
-            buf.shape[0] - 1 if counts is not None else 0, layer * E, buf.stride(0) if counts is not None else 0,
+            h, ln, w, xn, logits, sem, ids, wts, table, pos, E,
             f_layer * top_k if forced is not None else 0, table.shape[1] if forced is not None else 1,
             table.stride(1) if forced is not None else 0, w.stride(0),
             H=H, HA=ha, HB=hb, ROWS=rows, TOP_K=top_k, BLOCK_E=triton.next_power_of_2(E),
             BLOCK_TOPK=triton.next_power_of_2(top_k), NORM_TOPK=bool(norm_topk and top_k > 1), SCALE=float(scale),
-            EPS=float(eps), HAS_COUNTS=counts is not None, FORCED=forced is not None, USE_PDL=pdl,
-            EMU=emulates_bf16_rne(xn.dtype))
+            EPS=float(eps), FORCED=forced is not None, USE_PDL=pdl, EMU=emulates_bf16_rne(xn.dtype))
 
 
 def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_up=None, ids=None, tile=(4, 4),
@@ -717,17 +751,32 @@ def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_u
 
 
 def lm_head_argmax(h, ln, w, logits, pmax, pidx, sem, token, pos, eps: float, *, step=None, xn_out=None,
-                   tile=(8, 8), pdl: bool = False) -> None:
+                   counts=None, tile=(8, 8), stages: int = 0, pdl: bool = False) -> None:
     """logits [V] <- w [V, H] @ RMSNorm(h) in h's dtype; token (int64 [1]) <- the first index of the
     maximum logit; pos (and ``step``, if given) += 1. One program per entry of ``pmax`` (fp32) /
     ``pidx`` (int32) scratch; ``sem`` int32 [1] zero (left zero). ``xn_out`` [H]: RMSNorm(h)
-    written there (diagnostics)."""
+    written there (diagnostics). ``stages``: 0, each program keeps the next tile in registers while
+    it reduces the current one; >= 2, its tiles after the first go through Triton's software
+    pipeline (``tl.range(num_stages=stages)``: stages - 1 tiles in flight through shared memory).
+
+    ``counts`` = (buffer int64 [steps + 1, layers, E], ids int64 [layers, k], moe int64 [n]): with
+    ``step``, program 0 adds this step's routing before its wait: buffer[min(step, steps), l, e] += 1
+    for the experts e = ids[l] of each MoE layer l in ``moe`` (row ``steps`` gathers steps past the
+    buffer); the routers' kernels then count nothing, and no kernel waits for the counts."""
     H, V = h.numel(), w.shape[0]
+    if counts is not None and step is None:
+        raise HarnessError("lm_head_argmax: counts need the device step index (step=...)")
+    buf, ids, moe = counts if counts is not None else (pmax, pidx, pidx)
     ha, hb = k_parts(H)
     block_n, warps = tile
     programs = pmax.numel()
     _launch(_lm_head_argmax_kernel, (programs,), warps, pdl,
             h, ln, w, logits, pmax, pidx, sem, token, pos, step if step is not None else pos,
-            xn_out if xn_out is not None else h, V, triton.cdiv(V, block_n), w.stride(0),
+            xn_out if xn_out is not None else h, buf, ids, moe, V, triton.cdiv(V, block_n), w.stride(0), moe.numel(),
+            buf.shape[0] - 1 if counts is not None else 0, buf.stride(0) if counts is not None else 0,
+            buf.shape[2] if counts is not None else 0,
             H=H, HA=ha, HB=hb, BLOCK_N=block_n, G_P2=triton.next_power_of_2(programs), EPS=float(eps),
-            HAS_STEP=step is not None, XN_OUT=xn_out is not None, USE_PDL=pdl, EMU=emulates_bf16_rne(logits.dtype))
+            HAS_STEP=step is not None, XN_OUT=xn_out is not None, STAGES=stages, HAS_COUNTS=counts is not None,
+            MOE_P2=triton.next_power_of_2(moe.numel()), TOP_K=ids.shape[-1] if counts is not None else 1,
+            KP2=triton.next_power_of_2(ids.shape[-1]) if counts is not None else 1, USE_PDL=pdl,
+            EMU=emulates_bf16_rne(logits.dtype))

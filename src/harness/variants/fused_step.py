@@ -10,9 +10,9 @@ no torch op in between; on CUDA inside the decode CUDA graph. The prefill keeps 
 (modules, captured with ``prefill_graphs``).
 
 ``weights_from_model(model)`` collects the tensors a fused step reads (fusing and stacking them
-where no converter has yet). Routing: the router kernel counts each chosen expert into the
-decoder's per-step buffer [steps + 1, layers, experts] at row min(step_index, steps), and the
-lm_head kernel moves the device step index (so ``DeviceRouting.advance`` is not called: the step
+where no converter has yet). Routing: the lm_head kernel counts each MoE layer's chosen experts
+into the decoder's per-step buffer [steps + 1, layers, experts] at row min(step_index, steps) and
+moves the device step index (so ``DeviceRouting.advance`` is not called: the step
 has no torch-path counts). Forced routing (``workload.routing=balanced``): a second step reads the
 decoder's kept forced table at the device position; the decoder captures one graph per routing.
 

@@ -65,6 +65,7 @@ class StaticDecoder:
         self.use_graphs = graphs
         self.decode_graphs: dict = {}      # routing mode -> (CUDAGraph, its output buffer)
         self.token_in = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        self._returned = None       # the token the last replay returned (its value is in token_in, see step)
         self.setup_s: dict = {}
         self.graphs: dict = {}
         self.core = bind(self) if bind is not None else model.decode_core
@@ -153,6 +154,7 @@ class StaticDecoder:
         if self.use_graphs and self._mode() not in self.decode_graphs:
             self._capture()
         self.cache.length = 0
+        self._returned = None
         self.cache.position.zero_()
         if self.routing is not None:
             self.routing.zero()
@@ -163,15 +165,19 @@ class StaticDecoder:
         device position, routing counted as in the captured step: the kernels a replay runs, from the
         same modules (a compiled step's differ in fusion). For kernel attribution after a request
         (``harness.measure.alignment``): the next request's ``begin`` resets what it writes."""
+        self._returned = None
         with self._decoding():
             return self.core(self.token_in, self.cache, self.select, self.routing)
 
     def step(self, token: torch.Tensor) -> torch.Tensor:
         if self.use_graphs:
             graph, out = self.decode_graphs[self._mode()]
-            self.token_in.copy_(token)
+            # a graph whose output is the token buffer itself (the fused step writes the next token
+            # there) already holds the token it returned last: fed that back, no copy kernel is needed
+            if token is not self._returned or out.data_ptr() != self.token_in.data_ptr():
+                self.token_in.copy_(token)
             graph.replay()
-            out = out.clone()
+            out = self._returned = out.clone()
         else:
             out = self.fn(token, self.cache, self.select, self.routing)
         self.cache.advance(1)

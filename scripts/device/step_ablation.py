@@ -1,0 +1,194 @@
+"""The fused batch-1 decode step (PDL, CUDA graph) taken apart on the GPU: what each kernel kind and
+each kernel boundary costs, and how fast a lone kernel streams its weights (issue 24).
+
+    python scripts/device/step_ablation.py [--reps 200] [--rounds 3]
+
+Rows (µs per step, measured: CUDA events around ``--reps`` graph replays, median of ``--rounds``):
+- ``full``: the step as the harness runs it (``FusedDecodeStep``, PDL where the GPU has it).
+- ``without LABEL``: the step with every launch of that kind left out (its outputs are then wrong:
+  a timing probe only). full - without = what that kind adds to the step's critical path.
+- ``+ empty after each``: an empty PDL kernel (1 or ``--sms`` programs: wait, trigger, exit) after
+  every launch: (that - full) / launches = one extra kernel boundary.
+Then each kind alone: its layer-``--layer`` launch ``--copies`` times in one graph (PDL), µs per
+launch and the GB/s of its weights (analytic bytes / measured µs). Then streaming probes of
+lm_head's weight (bytes known exactly): a Triton read-and-sum with a software-pipelined loop
+(``num_stages``), torch.mv (cuBLAS GEMV) and a device copy, for the card's reachable read rate.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_decode_step import capture, per_step_us  # noqa: E402
+
+from harness.kernels.decode_step_triton import _pdl_wait  # noqa: E402
+
+
+@triton.jit
+def _empty_kernel(x_ptr, USE_PDL: tl.constexpr):
+    _pdl_wait(USE_PDL)
+
+
+@triton.jit
+def _stream_sum_kernel(w_ptr, out_ptr, n, CHUNK: tl.constexpr, STAGES: tl.constexpr):
+    """out[pid] = sum of this program's contiguous share of the flat ``w`` [n] (fp32)."""
+    pid = tl.program_id(0)
+    n_chunks = tl.cdiv(n, CHUNK)
+    c0 = pid * n_chunks // tl.num_programs(0)
+    c1 = (pid + 1) * n_chunks // tl.num_programs(0)
+    offs = tl.arange(0, CHUNK)
+    acc = tl.zeros([CHUNK], tl.float32)
+    for c in tl.range(c0, c1, num_stages=STAGES):
+        idx = c.to(tl.int64) * CHUNK + offs
+        acc += tl.load(w_ptr + idx, mask=idx < n, other=0.0).to(tl.float32)
+    tl.store(out_ptr + pid, tl.sum(acc, axis=0))
+
+
+def timed_graph(fn, reps: int, rounds: int, copies: int = 1) -> float:
+    """µs per call of ``fn`` captured ``copies`` times in one graph (median of rounds)."""
+    graph = capture(lambda: [fn() for _ in range(copies)], lambda: None)
+    return statistics.median(per_step_us(graph.replay, lambda: None, reps, rounds)) / copies
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--len", type=int, default=512)
+    ap.add_argument("--pos", type=int, default=286)
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--layer", type=int, default=5)
+    ap.add_argument("--copies", type=int, default=40)
+    ap.add_argument("--configs", nargs="*", default=[], metavar="FIELD=VALUE[;FIELD=VALUE]",
+                    help="also time the whole step with these DecodeStepConfig changes (python literals)")
+    ap.add_argument("--only-configs", action="store_true", help="skip the ablations and the probes")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("step_ablation: needs a GPU", file=sys.stderr)
+        return 1
+    from harness.config import ModelConfig
+    from harness.kernels import decode_step as ds
+    from harness.kernels import decode_step_triton as kt
+    from harness.models.build import build_model
+    from harness.variants.fused_step import weights_from_model
+    from harness.variants.static_kv import StaticKVCache
+
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    pdl, why = kt.pdl_support(dev)
+    print(f"device {torch.cuda.get_device_name()} ({sms} SMs), torch {torch.__version__}, triton {triton.__version__}, "
+          f"PDL {pdl} ({why})")
+    L = ModelConfig().llm
+    model = build_model(ModelConfig(), dev, dt, seed=0)
+    cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, args.len, L.head_dim, dt, dev, query_heads=L.num_heads)
+    pos = torch.zeros(1, dtype=torch.int64, device=dev)
+    token = torch.ones(1, dtype=torch.int64, device=dev)
+    weights = weights_from_model(model)
+    step = ds.FusedDecodeStep(weights, cache, pos, token=token, pdl=pdl)
+    nbytes = step.weight_bytes()["total"] + step.kv_bytes(args.pos + args.reps // 2)
+
+    def reset():
+        pos.fill_(args.pos)
+        token.fill_(1)
+
+    def run_calls(calls):
+        def run():
+            for _, _, call in calls:
+                call()
+        return run
+
+    def time_calls(calls) -> float:
+        graph = capture(run_calls(calls), reset)
+        return statistics.median(per_step_us(graph.replay, reset, args.reps, args.rounds))
+
+    full = time_calls(step.calls)
+    print(f"\nbytes per step (analytic) {nbytes / 1e6:.1f} MB; launches {step.launches}")
+    counts = torch.zeros(args.reps + 8, L.num_layers, L.n_routed_experts, dtype=torch.int64, device=dev)
+    step_index = torch.zeros(1, dtype=torch.int64, device=dev)
+    variants = [("routing counted (as the ladder)", {}, True)]
+    for text in args.configs:
+        changes = {k: ast.literal_eval(v) for k, v in (kv.split("=", 1) for kv in text.split(";"))}
+        variants.append((text, changes, True))
+    for text, changes, counted in variants:
+        config = dataclasses.replace(ds.DecodeStepConfig(), **changes)
+        other = ds.FusedDecodeStep(weights, cache, pos, token=token, pdl=pdl, config=config,
+                                   counts=(counts, step_index) if counted else None)
+        step_index.zero_()
+        us = time_calls(other.calls)
+        print(f"  {text:60s} {us:8.1f} us  ({us - full:+.1f} against the step without counts, {full:.1f})")
+    if args.only_configs:
+        return 0
+    print(f"{'row':34s} {'us/step':>9s} {'delta':>8s} {'launches':>9s}")
+    print(f"{'full':34s} {full:9.1f} {'':8s} {step.launches:9d}")
+    labels = sorted({label for label, _, _ in step.calls})
+    for label in labels:
+        kept = [c for c in step.calls if c[0] != label]
+        us = time_calls(kept)
+        print(f"{'without ' + label:34s} {us:9.1f} {us - full:+8.1f} {len(kept):9d}")
+    dummy = torch.zeros(1, device=dev)
+    for programs in (1, sms):
+        empty = ("empty", -1, lambda programs=programs: _empty_kernel[(programs,)](
+            dummy, USE_PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {})))
+        padded = [c for call in step.calls for c in (call, empty)]
+        us = time_calls(padded)
+        print(f"{f'+ empty ({programs} programs) after each':34s} {us:9.1f} {us - full:+8.1f} {len(padded):9d}   "
+              f"per boundary {(us - full) / step.launches:.2f} us")
+
+    # ------------------------------------------------------------------ each kind alone
+    lw = weights.layers[args.layer]
+    n = lambda t: t.numel() * t.element_size()  # noqa: E731
+    kind_bytes = {"qkv": n(lw.qkv), "o_proj": n(lw.o), "router": n(lw.router),
+                  "gate_up": n(lw.gate_up) + weights.top_k * n(lw.experts_gate_up[0]),
+                  "down": n(lw.down) + weights.top_k * n(lw.experts_down[0]),
+                  "lm_head": n(weights.lm_head),
+                  "attention": 2 * n(cache.k[args.layer][0, :, :args.pos + 1])}
+    print(f"\neach kind alone ({args.copies} launches of layer {args.layer}'s in one graph, PDL {pdl}; position "
+          f"{args.pos}):")
+    print(f"{'kind':12s} {'us/launch':>10s} {'MB':>8s} {'GB/s':>8s}")
+    for label in ("qkv", "attention", "o_proj", "router", "gate_up", "down", "lm_head"):
+        call = next(c for lab, i, c in step.calls if lab == label and i in (args.layer, len(weights.layers)))
+        reset()
+        us = timed_graph(call, max(args.reps // 10, 5), args.rounds, args.copies if label != "lm_head" else 10)
+        b = kind_bytes[label]
+        print(f"{label:12s} {us:10.2f} {b / 1e6:8.2f} {b / us / 1e3:8.0f}")
+
+    # ------------------------------------------------------------------ streaming probes of lm_head's weight
+    w = weights.lm_head.detach()
+    flat = w.view(-1)
+    print(f"\nstreaming lm_head's weight ({n(w) / 1e6:.1f} MB, {tuple(w.shape)} {w.dtype}), 10 per graph:")
+    out = torch.empty(8 * sms, device=dev)
+    for chunk, stages, per_sm, warps in [(4096, 1, 2, 8), (4096, 3, 2, 8), (4096, 4, 2, 8), (8192, 3, 1, 8),
+                                         (2048, 4, 4, 4), (8192, 2, 2, 8), (16384, 2, 1, 16)]:
+        progs = per_sm * sms
+
+        def probe(chunk=chunk, stages=stages, progs=progs, warps=warps):
+            _stream_sum_kernel[(progs,)](flat, out, flat.numel(), CHUNK=chunk, STAGES=stages, num_warps=warps)
+        try:
+            us = timed_graph(probe, 20, args.rounds, 10)
+            print(f"  triton sum chunk {chunk:6d} stages {stages} programs {progs:4d} warps {warps:2d}: {us:8.1f} us "
+                  f"{n(w) / us / 1e3:7.0f} GB/s")
+        except Exception as exc:                       # noqa: BLE001
+            print(f"  triton sum chunk {chunk} stages {stages}: failed {str(exc).splitlines()[-1][:200]}")
+    x = torch.randn(w.shape[1], device=dev, dtype=dt)
+    y = torch.empty(w.shape[0], device=dev, dtype=dt)
+    us = timed_graph(lambda: torch.mv(w, x, out=y), 20, args.rounds, 10)
+    print(f"  torch.mv (cuBLAS GEMV)                                  : {us:8.1f} us {n(w) / us / 1e3:7.0f} GB/s")
+    dst = torch.empty_like(w)
+    us = timed_graph(lambda: dst.copy_(w), 20, args.rounds, 10)
+    print(f"  copy (read + write)                                     : {us:8.1f} us {2 * n(w) / us / 1e3:7.0f} GB/s "
+          "(read + write)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
