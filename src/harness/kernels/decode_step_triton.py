@@ -47,10 +47,10 @@ here triggers after its wait: the attention's split 0 of each head always has ke
 wait a kernel may read, besides weights, what was written two or more launches earlier (``.cg``
 loads: from L2, past the SM's L1): the attention reads the position and the cached keys/values of
 earlier positions, the q/k/v kernel of every layer but the first the position (and its RoPE table
-row), the down kernel the router's experts and gate weights (and so its routed rows), the lm_head
-kernel every MoE layer's experts and the device step index. No kernel writes anything before its
-wait but the lm_head kernel's routing counts (atomic adds into a buffer no kernel of the step
-reads). Without PDL ``gdc_*`` are not emitted and the same code runs as plain kernels.
+row), the down kernel (o_proj, dense and MoE down) the residual h and the router's experts and gate
+weights (and so its routed rows), the lm_head kernel every MoE layer's experts and the device step
+index. No kernel writes anything before its wait but the lm_head kernel's routing counts (atomic
+adds into a buffer no kernel of the step reads). Without PDL ``gdc_*`` are not emitted and the same code runs as plain kernels.
 
 Roundings are the vendor's (eager bf16): RMSNorm in fp32 (the mean rounded, then + eps rounded:
 ``fp32_rounded`` keeps them two operations), ``x * rsqrt`` rounded, times the weight, rounded;
@@ -396,6 +396,9 @@ def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, stride_ar, st
         w_ra = tl.load(r_rows + offs_ia[None, None, :], mask=r_ok, other=0.0)      # [KP2, BLOCK_N, IA]
         if IB > 0:
             w_rb = tl.load(r_rows + offs_ib[None, None, :], mask=r_ok & ib_ok, other=0.0)
+    # the residual: h's last writer (o_proj, the previous layer's down, layer 0's q/k/v) is two or
+    # more launches back
+    res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
     _pdl_wait(USE_PDL)
     act = h_ptr.dtype.element_ty
     a_rows = act_ptr + offs_p[:, None] * stride_ar
@@ -411,7 +414,6 @@ def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, stride_ar, st
         # each routed row's down_proj rounded, times its fp32 gate weight, summed over k in fp32, rounded
         routed = rounded(tl.sum(rounded(part_r, act, EMU) * gate_w[:, None], axis=0), act, EMU)
         y = rounded(routed + y, act, EMU)                   # MoE output: routed + shared_experts(x)
-    res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
     tl.store(h_ptr + offs_n, rne(res + y, EMU).to(act), mask=n_ok)     # x + linear(..), rounded
 
 
