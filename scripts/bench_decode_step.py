@@ -74,7 +74,8 @@ SWEEP = (("qkv", [(2, 4), (8, 4), (4, 4), (4, 8)]),
          ("dense_gate_up", [(8, 4), (2, 4)]),
          ("dense_down", [(2, 4, 4), (1, 4, 1), (1, 4, 4)]),
          ("lm_head", [(4, 4, 4), (8, 8, 1), (8, 8, 3), (16, 8, 2)]),
-         ("gate_up_norm", [True]))
+         ("gate_up_norm", [True]),
+         ("lm_head_stages", [0, 3]))
 
 
 def per_step_us(fn, reset, reps: int, rounds: int) -> list:

@@ -222,7 +222,8 @@ def test_refusals():
     with pytest.raises(HarnessError, match="batch 1 only"):
         FusedDecodeStep(w, two, pos)
     one = torch.zeros(1, dtype=torch.int64, device=DEV)
-    with pytest.raises(HarnessError, match="counts must be"):
+    with pytest.raises(HarnessError, match=r"FusedDecodeStep: counts need a contiguous int64 buffer \[steps \+ 1, "
+                                           r"layers, 8\] holding layer 2"):
         FusedDecodeStep(w, cache, pos, counts=(torch.zeros(4, 3, 7, dtype=torch.int64, device=DEV), one))
     with pytest.raises(HarnessError, match="forced routing must be"):
         FusedDecodeStep(w, cache, pos, forced=torch.zeros(1, MAX_LEN - 1, 3, 2, dtype=torch.int64, device=DEV))

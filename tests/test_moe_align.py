@@ -83,6 +83,9 @@ def test_align_kernel_refuses():
     with pytest.raises(HarnessError, match="counts need"):
         align_rows(ids, 4, 16, counts=(torch.zeros(3, 2, 5, dtype=torch.int64, device=DEV),
                                        torch.zeros(1, dtype=torch.int64, device=DEV), 0))
+    with pytest.raises(HarnessError, match=r"counts need .* got torch.int64 \(0, 2, 4\)"):   # no row at all
+        align_rows(ids, 4, 16, counts=(torch.zeros(0, 2, 4, dtype=torch.int64, device=DEV),
+                                       torch.zeros(1, dtype=torch.int64, device=DEV), 0))
 
 
 @pytest.mark.gpu

@@ -10,7 +10,9 @@ Rows (µs per step, measured: CUDA events around ``--reps`` graph replays, media
 - ``+ empty after each``: an empty PDL kernel (1 or ``--sms`` programs: wait, trigger, exit) after
   every launch: (that - full) / launches = one extra kernel boundary.
 Then each kind alone: its layer-``--layer`` launch ``--copies`` times in one graph (PDL), µs per
-launch and the GB/s of its weights (analytic bytes / measured µs). Then streaming probes of
+launch and the GB/s of its weights (analytic bytes / measured µs). The copies read the same weights,
+so a kind whose bytes fit the L2 (50 MB on an H200, all but lm_head) reads them from L2 after the
+first launch: its GB/s is not a DRAM rate; it bounds what the kernel's own structure allows. Then streaming probes of
 lm_head's weight (bytes known exactly): a Triton read-and-sum with a software-pipelined loop
 (``num_stages``), torch.mv (cuBLAS GEMV) and a device copy, for the card's reachable read rate.
 """
@@ -153,7 +155,7 @@ def main(argv=None) -> int:
                   "lm_head": n(weights.lm_head),
                   "attention": 2 * n(cache.k[args.layer][0, :, :args.pos + 1])}
     print(f"\neach kind alone ({args.copies} launches of layer {args.layer}'s in one graph, PDL {pdl}; position "
-          f"{args.pos}):")
+          f"{args.pos}; the same weights each launch: from L2 where they fit, so GB/s is no DRAM rate):")
     print(f"{'kind':12s} {'us/launch':>10s} {'MB':>8s} {'GB/s':>8s}")
     for label in ("qkv", "attention", "o_proj", "router", "gate_up", "down", "lm_head"):
         call = next(c for lab, i, c in step.calls if lab == label and i in (args.layer, len(weights.layers)))

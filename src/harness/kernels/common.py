@@ -47,7 +47,7 @@ def check_counts(who: str, buf: torch.Tensor, step: torch.Tensor, layer: int, ex
     ``device`` (``DeviceRouting.device_counts``; the kernels add at row min(step, steps))."""
     device = torch.device(device)
     if (buf.dim() != 3 or buf.dtype != torch.int64 or not buf.is_contiguous() or buf.device != device
-            or buf.shape[2] != experts or not 0 <= layer < buf.shape[1] or step.dtype != torch.int64
+            or buf.shape[0] < 1 or buf.shape[2] != experts or not 0 <= layer < buf.shape[1] or step.dtype != torch.int64
             or step.numel() != 1 or step.device != device):
         raise HarnessError(f"{who}: counts need a contiguous int64 buffer [steps + 1, layers, {experts}] holding "
                            f"layer {layer} and an int64 step index [1] on {device}; got {buf.dtype} "

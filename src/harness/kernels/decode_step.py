@@ -34,6 +34,7 @@ import torch
 
 from ..errors import HarnessError
 from . import decode_step_triton as k
+from .common import check_counts
 
 #: every tile field of DecodeStepConfig
 _TILES = ("qkv", "attention", "o_proj", "router", "gate_up", "down", "dense_gate_up", "dense_down", "lm_head")
@@ -256,12 +257,7 @@ class FusedDecodeStep:
         if counts is None:
             return None
         buf, step = counts
-        E = moe[0].router.shape[0] if moe else 0
-        if (buf.dtype != torch.int64 or buf.dim() != 3 or buf.shape[0] < 1 or tuple(buf.shape[1:]) != (layers, E)
-                or not buf.is_contiguous() or step.dtype != torch.int64 or step.numel() != 1 or buf.device != dev
-                or step.device != dev):
-            _refuse(f"counts must be (contiguous int64 [steps + 1, {layers}, {E}], int64 [1] step index) on {dev}; "
-                    f"got {buf.dtype} {tuple(buf.shape)}, {step.dtype} {tuple(step.shape)}", "allocate them so")
+        check_counts("FusedDecodeStep", buf, step, layers - 1, moe[0].router.shape[0] if moe else 0, dev)
         return buf, step
 
     @staticmethod
