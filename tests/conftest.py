@@ -14,10 +14,20 @@ Markers (declared in pyproject.toml, handled here):
 Triton: without a CUDA device ``TRITON_INTERPRET=1`` is set here, before any test module imports a
 Triton kernel module (the interpreter is chosen at that import), so the kernels run on CPU tensors;
 ``DEV`` is the device the kernel tests use, ``needs_triton`` skips a test where Triton cannot run.
+
+CLI runs in the background: a test module that defines ``start_runs(tmp_path_factory, submit)``
+(its ``python -m harness ...`` subprocesses, ``submit(fn, *args)`` -> Future, as a dict id ->
+Future) gets them started when the session starts, not when its turn comes: most tests here run on
+one core, so the runs (mostly imports, on their own) use the other one meanwhile. Three run at a time,
+at nice 10, so the tests in this process keep their core; the module's tests read them through the
+``runs`` fixture. Runs take the environment from their module's import, never from the test that
+happens to be running (tests change ``os.environ`` through monkeypatch and the harness itself).
 """
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -140,6 +150,59 @@ def wide_gemv_tiles(monkeypatch):
     from harness.variants import fused_linears
 
     monkeypatch.setattr(fused_linears, "GEMV_TILES", GemvConfig(block_n=64))
+
+
+#: CLI runs of the background pool at once, and their nice value
+BACKGROUND_WORKERS, BACKGROUND_NICE = 3, 10
+
+
+def _nice_this_thread() -> None:
+    """Lower the priority of this pool thread; the subprocesses it starts inherit it (on Linux the
+    nice value is per thread and copied at fork). Elsewhere the runs keep the normal priority."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+    except (AttributeError, OSError):
+        pass
+
+
+def cli_env(*drop: str) -> dict:
+    """``os.environ`` without HYDRA_FULL_ERROR (a run's error is one line) and ``drop``, for CLI
+    subprocesses. Modules take it when imported: their runs start in the background while tests
+    change ``os.environ``."""
+    return {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", *drop)}
+
+
+class BackgroundRuns(dict):
+    """module name -> {run id: Future}, or the exception its ``start_runs`` raised."""
+
+    def of(self, module: str) -> dict:
+        started = self[module]
+        if isinstance(started, BaseException):
+            raise started
+        return started
+
+
+@pytest.fixture(scope="session", autouse=True)
+def background_runs(request, tmp_path_factory):
+    """Start the CLI runs of every module whose selected tests use ``runs``, in the order the modules
+    run (so the first needed finish first); cancel what has not started when the session ends."""
+    modules = dict.fromkeys(item.module for item in request.session.items
+                            if "runs" in getattr(item, "fixturenames", ()) and hasattr(item.module, "start_runs"))
+    pool = ThreadPoolExecutor(BACKGROUND_WORKERS, thread_name_prefix="cli-run", initializer=_nice_this_thread)
+    started = BackgroundRuns()
+    for module in modules:
+        try:
+            started[module.__name__] = module.start_runs(tmp_path_factory, pool.submit)
+        except Exception as exc:  # noqa: BLE001 - the module's tests report it, not the first test of the session
+            started[module.__name__] = exc
+    yield started
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(scope="module")
+def runs(background_runs, request) -> dict:
+    """This module's CLI runs (its ``start_runs``), started with the session: id -> Future."""
+    return background_runs.of(request.module.__name__)
 
 
 @pytest.fixture(scope="session")

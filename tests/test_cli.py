@@ -2,19 +2,17 @@
 
 One tiny run must complete and write its run directory; every kind of bad input must end with
 exit code 2, exactly one ``error: ...`` line on stderr, and no run directory that looks complete.
-Each subprocess pays a few seconds of imports, so all of them start together from one
-module-scoped pool (a few at a time) and each test only inspects its own result.
+Each subprocess pays a few seconds of imports, so all of them start with the session's background
+runs (tests/conftest.py, a few at a time) and each test only inspects its own result.
 """
 from __future__ import annotations
 
 import io
 import json
-import os
 import struct
 import subprocess
 import sys
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,11 +20,14 @@ import pandas as pd
 import pytest
 import torch
 
+from conftest import cli_env
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MODE = "workload.mode={name: t, base_size: 128, image_size: 64, crop: true}"
 FAST = ["model=tiny", TINY_MODE, "workload.decode_tokens=4", "measure.repeats=1", "measure.warmup=0"]
 TIMEOUT_S = 240
 CUDA = torch.cuda.is_available()
+ENV = cli_env()
 
 
 @dataclass
@@ -42,8 +43,7 @@ class Result:
 
 def harness_run(root: Path, *overrides: str) -> Result:
     cmd = [sys.executable, "-m", "harness", "run", *overrides, f"run.root={root}"]
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env=ENV)
     return Result(proc.returncode, proc.stdout, proc.stderr, root)
 
 
@@ -124,9 +124,9 @@ def bad_cases(tmp: Path) -> dict:
 
 # --------------------------------------------------------------------------- the subprocess pool
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Start the good run and every bad-input run at once (3 at a time); id -> Future[Result]."""
+def start_runs(tmp_path_factory, submit) -> dict:
+    """The good run and every bad-input run, started with the session's background runs
+    (tests/conftest.py); id -> (Future[Result], words)."""
     tmp = tmp_path_factory.mktemp("cli")
     inputs = tmp / "inputs"
     inputs.mkdir()
@@ -135,10 +135,7 @@ def runs(tmp_path_factory):
         # model=vendor replaces model=tiny; everything else runs on the tiny model
         base = [o for o in FAST if not (o == "model=tiny" and overrides[0] == "model=vendor")]
         jobs[name] = (base + overrides, words)
-    pool = ThreadPoolExecutor(max_workers=3)
-    futures = {name: pool.submit(harness_run, tmp / "runs" / name, *ov) for name, (ov, _) in jobs.items()}
-    yield {name: (fut, jobs[name][1]) for name, fut in futures.items()}
-    pool.shutdown(wait=True)
+    return {name: (submit(harness_run, tmp / "runs" / name, *ov), words) for name, (ov, words) in jobs.items()}
 
 
 def _describe(res: Result) -> str:

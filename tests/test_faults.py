@@ -19,23 +19,23 @@ the tiny model, with a fault injected through ``HARNESS_FAULT`` (``harness.fault
 * a vendor config whose ``auto_map`` points at the hub: exit 2 before any model is built;
 * ``compare`` on garbage, a folder without a manifest, a failed and an empty run.
 
-All subprocesses start together from one module-scoped pool (as in tests/test_cli.py).
+All subprocesses start with the session's background runs (tests/conftest.py), 3 at a time.
 """
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+
+from conftest import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MODE = "workload.mode={name: t, base_size: 128, image_size: 64, crop: true}"
@@ -45,6 +45,7 @@ TWO_CASES = "cases=[{name: a}, {name: b}]"
 MANY = ["model=tiny", TINY_MODE, "workload.decode_tokens=3", "measure.repeats=100000", "measure.warmup=0",
         "measure.kernels=true"]
 TIMEOUT_S = 240
+ENV = cli_env("HARNESS_FAULT")
 
 #: the page folder: name -> (width, height) in pixels and its tile grid in the tiny mode
 PAGES = {"p001.png": ((120, 180), "2x3"), "p002.png": ((200, 100), "4x2"), "p003.png": ((120, 180), "2x3"),
@@ -82,7 +83,7 @@ class Result:
 def harness(root: Path, overrides: list, fault: str | None = None, ignore_sighup: bool = False) -> Result:
     """``python -m harness run`` with ``fault`` injected; ``ignore_sighup``: started as ``nohup`` does
     (SIGHUP ignored before the process starts)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "HARNESS_FAULT")}
+    env = dict(ENV)
     if fault:
         env["HARNESS_FAULT"] = fault
     cmd = [sys.executable, "-m", "harness", "run", *overrides, f"run.root={root}"]
@@ -95,9 +96,8 @@ def harness(root: Path, overrides: list, fault: str | None = None, ignore_sighup
 def harness_interrupted(root: Path, overrides: list, after: int) -> Result:
     """``python -m harness run`` sent SIGINT from outside once its ``after``-th timed repeat printed
     its line (progress lines go to stdout, flushed)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "HARNESS_FAULT")}
     cmd = [sys.executable, "-m", "harness", "run", *overrides, f"run.root={root}"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     out = []
     try:
         for line in proc.stdout:
@@ -168,7 +168,6 @@ TMPFS_REASON = _tmpfs_reason()
 def harness_on_tmpfs(tmp: Path, free_kb: int) -> Result:
     """Two cases run into a fresh tmpfs with ``free_kb`` KB left free; the tmpfs exists only in
     the namespace, so what the run left there is copied to ``tmp/runs`` before it ends."""
-    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "HARNESS_FAULT")}
     mnt, out = tmp / "mnt", tmp / "runs"
     mnt.mkdir(parents=True)
     fill_kb = TMPFS_KB - free_kb
@@ -179,16 +178,15 @@ def harness_on_tmpfs(tmp: Path, free_kb: int) -> Result:
               f"mkdir -p {out} && cp -a {mnt}/runs/. {out}/ 2>/dev/null\nexit $rc\n")
     for flags in (["-rm"], ["-m"]):
         proc = subprocess.run(["unshare", *flags, "sh", "-c", script], cwd=ROOT, capture_output=True, text=True,
-                              timeout=TIMEOUT_S, env=env)
+                              timeout=TIMEOUT_S, env=ENV)
         if proc.returncode != 99:
             break
     out.mkdir(parents=True, exist_ok=True)
     return Result(proc.returncode, proc.stdout, proc.stderr, out)
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Every faulty run started at once (3 at a time); id -> Future[Result]."""
+def start_runs(tmp_path_factory, submit) -> dict:
+    """Every faulty run, started with the session's background runs (tests/conftest.py); id -> Future[Result]."""
     tmp = tmp_path_factory.mktemp("faults")
     pages = write_pages(tmp / "pages")
     same = tmp / "runs" / "same"
@@ -207,16 +205,14 @@ def runs(tmp_path_factory):
         "enospc-report": (FAST, "enospc:report.md"),
         "hub-auto-map": (["model=vendor", f"model.path={hub_vendor_dir(tmp / 'vendor-hub')}", TINY_MODE], None),
     }
-    pool = ThreadPoolExecutor(max_workers=3)
-    futures = {name: pool.submit(harness, same if name.startswith("pages") else tmp / "runs" / name, ov, fault)
+    futures = {name: submit(harness, same if name.startswith("pages") else tmp / "runs" / name, ov, fault)
                for name, (ov, fault) in jobs.items()}
-    futures["nohup"] = pool.submit(harness, tmp / "runs" / "nohup", FAST, "signal:SIGHUP@case=1,repeat=0", True)
-    futures["sigint-live"] = pool.submit(harness_interrupted, tmp / "runs" / "sigint-live", MANY, 3)
+    futures["nohup"] = submit(harness, tmp / "runs" / "nohup", FAST, "signal:SIGHUP@case=1,repeat=0", True)
+    futures["sigint-live"] = submit(harness_interrupted, tmp / "runs" / "sigint-live", MANY, 3)
     if TMPFS_REASON is None:
         for free_kb in REAL_FREE_KB:
-            futures[f"real-{free_kb}"] = pool.submit(harness_on_tmpfs, tmp / f"real-{free_kb}", free_kb)
-    yield {name: fut for name, fut in futures.items()}
-    pool.shutdown(wait=True)
+            futures[f"real-{free_kb}"] = submit(harness_on_tmpfs, tmp / f"real-{free_kb}", free_kb)
+    return futures
 
 
 def _manifest(d: Path) -> dict:

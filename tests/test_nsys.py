@@ -229,20 +229,32 @@ q.with_suffix(".nsys-rep").write_text("converted")
 '''
 
 
-def test_profile_tool_nsys_end_to_end_with_a_fake_nsys(tmp_path):
-    """The verb as a user runs it: nsys found on PATH, a .qdstrm left over and converted by the
-    importer beside nsys, stats parsed, compared with the child run's own stage times."""
-    fake = tmp_path / "nsight"
+def _profile(tmp: Path, env: dict) -> tuple:
+    """(``tmp``, the finished process) of ``python -m harness profile tool=nsys`` run from ``tmp``."""
+    return tmp, subprocess.run([sys.executable, "-m", "harness", "profile", "tool=nsys", "stage=decode", *TINY,
+                                "workload.decode_tokens=3", f"run.root={tmp / 'runs'}"], cwd=tmp, env=env,
+                               capture_output=True, text=True, timeout=240)
+
+
+def start_runs(tmp_path_factory, submit) -> dict:
+    """The profile session against a fake nsys (and its importer) on PATH, started with the session's
+    background runs (tests/conftest.py); id -> Future[(its directory, process)]."""
+    tmp = tmp_path_factory.mktemp("nsys")
+    fake = tmp / "nsight"
     _exe(fake / "bin/nsys", FAKE_NSYS.format(python=sys.executable, data=DATA))
     _exe(fake / "host-linux-x64/QdstrmImporter", FAKE_IMPORTER.format(python=sys.executable))
     env = {**os.environ, "PATH": f"{fake / 'bin'}:{os.environ['PATH']}",
            "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
     env.pop(N.LIBS_ENV, None)
-    proc = subprocess.run([sys.executable, "-m", "harness", "profile", "tool=nsys", "stage=decode", *TINY,
-                           "workload.decode_tokens=3", f"run.root={tmp_path / 'runs'}"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=240)
+    return {"fake-nsys": submit(_profile, tmp, env)}
+
+
+def test_profile_tool_nsys_end_to_end_with_a_fake_nsys(runs):
+    """The verb as a user runs it: nsys found on PATH, a .qdstrm left over and converted by the
+    importer beside nsys, stats parsed, compared with the child run's own stage times."""
+    tmp, proc = runs["fake-nsys"].result()
     assert proc.returncode == 0, proc.stderr[-2000:]
-    out = next((tmp_path / "runs").glob("*/nsys"))
+    out = next((tmp / "runs").glob("*/nsys"))
     for name in ("report.nsys-rep", "nvtx_gpu_proj_sum.csv", "cuda_gpu_kern_sum.csv", "compare.csv", "report.md",
                  "command.txt", "session.json", "import.log"):
         assert (out / name).is_file(), name
@@ -257,7 +269,7 @@ def test_profile_tool_nsys_end_to_end_with_a_fake_nsys(tmp_path):
     assert list(cmp["stage"]) == ["sam", "clip", "projector", "prefill", "decode", "request"]
     assert set(cmp["timer"]) == {"host"} and cmp["within_2pct"].isna().all()   # CPU: host clocks, not compared
     command = (out / "command.txt").read_text()
-    assert str(tmp_path) not in command and sys.executable not in command
+    assert str(tmp) not in command and sys.executable not in command
     assert "converted from a left-over .qdstrm by QdstrmImporter" in (out / "report.md").read_text()
 
 

@@ -9,13 +9,13 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
 
+from conftest import cli_env
 from harness import setup
 from harness.config import WorkloadConfig
 from harness.errors import HarnessError
@@ -166,24 +166,32 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _cli(tmp_path, *overrides) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+ENV = cli_env()
+ENV["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), ENV.get("PYTHONPATH", "")])
+
+
+def _cli(root: Path, *overrides) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-c", TRIPWIRE, "run", "model=tiny", f"workload.mode={TINY_MODE}",
-           "workload.decode_tokens=2", "measure.repeats=1", *overrides, f"run.root={tmp_path / 'runs'}"]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
+           "workload.decode_tokens=2", "measure.repeats=1", *overrides, f"run.root={root / 'runs'}"]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, env=ENV)
 
 
-def test_folder_with_fewer_pages_than_the_batch_is_refused_before_the_model_is_built(tmp_path):
-    folder = tmp_path / "two"
+def start_runs(tmp_path_factory, submit) -> dict:
+    """A folder of two 2x3 pages run at batch 4, refused and with the fix, started with the session's
+    background runs (tests/conftest.py); id -> Future[process], and "folder" -> the folder."""
+    tmp = tmp_path_factory.mktemp("pages")
+    folder = tmp / "two"
     folder.mkdir()
     for name, grey in (("a.png", 255), ("b.png", 0)):      # 120x180 in the tiny mode: tile grid 2x3
         Image.new("RGB", (120, 180), (grey, grey, grey)).save(folder / name)
-    with ThreadPoolExecutor(max_workers=2) as pool:     # both at once: each pays a few seconds of imports
-        refused = pool.submit(_cli, tmp_path / "refused", f"workload.images={folder}", "workload.batch=4")
-        fixed = pool.submit(_cli, tmp_path / "fixed", f"workload.images={folder}", "workload.batch=4",
-                            "workload.repeat_pages=true")
-        res, res_fixed = refused.result(), fixed.result()
+    return {"folder": folder,
+            "refused": submit(_cli, tmp / "refused", f"workload.images={folder}", "workload.batch=4"),
+            "fixed": submit(_cli, tmp / "fixed", f"workload.images={folder}", "workload.batch=4",
+                            "workload.repeat_pages=true")}
+
+
+def test_folder_with_fewer_pages_than_the_batch_is_refused_before_the_model_is_built(runs):
+    folder, res, res_fixed = runs["folder"], runs["refused"].result(), runs["fixed"].result()
     assert res.returncode == 2, res.stderr
     assert [ln for ln in res.stderr.splitlines() if ln.strip()] == [
         f"error: workload.images={folder} has fewer than workload.batch=4 distinct pages of one layout (tile grid "

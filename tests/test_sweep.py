@@ -133,12 +133,30 @@ def test_plain_joblib_launcher_with_gpus_is_refused(monkeypatch):
 
 # ----------------------------------------------------------------------- the gpus launcher
 
+def _sweep(root: Path, overrides: list, env: dict) -> tuple:
+    """(root, the finished process) of ``python -m harness run -m ...`` into ``root``, from ``root``."""
+    return root, _harness(["run", "-m", *overrides, f"run.root={root}"], root, env)
+
+
+def start_runs(tmp_path_factory, submit) -> dict:
+    """Both sweeps, started with the session's background runs (tests/conftest.py): two tiny jobs on
+    hydra/launcher=gpus with two fake GPUs (CUDA_VISIBLE_DEVICES=0,1), and one job through submitit's
+    local executor (where hydra-submitit-launcher is installed); id -> Future[(root, process)]."""
+    import importlib.util
+
+    futures = {"gpus": submit(_sweep, tmp_path_factory.mktemp("sweep"),
+                              ["hydra/launcher=gpus", *TINY, "workload.decode_tokens=8,12"],
+                              _env(CUDA_VISIBLE_DEVICES="0,1"))}
+    if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher"):
+        futures["slurm-local"] = submit(_sweep, tmp_path_factory.mktemp("slurm-local"),
+                                        ["hydra/launcher=slurm_local", *TINY, "workload.decode_tokens=4"], _env())
+    return futures
+
+
 @pytest.fixture(scope="module")
-def joblib_sweep(tmp_path_factory):
+def joblib_sweep(runs):
     """Two tiny jobs on hydra/launcher=gpus with two fake GPUs (CUDA_VISIBLE_DEVICES=0,1)."""
-    root = tmp_path_factory.mktemp("sweep")
-    proc = _harness(["run", "-m", "hydra/launcher=gpus", *TINY, "workload.decode_tokens=8,12", f"run.root={root}"],
-                    root, _env(CUDA_VISIBLE_DEVICES="0,1"))
+    root, proc = runs["gpus"].result()
     assert proc.returncode == 0, proc.stderr[-3000:]
     return next(root.glob("multirun-*")), proc
 
@@ -184,12 +202,11 @@ def test_slurm_config_composes_for_submitit():
     assert launcher.gpus_per_node == 1 and launcher.tasks_per_node == 1 and launcher.timeout_min == 60
 
 
-def test_slurm_local_runs_one_job_through_submitit(tmp_path):
+def test_slurm_local_runs_one_job_through_submitit(runs):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs hydra-submitit-launcher")
-    proc = _harness(["run", "-m", "hydra/launcher=slurm_local", *TINY, "workload.decode_tokens=4",
-                     f"run.root={tmp_path}"], tmp_path, _env())
+    root, proc = runs["slurm-local"].result()
     assert proc.returncode == 0, proc.stderr[-3000:]
-    sweep_dir = next(tmp_path.glob("multirun-*"))
+    sweep_dir = next(root.glob("multirun-*"))
     man = json.loads((sweep_dir / "0" / "manifest.json").read_text())
     assert man["status"] == "complete" and man["launch"].get("SUBMITIT_EXECUTOR") == "local"
     assert list((sweep_dir / ".submitit").glob("*/*_result.pkl"))

@@ -4,12 +4,11 @@ workers), the page plan, and ``python -m harness run +experiment=throughput`` en
 tiny model: bad input (exit 2, one line, no model built), a complete CPU run with its files, and
 SIGINT during the second configuration's window keeping the first.
 
-The subprocesses start together from one module-scoped pool (as tests/test_cli.py does).
+The subprocesses start with the session's background runs (tests/conftest.py), as tests/test_cli.py's do.
 """
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -168,9 +167,8 @@ def test_best_execution_is_the_optimize_best_case_with_execution_knobs_on_top():
 
 # -------------------------------------------------------------------------- end to end (CLI)
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Every run started at once (3 at a time); id -> Future[Result]."""
+def start_runs(tmp_path_factory, submit) -> dict:
+    """Every run, started with the session's background runs (tests/conftest.py); id -> Future[Result]."""
     from PIL import Image
 
     tmp = tmp_path_factory.mktemp("throughput")
@@ -185,10 +183,7 @@ def runs(tmp_path_factory):
         "batch-over-pages": ([*TINY, "throughput.pages=4", "throughput.batches=[1,8]"], None),
         "one-page-folder": ([*TINY, f"workload.images={one}"], None),
     }
-    pool = ThreadPoolExecutor(3)
-    futures = {k: pool.submit(harness, tmp / k, ov, fault) for k, (ov, fault) in jobs.items()}
-    yield futures
-    pool.shutdown(wait=True)
+    return {k: submit(harness, tmp / k, ov, fault) for k, (ov, fault) in jobs.items()}
 
 
 def _manifest(d: Path) -> dict:
