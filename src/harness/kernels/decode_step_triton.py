@@ -69,7 +69,7 @@ program (one SM issuing every bulk copy; cause of the cost not measured) made a 
 slower, lm_head tiles 2-8 ahead per program 129-141 µs slower (runs/examples/h200-b32-align/). The
 attention's splits as trailing programs of the q/k/v launch, spinning on a counter until every q/k/v
 program had stored (one launch less per layer; ``scripts/device/step_ablation.py --configs``, H200,
-2026-11-27): 501.2 µs per step against 489.3 split (168 registers per thread for the joined kernel).
+2026-11-27): 501.2 µs per step against 489.3 split (cause not measured).
 
 Weight tiles hold a whole row range in registers: a reduction length K is loaded as two tiles,
 KA (the largest power of two <= K) and KB (the next power of two >= K - KA, masked; 0 if K = KA).
