@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_decode_step import capture, per_step_us  # noqa: E402
 
-from harness.kernels.decode_step_triton import _pdl_wait  # noqa: E402
+from harness.kernels.decode_step_triton import _pdl_wait, _tile_range  # noqa: E402
 
 
 @triton.jit
@@ -45,16 +45,13 @@ def _empty_kernel(x_ptr, USE_PDL: tl.constexpr):
 @triton.jit
 def _stream_sum_kernel(w_ptr, out_ptr, n, CHUNK: tl.constexpr, STAGES: tl.constexpr):
     """out[pid] = sum of this program's contiguous share of the flat ``w`` [n] (fp32)."""
-    pid = tl.program_id(0)
-    n_chunks = tl.cdiv(n, CHUNK)
-    c0 = pid * n_chunks // tl.num_programs(0)
-    c1 = (pid + 1) * n_chunks // tl.num_programs(0)
+    c0, c1 = _tile_range(tl.cdiv(n, CHUNK))
     offs = tl.arange(0, CHUNK)
     acc = tl.zeros([CHUNK], tl.float32)
     for c in tl.range(c0, c1, num_stages=STAGES):
         idx = c.to(tl.int64) * CHUNK + offs
         acc += tl.load(w_ptr + idx, mask=idx < n, other=0.0).to(tl.float32)
-    tl.store(out_ptr + pid, tl.sum(acc, axis=0))
+    tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
 
 
 def timed_graph(fn, reps: int, rounds: int, copies: int = 1) -> float:

@@ -54,6 +54,15 @@ def check_counts(who: str, buf: torch.Tensor, step: torch.Tensor, layer: int, ex
                            f"{tuple(buf.shape)} on {buf.device}, step {step.dtype} {tuple(step.shape)}")
 
 
+@triton.jit
+def counts_row(counts_ptr, step_ptr, steps, n_layers, layer, n_exp):
+    """Where the routing count of ``layer`` (a scalar or a vector of layers) starts in the contiguous
+    [steps + 1, n_layers, n_exp] buffer of ``check_counts``: row min(step, steps), the step index read
+    on the device (``.cg``: from L2, so a kernel may read it before its PDL wait)."""
+    step = tl.minimum(tl.load(step_ptr, cache_modifier=".cg"), steps)
+    return counts_ptr + (step * n_layers + layer) * n_exp
+
+
 def emulates_bf16_rne(dtype: torch.dtype) -> bool:
     """The kernels' ``EMULATE_BF16_RNE`` for activations of ``dtype``: round fp32 -> bf16 to nearest-even
     by hand (``rne``) in interpreted bf16 runs only (the interpreter truncates)."""

@@ -50,7 +50,8 @@ earlier positions, the q/k/v kernel of every layer but the first the position (a
 row), the down kernel (o_proj, dense and MoE down) the residual h and the router's experts and gate
 weights (and so its routed rows), the lm_head kernel every MoE layer's experts and the device step
 index. No kernel writes anything before its wait but the lm_head kernel's routing counts (atomic
-adds into a buffer no kernel of the step reads). Without PDL ``gdc_*`` are not emitted and the same code runs as plain kernels.
+adds into a buffer no kernel of the step reads). Without PDL ``gdc_*`` are not emitted and the same
+code runs as plain kernels.
 
 Roundings are the vendor's (eager bf16): RMSNorm in fp32 (the mean rounded, then + eps rounded:
 ``fp32_rounded`` keeps them two operations), ``x * rsqrt`` rounded, times the weight, rounded;
@@ -81,8 +82,8 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .common import (INTERPRETED, check_runnable, div_f32, emulates_bf16_rne, exp_f32, fp32_rounded, rne, rounded,
-                     swiglu)
+from .common import (INTERPRETED, check_runnable, counts_row, div_f32, emulates_bf16_rne, exp_f32, fp32_rounded, rne,
+                     rounded, swiglu)
 
 try:                                        # Triton >= 3.4 (grid dependency control, sm90+)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -536,7 +537,7 @@ def _logit_tile(wa, wb, na, nb, rows, vocab, best, best_i, logits_ptr, act: tl.c
 
 
 @triton.jit
-def _count_routing(counts_ptr, ids_ptr, layers_ptr, step_ptr, n_moe, n_steps, counts_step_stride, n_exp,
+def _count_routing(counts_ptr, ids_ptr, layers_ptr, step_ptr, n_moe, n_steps, n_layers, n_exp,
                    MOE_P2: tl.constexpr, TOP_K: tl.constexpr, KP2: tl.constexpr):
     """counts[min(step, steps), layer, e] += 1 for the k experts e = ids[layer, :] of each MoE layer
     (``layers_ptr``: their indices). The routers wrote the ids and the previous step's end the step
@@ -547,15 +548,14 @@ def _count_routing(counts_ptr, ids_ptr, layers_ptr, step_ptr, n_moe, n_steps, co
     ok = m_ok[:, None] & (offs_k < TOP_K)[None, :]
     layer = tl.load(layers_ptr + offs_m, mask=m_ok, other=0, cache_modifier=".cg")
     e = tl.load(ids_ptr + layer[:, None] * TOP_K + offs_k[None, :], mask=ok, other=0, cache_modifier=".cg")
-    step = tl.minimum(tl.load(step_ptr, cache_modifier=".cg") + layer * 0, n_steps)
-    at = counts_ptr + step[:, None] * counts_step_stride + layer[:, None] * n_exp + e
-    tl.atomic_add(at, 1, mask=ok & (step >= 0)[:, None], sem="relaxed")
+    at = counts_row(counts_ptr, step_ptr, n_steps, n_layers, layer, n_exp)[:, None] + e
+    tl.atomic_add(at, 1, mask=ok, sem="relaxed")
 
 
 @triton.jit
 def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr, sem_ptr, tok_ptr, pos_ptr,
                            step_ptr, xn_ptr, counts_ptr, ids_ptr, layers_ptr, vocab, n_tiles, stride_wn, n_moe,
-                           n_steps, counts_step_stride, n_exp,
+                           n_steps, n_layers, n_exp,
                            H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, BLOCK_N: tl.constexpr,
                            G_P2: tl.constexpr, EPS: tl.constexpr, HAS_STEP: tl.constexpr, XN_OUT: tl.constexpr,
                            STAGES: tl.constexpr, HAS_COUNTS: tl.constexpr, MOE_P2: tl.constexpr,
@@ -564,7 +564,7 @@ def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr,
     n_prog = tl.num_programs(0)
     if HAS_COUNTS:      # program 0, before its wait: every MoE layer's routing count of this step
         if pid == 0:
-            _count_routing(counts_ptr, ids_ptr, layers_ptr, step_ptr, n_moe, n_steps, counts_step_stride, n_exp,
+            _count_routing(counts_ptr, ids_ptr, layers_ptr, step_ptr, n_moe, n_steps, n_layers, n_exp,
                            MOE_P2, TOP_K, KP2)
     t0, t1 = _tile_range(n_tiles)                    # a contiguous, balanced range of row tiles
     offs = tl.arange(0, BLOCK_N)
@@ -761,7 +761,7 @@ def lm_head_argmax(h, ln, w, logits, pmax, pidx, sem, token, pos, eps: float, *,
     it reduces the current one; >= 2, its tiles after the first go through Triton's software
     pipeline (``tl.range(num_stages=stages)``: stages - 1 tiles in flight through shared memory).
 
-    ``counts`` = (buffer int64 [steps + 1, layers, E], ids int64 [layers, k], moe int64 [n]): with
+    ``counts`` = (contiguous buffer int64 [steps + 1, layers, E], ids int64 [layers, k], moe int64 [n]): with
     ``step``, program 0 adds this step's routing before its wait: buffer[min(step, steps), l, e] += 1
     for the experts e = ids[l] of each MoE layer l in ``moe`` (row ``steps`` gathers steps past the
     buffer); the routers' kernels then count nothing, and no kernel waits for the counts."""
@@ -775,7 +775,7 @@ def lm_head_argmax(h, ln, w, logits, pmax, pidx, sem, token, pos, eps: float, *,
     _launch(_lm_head_argmax_kernel, (programs,), warps, pdl,
             h, ln, w, logits, pmax, pidx, sem, token, pos, step if step is not None else pos,
             xn_out if xn_out is not None else h, buf, ids, moe, V, triton.cdiv(V, block_n), w.stride(0), moe.numel(),
-            buf.shape[0] - 1 if counts is not None else 0, buf.stride(0) if counts is not None else 0,
+            buf.shape[0] - 1 if counts is not None else 0, buf.shape[1] if counts is not None else 0,
             buf.shape[2] if counts is not None else 0,
             H=H, HA=ha, HB=hb, BLOCK_N=block_n, G_P2=triton.next_power_of_2(programs), EPS=float(eps),
             HAS_STEP=step is not None, XN_OUT=xn_out is not None, STAGES=stages, HAS_COUNTS=counts is not None,

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .common import check_counts, check_runnable
+from .common import check_counts, check_runnable, counts_row
 from .moe_blocks import ALIGN_KERNEL_MAX_ROWS, BlockAlignment
 
 
@@ -71,8 +71,7 @@ def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, shift_p
     tl.store(block_expert_ptr + tl.arange(0, BLOCKS), expert, mask=tl.arange(0, BLOCKS) < max_blocks)
     tl.store(num_padded_ptr, total)
     if HAS_COUNTS:                                                       # 4.
-        step = tl.minimum(tl.load(step_ptr), steps)
-        at = counts_ptr + (step * n_layers + layer) * n_exp + offs_e
+        at = counts_row(counts_ptr, step_ptr, steps, n_layers, layer, n_exp) + offs_e
         tl.store(at, tl.load(at, mask=e_ok, other=0) + counts.to(tl.int64), mask=e_ok)
 
 

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .common import check_counts, check_runnable
+from .common import check_counts, check_runnable, counts_row
 
 
 @triton.jit
@@ -88,8 +88,7 @@ def _topk_kernel(logits_ptr, idx_ptr, wt_ptr, counts_ptr, step_ptr, steps, n_lay
     tl.store(idx_ptr + tok * stride_it + offs_k * stride_ik, sel_i, mask=k_ok)
     tl.store(wt_ptr + tok * stride_ot + offs_k * stride_ok, sel_w, mask=k_ok)
     if HAS_COUNTS:                              # 5. one program (one token), k distinct experts
-        step = tl.minimum(tl.load(step_ptr), steps)
-        at = counts_ptr + (step * n_layers + layer) * n_exp + sel_i
+        at = counts_row(counts_ptr, step_ptr, steps, n_layers, layer, n_exp) + sel_i
         tl.store(at, tl.load(at, mask=k_ok, other=0) + 1, mask=k_ok)
 
 
