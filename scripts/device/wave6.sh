@@ -12,7 +12,7 @@ for section in "$@"; do
     ablate|stages) ;;
     *) OUT=$OUT bash scripts/device/wave4.sh "$section"; continue ;;
   esac
-  source scripts/device_setup.sh
+  [ -n "${SETUP_DONE:-}" ] || { source scripts/device_setup.sh; SETUP_DONE=1; }
   echo "== $section $(date +%T)"; s=$SECONDS
   case $section in
     ablate) timeout 300 python scripts/device/step_ablation.py 2>&1 | grep -v "UserWarning\|warn" \
