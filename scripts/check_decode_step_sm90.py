@@ -1,6 +1,6 @@
 """Compile the fused decode step's kernels for sm90 without a GPU: registers, spills, PDL load order.
 
-    python scripts/check_decode_step_sm90.py [--tiny] [--no-pdl]
+    python scripts/check_decode_step_sm90.py [--tiny] [--no-pdl] [--config 'down=(4, 8);...']
 
 Builds the reference model on the ``meta`` device (full size; ``--tiny``: conf/model/tiny.yaml),
 takes its weights as the step does (``variants.fused_step.weights_from_model``) and runs one step
@@ -88,6 +88,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="the tiny model's shapes instead of DeepSeek-OCR's")
     ap.add_argument("--no-pdl", action="store_true", help="compile the kernels without PDL")
     ap.add_argument("--len", type=int, default=512, help="static cache positions")
+    ap.add_argument("--config", default="", metavar="FIELD=VALUE[;FIELD=VALUE]",
+                    help="DecodeStepConfig changes (python literals), e.g. 'down=(4, 8)'")
     args = ap.parse_args(argv)
     triton_driver.set_active(OfflineSm90Driver())
     from harness.analytic.check import load_model_config
@@ -122,7 +124,7 @@ def main(argv=None) -> int:
     counts = (torch.zeros(4, L.num_layers, L.n_routed_experts, dtype=torch.int64, device="meta"),
               torch.zeros(1, dtype=torch.int64, device="meta"))
     step = ds.FusedDecodeStep(weights_from_model(model), cache, pos, pdl=pdl, counts=counts,
-                              config=ds.DecodeStepConfig(sms=132))
+                              config=ds.config_changes(args.config, ds.DecodeStepConfig(sms=132)))
     step.run()
     print(f"triton {triton.__version__}, sm90, {'PDL' if pdl else 'no PDL'}, {step.launches} launches per step")
     spilled = False

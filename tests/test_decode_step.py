@@ -236,6 +236,22 @@ def test_refusals():
         FusedDecodeStep(w, cache, pos, config=DecodeStepConfig(lm_head_stages=1))
 
 
+def test_config_changes_parse_literals_onto_a_base_and_refuse_bad_text():
+    from harness.kernels.decode_step import DecodeStepConfig, config_changes
+
+    base = DecodeStepConfig(sms=132)
+    assert config_changes("", base) == base
+    assert config_changes(" down=(2, 8) ; lm_head_stages=3;", base) == DecodeStepConfig(sms=132, down=(2, 8),
+                                                                                       lm_head_stages=3)
+    assert config_changes("gate_up_norm=True") == DecodeStepConfig(gate_up_norm=True)
+    for text, match in (("down", "FIELD=VALUE with a DecodeStepConfig field"),
+                        ("tiles=(2, 4)", "FIELD=VALUE with a DecodeStepConfig field"),
+                        ("down=(2,", "not a python literal"),
+                        ("down=(3, 4)", r"DecodeStepConfig.down=\(3, 4\): the block must be a power of two")):
+        with pytest.raises(HarnessError, match=match):
+            config_changes(text)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the script's refusal without CUDA")
 def test_bench_script_refuses_without_cuda(repo_root, capsys, monkeypatch):
     import importlib.util

@@ -75,10 +75,18 @@ def assert_exact(got, want, dtype, scale=None):
     assert bool(((got.double() - want.double()).abs() <= bound * scale).all())
 
 
-def test_k_parts_split_a_length_into_two_power_of_two_tiles():
+def test_k_parts_split_a_length_into_power_of_two_tiles():
     k = kt()
     # 1280 = 1024 + 256; 896 = 512 + 384 -> 512 masked; 6848 = 4096 + 2752 -> 4096; 64 is one tile
     assert [k.k_parts(n) for n in (1280, 896, 6848, 64, 1)] == [(1024, 256), (512, 512), (4096, 4096), (64, 0), (1, 0)]
+    # three tiles: 896 = 512 + 256 + 128; 1712 = 1024 + 512 + 176 -> 256 masked; 27 = 16 + 8 + 3 -> 4;
+    # 1280 = 1024 + 256 and nothing left
+    assert [k.k_parts(n, 3) for n in (896, 1712, 27, 1280)] == [(512, 256, 128), (1024, 512, 256), (16, 8, 4),
+                                                               (1024, 256, 0)]
+    assert k.k_parts(5, 1) == (8,)
+    for bad in ((0, 2), (5, 0)):
+        with pytest.raises(HarnessError):
+            k.k_parts(*bad)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -163,12 +171,12 @@ def test_attention_matches_float64(dtype, tol, nh, nkv, L, split, pos):
 @pytest.mark.parametrize("parts", [1, 2, 3])
 def test_down_residual_rounds_the_linear_then_the_sum(dtype, parts):
     """h + F.linear(x, w), each rounded to the dtype (eager order), bit for bit on exact inputs, with
-    the reduction (K = 96) cut into 1, 2 or 3 parts (fp32 partials of 96, 48 or 32 columns: tiles
-    64 + 32, 32 + 16, 32 + none) summed in one program per output block (N = 40 in 3 blocks of 16:
-    a partial block), each holding its block's parts."""
+    the reduction (K = 90) cut into 1, 2 or 3 parts (fp32 partials of 90, 45 or 30 columns: tiles
+    64 + 16 + 16 of which 10 read, 32 + 8 + 8 of 5, 16 + 8 + 8 of 6) summed in one program per output
+    block (N = 40 in 3 blocks of 16: a partial block), each holding its block's parts."""
     k = kt()
     g = torch.Generator().manual_seed(5)
-    x, w, h = grid((96,), g).to(dtype), grid((40, 96), g).to(dtype), grid((40,), g, -64, 64, 16).to(dtype)
+    x, w, h = grid((90,), g).to(dtype), grid((40, 90), g).to(dtype), grid((40,), g, -64, 64, 16).to(dtype)
     want = h + F.linear(x[None], w)[0]
     hd = h.clone().to(DEV)
     k.down_residual(x.to(DEV).view(parts, -1), w.to(DEV), hd, tile=(16, 4))
@@ -330,16 +338,18 @@ def test_gate_up_dense_recomputes_the_norm(dtype):
     assert_within_one_ulp(act.cpu()[0], swiglu_rows(vendor_norm(h[None], ln, 0.0), w)[0], dtype)
 
 
+@pytest.mark.parametrize("I", [24, 27])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_moe_down_weights_sums_adds_shared_and_residual(dtype):
+def test_moe_down_weights_sums_adds_shared_and_residual(dtype, I):
     """h + (routed + shared) in the vendor's order: each routed row's down_proj rounded, cast to
     fp32, times its gate weight, summed over k, rounded; the shared down_proj over its whole width
     (P parts) rounded; their sum rounded; the residual add rounded. Exact inputs, 2 shared parts and
-    3 routed rows (act rows in that order), I = 24 (two tiles: 16 + 8 of 16), H = 40 in 3 blocks of
-    16 (a partial block): 3 programs, each holding its block's 5 slots."""
+    3 routed rows (act rows in that order; 5 of a program's 8 slots), I = 24 (tiles 16 + 8, rows on
+    16 bytes: the kernel is told so) or 27 (16 + 8 + 4 of which 3 read; rows off 16 bytes), H = 40
+    in 3 blocks of 16 (a partial block): 3 programs, each holding its block's slots."""
     k = kt()
     g = torch.Generator().manual_seed(19)
-    H, I, E, top_k, P = 40, 24, 5, 3, 2
+    H, E, top_k, P = 40, 5, 3, 2
     act = grid((P + top_k, I), g, -16, 16, 16).to(dtype)
     experts = grid((E, H, I), g).to(dtype)
     shared = grid((H, P * I), g).to(dtype)

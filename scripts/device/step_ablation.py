@@ -1,7 +1,7 @@
 """The fused batch-1 decode step (PDL, CUDA graph) taken apart on the GPU: what each kernel kind and
 each kernel boundary costs, and how fast a lone kernel streams its weights (issue 24).
 
-    python scripts/device/step_ablation.py [--reps 200] [--rounds 3]
+    python scripts/device/step_ablation.py [--reps 200] [--rounds 3] [--configs F=V;F=V ...] [--only-configs] [--regs]
 
 Rows (µs per step, measured: CUDA events around ``--reps`` graph replays, median of ``--rounds``):
 - ``full``: the step as the harness runs it (``FusedDecodeStep``, PDL where the GPU has it).
@@ -19,8 +19,6 @@ lm_head's weight (bytes known exactly): a Triton read-and-sum with a software-pi
 from __future__ import annotations
 
 import argparse
-import ast
-import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -60,6 +58,38 @@ def timed_graph(fn, reps: int, rounds: int, copies: int = 1) -> float:
     return statistics.median(per_step_us(graph.replay, lambda: None, reps, rounds)) / copies
 
 
+def print_residency(step, kt, sms: int) -> None:
+    """Each distinct launch of ``step`` (run once, eagerly): registers per thread, spilled bytes, shared
+    memory, and the programs an SM holds (sm90: 64K registers, allocated per warp in units of 256;
+    2048 threads; 228 KB shared), so the launch's waves = programs / (that x SMs)."""
+    seen, launch = {}, kt._launch
+
+    def record(kernel, grid, warps, pdl, *a, **meta):
+        if pdl:
+            meta["launch_pdl"] = True
+        compiled = kernel[grid](*a, num_warps=warps, **meta)
+        key = (kernel.fn.__name__, grid, warps)
+        if key not in seen:
+            compiled._init_handles()
+            seen[key] = (compiled.n_regs, compiled.n_spills, compiled.metadata.shared)
+    kt._launch = record
+    try:
+        for _, _, call in step.calls:
+            call()
+        torch.cuda.synchronize()
+    finally:
+        kt._launch = launch
+    for (name, grid, warps), (regs, spills, shared) in seen.items():
+        per_warp = -(-regs * 32 // 256) * 256
+        per_sm = min(65536 // (per_warp * warps), 2048 // (32 * warps), 32,
+                     233472 // (shared + 1024) if shared else 32)
+        programs = 1
+        for g in grid:
+            programs *= g
+        print(f"      {name:24s} grid {str(grid):12s} warps {warps:2d} regs {regs:3d} spills {spills:4d} "
+              f"shared {shared:6d}  {per_sm:2d} per SM  {programs / (per_sm * sms):5.2f} waves")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--len", type=int, default=512)
@@ -71,6 +101,8 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", nargs="*", default=[], metavar="FIELD=VALUE[;FIELD=VALUE]",
                     help="also time the whole step with these DecodeStepConfig changes (python literals)")
     ap.add_argument("--only-configs", action="store_true", help="skip the ablations and the probes")
+    ap.add_argument("--regs", action="store_true",
+                    help="print each kernel's registers, spills and resident programs per SM (each config)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("step_ablation: needs a GPU", file=sys.stderr)
@@ -114,17 +146,18 @@ def main(argv=None) -> int:
     print(f"\nbytes per step (analytic) {nbytes / 1e6:.1f} MB; launches {step.launches}")
     counts = torch.zeros(args.reps + 8, L.num_layers, L.n_routed_experts, dtype=torch.int64, device=dev)
     step_index = torch.zeros(1, dtype=torch.int64, device=dev)
-    variants = [("routing counted (as the ladder)", {}, True)]
+    variants = [("routing counted (as the ladder)", "", True)]
     for text in args.configs:
-        changes = {k: ast.literal_eval(v) for k, v in (kv.split("=", 1) for kv in text.split(";"))}
-        variants.append((text, changes, True))
+        variants.append((text, text, True))
     for text, changes, counted in variants:
-        config = dataclasses.replace(ds.DecodeStepConfig(), **changes)
+        config = ds.config_changes(changes)
         other = ds.FusedDecodeStep(weights, cache, pos, token=token, pdl=pdl, config=config,
                                    counts=(counts, step_index) if counted else None)
         step_index.zero_()
         us = time_calls(other.calls)
         print(f"  {text:60s} {us:8.1f} us  ({us - full:+.1f} against the step without counts, {full:.1f})")
+        if args.regs:
+            print_residency(other, kt, sms)
     if args.only_configs:
         return 0
     print(f"{'row':34s} {'us/step':>9s} {'delta':>8s} {'launches':>9s}")

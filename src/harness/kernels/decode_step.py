@@ -26,6 +26,8 @@ position the step runs at (the cache length). ``pdl``: programmatic dependent la
 """
 from __future__ import annotations
 
+import ast
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Optional
@@ -62,13 +64,17 @@ class DecodeStepConfig:
     (1, 4, 4), the others as here) on an H100 80GB HBM3 (PDL, CUDA graph, positions 286..485):
     609.5 µs per step against 639.3 µs for the first version's tiles and 728.9 µs for the earlier
     looped layout (persistent programs looping over tiles, since removed); each field was varied
-    alone and the best value of each kept (``runs/examples/h100-decode-step-bench/bench_flat.log``)."""
+    alone and the best value of each kept (``runs/examples/h100-decode-step-bench/bench_flat.log``).
+    ``down`` (4, 8) since the MoE down kernel holds its routed and shared slots as one tile (an
+    H200, ``scripts/device/step_ablation.py --configs``: 472.2-480.2 µs per step, against 480.9-493.0
+    with (2, 8) and 490.6-491.8 with (2, 4); the previous kernel at (2, 4) 484.6-484.9, same
+    machine; ``runs/examples/h200-decode-down/``)."""
     qkv: tuple = (4, 2)
     attention: tuple = (32, 2)
     o_proj: tuple = (4, 4, 1)
     router: tuple = (2, 2)
     gate_up: tuple = (4, 4)
-    down: tuple = (2, 4)
+    down: tuple = (4, 8)
     dense_gate_up: tuple = (4, 4)
     dense_down: tuple = (1, 8, 4)
     lm_head: tuple = (8, 8, 2)
@@ -100,6 +106,24 @@ class DecodeStepConfig:
 INTERPRETER_CONFIG = DecodeStepConfig(qkv=(64, 4), attention=(16, 4), o_proj=(64, 4, 2), router=(8, 2),
                                       gate_up=(32, 4), down=(64, 4), dense_gate_up=(128, 4), dense_down=(64, 4, 2),
                                       lm_head=(1024, 4, 1), sms=2)
+
+
+def config_changes(text: str, base: Optional[DecodeStepConfig] = None) -> DecodeStepConfig:
+    """``base`` (default ``DecodeStepConfig()``) with the changes of ``text``, ``FIELD=VALUE[;FIELD=VALUE]``
+    (python literals, e.g. ``down=(2, 4);lm_head_stages=3``), checked."""
+    changes = {}
+    for item in filter(None, (t.strip() for t in text.split(";"))):
+        field, eq, value = item.partition("=")
+        field = field.strip()
+        if not eq or field not in {f.name for f in dataclasses.fields(DecodeStepConfig)}:
+            raise HarnessError(f"decode-step config change {item!r}: FIELD=VALUE with a DecodeStepConfig field expected")
+        try:
+            changes[field] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError) as exc:
+            raise HarnessError(f"decode-step config change {item!r}: the value is not a python literal") from exc
+    config = dataclasses.replace(base or DecodeStepConfig(), **changes)
+    config.check()
+    return config
 
 
 def default_config(device) -> DecodeStepConfig:

@@ -18,7 +18,9 @@ Per layer (h: the residual stream [H] in the activation dtype, updated in place)
 6. ``_down_kernel``: the P shared (or dense) parts and the k routed rows times their down_proj
    columns, summed with the vendor's roundings (routed rows rounded, times their fp32 gate weights,
    summed over k and rounded; the shared parts summed in fp32 and rounded once; routed + shared
-   rounded), plus the residual.
+   rounded), plus the residual. A program's k + P slots are one [slots, BLOCK_N, I] tile (routed
+   first, padded to a power of two: 6 + 2 = 8 for DeepSeek-OCR), its I as three power-of-two
+   pieces (896 = 512 + 256 + 128), so no register holds a masked weight.
 
 Step end: ``_lm_head_argmax_kernel``: every program (about two per SM) recomputes RMSNorm(h) and
 streams a contiguous, balanced range of lm_head rows (the next tile loaded while the current one
@@ -73,7 +75,14 @@ program had stored (one launch less per layer; ``scripts/device/step_ablation.py
 2026-11-27): 501.2 µs per step against 489.3 split (cause not measured).
 
 Weight tiles hold a whole row range in registers: a reduction length K is loaded as two tiles,
-KA (the largest power of two <= K) and KB (the next power of two >= K - KA, masked; 0 if K = KA).
+KA (the largest power of two <= K) and KB (the next power of two >= K - KA, masked; 0 if K = KA),
+the down kernel's as three (``k_parts``).
+
+The down kernel before that (2026-11-27): routed and shared slots as two tiles, [8, BLOCK_N, 1024]
+routed (2 of 8 slots and 128 of 1024 columns masked) and [2, BLOCK_N, 1024] shared; an H200 ran the
+step at 484.6-484.9 µs against 472.2-480.2 now (``runs/examples/h200-decode-down/``). Register caps
+on the down kernel (``maxnreg`` 48-128, to fit more programs per SM) spilled on triton 3.6 and made
+the step 26-483 µs slower (same folder, ``sweep3.log``).
 """
 from __future__ import annotations
 
@@ -97,14 +106,22 @@ LOG2E = 1.4426950408889634
 __all__ = ["HAS_GDC", "INTERPRETED", "k_parts", "pdl_support", "check_runnable", "tiles", "attention_splits"]
 
 
-def k_parts(k: int) -> tuple:
-    """(KA, KB) of a reduction length ``k``: KA the largest power of two <= k, KB the next power of
-    two >= k - KA (0 when k is a power of two). 1280 -> (1024, 256); 896 -> (512, 512); 6848 -> (4096, 4096)."""
+def k_parts(k: int, pieces: int = 2) -> tuple:
+    """A reduction length ``k`` as ``pieces`` power-of-two tiles: each but the last the largest power
+    of two <= what is left, the last the next power of two >= what is left then (masked; 0: nothing
+    left). Two pieces: 1280 -> (1024, 256); 896 -> (512, 512); 6848 -> (4096, 4096). Three: 896 ->
+    (512, 256, 128); 1712 -> (1024, 512, 256)."""
     if k < 1:
         raise HarnessError(f"reduction length {k} must be >= 1")
-    ka = 1 << (k.bit_length() - 1)
-    rest = k - ka
-    return ka, (triton.next_power_of_2(rest) if rest else 0)
+    if pieces < 1:
+        raise HarnessError(f"a reduction cut into {pieces} pieces: 1 or more expected")
+    out, rest = [], k
+    for _ in range(pieces - 1):
+        p = 1 << (rest.bit_length() - 1) if rest else 0
+        out.append(p)
+        rest -= p
+    out.append(triton.next_power_of_2(rest) if rest else 0)
+    return tuple(out)
 
 
 def pdl_support(device) -> tuple:
@@ -363,58 +380,70 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, acc_ptr, m_ptr, l_p
 
 
 @triton.jit
-def _act_tile(rows, r_ok, offs, INTER: tl.constexpr):
-    """Activation rows [R, len(offs)] at ``rows`` (pointers [R, 1]) as fp32, 0 past INTER or off ``r_ok``."""
-    return tl.load(rows + offs[None, :], mask=r_ok[:, None] & (offs < INTER)[None, :], other=0.0).to(tl.float32)
+def _slot_tile(rows, ok, OFF: tl.constexpr, KP: tl.constexpr, INTER: tl.constexpr):
+    """Columns [OFF, OFF + KP) of ``rows`` (pointers [S, BLOCK_N, 1]) as a tile [S, BLOCK_N, KP]: 0
+    past INTER or off ``ok`` (weights in their dtype; activation rows [S, 1, KP] as fp32 by the caller)."""
+    offs = OFF + tl.arange(0, KP)
+    if OFF + KP > INTER:
+        t = tl.load(rows + offs[None, None, :], mask=ok & (offs < INTER)[None, None, :], other=0.0)
+    else:
+        t = tl.load(rows + offs[None, None, :], mask=ok, other=0.0)
+    return t
+
+
+@triton.jit
+def _slot_dot(w, a_rows, a_ok, OFF: tl.constexpr, KP: tl.constexpr, INTER: tl.constexpr):
+    """sum_k w[s, n, k] a[s, k] in fp32 over a tile of ``_slot_tile`` (``a_rows`` [S, 1, 1] pointers)."""
+    a = _slot_tile(a_rows, a_ok, OFF, KP, INTER).to(tl.float32)
+    return tl.sum(w.to(tl.float32) * a, axis=2)
 
 
 @triton.jit
 def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, stride_ar, stride_we, stride_wn, stride_sn,
-                 H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, TOP_K: tl.constexpr,
-                 KP2: tl.constexpr, PARTS: tl.constexpr, PP2: tl.constexpr, BLOCK_N: tl.constexpr,
-                 USE_PDL: tl.constexpr, EMU: tl.constexpr):
-    # act rows: p < PARTS the shared (dense, attention-out) parts, then the k routed rows
+                 H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, IC: tl.constexpr,
+                 TOP_K: tl.constexpr, PARTS: tl.constexpr, SP2: tl.constexpr, BLOCK_N: tl.constexpr,
+                 ALIGNED: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
+    # slot s < TOP_K: routed row s (act row PARTS + s); TOP_K <= s < TOP_K + PARTS: shared (dense,
+    # attention-out) part s - TOP_K (act row s - TOP_K); past that padding (SP2: a power of two)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < H
-    offs_ia = tl.arange(0, IA)
-    if IB > 0:
-        offs_ib = IA + tl.arange(0, IB)
-        ib_ok = (offs_ib < INTER)[None, None, :]
-    offs_p = tl.arange(0, PP2)
-    p_ok = offs_p < PARTS
-    s_rows = sw_ptr + offs_n[None, :, None].to(tl.int64) * stride_sn + (offs_p * INTER)[:, None, None]
-    s_ok = p_ok[:, None, None] & n_ok[None, :, None]
-    w_sa = tl.load(s_rows + offs_ia[None, None, :], mask=s_ok, other=0.0)          # [PP2, BLOCK_N, IA]
-    if IB > 0:
-        w_sb = tl.load(s_rows + offs_ib[None, None, :], mask=s_ok & ib_ok, other=0.0)
+    slot = tl.arange(0, SP2)
+    used = slot < TOP_K + PARTS
+    is_s = slot >= TOP_K                      # (padding slots hold zeros)
+    rows = sw_ptr + offs_n[None, :, None].to(tl.int64) * stride_sn + ((slot - TOP_K) * INTER)[:, None, None]
+    a_row = slot - TOP_K
     if TOP_K > 0:           # the router (two launches back) has completed: its experts and weights, from L2
-        offs_k = tl.arange(0, KP2)
-        k_ok = offs_k < TOP_K
-        expert = tl.load(ids_ptr + offs_k, mask=k_ok, other=0, cache_modifier=".cg").to(tl.int64)
-        gate_w = tl.load(wts_ptr + offs_k, mask=k_ok, other=0.0, cache_modifier=".cg")
+        is_r = slot < TOP_K
+        expert = tl.load(ids_ptr + slot, mask=is_r, other=0, cache_modifier=".cg").to(tl.int64)
+        gate_w = tl.load(wts_ptr + slot, mask=is_r, other=0.0, cache_modifier=".cg")
         r_rows = ew_ptr + expert[:, None, None] * stride_we + offs_n[None, :, None].to(tl.int64) * stride_wn
-        r_ok = k_ok[:, None, None] & n_ok[None, :, None]
-        w_ra = tl.load(r_rows + offs_ia[None, None, :], mask=r_ok, other=0.0)      # [KP2, BLOCK_N, IA]
-        if IB > 0:
-            w_rb = tl.load(r_rows + offs_ib[None, None, :], mask=r_ok & ib_ok, other=0.0)
+        rows = tl.where(is_r[:, None, None], r_rows, rows)
+        if ALIGNED:         # (checked on the host) the selection hides the rows' 16-byte alignment
+            rows = tl.multiple_of(rows, [16, 16, 16])
+        a_row = tl.where(is_r, PARTS + slot, a_row)
+    w_ok = used[:, None, None] & n_ok[None, :, None]
+    wa = _slot_tile(rows, w_ok, 0, IA, INTER)                                     # [SP2, BLOCK_N, IA]
+    if IB > 0:
+        wb = _slot_tile(rows, w_ok, IA, IB, INTER)
+    if IC > 0:
+        wc = _slot_tile(rows, w_ok, IA + IB, IC, INTER)
     # the residual: h's last writer (o_proj, the previous layer's down, layer 0's q/k/v) is two or
     # more launches back
     res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
     _pdl_wait(USE_PDL)
     act = h_ptr.dtype.element_ty
-    a_rows = act_ptr + offs_p[:, None] * stride_ar
-    part_s = tl.sum(w_sa.to(tl.float32) * _act_tile(a_rows, p_ok, offs_ia, INTER)[:, None, :], axis=2)
+    a_rows = act_ptr + a_row[:, None, None] * stride_ar
+    a_ok = used[:, None, None]
+    part = _slot_dot(wa, a_rows, a_ok, 0, IA, INTER)                               # [SP2, BLOCK_N] fp32
     if IB > 0:
-        part_s += tl.sum(w_sb.to(tl.float32) * _act_tile(a_rows, p_ok, offs_ib, INTER)[:, None, :], axis=2)
-    y = rounded(tl.sum(part_s, axis=0), act, EMU)          # the shared (dense, o_proj) linear, rounded once
+        part += _slot_dot(wb, a_rows, a_ok, IA, IB, INTER)
+    if IC > 0:
+        part += _slot_dot(wc, a_rows, a_ok, IA + IB, IC, INTER)
+    y = rounded(tl.sum(tl.where(is_s[:, None], part, 0.0), axis=0), act, EMU)     # shared: rounded once
     if TOP_K > 0:
-        r_act = act_ptr + (PARTS + offs_k)[:, None] * stride_ar
-        part_r = tl.sum(w_ra.to(tl.float32) * _act_tile(r_act, k_ok, offs_ia, INTER)[:, None, :], axis=2)
-        if IB > 0:
-            part_r += tl.sum(w_rb.to(tl.float32) * _act_tile(r_act, k_ok, offs_ib, INTER)[:, None, :], axis=2)
         # each routed row's down_proj rounded, times its fp32 gate weight, summed over k in fp32, rounded
-        routed = rounded(tl.sum(rounded(part_r, act, EMU) * gate_w[:, None], axis=0), act, EMU)
-        y = rounded(routed + y, act, EMU)                   # MoE output: routed + shared_experts(x)
+        r = tl.where(is_r[:, None], rounded(part, act, EMU) * gate_w[:, None], 0.0)
+        y = rounded(rounded(tl.sum(r, axis=0), act, EMU) + y, act, EMU)           # routed + shared_experts(x)
     tl.store(h_ptr + offs_n, rne(res + y, EMU).to(act), mask=n_ok)     # x + linear(..), rounded
 
 
@@ -693,15 +722,17 @@ def down_residual(act, w, h, *, experts=None, ids=None, wts=None, tile=(4, 4), p
     top_k = ids.numel() if experts is not None else 0
     inter = act.shape[1]
     parts = w.shape[1] // inter
-    ia, ib = k_parts(inter)
+    ia, ib, ic = k_parts(inter, 3)
     block_n, warps = tile
     H = h.numel()
     ew = experts if experts is not None else w
     _launch(_down_kernel, (tiles(H, block_n),), warps, pdl,
             act, ew, w, ids if ids is not None else act, wts if wts is not None else act, h, act.stride(0),
             ew.stride(0) if experts is not None else 0, ew.stride(1) if experts is not None else 0, w.stride(0),
-            H=H, INTER=inter, IA=ia, IB=ib, TOP_K=top_k, KP2=triton.next_power_of_2(max(top_k, 1)), PARTS=parts,
-            PP2=triton.next_power_of_2(parts), BLOCK_N=block_n, USE_PDL=pdl, EMU=emulates_bf16_rne(h.dtype))
+            H=H, INTER=inter, IA=ia, IB=ib, IC=ic, TOP_K=top_k, PARTS=parts,
+            SP2=triton.next_power_of_2(top_k + parts), BLOCK_N=block_n,
+            ALIGNED=top_k > 0 and aligned16((ew, w), (ew.stride(0), ew.stride(1), w.stride(0), inter)),
+            USE_PDL=pdl, EMU=emulates_bf16_rne(h.dtype))
 
 
 def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk: bool, scale: float, *,
