@@ -2,6 +2,7 @@
 each kernel boundary costs, and how fast a lone kernel streams its weights (issue 24).
 
     python scripts/device/step_ablation.py [--reps 200] [--rounds 3] [--configs F=V;F=V ...] [--only-configs] [--regs]
+    python scripts/device/step_ablation.py --handoff
 
 Rows (µs per step, measured: CUDA events around ``--reps`` graph replays, median of ``--rounds``):
 - ``full``: the step as the harness runs it (``FusedDecodeStep``, PDL where the GPU has it).
@@ -50,6 +51,47 @@ def _stream_sum_kernel(w_ptr, out_ptr, n, CHUNK: tl.constexpr, STAGES: tl.conste
         idx = c.to(tl.int64) * CHUNK + offs
         acc += tl.load(w_ptr + idx, mask=idx < n, other=0.0).to(tl.float32)
     tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _barrier_chain_kernel(cnt_ptr, STAGES: tl.constexpr, VOLATILE: tl.constexpr):
+    """STAGES grid-wide barriers in a row: every program adds 1 to counter s (acq_rel), then polls it
+    until all programs have arrived (a volatile load, or an acquire atomic add of 0). Every program
+    must be resident at once (no other way to arrive): the grid is at most what the GPU holds."""
+    n = tl.num_programs(0)
+    for s in range(STAGES):
+        c = tl.atomic_add(cnt_ptr + s, 1, sem="acq_rel", scope="gpu") + 1
+        while c < n:
+            if VOLATILE:
+                c = tl.load(cnt_ptr + s, volatile=True)
+            else:
+                c = tl.atomic_add(cnt_ptr + s, 0, sem="acquire", scope="gpu")
+
+
+def handoff_probe(sms: int, pdl: bool, reps: int, rounds: int, stages: int = 40) -> None:
+    """What a kernel boundary (an empty PDL launch) costs against a grid-wide barrier inside one
+    persistent launch (counters in global memory), per stage: (T(n stages) - T(1)) / (n - 1), each
+    graph also zeroing the counters (one memset) first."""
+    dev = torch.device("cuda")
+    cnt = torch.zeros(stages, dtype=torch.int32, device=dev)
+    dummy = torch.zeros(1, device=dev)
+    meta = {"launch_pdl": True} if pdl else {}
+    print(f"\nkernel boundary against a grid barrier (µs per stage, {stages} stages against 1, PDL {pdl}):")
+    for programs in (sms, 2 * sms):
+        def empty(k):
+            return lambda: [_empty_kernel[(programs,)](dummy, USE_PDL=pdl, num_warps=4, **meta) for _ in range(k)]
+
+        def chain(k, volatile):
+            return lambda: _barrier_chain_kernel[(programs,)](cnt, STAGES=k, VOLATILE=volatile, num_warps=4)
+        rows = [("empty PDL launches", empty)] + [
+            (f"barriers ({'volatile load' if v else 'atomic'} polls)", lambda k, v=v: chain(k, v)) for v in (True, False)]
+        for label, make in rows:
+            t = {}
+            for k in (1, stages):
+                body = make(k)
+                t[k] = timed_graph(lambda body=body: (cnt.zero_(), body()), reps, rounds)
+            print(f"  {programs:4d} programs, {label:34s} {(t[stages] - t[1]) / (stages - 1):6.2f} us per stage "
+                  f"(graph {t[stages]:.1f} us against {t[1]:.1f})")
 
 
 def timed_graph(fn, reps: int, rounds: int, copies: int = 1) -> float:
@@ -101,6 +143,8 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", nargs="*", default=[], metavar="FIELD=VALUE[;FIELD=VALUE]",
                     help="also time the whole step with these DecodeStepConfig changes (python literals)")
     ap.add_argument("--only-configs", action="store_true", help="skip the ablations and the probes")
+    ap.add_argument("--handoff", action="store_true",
+                    help="only the probe of a kernel boundary against a grid barrier in one launch")
     ap.add_argument("--regs", action="store_true",
                     help="print each kernel's registers, spills and resident programs per SM (each config)")
     args = ap.parse_args(argv)
@@ -119,6 +163,9 @@ def main(argv=None) -> int:
     pdl, why = kt.pdl_support(dev)
     print(f"device {torch.cuda.get_device_name()} ({sms} SMs), torch {torch.__version__}, triton {triton.__version__}, "
           f"PDL {pdl} ({why})")
+    if args.handoff:
+        handoff_probe(sms, pdl, args.reps, args.rounds)
+        return 0
     L = ModelConfig().llm
     model = build_model(ModelConfig(), dev, dt, seed=0)
     cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, args.len, L.head_dim, dt, dev, query_heads=L.num_heads)
