@@ -13,7 +13,11 @@ ptxas (the Triton wheel's own ``cuobjdump -res-usage``): registers per thread, l
 (``ld.global.b16``: a 2-byte load per element, where a weight row whose alignment the compiler
 cannot see would go; the few expected ones are scalars and RoPE table entries). Exit status 1 if a
 kernel fails to compile or spills. This checks the local Triton version's code generation; the
-GPU's Triton may differ.
+GPU's Triton may differ (triton 3.9 gave the MoE down kernel at (4, 8) 104 registers where the
+GPUs' 3.6 gives 122). To match the GPU, install its Triton version without dependencies into a
+directory of its own and put that first on PYTHONPATH: with triton 3.6.0 so, every kernel of the
+step compiled to the register counts ``scripts/device/step_ablation.py --regs`` read on an H200
+(q/k/v 158, attention 178, MoE gate/up 96, MoE down 122, lm_head 95; 2026-11-27).
 """
 from __future__ import annotations
 
