@@ -82,7 +82,10 @@ The down kernel before that (2026-11-27): routed and shared slots as two tiles, 
 routed (2 of 8 slots and 128 of 1024 columns masked) and [2, BLOCK_N, 1024] shared; an H200 ran the
 step at 484.6-484.9 µs against 472.2-480.2 now (``runs/examples/h200-decode-down/``). Register caps
 on the down kernel (``maxnreg`` 48-128, to fit more programs per SM) spilled on triton 3.6 and made
-the step 26-483 µs slower (same folder, ``sweep3.log``).
+the step 26-483 µs slower (same folder, ``sweep3.log``). Compiled offline with triton 3.6 (the
+GPUs'; ``scripts/check_decode_step_sm90.py``), every MoE down tile but (1, 2) fits 1/1.21 of its
+programs at once: registers come to about twice those holding the weights, (4, 8) 122, (2, 8) 63,
+(1, 4) 58, (4, 4) 237; (1, 2), 96 registers, fits all 1280 and ran 495.6 µs per step on an H200.
 """
 from __future__ import annotations
 
