@@ -86,6 +86,9 @@ the step 26-483 µs slower (same folder, ``sweep3.log``). Compiled offline with 
 GPUs'; ``scripts/check_decode_step_sm90.py``), every MoE down tile but (1, 2) fits 1/1.21 of its
 programs at once: registers come to about twice those holding the weights, (4, 8) 122, (2, 8) 63,
 (1, 4) 58, (4, 4) 237; (1, 2), 96 registers, fits all 1280 and ran 495.6 µs per step on an H200.
+Its SASS at (4, 8) (``nvdisasm -lrm count`` of that compile) shows where they go: 111 registers live
+at the wait (56 hold the 14 packed 16-byte weight loads), and right after it every bf16 pair is
+split into two 32-bit registers (PRMT / SHF) before the activation loads are issued.
 """
 from __future__ import annotations
 
