@@ -70,12 +70,27 @@ SWEEP = (("qkv", [(2, 4), (8, 4), (4, 4), (4, 8)]),
          ("o_proj", [(2, 4, 1), (8, 4, 1), (4, 2, 1), (4, 4, 2)]),
          ("router", [(1, 1), (1, 2), (4, 4)]),
          ("gate_up", [(2, 4), (8, 4), (4, 2), (4, 8), (8, 8)]),
-         ("down", [(1, 8), (4, 8), (2, 8), (4, 4), (1, 4)]),
+         ("down", [(1, 8), (2, 4), (2, 8), (4, 4), (1, 4)]),
          ("dense_gate_up", [(8, 4), (2, 4)]),
          ("dense_down", [(2, 4, 4), (1, 4, 1), (1, 4, 4)]),
          ("lm_head", [(4, 4, 4), (8, 8, 1), (8, 8, 3), (16, 8, 2)]),
          ("gate_up_norm", [True]),
          ("lm_head_stages", [0, 3]))
+
+
+def fused_step_state(model, length: int, token_id: int = 0) -> tuple:
+    """What ``FusedDecodeStep`` reads besides its config: (weights, a static cache of one sequence and
+    ``length`` positions, the position (int64 [1], 0), the token (int64 [1], ``token_id``)), on the
+    model's device in its dtype."""
+    from harness.variants.fused_step import weights_from_model
+    from harness.variants.static_kv import StaticKVCache
+
+    L, p = model.cfg.llm, next(model.parameters())
+    cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, length, L.head_dim, p.dtype, p.device,
+                          query_heads=L.num_heads)
+    pos = torch.zeros(1, dtype=torch.int64, device=p.device)
+    token = torch.full((1,), token_id, dtype=torch.int64, device=p.device)
+    return weights_from_model(model), cache, pos, token
 
 
 def per_step_us(fn, reset, reps: int, rounds: int) -> list:
@@ -234,8 +249,6 @@ def main(argv=None) -> int:
     from harness.kernels import decode_step_triton as kt
     from harness.models.build import build_model
     from harness.roofline.specs import match_device
-    from harness.variants.fused_step import weights_from_model
-    from harness.variants.static_kv import StaticKVCache
 
     t_start = time.perf_counter()
     dev, dt = torch.device("cuda"), torch.bfloat16
@@ -259,12 +272,9 @@ def main(argv=None) -> int:
     decoders = {k: v for k, v in decoders.items() if v is not None}
 
     # ------------------------------------------------------------------------- fused steps
-    cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, args.len, L.head_dim, dt, dev, query_heads=L.num_heads)
-    pos = torch.zeros(1, dtype=torch.int64, device=dev)
-    token = torch.zeros(1, dtype=torch.int64, device=dev)
+    weights, cache, pos, token = fused_step_state(model, args.len)
     counts = torch.zeros(args.reps + 8, L.num_layers, L.n_routed_experts, dtype=torch.int64, device=dev)
     step_index = torch.zeros(1, dtype=torch.int64, device=dev)
-    weights = weights_from_model(model)
     steps = {}
 
     def reset_fused():

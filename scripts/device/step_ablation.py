@@ -20,6 +20,7 @@ lm_head's weight (bytes known exactly): a Triton read-and-sum with a software-pi
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -31,7 +32,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_decode_step import capture, per_step_us  # noqa: E402
+from bench_decode_step import capture, fused_step_state, per_step_us  # noqa: E402
 
 from harness.kernels.decode_step_triton import _pdl_wait, _tile_range  # noqa: E402
 
@@ -78,18 +79,14 @@ def handoff_probe(sms: int, pdl: bool, reps: int, rounds: int, stages: int = 40)
     meta = {"launch_pdl": True} if pdl else {}
     print(f"\nkernel boundary against a grid barrier (µs per stage, {stages} stages against 1, PDL {pdl}):")
     for programs in (sms, 2 * sms):
-        def empty(k):
-            return lambda: [_empty_kernel[(programs,)](dummy, USE_PDL=pdl, num_warps=4, **meta) for _ in range(k)]
-
-        def chain(k, volatile):
-            return lambda: _barrier_chain_kernel[(programs,)](cnt, STAGES=k, VOLATILE=volatile, num_warps=4)
-        rows = [("empty PDL launches", empty)] + [
-            (f"barriers ({'volatile load' if v else 'atomic'} polls)", lambda k, v=v: chain(k, v)) for v in (True, False)]
-        for label, make in rows:
-            t = {}
-            for k in (1, stages):
-                body = make(k)
-                t[k] = timed_graph(lambda body=body: (cnt.zero_(), body()), reps, rounds)
+        rows = {"empty PDL launches": lambda k: [_empty_kernel[(programs,)](dummy, USE_PDL=pdl, num_warps=4, **meta)
+                                                 for _ in range(k)]}
+        for volatile in (True, False):
+            rows[f"barriers ({'volatile load' if volatile else 'atomic'} polls)"] = (
+                lambda k, volatile=volatile: _barrier_chain_kernel[(programs,)](cnt, STAGES=k, VOLATILE=volatile,
+                                                                                 num_warps=4))
+        for label, run in rows.items():
+            t = {k: timed_graph(lambda k=k: (cnt.zero_(), run(k)), reps, rounds) for k in (1, stages)}
             print(f"  {programs:4d} programs, {label:34s} {(t[stages] - t[1]) / (stages - 1):6.2f} us per stage "
                   f"(graph {t[stages]:.1f} us against {t[1]:.1f})")
 
@@ -125,9 +122,7 @@ def print_residency(step, kt, sms: int) -> None:
         per_warp = -(-regs * 32 // 256) * 256
         per_sm = min(65536 // (per_warp * warps), 2048 // (32 * warps), 32,
                      233472 // (shared + 1024) if shared else 32)
-        programs = 1
-        for g in grid:
-            programs *= g
+        programs = math.prod(grid)
         print(f"      {name:24s} grid {str(grid):12s} warps {warps:2d} regs {regs:3d} spills {spills:4d} "
               f"shared {shared:6d}  {per_sm:2d} per SM  {programs / (per_sm * sms):5.2f} waves")
 
@@ -155,8 +150,6 @@ def main(argv=None) -> int:
     from harness.kernels import decode_step as ds
     from harness.kernels import decode_step_triton as kt
     from harness.models.build import build_model
-    from harness.variants.fused_step import weights_from_model
-    from harness.variants.static_kv import StaticKVCache
 
     dev, dt = torch.device("cuda"), torch.bfloat16
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -168,10 +161,7 @@ def main(argv=None) -> int:
         return 0
     L = ModelConfig().llm
     model = build_model(ModelConfig(), dev, dt, seed=0)
-    cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, args.len, L.head_dim, dt, dev, query_heads=L.num_heads)
-    pos = torch.zeros(1, dtype=torch.int64, device=dev)
-    token = torch.ones(1, dtype=torch.int64, device=dev)
-    weights = weights_from_model(model)
+    weights, cache, pos, token = fused_step_state(model, args.len, token_id=1)
     step = ds.FusedDecodeStep(weights, cache, pos, token=token, pdl=pdl)
     nbytes = step.weight_bytes()["total"] + step.kv_bytes(args.pos + args.reps // 2)
 

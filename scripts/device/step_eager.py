@@ -17,6 +17,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_decode_step import fused_step_state  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -32,16 +35,12 @@ def main(argv=None) -> int:
     from harness.kernels import decode_step as ds
     from harness.kernels import decode_step_triton as kt
     from harness.models.build import build_model
-    from harness.variants.fused_step import weights_from_model
-    from harness.variants.static_kv import StaticKVCache
 
-    dev, dt = torch.device("cuda"), torch.bfloat16
-    L = ModelConfig().llm
-    model = build_model(ModelConfig(), dev, dt, seed=0)
-    cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, 512, L.head_dim, dt, dev, query_heads=L.num_heads)
-    pos = torch.full((1,), args.pos, dtype=torch.int64, device=dev)
-    token = torch.ones(1, dtype=torch.int64, device=dev)
-    step = ds.FusedDecodeStep(weights_from_model(model), cache, pos, token=token, pdl=kt.pdl_support(dev)[0],
+    dev = torch.device("cuda")
+    weights, cache, pos, token = fused_step_state(build_model(ModelConfig(), dev, torch.bfloat16, seed=0), 512,
+                                                  token_id=1)
+    pos.fill_(args.pos)
+    step = ds.FusedDecodeStep(weights, cache, pos, token=token, pdl=kt.pdl_support(dev)[0],
                               config=ds.config_changes(args.config))
     for _ in range(args.steps):
         step.run()

@@ -111,11 +111,11 @@ INTERPRETER_CONFIG = DecodeStepConfig(qkv=(64, 4), attention=(16, 4), o_proj=(64
 def config_changes(text: str, base: Optional[DecodeStepConfig] = None) -> DecodeStepConfig:
     """``base`` (default ``DecodeStepConfig()``) with the changes of ``text``, ``FIELD=VALUE[;FIELD=VALUE]``
     (python literals, e.g. ``down=(2, 4);lm_head_stages=3``), checked."""
-    changes = {}
+    changes, fields = {}, {f.name for f in dataclasses.fields(DecodeStepConfig)}
     for item in filter(None, (t.strip() for t in text.split(";"))):
         field, eq, value = item.partition("=")
         field = field.strip()
-        if not eq or field not in {f.name for f in dataclasses.fields(DecodeStepConfig)}:
+        if not eq or field not in fields:
             raise HarnessError(f"decode-step config change {item!r}: FIELD=VALUE with a DecodeStepConfig field expected")
         try:
             changes[field] = ast.literal_eval(value.strip())
