@@ -17,7 +17,10 @@ GPU's Triton may differ (triton 3.9 gave the MoE down kernel at (4, 8) 104 regis
 GPUs' 3.6 gives 122). To match the GPU, install its Triton version without dependencies into a
 directory of its own and put that first on PYTHONPATH: with triton 3.6.0 so, every kernel of the
 step compiled to the register counts ``scripts/device/step_ablation.py --regs`` read on an H200
-(q/k/v 158, attention 178, MoE gate/up 96, MoE down 122, lm_head 95; 2026-11-27).
+(q/k/v 158, attention 178, MoE gate/up 96, MoE down 122, lm_head 95; 2026-11-27; with packed bf16
+pairs, the same day, both places gave o_proj 40, dense gate/up 115, MoE gate/up 64, MoE down 78).
+``--dump DIR`` keeps each specialisation's PTX and cubin (``nvdisasm -lrm count`` on the cubin
+shows the live registers at every instruction).
 """
 from __future__ import annotations
 
@@ -94,6 +97,8 @@ def main(argv=None) -> int:
     ap.add_argument("--len", type=int, default=512, help="static cache positions")
     ap.add_argument("--config", default="", metavar="FIELD=VALUE[;FIELD=VALUE]",
                     help="DecodeStepConfig changes (python literals), e.g. 'down=(4, 8)'")
+    ap.add_argument("--dump", metavar="DIR", help="write each specialisation's PTX and cubin there "
+                    "(<kernel>_<n>.ptx / .cubin; read the cubin with nvdisasm)")
     args = ap.parse_args(argv)
     triton_driver.set_active(OfflineSm90Driver())
     from harness.analytic.check import load_model_config
@@ -132,10 +137,14 @@ def main(argv=None) -> int:
     step.run()
     print(f"triton {triton.__version__}, sm90, {'PDL' if pdl else 'no PDL'}, {step.launches} launches per step")
     spilled = False
-    for (name, meta), entry in compiled.items():
+    for i, ((name, meta), entry) in enumerate(compiled.items()):
         if entry is None:
             continue
         ck, grid, warps = entry
+        if args.dump:
+            Path(args.dump).mkdir(parents=True, exist_ok=True)
+            Path(args.dump, f"{name}_{i}.ptx").write_text(ck.asm["ptx"])
+            Path(args.dump, f"{name}_{i}.cubin").write_bytes(ck.asm["cubin"])
         res = resources(ck.asm["cubin"])
         spilled |= res.get("LOCAL", 0) > 0
         small = {k: v for k, v in meta if k in ("BLOCK_N", "BLOCK_P", "SPLIT_N", "ROWS", "INTER", "TOP_K", "PARTS")}

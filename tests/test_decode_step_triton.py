@@ -338,6 +338,21 @@ def test_gate_up_dense_recomputes_the_norm(dtype):
     assert_within_one_ulp(act.cpu()[0], swiglu_rows(vendor_norm(h[None], ln, 0.0), w)[0], dtype)
 
 
+def test_packed_pairs_needs_compiled_bf16_on_4_bytes_and_even_strides():
+    """int32 pairs of bf16 only where every pair lies in one row on 4 bytes: compiled code, bf16,
+    data on 4 bytes, every stride / length even. Under the interpreter never (inline PTX)."""
+    k = kt()
+    t = torch.zeros(4, 6, dtype=torch.bfloat16)
+    assert t.data_ptr() % 4 == 0
+    assert k.packed_pairs(t, strides=(6, 6), compiled=True)
+    assert not k.packed_pairs(t, strides=(6, 6), compiled=False)
+    assert not k.packed_pairs(t, strides=(6, 7), compiled=True)                   # an odd length
+    assert not k.packed_pairs(t.view(-1)[1:], strides=(6,), compiled=True)        # 2 bytes off
+    assert not k.packed_pairs(t.float(), strides=(6,), compiled=True)
+    assert not k.packed_pairs(t, t.float(), strides=(6,), compiled=True)
+    assert k.packed_pairs(t, strides=(6,)) == (DEV == "cuda")
+
+
 @pytest.mark.parametrize("I", [24, 27])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_moe_down_weights_sums_adds_shared_and_residual(dtype, I):
@@ -346,7 +361,8 @@ def test_moe_down_weights_sums_adds_shared_and_residual(dtype, I):
     (P parts) rounded; their sum rounded; the residual add rounded. Exact inputs, 2 shared parts and
     3 routed rows (act rows in that order; 5 of a program's 8 slots), I = 24 (tiles 16 + 8, rows on
     16 bytes: the kernel is told so) or 27 (16 + 8 + 4 of which 3 read; rows off 16 bytes), H = 40
-    in 3 blocks of 16 (a partial block): 3 programs, each holding its block's slots."""
+    in 3 blocks of 16 (a partial block): 3 programs, each holding its block's slots. Compiled, bf16
+    at I = 24 reads the weights as int32 pairs (``packed_pairs``), at I = 27 as bf16."""
     k = kt()
     g = torch.Generator().manual_seed(19)
     H, E, top_k, P = 40, 5, 3, 2

@@ -11,8 +11,8 @@ Per layer (h: the residual stream [H] in the activation dtype, updated in place)
 3. ``_down_kernel`` as o_proj: h += o_proj(attention out), rounded as ``x + o(..)`` rounds (the
    reduction cut into ``parts`` equal pieces, summed in fp32 and rounded once).
 4. MoE layer: ``_router_kernel``: RMSNorm(h) (program 0 writes it, ``xn``), fp32 gate GEMV over
-   many programs, then the last program to finish: softmax, top-k by rank (or the experts of a
-   forced routing table), renormalisation and scale. Dense layer: nothing.
+   many programs, then the last program to finish: softmax, top-k (one bitonic ``tl.topk``) or the
+   experts of a forced routing table, renormalisation and scale. Dense layer: nothing.
 5. ``_gate_up_kernel``: silu(gate(x)) * up(x) rows of the shared expert's P parts and of the k
    routed experts (dense layer: the SwiGLU's rows, with RMSNorm(h) recomputed once per program).
 6. ``_down_kernel``: the P shared (or dense) parts and the k routed rows times their down_proj
@@ -21,6 +21,18 @@ Per layer (h: the residual stream [H] in the activation dtype, updated in place)
    rounded), plus the residual. A program's k + P slots are one [slots, BLOCK_N, I] tile (routed
    first, padded to a power of two: 6 + 2 = 8 for DeepSeek-OCR), its I as three power-of-two
    pieces (896 = 512 + 256 + 128), so no register holds a masked weight.
+
+Packed pairs (bf16 weights, compiled; ``packed_pairs`` checks on the host): the gate/up and down
+kernels load their weights as int32, two bf16 per register, and sum each pair's two products with
+one inline-PTX FMA that widens the pair itself (a bf16 becomes fp32 exactly by a 16-bit shift or by
+clearing the low half; ``_pair_dot``, ``_pair_dot_f32``). Both products are exact, so only the fp32
+summation order changes (the vendor's roundings do not). Plain ``w.to(float32) * x`` let the
+compiler widen every weight right after the wait, before the activations arrived, about doubling
+the registers; with pairs (triton 3.6, sm90) the MoE down kernel at (4, 8) takes 78 registers, was
+122: 3 programs per SM, its 320 programs in one wave, was 1.21 waves; MoE gate/up 64, was 96 (1.70
+waves, was 2.72); dense gate/up 72, was 115. The q/k/v kernel gained nothing from pairs (158 -> 155
+and 162) and stays plain. An H200 ran the step at 448.1 µs against 476.2 with the previous kernel
+file (same machine, alternating, 3 runs each; ``runs/examples/h200-decode-pairs/``).
 
 Step end: ``_lm_head_argmax_kernel``: every program (about two per SM) recomputes RMSNorm(h) and
 streams a contiguous, balanced range of lm_head rows (the next tile loaded while the current one
@@ -74,6 +86,24 @@ attention's splits as trailing programs of the q/k/v launch, spinning on a count
 program had stored (one launch less per layer; ``scripts/device/step_ablation.py --configs``, H200,
 2026-11-27): 501.2 µs per step against 489.3 split (cause not measured).
 
+Tried and dropped after the packed pairs (H200, ``step_ablation.py --only-configs``, one process per
+line, µs per step; runs/examples/h200-decode-pairs/):
+- The router's choice made by its consumers from the logits (every routed gate/up program and every
+  down program ran softmax and top-k itself; the router kept no counter and no second phase): 477.1
+  against 442.0. Leaving the router's second phase out altogether (its consumers reading stale ids:
+  a timing bound only) gave 425.2 against 441.9: that phase costs about 17 µs per step, but a top-k
+  in each consumer costs more (the down kernel's registers went to 100, 2 programs per SM).
+- The routed gate/up programs spinning (before their wait) on their expert id, which the o_proj
+  launch had set to -1, and loading their rows as soon as the router's last program stored it:
+  457.4 against 437.6.
+- The top-k as one [E, E] rank comparison (each lane's rank, then slot j takes the lane of rank j),
+  the previous code: 455.5 against 443.9 with ``tl.topk`` (alternating, 2 runs each).
+- Other tiles, one at a time against 438.8: lm_head (4, 8, 2) 521.9, (2, 4, 4) 541.9, (4, 4, 4)
+  449.6, stages 5 442.8, 3 440.2; attention (64, 2) 594.9, (16, 2) 445.1; q/k/v (4, 4) 456.4;
+  o_proj (8, 4, 1) 445.2, (2, 4, 1) 442.5; dense gate/up (8, 8) 438.7; dense down (2, 8, 4) 445.0,
+  (4, 8, 4) 443.4 (against 442.0); router (2, 1) 445.4, (4, 1) 449.1, (1, 1) 442.0, (4, 2) 442.3
+  (against 437.6).
+
 Weight tiles hold a whole row range in registers: a reduction length K is loaded as two tiles,
 KA (the largest power of two <= K) and KB (the next power of two >= K - KA, masked; 0 if K = KA),
 the down kernel's as three (``k_parts``).
@@ -86,9 +116,10 @@ the step 26-483 µs slower (same folder, ``sweep3.log``). Compiled offline with 
 GPUs'; ``scripts/check_decode_step_sm90.py``), every MoE down tile but (1, 2) fits 1/1.21 of its
 programs at once: registers come to about twice those holding the weights, (4, 8) 122, (2, 8) 63,
 (1, 4) 58, (4, 4) 237; (1, 2), 96 registers, fits all 1280 and ran 495.6 µs per step on an H200.
-Its SASS at (4, 8) (``nvdisasm -lrm count`` of that compile) shows where they go: 111 registers live
-at the wait (56 hold the 14 packed 16-byte weight loads), and right after it every bf16 pair is
-split into two 32-bit registers (PRMT / SHF) before the activation loads are issued.
+Its SASS at (4, 8) (``nvdisasm -lrm count`` of that compile) showed where they went: 111 registers
+live at the wait (56 hold the 14 packed 16-byte weight loads), and right after it every bf16 pair
+split into two 32-bit registers (PRMT / SHF) before the activation loads were issued. The packed
+pairs (above) keep each pair packed until its FMA.
 """
 from __future__ import annotations
 
@@ -218,6 +249,48 @@ def _dot_rows(wa, wb, xa, xb, KB: tl.constexpr):
     if KB > 0:
         acc += tl.sum(wb.to(tl.float32) * xb[None, :], axis=1)
     return acc
+
+
+@triton.jit
+def _dot_pairs(wa, wb, xa, xb, KB: tl.constexpr):
+    """``_dot_rows`` of bf16 pairs held as int32 (``_load_rows`` / ``_load_pairs`` of int32 pointers,
+    counts in pairs): each pair's two products summed by one ``_pair_dot``, then the sum over k."""
+    acc = tl.sum(_pair_dot(wa, tl.broadcast_to(xa[None, :], wa.shape)), axis=1)
+    if KB > 0:
+        acc += tl.sum(_pair_dot(wb, tl.broadcast_to(xb[None, :], wb.shape)), axis=1)
+    return acc
+
+
+@triton.jit
+def _pair_split(x):
+    """An fp32 vector [2K] as its even and odd elements [K] (lo, hi: the halves of an int32 pair)."""
+    return tl.split(tl.reshape(x, [x.shape[0] // 2, 2]))
+
+
+@triton.jit
+def _dot_pairs_f32(wa, wb, xa, xb, KB: tl.constexpr):
+    """``_dot_pairs`` against an fp32 row (the parts of ``_load_vec`` / ``_rms_norm``, bf16 values),
+    split into its even and odd elements here (``_pair_dot_f32``)."""
+    xa_lo, xa_hi = _pair_split(xa)
+    acc = tl.sum(_pair_dot_f32(wa, tl.broadcast_to(xa_lo[None, :], wa.shape),
+                               tl.broadcast_to(xa_hi[None, :], wa.shape)), axis=1)
+    if KB > 0:
+        xb_lo, xb_hi = _pair_split(xb)
+        acc += tl.sum(_pair_dot_f32(wb, tl.broadcast_to(xb_lo[None, :], wb.shape),
+                                    tl.broadcast_to(xb_hi[None, :], wb.shape)), axis=1)
+    return acc
+
+
+@triton.jit
+def _load_pairs(p, K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr):
+    """A row of K elements at ``p`` as parts [KA], [KB] in its own dtype (padding 0)."""
+    xa = tl.load(p + tl.arange(0, KA))
+    if KB > 0:
+        offs_b = KA + tl.arange(0, KB)
+        xb = tl.load(p + offs_b, mask=offs_b < K, other=0)
+    else:
+        xb = xa
+    return xa, xb
 
 
 @triton.jit
@@ -398,17 +471,56 @@ def _slot_tile(rows, ok, OFF: tl.constexpr, KP: tl.constexpr, INTER: tl.constexp
 
 
 @triton.jit
-def _slot_dot(w, a_rows, a_ok, OFF: tl.constexpr, KP: tl.constexpr, INTER: tl.constexpr):
-    """sum_k w[s, n, k] a[s, k] in fp32 over a tile of ``_slot_tile`` (``a_rows`` [S, 1, 1] pointers)."""
-    a = _slot_tile(a_rows, a_ok, OFF, KP, INTER).to(tl.float32)
-    return tl.sum(w.to(tl.float32) * a, axis=2)
+def _slot_dot(w, a_rows, a_ok, OFF: tl.constexpr, KP: tl.constexpr, INTER: tl.constexpr, PACKED: tl.constexpr):
+    """sum_k w[s, n, k] a[s, k] in fp32 over a tile of ``_slot_tile`` (``a_rows`` [S, 1, 1] pointers).
+    ``PACKED``: ``w`` and ``a_rows`` hold bf16 pairs as int32 (OFF, KP, INTER counted in pairs); each
+    pair's two exact products are summed by one inline-PTX FMA that also unpacks the pair, so no
+    weight is widened to fp32 before its activation has arrived (``_pair_dot``)."""
+    if PACKED:
+        a = tl.broadcast_to(_slot_tile(a_rows, a_ok, OFF, KP, INTER), w.shape)
+        p = _pair_dot(w, a)
+    else:
+        p = w.to(tl.float32) * _slot_tile(a_rows, a_ok, OFF, KP, INTER).to(tl.float32)
+    return tl.sum(p, axis=2)
+
+
+@triton.jit
+def _pair_dot(w2, a2):
+    """lo(w2) * lo(a2) + hi(w2) * hi(a2) in fp32 for int32 lanes holding two bf16 each (lo: the
+    element at the lower address): a bf16 widens to fp32 exactly by a 16-bit shift (lo) or by
+    clearing the low half (hi); both products are exact, their sum rounded once (one FMA). Compiled
+    code only (inline PTX)."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 wl, wh, al, ah;
+        shl.b32 wl, $1, 16;
+        and.b32 wh, $1, -65536;
+        shl.b32 al, $2, 16;
+        and.b32 ah, $2, -65536;
+        mul.rn.f32 wl, wl, al;
+        fma.rn.f32 $0, wh, ah, wl;
+        }""", "=r,r,r", [w2, a2], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _pair_dot_f32(w2, x_lo, x_hi):
+    """``_pair_dot`` with fp32 activations: lo(w2) * x_lo + hi(w2) * x_hi (products of a bf16 weight
+    and a bf16-valued fp32 are exact), one FMA. Compiled code only."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 wl, wh;
+        shl.b32 wl, $1, 16;
+        and.b32 wh, $1, -65536;
+        mul.rn.f32 wl, wl, $2;
+        fma.rn.f32 $0, wh, $3, wl;
+        }""", "=r,r,r,r", [w2, x_lo, x_hi], dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
 def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, stride_ar, stride_we, stride_wn, stride_sn,
                  H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, IC: tl.constexpr,
                  TOP_K: tl.constexpr, PARTS: tl.constexpr, SP2: tl.constexpr, BLOCK_N: tl.constexpr,
-                 ALIGNED: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
+                 ALIGNED: tl.constexpr, PACKED: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
     # slot s < TOP_K: routed row s (act row PARTS + s); TOP_K <= s < TOP_K + PARTS: shared (dense,
     # attention-out) part s - TOP_K (act row s - TOP_K); past that padding (SP2: a power of two)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -428,23 +540,29 @@ def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, stride_ar, st
             rows = tl.multiple_of(rows, [16, 16, 16])
         a_row = tl.where(is_r, PARTS + slot, a_row)
     w_ok = used[:, None, None] & n_ok[None, :, None]
-    wa = _slot_tile(rows, w_ok, 0, IA, INTER)                                     # [SP2, BLOCK_N, IA]
+    # PACKED (bf16, rows on 4 bytes, checked on the host): the tiles hold pairs of bf16 as int32
+    U: tl.constexpr = 2 if PACKED else 1
+    if PACKED:
+        rows = rows.to(tl.pointer_type(tl.int32))
+    wa = _slot_tile(rows, w_ok, 0, IA // U, INTER // U)                           # [SP2, BLOCK_N, IA / U]
     if IB > 0:
-        wb = _slot_tile(rows, w_ok, IA, IB, INTER)
+        wb = _slot_tile(rows, w_ok, IA // U, IB // U, INTER // U)
     if IC > 0:
-        wc = _slot_tile(rows, w_ok, IA + IB, IC, INTER)
+        wc = _slot_tile(rows, w_ok, (IA + IB) // U, IC // U, INTER // U)
     # the residual: h's last writer (o_proj, the previous layer's down, layer 0's q/k/v) is two or
     # more launches back
     res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
     _pdl_wait(USE_PDL)
     act = h_ptr.dtype.element_ty
     a_rows = act_ptr + a_row[:, None, None] * stride_ar
+    if PACKED:
+        a_rows = a_rows.to(tl.pointer_type(tl.int32))
     a_ok = used[:, None, None]
-    part = _slot_dot(wa, a_rows, a_ok, 0, IA, INTER)                               # [SP2, BLOCK_N] fp32
+    part = _slot_dot(wa, a_rows, a_ok, 0, IA // U, INTER // U, PACKED)           # [SP2, BLOCK_N] fp32
     if IB > 0:
-        part += _slot_dot(wb, a_rows, a_ok, IA, IB, INTER)
+        part += _slot_dot(wb, a_rows, a_ok, IA // U, IB // U, INTER // U, PACKED)
     if IC > 0:
-        part += _slot_dot(wc, a_rows, a_ok, IA + IB, IC, INTER)
+        part += _slot_dot(wc, a_rows, a_ok, (IA + IB) // U, IC // U, INTER // U, PACKED)
     y = rounded(tl.sum(tl.where(is_s[:, None], part, 0.0), axis=0), act, EMU)     # shared: rounded once
     if TOP_K > 0:
         # each routed row's down_proj rounded, times its fp32 gate weight, summed over k in fp32, rounded
@@ -457,16 +575,45 @@ def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, stride_ar, st
 
 
 @triton.jit
-def _top_k(p, offs_e, offs_k):
-    """(ids int64, values) [BLOCK_TOPK] of the largest ``p`` [BLOCK_E] in descending order, ties to the
-    lower index (padding lanes hold -1, below any probability): each lane's rank is the number of
-    lanes before it in that order, and slot j takes the lane of rank j. One [E, E] comparison instead
-    of k dependent rounds of reductions."""
-    before = (p[None, :] > p[:, None]) | ((p[None, :] == p[:, None]) & (offs_e[None, :] < offs_e[:, None]))
-    rank = tl.sum(before.to(tl.int32), axis=1)                        # [BLOCK_E]
-    hit = rank[None, :] == offs_k[:, None]                            # [BLOCK_TOPK, BLOCK_E]
-    ids = tl.sum(tl.where(hit, offs_e[None, :], 0), axis=1).to(tl.int64)
-    return ids, tl.sum(tl.where(hit, p[None, :], 0.0), axis=1)
+def _top_k(p, e_ok, offs_e, BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr):
+    """(ids int64, values) [BLOCK_TOPK] of the largest ``p`` [BLOCK_E] (>= 0 where ``e_ok``) in
+    descending order, ties to the lower index: one ``tl.topk`` (bitonic) of int64 keys, the value's
+    bits above the reversed index (a non-negative fp32 orders as its bits; lanes off ``e_ok`` key
+    -1, below every value). The values come back bit for bit."""
+    bits = p.to(tl.int32, bitcast=True).to(tl.int64)
+    key = tl.where(e_ok, (bits << 32) | (BLOCK_E - 1 - offs_e).to(tl.int64), -1)
+    top = tl.topk(key, BLOCK_TOPK)
+    ids = (BLOCK_E - 1) - (top & 0xFFFFFFFF)
+    return ids, (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _select_experts(logits_ptr, forced_ptr, pos_ptr, n_exp, forced_offset, forced_positions, forced_pos_stride,
+                    TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr, NORM_TOPK: tl.constexpr,
+                    SCALE: tl.constexpr, FORCED: tl.constexpr):
+    """The router's choice from its fp32 logits [n_exp] (``.cg`` loads: the other programs wrote
+    them): (ids int64, weights fp32) [BLOCK_TOPK], slots past TOP_K id 0 weight 0. Softmax as
+    ATen's (expf, an IEEE division by the sum); ``_top_k``, or with FORCED the table's experts at
+    the device position (``forced_ptr[forced_offset + min(pos, positions - 1) * stride + j]``) with
+    their probabilities; renormalised if NORM_TOPK; times SCALE."""
+    offs_e = tl.arange(0, BLOCK_E)
+    e_ok = offs_e < n_exp
+    logits = tl.load(logits_ptr + offs_e, mask=e_ok, other=float("-inf"), cache_modifier=".cg")
+    ex = exp_f32(logits - tl.max(logits, axis=0))
+    probs = div_f32(ex, tl.sum(ex, axis=0))
+    offs_k = tl.arange(0, BLOCK_TOPK)
+    k_ok = offs_k < TOP_K
+    if FORCED:
+        row = tl.minimum(tl.load(pos_ptr, cache_modifier=".cg"), forced_positions - 1)
+        sel_i = tl.load(forced_ptr + forced_offset + row * forced_pos_stride + offs_k, mask=k_ok, other=0)
+        sel_w = tl.sum(tl.where(offs_e[None, :] == sel_i[:, None], probs[None, :], 0.0), axis=1)
+    else:
+        sel_i, sel_w = _top_k(probs, e_ok, offs_e, BLOCK_E, BLOCK_TOPK)
+    sel_i = tl.where(k_ok, sel_i, 0)
+    sel_w = tl.where(k_ok, sel_w, 0.0)              # slots past k (BLOCK_TOPK padding) weigh nothing
+    if NORM_TOPK:
+        sel_w = div_f32(sel_w, tl.sum(sel_w, axis=0) + 1e-20)
+    return sel_i, sel_w * SCALE
 
 
 @triton.jit
@@ -488,25 +635,11 @@ def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, w
     tl.debug_barrier()
     arrived = tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu")
     if arrived == tl.num_programs(0) - 1:            # every logit is stored: softmax, top-k
-        offs_e = tl.arange(0, BLOCK_E)
-        e_ok = offs_e < n_exp
-        logits = tl.load(logits_ptr + offs_e, mask=e_ok, other=float("-inf"), cache_modifier=".cg")
-        ex = exp_f32(logits - tl.max(logits, axis=0))  # softmax as ATen's: expf, an IEEE division by the sum
-        probs = div_f32(ex, tl.sum(ex, axis=0))
+        sel_i, sel_w = _select_experts(logits_ptr, forced_ptr, pos_ptr, n_exp, forced_offset, forced_positions,
+                                       forced_pos_stride, TOP_K, BLOCK_E, BLOCK_TOPK, NORM_TOPK, SCALE, FORCED)
         offs_k = tl.arange(0, BLOCK_TOPK)
-        k_ok = offs_k < TOP_K
-        if FORCED:                                   # the table's experts at this position, their probabilities
-            row = tl.minimum(tl.load(pos_ptr), forced_positions - 1)
-            sel_i = tl.load(forced_ptr + forced_offset + row * forced_pos_stride + offs_k, mask=k_ok, other=0)
-            sel_w = tl.sum(tl.where(offs_e[None, :] == sel_i[:, None], probs[None, :], 0.0), axis=1)
-        else:
-            sel_i, sel_w = _top_k(tl.where(e_ok, probs, -1.0), offs_e, offs_k)
-        sel_w = tl.where(k_ok, sel_w, 0.0)          # slots past k (BLOCK_TOPK padding) weigh nothing
-        if NORM_TOPK:
-            sel_w = div_f32(sel_w, tl.sum(sel_w, axis=0) + 1e-20)
-        sel_w = sel_w * SCALE
-        tl.store(ids_ptr + offs_k, sel_i, mask=k_ok)
-        tl.store(wts_ptr + offs_k, sel_w, mask=k_ok)
+        tl.store(ids_ptr + offs_k, sel_i, mask=offs_k < TOP_K)
+        tl.store(wts_ptr + offs_k, sel_w, mask=offs_k < TOP_K)
         tl.store(sem_ptr, 0)
 
 
@@ -518,22 +651,25 @@ def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride_we, 
                     H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, INTER: tl.constexpr,
                     S_INTER: tl.constexpr, PARTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
                     ROUTED: tl.constexpr, NORM: tl.constexpr, EPS: tl.constexpr, ALIGNED: tl.constexpr,
-                    USE_PDL: tl.constexpr, EMU: tl.constexpr):
+                    PACKED: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
     # slot s = pid // BLOCKS: s < PARTS the shared (dense) part s, else the routed row s - PARTS
     s = tl.program_id(0) // BLOCKS
     offs_n = (tl.program_id(0) % BLOCKS) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < INTER
+    # PACKED (bf16, rows and x on 4 bytes, checked on the host): the tiles hold pairs of bf16 as int32
+    U: tl.constexpr = 2 if PACKED else 1
+    w_ty = tl.int32 if PACKED else sw_ptr.dtype.element_ty
     if s < PARTS:                                    # shared / dense weights: known before the wait
         gate = sw_ptr + (s * INTER + offs_n).to(tl.int64) * stride_sn
         up = gate + S_INTER * stride_sn
         if ALIGNED:             # (checked on the host: 16-byte vector loads)
             gate = tl.multiple_of(gate, 16)
             up = tl.multiple_of(up, 16)
-        ga, gb = _load_rows(gate[:, None], n_ok, H, HA, HB)
-        ua, ub = _load_rows(up[:, None], n_ok, H, HA, HB)
+        ga, gb = _load_rows(gate[:, None].to(tl.pointer_type(w_ty)), n_ok, H // U, HA // U, HB // U)
+        ua, ub = _load_rows(up[:, None].to(tl.pointer_type(w_ty)), n_ok, H // U, HA // U, HB // U)
     else:
-        ga, gb = _zero_rows(BLOCK_N, HA, HB, sw_ptr.dtype.element_ty)
-        ua, ub = _zero_rows(BLOCK_N, HA, HB, sw_ptr.dtype.element_ty)
+        ga, gb = _zero_rows(BLOCK_N, HA // U, HB // U, w_ty)
+        ua, ub = _zero_rows(BLOCK_N, HA // U, HB // U, w_ty)
     if NORM:
         lna, lnb = _load_vec(ln_ptr, H, HA, HB)
     _pdl_wait(USE_PDL)
@@ -544,12 +680,20 @@ def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride_we, 
         if ALIGNED:
             gate = tl.multiple_of(gate, 16)
             up = tl.multiple_of(up, 16)
-        ga, gb = _load_rows(gate[:, None], n_ok, H, HA, HB)
-        ua, ub = _load_rows(up[:, None], n_ok, H, HA, HB)
-    xa, xb = _load_vec(x_ptr, H, HA, HB)
-    if NORM:
+        ga, gb = _load_rows(gate[:, None].to(tl.pointer_type(w_ty)), n_ok, H // U, HA // U, HB // U)
+        ua, ub = _load_rows(up[:, None].to(tl.pointer_type(w_ty)), n_ok, H // U, HA // U, HB // U)
+    if PACKED and NORM:
+        xa, xb = _load_vec(x_ptr, H, HA, HB)
         xa, xb = _rms_norm(xa, xb, lna, lnb, act_ptr.dtype.element_ty, H, HB, EPS, EMU)
-    hv = swiglu(_dot_rows(ga, gb, xa, xb, HB), _dot_rows(ua, ub, xa, xb, HB), act_ptr, EMU)
+        hv = swiglu(_dot_pairs_f32(ga, gb, xa, xb, HB), _dot_pairs_f32(ua, ub, xa, xb, HB), act_ptr, EMU)
+    elif PACKED:
+        xa, xb = _load_pairs(x_ptr.to(tl.pointer_type(tl.int32)), H // 2, HA // 2, HB // 2)
+        hv = swiglu(_dot_pairs(ga, gb, xa, xb, HB), _dot_pairs(ua, ub, xa, xb, HB), act_ptr, EMU)
+    else:
+        xa, xb = _load_vec(x_ptr, H, HA, HB)
+        if NORM:
+            xa, xb = _rms_norm(xa, xb, lna, lnb, act_ptr.dtype.element_ty, H, HB, EPS, EMU)
+        hv = swiglu(_dot_rows(ga, gb, xa, xb, HB), _dot_rows(ua, ub, xa, xb, HB), act_ptr, EMU)
     tl.store(act_ptr + s * stride_ar + offs_n, hv, mask=n_ok)
 
 
@@ -732,13 +876,23 @@ def down_residual(act, w, h, *, experts=None, ids=None, wts=None, tile=(4, 4), p
     block_n, warps = tile
     H = h.numel()
     ew = experts if experts is not None else w
+    stride_we, stride_wn = (ew.stride(0), ew.stride(1)) if experts is not None else (0, 0)
     _launch(_down_kernel, (tiles(H, block_n),), warps, pdl,
             act, ew, w, ids if ids is not None else act, wts if wts is not None else act, h, act.stride(0),
-            ew.stride(0) if experts is not None else 0, ew.stride(1) if experts is not None else 0, w.stride(0),
+            stride_we, stride_wn, w.stride(0),
             H=H, INTER=inter, IA=ia, IB=ib, IC=ic, TOP_K=top_k, PARTS=parts,
             SP2=triton.next_power_of_2(top_k + parts), BLOCK_N=block_n,
             ALIGNED=top_k > 0 and aligned16((ew, w), (ew.stride(0), ew.stride(1), w.stride(0), inter)),
+            PACKED=packed_pairs(act, ew, w, strides=(act.stride(0), stride_we, stride_wn, w.stride(0), inter)),
             USE_PDL=pdl, EMU=emulates_bf16_rne(h.dtype))
+
+
+def packed_pairs(*tensors, strides: tuple, compiled: bool = not INTERPRETED) -> bool:
+    """Whether a kernel may read these tensors as int32 pairs of bf16 (``_pair_dot``): compiled code
+    (the pair FMA is inline PTX), every tensor bf16 and on 4 bytes, every stride / length / offset
+    in ``strides`` (elements) even, so every pair lies within one row and on 4 bytes."""
+    return (compiled and all(t.dtype == torch.bfloat16 and t.data_ptr() % 4 == 0 for t in tensors)
+            and all(s % 2 == 0 for s in strides))
 
 
 def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk: bool, scale: float, *,
@@ -786,6 +940,8 @@ def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_u
             ew.stride(0) if experts_gate_up is not None else 0, ew.stride(1), shared_gate_up.stride(0),
             act.stride(0), H=H, HA=ha, HB=hb, INTER=inter, S_INTER=s_inter, PARTS=parts, BLOCK_N=block_n,
             BLOCKS=tiles(inter, block_n), ROUTED=top_k > 0, NORM=ln is not None, EPS=float(eps), ALIGNED=aligned,
+            PACKED=packed_pairs(x, shared_gate_up, ew, strides=(
+                H, s_inter, shared_gate_up.stride(0)) + ((ew.stride(0), ew.stride(1)) if top_k > 0 else ())),
             USE_PDL=pdl, EMU=emulates_bf16_rne(act.dtype))
 
 
