@@ -105,7 +105,8 @@ def test_fused_step_decodes_the_reference_tokens_fp32():
     reference's largest (fp32 summation order); the device position and the step index advance
     once per step, and a step is 18 launches (5 dense + 2 x 6 MoE + 1). The steps write positions
     PROMPT .. PROMPT + 9 = 7 .. 16 of MAX_LEN = 32: the attention's second split (keys 16-31 at 16
-    keys per split) is empty for the first 9 steps and filled at the last."""
+    keys per split) is empty for the first 9 steps and filled at the last. Each step's token is also
+    kept in the history at its position (PROMPT + i), nothing else there."""
     from harness.kernels.decode_step import FusedDecodeStep
 
     dt, steps = torch.float32, 10
@@ -118,8 +119,9 @@ def test_fused_step_decodes_the_reference_tokens_fp32():
     L = model.cfg.llm
     counts = torch.zeros(steps + 1, L.num_layers, L.n_routed_experts, dtype=torch.int64, device=DEV)
     step_index = torch.zeros(1, dtype=torch.int64, device=DEV)
+    history = torch.zeros(MAX_LEN, dtype=torch.int64, device=DEV)
     step = FusedDecodeStep(weights(model), fused_cache, fused_cache.position, token=token.view(1).clone(),
-                           config=small_tiles(), counts=(counts, step_index))
+                           config=small_tiles(), counts=(counts, step_index), history=history)
     assert step.launches == 18
     got = []
     with torch.inference_mode():
@@ -129,6 +131,7 @@ def test_fused_step_decodes_the_reference_tokens_fp32():
             err = (step.logits.double() - ref_logits[i].double()).abs().max() / ref_logits[i].double().abs().max()
             assert float(err) <= 1e-5, (i, float(err))
     assert got == ref_tokens
+    assert history[PROMPT:PROMPT + steps].tolist() == got and int(history.count_nonzero()) == sum(t != 0 for t in got)
     assert torch.equal(counts[:steps].cpu(), torch.from_numpy(ref_counts)) and int(counts[steps].sum()) == 0
     assert int(fused_cache.position) == PROMPT + steps and int(step_index) == steps
     assert int(ref_counts.sum()) == steps * 2 * L.num_experts_per_tok      # 2 MoE layers, k each
@@ -205,8 +208,8 @@ def test_weight_bytes_by_hand():
 
 
 def test_refusals():
-    """PDL off a Hopper GPU, a batch-2 cache, a counts buffer of the wrong shape, a forced table
-    shorter than the cache, o_proj parts that do not divide its width and a tile of the wrong length
+    """PDL off a Hopper GPU, a batch-2 cache, a counts buffer of the wrong shape, a forced table or a
+    token history shorter than the cache, o_proj parts that do not divide its width and a tile of the wrong length
     (a programs-per-SM entry where there is none) are refused with one-line errors."""
     from harness.kernels.decode_step import DecodeStepConfig, FusedDecodeStep
 
@@ -227,6 +230,8 @@ def test_refusals():
         FusedDecodeStep(w, cache, pos, counts=(torch.zeros(4, 3, 7, dtype=torch.int64, device=DEV), one))
     with pytest.raises(HarnessError, match="forced routing must be"):
         FusedDecodeStep(w, cache, pos, forced=torch.zeros(1, MAX_LEN - 1, 3, 2, dtype=torch.int64, device=DEV))
+    with pytest.raises(HarnessError, match=rf"history must be int64 \[>= {MAX_LEN}\]"):
+        FusedDecodeStep(w, cache, pos, history=torch.zeros(MAX_LEN - 1, dtype=torch.int64, device=DEV))
     with pytest.raises(HarnessError, match=r"3 parts do not divide its reduction length 64") as exc:
         FusedDecodeStep(w, cache, pos, config=DecodeStepConfig(o_proj=(4, 4, 3)))
     assert "\n" not in str(exc.value)

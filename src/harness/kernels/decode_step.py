@@ -173,11 +173,13 @@ def _refuse(what: str, fix: str = "build the step from the reference model's wei
 
 class FusedDecodeStep:
     """The fused batch-1 decode step over ``weights`` and a static cache (``cache.k``/``cache.v``:
-    per-layer [1, nkv, L, d] buffers); see the module docstring."""
+    per-layer [1, nkv, L, d] buffers); see the module docstring. ``history``: int64 [L] on the
+    device; each step also writes its token at its position there (a caller keeps the tokens of a
+    replayed graph without a copy kernel per step)."""
 
     def __init__(self, weights: DecodeWeights, cache, pos: torch.Tensor, *, token: Optional[torch.Tensor] = None,
                  config: DecodeStepConfig = DecodeStepConfig(), pdl: bool = False, counts: Optional[tuple] = None,
-                 forced: Optional[torch.Tensor] = None, debug: bool = False):
+                 forced: Optional[torch.Tensor] = None, history: Optional[torch.Tensor] = None, debug: bool = False):
         config.check()
         w = weights
         self.w, self.cache, self.pos, self.config = w, cache, pos, config
@@ -228,6 +230,11 @@ class FusedDecodeStep:
             zeros(1, dtype=i32)
         self.counts = self._check_counts(counts, len(w.layers), moe, dev)
         self.forced = self._check_forced(forced, len(w.layers), w.top_k, L, moe, dev)
+        if history is not None and (history.dtype != torch.int64 or history.dim() != 1 or history.numel() < L
+                                    or history.device != dev):
+            _refuse(f"history must be int64 [>= {L}] on {dev} (a token per cache position); got {history.dtype} "
+                    f"{tuple(history.shape)} on {history.device}", "pass torch.zeros(L, dtype=torch.int64)")
+        self.history = history
         self.norm_out = zeros(H) if debug else None
         self.calls = self._plan()
 
@@ -337,7 +344,7 @@ class FusedDecodeStep:
             self.token, self.pos, w.eps, step=self.counts[1] if self.counts is not None else None,
             counts=(self.counts[0], self.ids, self.moe_layers) if self.counts is not None and self.moe_layers.numel()
             else None,
-            xn_out=self.norm_out, tile=cfg.lm_head[:2], stages=cfg.lm_head_stages, pdl=pdl)))
+            history=self.history, xn_out=self.norm_out, tile=cfg.lm_head[:2], stages=cfg.lm_head_stages, pdl=pdl)))
         return calls
 
     @property

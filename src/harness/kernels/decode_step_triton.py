@@ -733,12 +733,13 @@ def _count_routing(counts_ptr, ids_ptr, layers_ptr, step_ptr, n_moe, n_steps, n_
 
 @triton.jit
 def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr, sem_ptr, tok_ptr, pos_ptr,
-                           step_ptr, xn_ptr, counts_ptr, ids_ptr, layers_ptr, vocab, n_tiles, stride_wn, n_moe,
+                           step_ptr, hist_ptr, xn_ptr, counts_ptr, ids_ptr, layers_ptr, vocab, n_tiles, stride_wn, n_moe,
                            n_steps, n_layers, n_exp,
                            H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, BLOCK_N: tl.constexpr,
                            G_P2: tl.constexpr, EPS: tl.constexpr, HAS_STEP: tl.constexpr, XN_OUT: tl.constexpr,
                            STAGES: tl.constexpr, HAS_COUNTS: tl.constexpr, MOE_P2: tl.constexpr,
-                           TOP_K: tl.constexpr, KP2: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
+                           TOP_K: tl.constexpr, KP2: tl.constexpr, HAS_HIST: tl.constexpr, USE_PDL: tl.constexpr,
+                           EMU: tl.constexpr):
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     if HAS_COUNTS:      # program 0, before its wait: every MoE layer's routing count of this step
@@ -788,7 +789,10 @@ def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr,
         top = tl.max(pm, axis=0)
         token = tl.min(tl.where(pm == top, pi, vocab), axis=0)      # programs own increasing rows
         tl.store(tok_ptr, token.to(tl.int64))
-        tl.store(pos_ptr, tl.load(pos_ptr) + 1)
+        pos = tl.load(pos_ptr)
+        if HAS_HIST:                                 # the token of the step at this position, kept
+            tl.store(hist_ptr + pos, token.to(tl.int64))
+        tl.store(pos_ptr, pos + 1)
         if HAS_STEP:
             tl.store(step_ptr, tl.load(step_ptr) + 1)
         tl.store(sem_ptr, 0)
@@ -946,9 +950,10 @@ def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_u
 
 
 def lm_head_argmax(h, ln, w, logits, pmax, pidx, sem, token, pos, eps: float, *, step=None, xn_out=None,
-                   counts=None, tile=(8, 8), stages: int = 0, pdl: bool = False) -> None:
+                   counts=None, history=None, tile=(8, 8), stages: int = 0, pdl: bool = False) -> None:
     """logits [V] <- w [V, H] @ RMSNorm(h) in h's dtype; token (int64 [1]) <- the first index of the
-    maximum logit; pos (and ``step``, if given) += 1. One program per entry of ``pmax`` (fp32) /
+    maximum logit, also into ``history`` (int64 [> pos]) at the step's position, if given; pos (and
+    ``step``, if given) += 1. One program per entry of ``pmax`` (fp32) /
     ``pidx`` (int32) scratch; ``sem`` int32 [1] zero (left zero). ``xn_out`` [H]: RMSNorm(h)
     written there (diagnostics). ``stages``: 0, each program keeps the next tile in registers while
     it reduces the current one; >= 2, its tiles after the first go through Triton's software
@@ -967,11 +972,11 @@ def lm_head_argmax(h, ln, w, logits, pmax, pidx, sem, token, pos, eps: float, *,
     programs = pmax.numel()
     _launch(_lm_head_argmax_kernel, (programs,), warps, pdl,
             h, ln, w, logits, pmax, pidx, sem, token, pos, step if step is not None else pos,
-            xn_out if xn_out is not None else h, buf, ids, moe, V, triton.cdiv(V, block_n), w.stride(0), moe.numel(),
+            history if history is not None else pos, xn_out if xn_out is not None else h, buf, ids, moe, V, triton.cdiv(V, block_n), w.stride(0), moe.numel(),
             buf.shape[0] - 1 if counts is not None else 0, buf.shape[1] if counts is not None else 0,
             buf.shape[2] if counts is not None else 0,
             H=H, HA=ha, HB=hb, BLOCK_N=block_n, G_P2=triton.next_power_of_2(programs), EPS=float(eps),
             HAS_STEP=step is not None, XN_OUT=xn_out is not None, STAGES=stages, HAS_COUNTS=counts is not None,
             MOE_P2=triton.next_power_of_2(moe.numel()), TOP_K=ids.shape[-1] if counts is not None else 1,
-            KP2=triton.next_power_of_2(ids.shape[-1]) if counts is not None else 1, USE_PDL=pdl,
-            EMU=emulates_bf16_rne(logits.dtype))
+            KP2=triton.next_power_of_2(ids.shape[-1]) if counts is not None else 1, HAS_HIST=history is not None,
+            USE_PDL=pdl, EMU=emulates_bf16_rne(logits.dtype))

@@ -76,8 +76,10 @@ class FusedCore:
     the step's logits as fp32 [1, 1, V] (as the decoder returns them). Two steps share the weights,
     cache and token buffer: the weights' routing, and (built on first use) the forced routing of the
     decoder's table, picked by ``routing.active`` on the host (an uncompiled step is captured per
-    routing). Outside a CUDA-graph capture the result is a fresh tensor (inside, the decoder clones
-    the graph's output after each replay)."""
+    routing). Outside a CUDA-graph capture the result is a fresh tensor. Each step also writes its
+    token into ``history`` (int64 [cache length]) at its position: after a replay the decoder returns
+    that slot as the token (``StaticDecoder.step``), where another graph's output is cloned, so a
+    greedy step costs no copy kernel between replays."""
 
     def __init__(self, dec, pdl: bool = False, config: Optional[DecodeStepConfig] = None):
         batch = dec.token_in.shape[0]
@@ -88,6 +90,7 @@ class FusedCore:
         self.dec, self.pdl = dec, pdl
         self.config = config or default_config(dec.cache.position.device)
         self.weights = weights_from_model(dec.model)
+        self.history = torch.zeros(dec.cache.max_len, dtype=torch.int64, device=dec.cache.position.device)
         self.steps: dict = {}
         self.module_scope = None   # set by kernel attribution (``measure.alignment``): module -> context
 
@@ -108,7 +111,8 @@ class FusedCore:
             dec, r = self.dec, self.dec.routing
             self.steps[forced] = FusedDecodeStep(self.weights, dec.cache, dec.cache.position,
                                                  token=dec.token_in.view(1), config=self.config, pdl=self.pdl,
-                                                 counts=(r.decode, r.step_index), forced=r.table if forced else None)
+                                                 counts=(r.decode, r.step_index), forced=r.table if forced else None,
+                                                 history=self.history)
         return self.steps[forced]
 
     @property

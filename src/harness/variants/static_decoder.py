@@ -177,7 +177,14 @@ class StaticDecoder:
             if token is not self._returned or out.data_ptr() != self.token_in.data_ptr():
                 self.token_in.copy_(token)
             graph.replay()
-            out = self._returned = out.clone()
+            history = getattr(self.core, "history", None)
+            if history is not None and out.data_ptr() == self.token_in.data_ptr():
+                # the step kept its token at its position (``FusedCore``): a view, no copy kernel; it
+                # holds until a later request decodes that position again
+                out = history[self.cache.length:self.cache.length + 1].view(1, 1)
+            else:
+                out = out.clone()
+            self._returned = out
         else:
             out = self.fn(token, self.cache, self.select, self.routing)
         self.cache.advance(1)
