@@ -6,7 +6,9 @@
 #   AB_OLD=.devtmp/ab/decode_step_triton.py AB_CONFIGS="down=(2,8)" \
 #     bash scripts/device/wave7.sh ab kernels tests b1 outside bench
 # ab:      the fused step (PDL, counted routing, CUDA graph; scripts/device/step_ablation.py
-#          --only-configs) with this tree's decode_step_triton.py and with $AB_OLD in its place,
+#          --only-configs) with this tree's decode_step_triton.py and with $AB_OLD in its place (an
+#          old file must take what this tree's decode_step.py passes: files before 568ce17 lack
+#          lm_head_argmax's history and fail),
 #          alternating, AB_ROUNDS (3) times each; this tree's also with $AB_CONFIGS (';' within one,
 #          ' ' between). ab.log, the means at its end.
 # kernels: the Triton kernels' unit tests compiled on the GPU (tests/test_decode_step_triton.py,

@@ -32,7 +32,9 @@ the registers; with pairs (triton 3.6, sm90) the MoE down kernel at (4, 8) takes
 122: 3 programs per SM, its 320 programs in one wave, was 1.21 waves; MoE gate/up 64, was 96 (1.70
 waves, was 2.72); dense gate/up 72, was 115. The q/k/v kernel gained nothing from pairs (158 -> 155
 and 162) and stays plain. An H200 ran the step at 448.1 µs against 476.2 with the previous kernel
-file (same machine, alternating, 3 runs each; ``runs/examples/h200-decode-pairs/``).
+file with pairs in the MoE kernels only, and at 439.4 against 477.8 with the dense gate/up's pairs
+and the router's bitonic top-k too (same machine each, alternating; ``runs/examples/h200-decode-pairs/``,
+``ab_first.log``, ``ab.log``).
 
 Step end: ``_lm_head_argmax_kernel``: every program (about two per SM) recomputes RMSNorm(h) and
 streams a contiguous, balanced range of lm_head rows (the next tile loaded while the current one
@@ -103,6 +105,8 @@ line, µs per step; runs/examples/h200-decode-pairs/):
   o_proj (8, 4, 1) 445.2, (2, 4, 1) 442.5; dense gate/up (8, 8) 438.7; dense down (2, 8, 4) 445.0,
   (4, 8, 4) 443.4 (against 442.0); router (2, 1) 445.4, (4, 1) 449.1, (1, 1) 442.0, (4, 2) 442.3
   (against 437.6).
+- The routing count spread over lm_head's programs (one MoE layer each) instead of program 0: 439.6
+  against 438.9 (alternating, 3 runs each).
 
 Weight tiles hold a whole row range in registers: a reduction length K is loaded as two tiles,
 KA (the largest power of two <= K) and KB (the next power of two >= K - KA, masked; 0 if K = KA),
