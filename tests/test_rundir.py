@@ -185,3 +185,56 @@ def test_a_report_that_cannot_be_rewritten_is_retried_without_charts_then_remove
     assert said == [f"report.md not rewritten (OSError: [Errno 28] No space left on device: '{rd.path / 'report.md'}'); "
                     "the report.md written while the run went on was removed"]
     assert not (rd.path / "report.md").exists()
+
+
+def _script(repo_root, name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, repo_root / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_stamped_revision_is_recorded_only_where_the_copied_files_match_it(repo_root, tmp_path, monkeypatch,
+                                                                            capsys):
+    """A checkout stamps its revision (scripts/device_stamp.py); on a copy of its files the stamp
+    gives the export lines of that revision, not dirty, and git_revision records them and says so;
+    after a tracked file changes (or without the stamp) nothing is exported and the reason is on
+    stderr; a dirty checkout's stamp says dirty."""
+    import subprocess
+    from harness.rundir import git_revision
+
+    stamp = _script(repo_root, "device_stamp")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("x = 1\n")
+    run = lambda *a: subprocess.run(["git", *a], cwd=src, check=True, capture_output=True)  # noqa: E731
+    run("init", "-q")
+    run("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "0")
+    run("add", "a.py")
+    run("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "1")
+    rev = run("rev-parse", "HEAD").stdout.decode().strip()
+    entry = stamp.stamp(src)
+    assert entry["revision"] == rev and entry["dirty"] is False and entry["files"] == ["a.py"]
+
+    copy = tmp_path / "copy"                         # the files only, as a device copy may arrive
+    (copy / ".devstamp").mkdir(parents=True)
+    (copy / "a.py").write_text("x = 1\n")
+    (copy / ".devstamp" / "git.json").write_text((src / ".devstamp" / "git.json").read_text())
+    assert stamp.env(copy) == f"export HARNESS_GIT_REVISION={rev}\nexport HARNESS_GIT_DIRTY=0\n"
+    monkeypatch.setenv("HARNESS_GIT_REVISION", rev)
+    monkeypatch.setenv("HARNESS_GIT_DIRTY", "0")
+    got = git_revision(copy)
+    assert got["revision"] == rev and got["dirty"] is False and "device_stamp" in got["from"]
+
+    (copy / "a.py").write_text("x = 2\n")
+    capsys.readouterr()
+    assert stamp.env(copy) == "" and "differ from the stamp" in capsys.readouterr().err
+    (copy / ".devstamp" / "git.json").unlink()
+    assert stamp.env(copy) == "" and "no .devstamp" in capsys.readouterr().err
+
+    (src / "a.py").write_text("x = 3\n")
+    assert stamp.stamp(src)["dirty"] is True
+    monkeypatch.delenv("HARNESS_GIT_REVISION")
+    assert git_revision(src) == {"revision": rev, "dirty": True}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU evidence for issue 24 after the MoE down kernel's one-wave restructure (2026-11-27), one device
-# call per card. Carry .whl (and the A/B's old kernel file). Results under $OUT. Sections tests, b1,
+# call per card. Carry .whl, .devstamp (python scripts/device_stamp.py first: the manifests' git
+# revision) and the A/B's old kernel file. Results under $OUT. Sections tests, b1,
 # outside and bench are wave4.sh's (fused-step GPU tests; ladder best + best-fused; outside TPOT; the
 # fused step alone).
 #   AB_OLD=.devtmp/ab/decode_step_triton.py AB_CONFIGS="down=(2,8)" \

@@ -60,6 +60,14 @@ def package_versions() -> dict:
 
 
 def git_revision(root: Path | None = None) -> dict:
+    """This checkout's ``git rev-parse HEAD`` and whether tracked files differ from it. On a copy of
+    a checkout (the lent GPU's, whose git metadata can lag) ``HARNESS_GIT_REVISION`` and
+    ``HARNESS_GIT_DIRTY`` (0/1), set by ``scripts/device_stamp.py env`` only when the copied files
+    match the stamped checkout, are recorded instead, with where they came from."""
+    stamped = os.environ.get("HARNESS_GIT_REVISION")
+    if stamped:
+        return {"revision": stamped, "dirty": os.environ.get("HARNESS_GIT_DIRTY") == "1",
+                "from": "HARNESS_GIT_REVISION (scripts/device_stamp.py: the checkout this tree was copied from)"}
     root = root or Path(__file__).resolve().parents[2]
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
