@@ -41,8 +41,9 @@ streams a contiguous, balanced range of lm_head rows (the next tile loaded while
 is reduced, or with ``STAGES`` through Triton's software pipeline), writes the logits in the
 activation dtype and keeps the first index of its maximum; the last program to finish picks the
 token (first index of the max, as torch.argmax), writes it into the token buffer the next step
-reads, advances the device position (and the step index). With routing counts, program 0 adds the
-step's experts of every MoE layer first.
+reads (and into a token history at the step's position, if given), advances the device position
+(and the step index). With routing counts, program 0 adds the step's experts of every MoE layer
+first.
 
 Work split (q/k/v, gate/up, down): one program per tile, no loop. A tile is ``BLOCK`` rows of one
 matrix: pairs of q/k/v columns (a and a + HALF of one head); columns of the expert width of one
