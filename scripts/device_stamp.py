@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
 STAMP = Path(".devstamp") / "git.json"
 
 
@@ -36,15 +38,15 @@ def digest(root: Path, files: list) -> str:
     return h.hexdigest()
 
 
-def git(root: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
-
-
 def stamp(root: Path) -> dict:
-    files = sorted(f for f in git(root, "ls-files", "-z").split("\0") if f)
-    entry = {"revision": git(root, "rev-parse", "HEAD").strip(),
-             "dirty": bool(git(root, "status", "--porcelain", "--untracked-files=no").strip()),
-             "files": files, "digest": digest(root, files)}
+    from harness.rundir import checkout_revision     # (the git reading the manifests do; not their override)
+
+    rev = checkout_revision(root)
+    if rev["revision"] is None:
+        raise SystemExit(f"device_stamp: no git revision at {root}: {rev.get('reason')}")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, text=True, check=True).stdout
+    files = sorted(f for f in listed.split("\0") if f)
+    entry = {"revision": rev["revision"], "dirty": rev["dirty"], "files": files, "digest": digest(root, files)}
     out = root / STAMP
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(entry))

@@ -68,6 +68,12 @@ def git_revision(root: Path | None = None) -> dict:
     if stamped:
         return {"revision": stamped, "dirty": os.environ.get("HARNESS_GIT_DIRTY") == "1",
                 "from": "HARNESS_GIT_REVISION (scripts/device_stamp.py: the checkout this tree was copied from)"}
+    return checkout_revision(root)
+
+
+def checkout_revision(root: Path | None = None) -> dict:
+    """``git rev-parse HEAD`` of the checkout at ``root`` (default: this package's) and whether its
+    tracked files differ from it; revision None with the reason when git cannot tell."""
     root = root or Path(__file__).resolve().parents[2]
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)

@@ -226,16 +226,23 @@ def _zero_rows(BLOCK_N: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, dtype:
 
 
 @triton.jit
-def _load_vec(p, K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr):
-    """A row of K elements at ``p`` as fp32 parts [KA], [KB] (padding 0)."""
-    offs_a = tl.arange(0, KA)
-    xa = tl.load(p + offs_a).to(tl.float32)
+def _load_row(p, K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr):
+    """A row of K elements at ``p`` as parts [KA], [KB] in its own dtype (padding 0; KB = 0: the
+    first part twice)."""
+    xa = tl.load(p + tl.arange(0, KA))
     if KB > 0:
         offs_b = KA + tl.arange(0, KB)
-        xb = tl.load(p + offs_b, mask=offs_b < K, other=0.0).to(tl.float32)
+        xb = tl.load(p + offs_b, mask=offs_b < K, other=0)
     else:
         xb = xa
     return xa, xb
+
+
+@triton.jit
+def _load_vec(p, K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr):
+    """``_load_row`` as fp32 parts."""
+    xa, xb = _load_row(p, K, KA, KB)
+    return xa.to(tl.float32), xb.to(tl.float32)
 
 
 @triton.jit
@@ -258,7 +265,7 @@ def _dot_rows(wa, wb, xa, xb, KB: tl.constexpr):
 
 @triton.jit
 def _dot_pairs(wa, wb, xa, xb, KB: tl.constexpr):
-    """``_dot_rows`` of bf16 pairs held as int32 (``_load_rows`` / ``_load_pairs`` of int32 pointers,
+    """``_dot_rows`` of bf16 pairs held as int32 (``_load_rows`` / ``_load_row`` of int32 pointers,
     counts in pairs): each pair's two products summed by one ``_pair_dot``, then the sum over k."""
     acc = tl.sum(_pair_dot(wa, tl.broadcast_to(xa[None, :], wa.shape)), axis=1)
     if KB > 0:
@@ -284,18 +291,6 @@ def _dot_pairs_f32(wa, wb, xa, xb, KB: tl.constexpr):
         acc += tl.sum(_pair_dot_f32(wb, tl.broadcast_to(xb_lo[None, :], wb.shape),
                                     tl.broadcast_to(xb_hi[None, :], wb.shape)), axis=1)
     return acc
-
-
-@triton.jit
-def _load_pairs(p, K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr):
-    """A row of K elements at ``p`` as parts [KA], [KB] in its own dtype (padding 0)."""
-    xa = tl.load(p + tl.arange(0, KA))
-    if KB > 0:
-        offs_b = KA + tl.arange(0, KB)
-        xb = tl.load(p + offs_b, mask=offs_b < K, other=0)
-    else:
-        xb = xa
-    return xa, xb
 
 
 @triton.jit
@@ -597,10 +592,11 @@ def _select_experts(logits_ptr, forced_ptr, pos_ptr, n_exp, forced_offset, force
                     TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr, NORM_TOPK: tl.constexpr,
                     SCALE: tl.constexpr, FORCED: tl.constexpr):
     """The router's choice from its fp32 logits [n_exp] (``.cg`` loads: the other programs wrote
-    them): (ids int64, weights fp32) [BLOCK_TOPK], slots past TOP_K id 0 weight 0. Softmax as
+    them): (ids int64, weights fp32) [BLOCK_TOPK]. Softmax as
     ATen's (expf, an IEEE division by the sum); ``_top_k``, or with FORCED the table's experts at
     the device position (``forced_ptr[forced_offset + min(pos, positions - 1) * stride + j]``) with
-    their probabilities; renormalised if NORM_TOPK; times SCALE."""
+    their probabilities; renormalised if NORM_TOPK; times SCALE. Slots past TOP_K weigh 0 (their
+    ids are not meant to be stored)."""
     offs_e = tl.arange(0, BLOCK_E)
     e_ok = offs_e < n_exp
     logits = tl.load(logits_ptr + offs_e, mask=e_ok, other=float("-inf"), cache_modifier=".cg")
@@ -614,7 +610,6 @@ def _select_experts(logits_ptr, forced_ptr, pos_ptr, n_exp, forced_offset, force
         sel_w = tl.sum(tl.where(offs_e[None, :] == sel_i[:, None], probs[None, :], 0.0), axis=1)
     else:
         sel_i, sel_w = _top_k(probs, e_ok, offs_e, BLOCK_E, BLOCK_TOPK)
-    sel_i = tl.where(k_ok, sel_i, 0)
     sel_w = tl.where(k_ok, sel_w, 0.0)              # slots past k (BLOCK_TOPK padding) weigh nothing
     if NORM_TOPK:
         sel_w = div_f32(sel_w, tl.sum(sel_w, axis=0) + 1e-20)
@@ -652,6 +647,17 @@ def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, w
 
 
 @triton.jit
+def _weight_rows(rows, n_ok, H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, PACKED: tl.constexpr):
+    """``_load_rows`` of weight rows (pointers [BLOCK_N] to each row's first element), with PACKED
+    as int32 pairs of bf16 (H and the row starts even, checked on the host)."""
+    if PACKED:
+        wa, wb = _load_rows(rows[:, None].to(tl.pointer_type(tl.int32)), n_ok, H // 2, HA // 2, HB // 2)
+    else:
+        wa, wb = _load_rows(rows[:, None], n_ok, H, HA, HB)
+    return wa, wb
+
+
+@triton.jit
 def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride_we, stride_wn, stride_sn, stride_ar,
                     H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, INTER: tl.constexpr,
                     S_INTER: tl.constexpr, PARTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
@@ -662,19 +668,20 @@ def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride_we, 
     offs_n = (tl.program_id(0) % BLOCKS) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < INTER
     # PACKED (bf16, rows and x on 4 bytes, checked on the host): the tiles hold pairs of bf16 as int32
-    U: tl.constexpr = 2 if PACKED else 1
-    w_ty = tl.int32 if PACKED else sw_ptr.dtype.element_ty
     if s < PARTS:                                    # shared / dense weights: known before the wait
         gate = sw_ptr + (s * INTER + offs_n).to(tl.int64) * stride_sn
         up = gate + S_INTER * stride_sn
         if ALIGNED:             # (checked on the host: 16-byte vector loads)
             gate = tl.multiple_of(gate, 16)
             up = tl.multiple_of(up, 16)
-        ga, gb = _load_rows(gate[:, None].to(tl.pointer_type(w_ty)), n_ok, H // U, HA // U, HB // U)
-        ua, ub = _load_rows(up[:, None].to(tl.pointer_type(w_ty)), n_ok, H // U, HA // U, HB // U)
+        ga, gb = _weight_rows(gate, n_ok, H, HA, HB, PACKED)
+        ua, ub = _weight_rows(up, n_ok, H, HA, HB, PACKED)
     else:
-        ga, gb = _zero_rows(BLOCK_N, HA // U, HB // U, w_ty)
-        ua, ub = _zero_rows(BLOCK_N, HA // U, HB // U, w_ty)
+        if PACKED:
+            ga, gb = _zero_rows(BLOCK_N, HA // 2, HB // 2, tl.int32)
+        else:
+            ga, gb = _zero_rows(BLOCK_N, HA, HB, sw_ptr.dtype.element_ty)
+        ua, ub = ga, gb
     if NORM:
         lna, lnb = _load_vec(ln_ptr, H, HA, HB)
     _pdl_wait(USE_PDL)
@@ -685,14 +692,14 @@ def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride_we, 
         if ALIGNED:
             gate = tl.multiple_of(gate, 16)
             up = tl.multiple_of(up, 16)
-        ga, gb = _load_rows(gate[:, None].to(tl.pointer_type(w_ty)), n_ok, H // U, HA // U, HB // U)
-        ua, ub = _load_rows(up[:, None].to(tl.pointer_type(w_ty)), n_ok, H // U, HA // U, HB // U)
+        ga, gb = _weight_rows(gate, n_ok, H, HA, HB, PACKED)
+        ua, ub = _weight_rows(up, n_ok, H, HA, HB, PACKED)
     if PACKED and NORM:
         xa, xb = _load_vec(x_ptr, H, HA, HB)
         xa, xb = _rms_norm(xa, xb, lna, lnb, act_ptr.dtype.element_ty, H, HB, EPS, EMU)
         hv = swiglu(_dot_pairs_f32(ga, gb, xa, xb, HB), _dot_pairs_f32(ua, ub, xa, xb, HB), act_ptr, EMU)
     elif PACKED:
-        xa, xb = _load_pairs(x_ptr.to(tl.pointer_type(tl.int32)), H // 2, HA // 2, HB // 2)
+        xa, xb = _load_row(x_ptr.to(tl.pointer_type(tl.int32)), H // 2, HA // 2, HB // 2)
         hv = swiglu(_dot_pairs(ga, gb, xa, xb, HB), _dot_pairs(ua, ub, xa, xb, HB), act_ptr, EMU)
     else:
         xa, xb = _load_vec(x_ptr, H, HA, HB)
@@ -822,11 +829,12 @@ def tiles(rows: int, block: int, slots: int = 1) -> int:
     return triton.cdiv(rows, block) * slots
 
 
-def aligned16(tensors: tuple, strides: tuple) -> bool:
+def aligned16(tensors: tuple, strides: tuple, nbytes: int = 16) -> bool:
     """Whether every tensor starts, and every stride / offset (elements of the tensors' dtype) steps,
-    on 16 bytes: the kernels may then mark the rows they pick as 16-byte aligned (vector loads)."""
+    on ``nbytes`` bytes: with 16 the kernels may mark the rows they pick as 16-byte aligned (vector
+    loads); ``packed_pairs`` asks for 4."""
     size = tensors[0].element_size()
-    return all(t.data_ptr() % 16 == 0 for t in tensors) and all(s * size % 16 == 0 for s in strides)
+    return all(t.data_ptr() % nbytes == 0 for t in tensors) and all(s * size % nbytes == 0 for s in strides)
 
 
 def qkv_rope(h, ln, w, cos, sin, pos, q, k_cache, v_cache, eps: float, *, embed=None, token=None, xn_out=None,
@@ -900,8 +908,7 @@ def packed_pairs(*tensors, strides: tuple, compiled: bool = not INTERPRETED) -> 
     """Whether a kernel may read these tensors as int32 pairs of bf16 (``_pair_dot``): compiled code
     (the pair FMA is inline PTX), every tensor bf16 and on 4 bytes, every stride / length / offset
     in ``strides`` (elements) even, so every pair lies within one row and on 4 bytes."""
-    return (compiled and all(t.dtype == torch.bfloat16 and t.data_ptr() % 4 == 0 for t in tensors)
-            and all(s % 2 == 0 for s in strides))
+    return compiled and all(t.dtype == torch.bfloat16 for t in tensors) and aligned16(tensors, strides, 4)
 
 
 def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk: bool, scale: float, *,

@@ -174,11 +174,12 @@ class StaticDecoder:
             graph, out = self.decode_graphs[self._mode()]
             # a graph whose output is the token buffer itself (the fused step writes the next token
             # there) already holds the token it returned last: fed that back, no copy kernel is needed
-            if token is not self._returned or out.data_ptr() != self.token_in.data_ptr():
+            in_place = out.data_ptr() == self.token_in.data_ptr()
+            if token is not self._returned or not in_place:
                 self.token_in.copy_(token)
             graph.replay()
             history = getattr(self.core, "history", None)
-            if history is not None and out.data_ptr() == self.token_in.data_ptr():
+            if history is not None and in_place:
                 # the step kept its token at its position (``FusedCore``): a view, no copy kernel; it
                 # holds until a later request decodes that position again
                 out = history[self.cache.length:self.cache.length + 1].view(1, 1)
