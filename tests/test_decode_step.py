@@ -32,11 +32,12 @@ pytestmark = needs_triton
 VOCAB, PROMPT, MAX_LEN = 500, 7, 32
 
 
-def small_tiles():
+def small_tiles(gate_up_chooses: bool = False):
     from harness.kernels.decode_step import DecodeStepConfig
 
     return DecodeStepConfig(qkv=(32, 4), attention=(16, 4), o_proj=(32, 4, 2), router=(8, 2), gate_up=(16, 4),
-                            down=(32, 4), dense_gate_up=(64, 4), dense_down=(32, 4, 2), lm_head=(128, 4, 1), sms=2)
+                            down=(32, 4), dense_gate_up=(64, 4), dense_down=(32, 4, 2), lm_head=(128, 4, 1), sms=2,
+                            gate_up_chooses=gate_up_chooses)
 
 
 def tiny_model(dtype):
@@ -99,7 +100,8 @@ def reference_decode(model, cache, token, steps, feed=None):
     return tokens, logits, counter.steps_result()
 
 
-def test_fused_step_decodes_the_reference_tokens_fp32():
+@pytest.mark.parametrize("chooses", [False, True])
+def test_fused_step_decodes_the_reference_tokens_fp32(chooses):
     """10 greedy steps in fp32: the same tokens, the same routing counts per step and layer (a
     buffer of 10 + 1 rows: the last, for steps past it, stays empty), logits within 1e-5 of the
     reference's largest (fp32 summation order); the device position and the step index advance
@@ -121,7 +123,7 @@ def test_fused_step_decodes_the_reference_tokens_fp32():
     step_index = torch.zeros(1, dtype=torch.int64, device=DEV)
     history = torch.zeros(MAX_LEN, dtype=torch.int64, device=DEV)
     step = FusedDecodeStep(weights(model), fused_cache, fused_cache.position, token=token.view(1).clone(),
-                           config=small_tiles(), counts=(counts, step_index), history=history)
+                           config=small_tiles(chooses), counts=(counts, step_index), history=history)
     assert step.launches == 18
     got = []
     with torch.inference_mode():
@@ -159,7 +161,8 @@ def test_fused_step_bf16_teacher_forced_logits():
             assert int(step.token) == ref_tokens[i], i
 
 
-def test_forced_routing_counts_the_table():
+@pytest.mark.parametrize("chooses", [False, True])
+def test_forced_routing_counts_the_table(chooses):
     """With a forced table every MoE layer routes to the table's experts at the step's position: the
     per-step counts are exactly the table's rows at positions PROMPT and PROMPT + 1 (a buffer of
     1 + 1 rows: the second step counts into the last row)."""
@@ -174,8 +177,8 @@ def test_forced_routing_counts_the_table():
                          for _ in range(MAX_LEN * L.num_layers)]).view(1, MAX_LEN, L.num_layers, -1)
     counts = torch.zeros(2, L.num_layers, L.n_routed_experts, dtype=torch.int64, device=DEV)
     step = FusedDecodeStep(weights(model), cache, cache.position, token=token.view(1).clone(),
-                           config=small_tiles(), counts=(counts, torch.zeros(1, dtype=torch.int64, device=DEV)),
-                           forced=table.to(DEV))
+                           config=small_tiles(chooses),
+                           counts=(counts, torch.zeros(1, dtype=torch.int64, device=DEV)), forced=table.to(DEV))
     with torch.inference_mode():
         step.run()
         step.run()

@@ -324,6 +324,59 @@ def test_gate_up_routed_and_shared_rows(dtype):
     assert_within_one_ulp(act.cpu(), want, dtype)
 
 
+@pytest.mark.parametrize("forced", [False, True])
+def test_gate_up_makes_the_routers_choice(forced):
+    """``route(select=False)`` stores the logits only (ids, weights and counter untouched); the gate/up
+    kernel then makes the choice from them (``choose``): the same experts and weights, bit for bit,
+    as the router's last program makes (``route``), the first routed program storing them, and the
+    rows of those experts (the same act as with the ids given). Forced: the table's experts at the
+    device position with their probabilities. E = 16, k = 3 (normalised, scale 2.5), I = 24 in 2
+    column blocks x (2 shared + 3 routed) slots."""
+    k = kt()
+    g = torch.Generator().manual_seed(23)
+    H, I, E, top_k, P, layer = 64, 24, 16, 3, 2, 1
+    h, ln, w = norm_exact_row(H, g), grid((H,), g, -8, 8, 8), grid((E, H), g)
+    experts, shared = grid((E, 2 * I, H), g), grid((2 * P * I, H), g)
+    table = torch.zeros(1, 6, 2, top_k, dtype=torch.int64)
+    table[0, 4, layer] = torch.tensor([9, 2, 14])
+    pos = torch.tensor([4], device=DEV)
+    f = (table.to(DEV), pos, layer) if forced else None
+    ref, b = _router_buffers(H, E, top_k, torch.float32), _router_buffers(H, E, top_k, torch.float32)
+    k.route(*on(h, ln, w), *ref.values(), 0.0, top_k, True, 2.5, forced=f, tile=(4, 2))
+    b["ids"].fill_(-1)
+    k.route(*on(h, ln, w), *b.values(), 0.0, top_k, True, 2.5, forced=f, select=False, tile=(4, 2))
+    assert torch.equal(b["logits"], ref["logits"]) and b["ids"].tolist() == [-1] * top_k and int(b["sem"]) == 0
+    act = torch.zeros(P + top_k, I, device=DEV)
+    k.gate_up(b["xn"], shared.to(DEV), act, experts_gate_up=experts.to(DEV), ids=b["ids"],
+              choose=(b["logits"], b["wts"], top_k, True, 2.5, f), tile=(16, 4))
+    assert torch.equal(b["ids"], ref["ids"]) and torch.equal(b["wts"], ref["wts"])
+    if forced:
+        assert ref["ids"].tolist() == [9, 2, 14]
+    want = torch.zeros_like(act)
+    k.gate_up(ref["xn"], shared.to(DEV), want, experts_gate_up=experts.to(DEV), ids=ref["ids"], tile=(16, 4))
+    assert torch.equal(act, want)
+
+
+def test_down_clears_then_reads_the_chosen_ids():
+    """o_proj's ``clear`` sets the next router's ids to -1 (after its wait, program 0); the MoE down
+    kernel with ``spin`` (ids stored by the gate/up kernel; read again until none is -1, the weights
+    after the wait) gives h exactly as without."""
+    k = kt()
+    g = torch.Generator().manual_seed(29)
+    H, I, E, top_k, P = 40, 24, 5, 3, 2
+    act, experts, shared = grid((P + top_k, I), g, -16, 16, 16), grid((E, H, I), g), grid((H, P * I), g)
+    ids, wts, h = torch.tensor([3, 0, 4]), grid((top_k,), g, 1, 16, 16), grid((H,), g, -64, 64, 16)
+    clear = torch.zeros(top_k, dtype=torch.int64, device=DEV)
+    o_in, o_w, o_h = grid((2, 32), g, -16, 16, 16), grid((H, 64), g), grid((H,), g, -64, 64, 16)
+    k.down_residual(*on(o_in, o_w), o_h.to(DEV), clear=clear, tile=(16, 4))
+    assert clear.tolist() == [-1] * top_k
+    got, want = h.clone().to(DEV), h.clone().to(DEV)
+    args = on(act, experts, shared, ids, wts)
+    k.down_residual(args[0], args[2], got, experts=args[1], ids=args[3], wts=args[4], spin=True, tile=(16, 4))
+    k.down_residual(args[0], args[2], want, experts=args[1], ids=args[3], wts=args[4], tile=(16, 4))
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gate_up_dense_recomputes_the_norm(dtype):
     """The dense SwiGLU (one part, no routed rows) of post_attention_layernorm(h), the norm

@@ -68,11 +68,18 @@ class DecodeStepConfig:
     ``down`` (4, 8) since the MoE down kernel holds its routed and shared slots as one tile (an
     H200, ``scripts/device/step_ablation.py --configs``: 472.2-480.2 µs per step, against 480.9-493.0
     with (2, 8) and 490.6-491.8 with (2, 4); the previous kernel at (2, 4) 484.6-484.9, same
-    machine; ``runs/examples/h200-decode-down/``)."""
+    machine; ``runs/examples/h200-decode-down/``). ``gate_up_chooses``: the MoE gate/up kernel
+    makes the router's choice from its logits (the router stores the logits only, the down kernel
+    waits on the stored ids; ``decode_step_triton``, item 4); False, the router's last program
+    makes it. With ``router`` (1, 1), True since the ladder's ``best-fused`` decode on an H200 ran
+    at 0.4362 and 0.4359 ms per token against 0.4464 and 0.4464 with False and (2, 2), the previous
+    defaults (alternating, same machine; ``runs/examples/h200-decode-choose/``). The step alone
+    (``step_ablation.py``, one process per line) ranks them the other way on that machine, 443.8-
+    444.4 µs against 440.9-441.0: see that folder's README."""
     qkv: tuple = (4, 2)
     attention: tuple = (32, 2)
     o_proj: tuple = (4, 4, 1)
-    router: tuple = (2, 2)
+    router: tuple = (1, 1)
     gate_up: tuple = (4, 4)
     down: tuple = (4, 8)
     dense_gate_up: tuple = (4, 4)
@@ -81,6 +88,7 @@ class DecodeStepConfig:
     sms: Optional[int] = None
     gate_up_norm: bool = False
     lm_head_stages: int = 4
+    gate_up_chooses: bool = True
 
     def check(self) -> None:
         for name in _TILES:
@@ -311,6 +319,7 @@ class FusedDecodeStep:
         p = functools.partial
         calls = []
         o_parts = cfg.o_proj[2]
+        chooses = cfg.gate_up_chooses
         for i, lw in enumerate(w.layers):
             first = i == 0
             calls += [
@@ -320,19 +329,20 @@ class FusedDecodeStep:
                 ("attention", i, p(k.attention, self.q, cache.k[i], cache.v[i], self.pos, self.attn_out, self.attn_acc,
                                    self.attn_m, self.attn_l, self.attn_sem, tile=cfg.attention, pdl=pdl)),
                 ("o_proj", i, p(k.down_residual, self.attn_out.view(o_parts, -1), lw.o, self.h, tile=cfg.o_proj[:2],
-                                pdl=pdl))]
+                                clear=self.ids[i] if lw.moe and chooses else None, pdl=pdl))]
             if lw.moe:
                 forced = (self.forced, self.pos, i) if self.forced is not None else None
                 norm = cfg.gate_up_norm
+                choose = (self.router_logits, self.wts[i], w.top_k, w.norm_topk, w.scale, forced) if chooses else None
                 calls += [
                     ("router", i, p(k.route, self.h, lw.ln_post, lw.router, self.xn, self.router_logits,
                                     self.router_sem, self.ids[i], self.wts[i], w.eps, w.top_k, w.norm_topk, w.scale,
-                                    forced=forced, tile=cfg.router, pdl=pdl)),
+                                    forced=forced, select=not chooses, tile=cfg.router, pdl=pdl)),
                     ("gate_up", i, p(k.gate_up, self.h if norm else self.xn, lw.gate_up, self.moe_act,
                                      ln=lw.ln_post if norm else None, eps=w.eps, experts_gate_up=lw.experts_gate_up,
-                                     ids=self.ids[i], tile=cfg.gate_up, pdl=pdl)),
+                                     ids=self.ids[i], choose=choose, tile=cfg.gate_up, pdl=pdl)),
                     ("down", i, p(k.down_residual, self.moe_act, lw.down, self.h, experts=lw.experts_down,
-                                  ids=self.ids[i], wts=self.wts[i], tile=cfg.down, pdl=pdl))]
+                                  ids=self.ids[i], wts=self.wts[i], spin=chooses, tile=cfg.down, pdl=pdl))]
             else:
                 calls += [
                     ("gate_up", i, p(k.gate_up, self.h, lw.gate_up, self.dense_act, ln=lw.ln_post, eps=w.eps,

@@ -11,8 +11,12 @@ Per layer (h: the residual stream [H] in the activation dtype, updated in place)
 3. ``_down_kernel`` as o_proj: h += o_proj(attention out), rounded as ``x + o(..)`` rounds (the
    reduction cut into ``parts`` equal pieces, summed in fp32 and rounded once).
 4. MoE layer: ``_router_kernel``: RMSNorm(h) (program 0 writes it, ``xn``), fp32 gate GEMV over
-   many programs, then the last program to finish: softmax, top-k (one bitonic ``tl.topk``) or the
-   experts of a forced routing table, renormalisation and scale. Dense layer: nothing.
+   many programs, then the router's choice: softmax, top-k (one bitonic ``tl.topk``) or the
+   experts of a forced routing table, renormalisation and scale - made by the router's last program
+   to finish (``route(select=True)``), or by default by the gate/up kernel (``gate_up(choose=...)``):
+   each routed program there chooses from the logits after its wait, the first stores the choice
+   (ids, weights), and the MoE down kernel reads the ids before its wait once none is -1 (the layer's
+   o_proj set them -1). Dense layer: nothing.
 5. ``_gate_up_kernel``: silu(gate(x)) * up(x) rows of the shared expert's P parts and of the k
    routed experts (dense layer: the SwiGLU's rows, with RMSNorm(h) recomputed once per program).
 6. ``_down_kernel``: the P shared (or dense) parts and the k routed rows times their down_proj
@@ -67,8 +71,13 @@ earlier positions, the q/k/v kernel of every layer but the first the position (a
 row), the down kernel (o_proj, dense and MoE down) the residual h and the router's experts and gate
 weights (and so its routed rows), the lm_head kernel every MoE layer's experts and the device step
 index. No kernel writes anything before its wait but the lm_head kernel's routing counts (atomic
-adds into a buffer no kernel of the step reads). Without PDL ``gdc_*`` are not emitted and the same
-code runs as plain kernels.
+adds into a buffer no kernel of the step reads). One read breaks the two-launch rule, behind a
+flag: when the gate/up kernel chooses the experts, the MoE down kernel reads their ids (written by
+the previous launch, after its wait, by one program) before its own wait, again and again until
+none is -1 (``volatile``: from L2), which the layer's o_proj set after its wait - three launches
+back, so complete. It cannot wait forever: the down kernel launches only once every gate/up program
+has passed its wait, the storing one included. Without PDL ``gdc_*`` are not emitted and the same
+code runs as plain kernels (each kernel complete before the next starts).
 
 Roundings are the vendor's (eager bf16): RMSNorm in fp32 (the mean rounded, then + eps rounded:
 ``fp32_rounded`` keeps them two operations), ``x * rsqrt`` rounded, times the weight, rounded;
@@ -517,8 +526,8 @@ def _pair_dot_f32(w2, x_lo, x_hi):
 
 
 @triton.jit
-def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, stride_ar, stride_we, stride_wn, stride_sn,
-                 H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, IC: tl.constexpr,
+def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, clear_ptr, stride_ar, stride_we, stride_wn,
+                 stride_sn, CLEAR: tl.constexpr, CLEAR_P2: tl.constexpr, SPIN: tl.constexpr, H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, IC: tl.constexpr,
                  TOP_K: tl.constexpr, PARTS: tl.constexpr, SP2: tl.constexpr, BLOCK_N: tl.constexpr,
                  ALIGNED: tl.constexpr, PACKED: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
     # slot s < TOP_K: routed row s (act row PARTS + s); TOP_K <= s < TOP_K + PARTS: shared (dense,
@@ -532,8 +541,13 @@ def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, stride_ar, st
     a_row = slot - TOP_K
     if TOP_K > 0:           # the router (two launches back) has completed: its experts and weights, from L2
         is_r = slot < TOP_K
-        expert = tl.load(ids_ptr + slot, mask=is_r, other=0, cache_modifier=".cg").to(tl.int64)
-        gate_w = tl.load(wts_ptr + slot, mask=is_r, other=0.0, cache_modifier=".cg")
+        expert = tl.load(ids_ptr + slot, mask=is_r, other=0, cache_modifier=".cg")
+        if SPIN:            # the gate/up kernel (the previous one) stores them; -1 until then (o_proj's CLEAR)
+            while tl.min(expert, axis=0) < 0:
+                expert = tl.load(ids_ptr + slot, mask=is_r, other=0, volatile=True)
+        else:
+            gate_w = tl.load(wts_ptr + slot, mask=is_r, other=0.0, cache_modifier=".cg")
+        expert = expert.to(tl.int64)
         r_rows = ew_ptr + expert[:, None, None] * stride_we + offs_n[None, :, None].to(tl.int64) * stride_wn
         rows = tl.where(is_r[:, None, None], r_rows, rows)
         if ALIGNED:         # (checked on the host) the selection hides the rows' 16-byte alignment
@@ -553,6 +567,12 @@ def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, stride_ar, st
     # more launches back
     res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
     _pdl_wait(USE_PDL)
+    if CLEAR > 0:           # (o_proj) the next router's expert ids: -1 until its gate/up kernel stores them
+        if tl.program_id(0) == 0:
+            offs_c = tl.arange(0, CLEAR_P2)
+            tl.store(clear_ptr + offs_c, -1, mask=offs_c < CLEAR)
+    if TOP_K > 0 and SPIN:
+        gate_w = tl.load(wts_ptr + slot, mask=is_r, other=0.0)
     act = h_ptr.dtype.element_ty
     a_rows = act_ptr + a_row[:, None, None] * stride_ar
     if PACKED:
@@ -621,7 +641,8 @@ def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, w
                    n_exp, forced_offset, forced_positions, forced_pos_stride, stride_wn,
                    H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, ROWS: tl.constexpr, TOP_K: tl.constexpr,
                    BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr, NORM_TOPK: tl.constexpr, SCALE: tl.constexpr,
-                   EPS: tl.constexpr, FORCED: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
+                   EPS: tl.constexpr, FORCED: tl.constexpr, SELECT: tl.constexpr, USE_PDL: tl.constexpr,
+                   EMU: tl.constexpr):
     offs_r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     r_ok = offs_r < n_exp
     wa, wb = _load_rows(w_ptr + offs_r[:, None].to(tl.int64) * stride_wn, r_ok, H, HA, HB)
@@ -632,15 +653,16 @@ def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, w
     _store_first(xn_ptr, na, nb, H, HA, HB)          # post_attention_layernorm(h), for the gate_up kernel
     # the vendor gate: F.linear(x.float(), w.float()): exact products, fp32 sums
     tl.store(logits_ptr + offs_r, _dot_rows(wa, wb, na, nb, HB), mask=r_ok)
-    tl.debug_barrier()
-    arrived = tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu")
-    if arrived == tl.num_programs(0) - 1:            # every logit is stored: softmax, top-k
-        sel_i, sel_w = _select_experts(logits_ptr, forced_ptr, pos_ptr, n_exp, forced_offset, forced_positions,
-                                       forced_pos_stride, TOP_K, BLOCK_E, BLOCK_TOPK, NORM_TOPK, SCALE, FORCED)
-        offs_k = tl.arange(0, BLOCK_TOPK)
-        tl.store(ids_ptr + offs_k, sel_i, mask=offs_k < TOP_K)
-        tl.store(wts_ptr + offs_k, sel_w, mask=offs_k < TOP_K)
-        tl.store(sem_ptr, 0)
+    if SELECT:              # (else the gate/up kernel chooses from the logits: ``gate_up(choose=...)``)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu")
+        if arrived == tl.num_programs(0) - 1:            # every logit is stored: softmax, top-k
+            sel_i, sel_w = _select_experts(logits_ptr, forced_ptr, pos_ptr, n_exp, forced_offset, forced_positions,
+                                           forced_pos_stride, TOP_K, BLOCK_E, BLOCK_TOPK, NORM_TOPK, SCALE, FORCED)
+            offs_k = tl.arange(0, BLOCK_TOPK)
+            tl.store(ids_ptr + offs_k, sel_i, mask=offs_k < TOP_K)
+            tl.store(wts_ptr + offs_k, sel_w, mask=offs_k < TOP_K)
+            tl.store(sem_ptr, 0)
 
 
 # ------------------------------------------------------------------------------- 5. gate/up
@@ -658,8 +680,11 @@ def _weight_rows(rows, n_ok, H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride_we, stride_wn, stride_sn, stride_ar,
-                    H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, INTER: tl.constexpr,
+def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, wts_ptr, logits_ptr, forced_ptr, pos_ptr,
+                    n_exp, forced_offset, forced_positions, forced_pos_stride,
+                    stride_we, stride_wn, stride_sn, stride_ar, CHOOSE: tl.constexpr, TOP_K: tl.constexpr,
+                    BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr, NORM_TOPK: tl.constexpr, SCALE: tl.constexpr,
+                    FORCED: tl.constexpr, H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, INTER: tl.constexpr,
                     S_INTER: tl.constexpr, PARTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
                     ROUTED: tl.constexpr, NORM: tl.constexpr, EPS: tl.constexpr, ALIGNED: tl.constexpr,
                     PACKED: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
@@ -686,7 +711,16 @@ def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, stride_we, 
         lna, lnb = _load_vec(ln_ptr, H, HA, HB)
     _pdl_wait(USE_PDL)
     if ROUTED and s >= PARTS:                        # routed: the expert the router (previous kernel) chose
-        expert = tl.load(ids_ptr + s - PARTS).to(tl.int64)
+        if CHOOSE:          # from the router's logits, here; the first routed program stores the choice
+            sel_i, sel_w = _select_experts(logits_ptr, forced_ptr, pos_ptr, n_exp, forced_offset, forced_positions,
+                                           forced_pos_stride, TOP_K, BLOCK_E, BLOCK_TOPK, NORM_TOPK, SCALE, FORCED)
+            offs_k = tl.arange(0, BLOCK_TOPK)
+            expert = tl.sum(tl.where(offs_k == s - PARTS, sel_i, 0), axis=0).to(tl.int64)
+            if tl.program_id(0) == PARTS * BLOCKS:
+                tl.store(wts_ptr + offs_k, sel_w, mask=offs_k < TOP_K)
+                tl.store(ids_ptr + offs_k, sel_i, mask=offs_k < TOP_K)
+        else:
+            expert = tl.load(ids_ptr + s - PARTS).to(tl.int64)
         gate = ew_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn
         up = gate + INTER * stride_wn
         if ALIGNED:
@@ -878,14 +912,18 @@ def attention(q, k_cache, v_cache, pos, out, acc, m, ls, sem, *, tile=(32, 4), p
             SPLITS_P2=triton.next_power_of_2(splits), USE_PDL=pdl, EMU=emulates_bf16_rne(q.dtype))
 
 
-def down_residual(act, w, h, *, experts=None, ids=None, wts=None, tile=(4, 4), pdl: bool = False) -> None:
+def down_residual(act, w, h, *, experts=None, ids=None, wts=None, clear=None, spin: bool = False, tile=(4, 4),
+                  pdl: bool = False) -> None:
     """h [H] <- h + y, y the vendor's rounding of a down projection whose input is cut into the
     rows of ``act`` [P + k, I]: rows p < P are parts of one input times ``w`` [H, P*I] (columns
     [p*I, (p+1)*I): o_proj, a dense or the shared down_proj), summed in fp32 and rounded once; with
     ``experts`` [E, H, I], ``ids`` int64 [k] and ``wts`` fp32 [k], rows P + j are routed expert
     ids[j]'s input: routed = sum_j wts[j] * round(experts[ids[j]] @ act[P + j]) (fp32 sum, rounded)
     and y = round(routed + round(shared)). ``tile[0]``: output rows per tile, one program each
-    holding all P + k slots of its rows (no scratch)."""
+    holding all P + k slots of its rows (no scratch). ``clear`` (int64 [n]): set to -1 by program 0
+    after its wait (o_proj: the next router's ids, for ``spin``). ``spin``: the ids are the gate/up
+    kernel's (``gate_up(choose=...)``, the previous launch), -1 until it stores them: each program
+    reads them again until none is negative before its wait, and ``wts`` after it."""
     top_k = ids.numel() if experts is not None else 0
     inter = act.shape[1]
     parts = w.shape[1] // inter
@@ -895,8 +933,10 @@ def down_residual(act, w, h, *, experts=None, ids=None, wts=None, tile=(4, 4), p
     ew = experts if experts is not None else w
     stride_we, stride_wn = (ew.stride(0), ew.stride(1)) if experts is not None else (0, 0)
     _launch(_down_kernel, (tiles(H, block_n),), warps, pdl,
-            act, ew, w, ids if ids is not None else act, wts if wts is not None else act, h, act.stride(0),
-            stride_we, stride_wn, w.stride(0),
+            act, ew, w, ids if ids is not None else act, wts if wts is not None else act, h,
+            clear if clear is not None else h, act.stride(0), stride_we, stride_wn, w.stride(0),
+            CLEAR=clear.numel() if clear is not None else 0,
+            CLEAR_P2=triton.next_power_of_2(clear.numel()) if clear is not None else 1, SPIN=bool(spin and top_k),
             H=H, INTER=inter, IA=ia, IB=ib, IC=ic, TOP_K=top_k, PARTS=parts,
             SP2=triton.next_power_of_2(top_k + parts), BLOCK_N=block_n,
             ALIGNED=top_k > 0 and aligned16((ew, w), (ew.stride(0), ew.stride(1), w.stride(0), inter)),
@@ -912,13 +952,14 @@ def packed_pairs(*tensors, strides: tuple, compiled: bool = not INTERPRETED) -> 
 
 
 def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk: bool, scale: float, *,
-          forced=None, tile=(2, 2), pdl: bool = False) -> None:
+          forced=None, select: bool = True, tile=(2, 2), pdl: bool = False) -> None:
     """The MoE router of one token: xn [H] <- RMSNorm(h); fp32 logits [E] = w [E, H] @ xn; ids
     int64 [k] and wts fp32 [k] <- the top-k softmax probabilities (descending, ties to the lowest
     index), renormalised if ``norm_topk``, times ``scale``. ``sem`` int32 [1] zero (left zero).
     (The routing count is the lm_head kernel's: ``lm_head_argmax(counts=...)``.) ``forced`` =
     (table int64 [rows, P, layers, k], pos int64 [1], layer): the experts are table[0, min(pos, P-1),
-    layer] with their softmax probabilities instead of the top-k."""
+    layer] with their softmax probabilities instead of the top-k. ``select`` False: the logits only
+    (the gate/up kernel chooses: ``gate_up(choose=...)``; ids, wts, sem untouched)."""
     H, E = h.numel(), w.shape[0]
     ha, hb = k_parts(H)
     rows, warps = tile
@@ -929,18 +970,23 @@ def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk
             table.stride(1) if forced is not None else 0, w.stride(0),
             H=H, HA=ha, HB=hb, ROWS=rows, TOP_K=top_k, BLOCK_E=triton.next_power_of_2(E),
             BLOCK_TOPK=triton.next_power_of_2(top_k), NORM_TOPK=bool(norm_topk and top_k > 1), SCALE=float(scale),
-            EPS=float(eps), FORCED=forced is not None, USE_PDL=pdl, EMU=emulates_bf16_rne(xn.dtype))
+            EPS=float(eps), FORCED=forced is not None, SELECT=bool(select), USE_PDL=pdl,
+            EMU=emulates_bf16_rne(xn.dtype))
 
 
-def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_up=None, ids=None, tile=(4, 4),
-            pdl: bool = False) -> None:
+def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_up=None, ids=None, choose=None,
+            tile=(4, 4), pdl: bool = False) -> None:
     """SwiGLU rows silu(x @ gate^T) * (x @ up^T) into ``act`` [P + k, I] (act dtype).
 
     ``shared_gate_up`` [2S, H] (gate rows, then up rows; S = P * I) gives rows 0..P-1 (part p: h
     columns [p*I, (p+1)*I) of the shared expert; a dense SwiGLU is P = S / I parts, no routed row).
     With ``experts_gate_up`` [E, 2I, H] and ``ids`` int64 [k], row P + j is expert ids[j]'s.
     ``ln`` given: x is h and RMSNorm(h) (weight ``ln``, ``eps``) is recomputed once per program.
-    ``tile[0]``: columns of the expert width per tile (one program each, slot by slot)."""
+    ``tile[0]``: columns of the expert width per tile (one program each, slot by slot). ``choose`` =
+    (logits fp32 [E], wts fp32 [k], top_k, norm_topk, scale, forced): the router left only its
+    logits (``route(select=False)``); each routed program makes the router's choice from them
+    (``route``'s softmax and top-k, or ``forced`` as there) and the first routed program stores it
+    in ``ids`` and ``wts``."""
     H = x.numel()
     ha, hb = k_parts(H)
     inter = act.shape[1]
@@ -951,10 +997,21 @@ def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_u
     ew = experts_gate_up if experts_gate_up is not None else shared_gate_up
     aligned = aligned16((shared_gate_up, ew), (inter, s_inter, shared_gate_up.stride(0))
                         + ((ew.stride(0), ew.stride(1)) if experts_gate_up is not None else ()))
+    if choose is not None:
+        logits, wts, k_, norm_topk, scale, forced = choose
+        table, fpos, f_layer = forced if forced is not None else (ids, ids, 0)
+        sel_args = (wts, logits, table, fpos, logits.numel(), f_layer * k_ if forced is not None else 0,
+                    table.shape[1] if forced is not None else 1, table.stride(1) if forced is not None else 0)
+        sel_meta = dict(CHOOSE=True, TOP_K=k_, BLOCK_E=triton.next_power_of_2(logits.numel()),
+                        BLOCK_TOPK=triton.next_power_of_2(k_), NORM_TOPK=bool(norm_topk and k_ > 1),
+                        SCALE=float(scale), FORCED=forced is not None)
+    else:
+        sel_args = (act, act, act, act, 0, 0, 1, 0)
+        sel_meta = dict(CHOOSE=False, TOP_K=1, BLOCK_E=1, BLOCK_TOPK=1, NORM_TOPK=False, SCALE=1.0, FORCED=False)
     _launch(_gate_up_kernel, (tiles(inter, block_n, parts + top_k),), warps, pdl,
-            x, ln if ln is not None else x, ew, shared_gate_up, ids if ids is not None else act, act,
+            x, ln if ln is not None else x, ew, shared_gate_up, ids if ids is not None else act, act, *sel_args,
             ew.stride(0) if experts_gate_up is not None else 0, ew.stride(1), shared_gate_up.stride(0),
-            act.stride(0), H=H, HA=ha, HB=hb, INTER=inter, S_INTER=s_inter, PARTS=parts, BLOCK_N=block_n,
+            act.stride(0), **sel_meta, H=H, HA=ha, HB=hb, INTER=inter, S_INTER=s_inter, PARTS=parts, BLOCK_N=block_n,
             BLOCKS=tiles(inter, block_n), ROUTED=top_k > 0, NORM=ln is not None, EPS=float(eps), ALIGNED=aligned,
             PACKED=packed_pairs(x, shared_gate_up, ew, strides=(
                 H, s_inter, shared_gate_up.stride(0)) + ((ew.stride(0), ew.stride(1)) if top_k > 0 else ())),
