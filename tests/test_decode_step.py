@@ -32,7 +32,7 @@ pytestmark = needs_triton
 VOCAB, PROMPT, MAX_LEN = 500, 7, 32
 
 
-def small_tiles(gate_up_chooses: bool = False):
+def small_tiles(gate_up_chooses: bool = True):
     from harness.kernels.decode_step import DecodeStepConfig
 
     return DecodeStepConfig(qkv=(32, 4), attention=(16, 4), o_proj=(32, 4, 2), router=(8, 2), gate_up=(16, 4),

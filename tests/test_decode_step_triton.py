@@ -348,7 +348,7 @@ def test_gate_up_makes_the_routers_choice(forced):
     assert torch.equal(b["logits"], ref["logits"]) and b["ids"].tolist() == [-1] * top_k and int(b["sem"]) == 0
     act = torch.zeros(P + top_k, I, device=DEV)
     k.gate_up(b["xn"], shared.to(DEV), act, experts_gate_up=experts.to(DEV), ids=b["ids"],
-              choose=(b["logits"], b["wts"], top_k, True, 2.5, f), tile=(16, 4))
+              choose=k.Choice(b["logits"], b["wts"], top_k, True, 2.5, f), tile=(16, 4))
     assert torch.equal(b["ids"], ref["ids"]) and torch.equal(b["wts"], ref["wts"])
     if forced:
         assert ref["ids"].tolist() == [9, 2, 14]

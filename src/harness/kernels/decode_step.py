@@ -333,7 +333,8 @@ class FusedDecodeStep:
             if lw.moe:
                 forced = (self.forced, self.pos, i) if self.forced is not None else None
                 norm = cfg.gate_up_norm
-                choose = (self.router_logits, self.wts[i], w.top_k, w.norm_topk, w.scale, forced) if chooses else None
+                choose = k.Choice(self.router_logits, self.wts[i], w.top_k, w.norm_topk, w.scale, forced) \
+                    if chooses else None
                 calls += [
                     ("router", i, p(k.route, self.h, lw.ln_post, lw.router, self.xn, self.router_logits,
                                     self.router_sem, self.ids[i], self.wts[i], w.eps, w.top_k, w.norm_topk, w.scale,

@@ -53,8 +53,8 @@ Work split (q/k/v, gate/up, down): one program per tile, no loop. A tile is ``BL
 matrix: pairs of q/k/v columns (a and a + HALF of one head); columns of the expert width of one
 gate/up slot (a shared or dense part, or a routed expert; tiles go slot by slot, so the programs of
 one matrix are adjacent); output columns of H for the down kernels. Every weight row a program reads
-is loaded before its wait where it is known then (all but a routed gate/up row, whose expert the
-router, the previous kernel, picks), so all resident programs of a launch stream their weights while
+is loaded before its wait where it is known then (all but a routed gate/up row, whose expert comes
+from the router, the previous kernel), so all resident programs of a launch stream their weights while
 the previous kernel finishes. A down column block's P + k slots are one program's [slots, BLOCK_N,
 I] tile, summed in registers: no fp32 scratch, no counter, no atomic on the output, one fixed
 summation order.
@@ -117,6 +117,11 @@ line, µs per step; runs/examples/h200-decode-pairs/):
   (against 437.6).
 - The routing count spread over lm_head's programs (one MoE layer each) instead of program 0: 439.6
   against 438.9 (alternating, 3 runs each).
+- With the choice in the gate/up kernel (``runs/examples/h200-decode-choose/``, rows after a
+  process's first): router (2, 2) 442.0 and 442.9 against 441.3 and 442.0 with the router choosing;
+  router (4, 2) 442.7, 443.5; (8, 4) 445.0, 446.2; (2, 1) 441.4, 441.9; (1, 2) 436.8, 437.1;
+  (1, 1) 436.3, 437.0 - but 443.8-444.4 timed as a process's default, where the ladder put (1, 1)
+  10 µs ahead of the previous defaults (that folder's README: the methods disagree).
 
 Weight tiles hold a whole row range in registers: a reduction length K is loaded as two tiles,
 KA (the largest power of two <= K) and KB (the next power of two >= K - KA, masked; 0 if K = KA),
@@ -137,6 +142,8 @@ pairs (above) keep each pair packed until its FMA.
 """
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -154,7 +161,7 @@ except ImportError:                         # pragma: no cover - older Triton
 
 LOG2E = 1.4426950408889634
 
-__all__ = ["HAS_GDC", "INTERPRETED", "k_parts", "pdl_support", "check_runnable", "tiles", "attention_splits"]
+__all__ = ["HAS_GDC", "INTERPRETED", "k_parts", "pdl_support", "check_runnable", "tiles", "attention_splits", "Choice"]
 
 
 def k_parts(k: int, pieces: int = 2) -> tuple:
@@ -951,6 +958,33 @@ def packed_pairs(*tensors, strides: tuple, compiled: bool = not INTERPRETED) -> 
     return compiled and all(t.dtype == torch.bfloat16 for t in tensors) and aligned16(tensors, strides, 4)
 
 
+class Choice(NamedTuple):
+    """What the router's choice needs besides its logits' producer: ``logits`` fp32 [E] (the gate
+    GEMV's), ``wts`` fp32 [k] (written with the ids), k, renormalisation, scale, and ``forced`` =
+    (table int64 [rows, P, layers, k], pos int64 [1], layer) or None (``route``)."""
+    logits: torch.Tensor
+    wts: torch.Tensor
+    top_k: int
+    norm_topk: bool
+    scale: float
+    forced: Optional[tuple] = None
+
+
+def _choice_launch(choice: Choice, dummy) -> tuple:
+    """(args, meta) of ``_select_experts`` for a kernel's launch: the forced table, the position,
+    E, the table's offset, positions and stride (``dummy`` in the pointers' place without a table),
+    and the constexprs TOP_K .. FORCED."""
+    n_exp, k = choice.logits.numel(), choice.top_k
+    if choice.forced is not None:
+        table, pos, layer = choice.forced
+        args = (table, pos, n_exp, layer * k, table.shape[1], table.stride(1))
+    else:
+        args = (dummy, dummy, n_exp, 0, 1, 0)
+    return args, dict(TOP_K=k, BLOCK_E=triton.next_power_of_2(n_exp), BLOCK_TOPK=triton.next_power_of_2(k),
+                      NORM_TOPK=bool(choice.norm_topk and k > 1), SCALE=float(choice.scale),
+                      FORCED=choice.forced is not None)
+
+
 def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk: bool, scale: float, *,
           forced=None, select: bool = True, tile=(2, 2), pdl: bool = False) -> None:
     """The MoE router of one token: xn [H] <- RMSNorm(h); fp32 logits [E] = w [E, H] @ xn; ids
@@ -963,14 +997,10 @@ def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk
     H, E = h.numel(), w.shape[0]
     ha, hb = k_parts(H)
     rows, warps = tile
-    table, pos, f_layer = forced if forced is not None else (ids, ids, 0)
+    sel_args, sel_meta = _choice_launch(Choice(logits, wts, top_k, norm_topk, scale, forced), ids)
     _launch(_router_kernel, (triton.cdiv(E, rows),), warps, pdl,
-            h, ln, w, xn, logits, sem, ids, wts, table, pos, E,
-            f_layer * top_k if forced is not None else 0, table.shape[1] if forced is not None else 1,
-            table.stride(1) if forced is not None else 0, w.stride(0),
-            H=H, HA=ha, HB=hb, ROWS=rows, TOP_K=top_k, BLOCK_E=triton.next_power_of_2(E),
-            BLOCK_TOPK=triton.next_power_of_2(top_k), NORM_TOPK=bool(norm_topk and top_k > 1), SCALE=float(scale),
-            EPS=float(eps), FORCED=forced is not None, SELECT=bool(select), USE_PDL=pdl,
+            h, ln, w, xn, logits, sem, ids, wts, *sel_args, w.stride(0),
+            H=H, HA=ha, HB=hb, ROWS=rows, **sel_meta, EPS=float(eps), SELECT=bool(select), USE_PDL=pdl,
             EMU=emulates_bf16_rne(xn.dtype))
 
 
@@ -982,11 +1012,10 @@ def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_u
     columns [p*I, (p+1)*I) of the shared expert; a dense SwiGLU is P = S / I parts, no routed row).
     With ``experts_gate_up`` [E, 2I, H] and ``ids`` int64 [k], row P + j is expert ids[j]'s.
     ``ln`` given: x is h and RMSNorm(h) (weight ``ln``, ``eps``) is recomputed once per program.
-    ``tile[0]``: columns of the expert width per tile (one program each, slot by slot). ``choose`` =
-    (logits fp32 [E], wts fp32 [k], top_k, norm_topk, scale, forced): the router left only its
-    logits (``route(select=False)``); each routed program makes the router's choice from them
-    (``route``'s softmax and top-k, or ``forced`` as there) and the first routed program stores it
-    in ``ids`` and ``wts``."""
+    ``tile[0]``: columns of the expert width per tile (one program each, slot by slot). ``choose``
+    (a ``Choice``): the router left only its logits (``route(select=False)``); each routed program
+    makes the router's choice from them (``route``'s softmax and top-k, or the forced table) and the
+    first routed program stores it in ``ids`` and ``choose.wts``."""
     H = x.numel()
     ha, hb = k_parts(H)
     inter = act.shape[1]
@@ -998,20 +1027,15 @@ def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_u
     aligned = aligned16((shared_gate_up, ew), (inter, s_inter, shared_gate_up.stride(0))
                         + ((ew.stride(0), ew.stride(1)) if experts_gate_up is not None else ()))
     if choose is not None:
-        logits, wts, k_, norm_topk, scale, forced = choose
-        table, fpos, f_layer = forced if forced is not None else (ids, ids, 0)
-        sel_args = (wts, logits, table, fpos, logits.numel(), f_layer * k_ if forced is not None else 0,
-                    table.shape[1] if forced is not None else 1, table.stride(1) if forced is not None else 0)
-        sel_meta = dict(CHOOSE=True, TOP_K=k_, BLOCK_E=triton.next_power_of_2(logits.numel()),
-                        BLOCK_TOPK=triton.next_power_of_2(k_), NORM_TOPK=bool(norm_topk and k_ > 1),
-                        SCALE=float(scale), FORCED=forced is not None)
+        sel_args, sel_meta = _choice_launch(choose, act)
+        sel_args = (choose.wts, choose.logits, *sel_args)
     else:
         sel_args = (act, act, act, act, 0, 0, 1, 0)
-        sel_meta = dict(CHOOSE=False, TOP_K=1, BLOCK_E=1, BLOCK_TOPK=1, NORM_TOPK=False, SCALE=1.0, FORCED=False)
+        sel_meta = dict(TOP_K=1, BLOCK_E=1, BLOCK_TOPK=1, NORM_TOPK=False, SCALE=1.0, FORCED=False)
     _launch(_gate_up_kernel, (tiles(inter, block_n, parts + top_k),), warps, pdl,
             x, ln if ln is not None else x, ew, shared_gate_up, ids if ids is not None else act, act, *sel_args,
             ew.stride(0) if experts_gate_up is not None else 0, ew.stride(1), shared_gate_up.stride(0),
-            act.stride(0), **sel_meta, H=H, HA=ha, HB=hb, INTER=inter, S_INTER=s_inter, PARTS=parts, BLOCK_N=block_n,
+            act.stride(0), CHOOSE=choose is not None, **sel_meta, H=H, HA=ha, HB=hb, INTER=inter, S_INTER=s_inter, PARTS=parts, BLOCK_N=block_n,
             BLOCKS=tiles(inter, block_n), ROUTED=top_k > 0, NORM=ln is not None, EPS=float(eps), ALIGNED=aligned,
             PACKED=packed_pairs(x, shared_gate_up, ew, strides=(
                 H, s_inter, shared_gate_up.stride(0)) + ((ew.stride(0), ew.stride(1)) if top_k > 0 else ())),
