@@ -32,12 +32,12 @@ pytestmark = needs_triton
 VOCAB, PROMPT, MAX_LEN = 500, 7, 32
 
 
-def small_tiles(gate_up_chooses: bool = True):
+def small_tiles(**changes):
     from harness.kernels.decode_step import DecodeStepConfig
 
     return DecodeStepConfig(qkv=(32, 4), attention=(16, 4), o_proj=(32, 4, 2), router=(8, 2), gate_up=(16, 4),
                             down=(32, 4), dense_gate_up=(64, 4), dense_down=(32, 4, 2), lm_head=(128, 4, 1), sms=2,
-                            gate_up_chooses=gate_up_chooses)
+                            **changes)
 
 
 def tiny_model(dtype):
@@ -123,7 +123,7 @@ def test_fused_step_decodes_the_reference_tokens_fp32(chooses):
     step_index = torch.zeros(1, dtype=torch.int64, device=DEV)
     history = torch.zeros(MAX_LEN, dtype=torch.int64, device=DEV)
     step = FusedDecodeStep(weights(model), fused_cache, fused_cache.position, token=token.view(1).clone(),
-                           config=small_tiles(chooses), counts=(counts, step_index), history=history)
+                           config=small_tiles(gate_up_chooses=chooses), counts=(counts, step_index), history=history)
     assert step.launches == 18
     got = []
     with torch.inference_mode():
@@ -177,7 +177,7 @@ def test_forced_routing_counts_the_table(chooses):
                          for _ in range(MAX_LEN * L.num_layers)]).view(1, MAX_LEN, L.num_layers, -1)
     counts = torch.zeros(2, L.num_layers, L.n_routed_experts, dtype=torch.int64, device=DEV)
     step = FusedDecodeStep(weights(model), cache, cache.position, token=token.view(1).clone(),
-                           config=small_tiles(chooses),
+                           config=small_tiles(gate_up_chooses=chooses),
                            counts=(counts, torch.zeros(1, dtype=torch.int64, device=DEV)), forced=table.to(DEV))
     with torch.inference_mode():
         step.run()

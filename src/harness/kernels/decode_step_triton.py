@@ -534,7 +534,7 @@ def _pair_dot_f32(w2, x_lo, x_hi):
 
 @triton.jit
 def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, clear_ptr, stride_ar, stride_we, stride_wn,
-                 stride_sn, CLEAR: tl.constexpr, CLEAR_P2: tl.constexpr, SPIN: tl.constexpr, H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, IC: tl.constexpr,
+                 stride_sn, CLEAR: tl.constexpr, SPIN: tl.constexpr, H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, IC: tl.constexpr,
                  TOP_K: tl.constexpr, PARTS: tl.constexpr, SP2: tl.constexpr, BLOCK_N: tl.constexpr,
                  ALIGNED: tl.constexpr, PACKED: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
     # slot s < TOP_K: routed row s (act row PARTS + s); TOP_K <= s < TOP_K + PARTS: shared (dense,
@@ -576,7 +576,7 @@ def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, clear_ptr, st
     _pdl_wait(USE_PDL)
     if CLEAR > 0:           # (o_proj) the next router's expert ids: -1 until its gate/up kernel stores them
         if tl.program_id(0) == 0:
-            offs_c = tl.arange(0, CLEAR_P2)
+            offs_c = tl.arange(0, triton.next_power_of_2(CLEAR))
             tl.store(clear_ptr + offs_c, -1, mask=offs_c < CLEAR)
     if TOP_K > 0 and SPIN:
         gate_w = tl.load(wts_ptr + slot, mask=is_r, other=0.0)
@@ -942,8 +942,7 @@ def down_residual(act, w, h, *, experts=None, ids=None, wts=None, clear=None, sp
     _launch(_down_kernel, (tiles(H, block_n),), warps, pdl,
             act, ew, w, ids if ids is not None else act, wts if wts is not None else act, h,
             clear if clear is not None else h, act.stride(0), stride_we, stride_wn, w.stride(0),
-            CLEAR=clear.numel() if clear is not None else 0,
-            CLEAR_P2=triton.next_power_of_2(clear.numel()) if clear is not None else 1, SPIN=bool(spin and top_k),
+            CLEAR=clear.numel() if clear is not None else 0, SPIN=bool(spin and top_k),
             H=H, INTER=inter, IA=ia, IB=ib, IC=ic, TOP_K=top_k, PARTS=parts,
             SP2=triton.next_power_of_2(top_k + parts), BLOCK_N=block_n,
             ALIGNED=top_k > 0 and aligned16((ew, w), (ew.stride(0), ew.stride(1), w.stride(0), inter)),
@@ -970,10 +969,13 @@ class Choice(NamedTuple):
     forced: Optional[tuple] = None
 
 
-def _choice_launch(choice: Choice, dummy) -> tuple:
+def _choice_launch(choice: Optional[Choice], dummy) -> tuple:
     """(args, meta) of ``_select_experts`` for a kernel's launch: the forced table, the position,
     E, the table's offset, positions and stride (``dummy`` in the pointers' place without a table),
-    and the constexprs TOP_K .. FORCED."""
+    and the constexprs TOP_K .. FORCED; ``choice`` None: placeholders (a kernel that does not choose)."""
+    if choice is None:
+        return (dummy, dummy, 0, 0, 1, 0), dict(TOP_K=1, BLOCK_E=1, BLOCK_TOPK=1, NORM_TOPK=False, SCALE=1.0,
+                                                FORCED=False)
     n_exp, k = choice.logits.numel(), choice.top_k
     if choice.forced is not None:
         table, pos, layer = choice.forced
@@ -1026,12 +1028,8 @@ def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_u
     ew = experts_gate_up if experts_gate_up is not None else shared_gate_up
     aligned = aligned16((shared_gate_up, ew), (inter, s_inter, shared_gate_up.stride(0))
                         + ((ew.stride(0), ew.stride(1)) if experts_gate_up is not None else ()))
-    if choose is not None:
-        sel_args, sel_meta = _choice_launch(choose, act)
-        sel_args = (choose.wts, choose.logits, *sel_args)
-    else:
-        sel_args = (act, act, act, act, 0, 0, 1, 0)
-        sel_meta = dict(TOP_K=1, BLOCK_E=1, BLOCK_TOPK=1, NORM_TOPK=False, SCALE=1.0, FORCED=False)
+    sel_args, sel_meta = _choice_launch(choose, act)
+    sel_args = ((choose.wts, choose.logits) if choose is not None else (act, act)) + sel_args
     _launch(_gate_up_kernel, (tiles(inter, block_n, parts + top_k),), warps, pdl,
             x, ln if ln is not None else x, ew, shared_gate_up, ids if ids is not None else act, act, *sel_args,
             ew.stride(0) if experts_gate_up is not None else 0, ew.stride(1), shared_gate_up.stride(0),
