@@ -142,6 +142,21 @@ def _trace_dirs(run: RunData) -> list:
     return [d for d in dirs if (run.path / d).is_dir()]
 
 
+def check_out(out, runs: list, verb: str) -> Path:
+    """``--out`` of ``verb`` (merge, compare) as a Path once it is ruled out as anything that exists (a
+    file, a folder, a link: the verb never writes into one) and as a path inside one of the run
+    directories ``runs`` (run directories are never written into); raises HarnessError."""
+    out = Path(out)
+    if out.exists() or out.is_symlink():
+        raise HarnessError(f"--out {out} already exists",
+                           f"give --out a new directory ({verb} never writes into an existing one)")
+    for run in map(Path, runs):
+        if out.resolve().is_relative_to(run.resolve()):
+            raise HarnessError(f"--out {out} is inside the run directory {run}",
+                               "give --out a new directory outside the run directories")
+    return out
+
+
 def check(paths: list, out) -> list:
     """The sources (``RunData``, in the order given) once every refusal of the module docstring is
     ruled out; raises HarnessError. Reads, writes nothing."""
@@ -150,10 +165,7 @@ def check(paths: list, out) -> list:
                            f"name two or more: {USAGE}")
     if out is None:
         raise HarnessError("--out is missing", "name the new directory for the merged run: --out runs/<name>")
-    out = Path(out)
-    if out.exists() or out.is_symlink():
-        raise HarnessError(f"--out {out} already exists", "give --out a new directory (merge never writes into an "
-                                                          "existing one)")
+    check_out(out, [], "merge")
     runs = []
     for p in map(Path, paths):
         if p.is_dir() and not (p / "manifest.json").is_file():
@@ -168,9 +180,7 @@ def check(paths: list, out) -> list:
         if status in OPEN:
             raise HarnessError(f"{r.path} has status {status}: it is still going, or its process was killed before "
                                "it closed it", "merge it once it has ended (complete, failed or interrupted)")
-        if out.resolve().is_relative_to(r.path.resolve()):
-            raise HarnessError(f"--out {out} is inside the run directory {r.path}",
-                               "give --out a new directory outside the runs merged")
+    check_out(out, [r.path for r in runs], "merge")
     names = [r.path.name for r in runs]
     for i, r in enumerate(runs):
         if r.path.name in names[:i]:
@@ -332,5 +342,5 @@ def merge_main(argv) -> int:
     return 0
 
 
-__all__ = ["merge_main", "merge_runs", "merged_manifest", "check", "first_difference", "calibration_record", "SAME",
+__all__ = ["merge_main", "merge_runs", "merged_manifest", "check", "check_out", "first_difference", "calibration_record", "SAME",
            "VOLATILE"]
