@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, List, Optional
 
+from .attn_support import check_flash_attn
 from .errors import HarnessError
 from .anatomy.stages import STAGES
 
@@ -645,6 +646,8 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
         raise HarnessError(f"device={dev!r} is not a device the harness runs on", f"use {DEVICES_HELP}")
     check_page_size(cfg.workload)
     check_vendor_knobs(cfg.model)
+    if dev == "cpu":    # device=auto is checked once resolved, before the model is built (harness.setup)
+        check_flash_attn(cfg.model.attn_implementation, "cpu")
     if cfg.throughput is not None:
         check_throughput(cfg.throughput)
     if cfg.run.only is not None and not cfg.run.only:   # names are checked against the run's cases (harness.setup)

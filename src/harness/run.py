@@ -30,6 +30,7 @@ from . import variants
 from .config import HarnessConfig, cost_config, to_dict
 from .interrupts import catch_signals
 from .measure import host
+from .measure.kernels import llm_attention_kernels
 from .measure.nvtx_ranges import NvtxRanges
 from .measure.observations import STEP_COLUMNS
 from .measure.runner import CaseMeasurement, measure_case
@@ -197,7 +198,11 @@ class CaseTables:
                 if frame is not None:
                     rd.append_csv(f"{name}.csv", frame)
             rd.manifest["cases"].append(entry)
-            rd.manifest["attention"] = {k: list(v) for k, v in attn_probe.SEEN.items()}
+            seen = rd.manifest.get("attention") or {}
+            rd.manifest["attention"] = {**seen, **{k: list(v) for k, v in attn_probe.SEEN.items()}}
+            for stage, names in llm_attention_kernels(kernels).items():   # measured, all cases so far
+                key = f"llm {stage}: profiled kernels"
+                rd.manifest["attention"][key] = sorted(set(seen.get(key, [])) | set(names))
             try:
                 rd.save()
             except BaseException:

@@ -32,6 +32,7 @@ from PIL import Image
 from . import workload as wl
 from .config import CaseConfig, ExecutionConfig, HarnessConfig, ModelConfig, WorkloadConfig, case_execution, check_page_size
 from .dtypes import torch_dtype
+from .attn_support import check_flash_attn
 from .errors import HarnessError
 from .models.routing import routing_label
 
@@ -372,6 +373,7 @@ def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, se
     """(adapter, info): the model named by ``mcfg.name`` ready on ``device``. ``info`` says what was
     loaded (adapter, weights, build seconds, the attention implementation asked for). ``workdir``:
     where the vendor's ``infer()`` may write (``model.vendor_entry=infer``; default a temporary directory)."""
+    check_flash_attn(mcfg.attn_implementation, device.type)
     t0 = time.perf_counter()
     if mcfg.name == "vendor":
         from .models.vendor import loops as vendor_loops

@@ -322,6 +322,28 @@ def routed_expert_gemms(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+#: stages whose attention kernels the manifest lists as measured (the LLM's)
+LLM_STAGES = ("prefill", "decode")
+
+
+def kernel_function(name: str) -> str:
+    """A kernel's function name without its namespace, template arguments and parameters
+    (``void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, ...>>(...)`` -> ``flash_fwd_kernel``)."""
+    head = re.split(r"[<(]", name, maxsplit=1)[0].strip()
+    return head.split()[-1].split("::")[-1] if head else name
+
+
+def llm_attention_kernels(df: pd.DataFrame) -> dict:
+    """{stage: [kernel function, ...]} of the attention-category kernels (``categorize``) that ran in
+    the LLM's stages (``LLM_STAGES``) of a profiled request: what the attention block of the manifest
+    shows as measured, beside what each call site says it asked for."""
+    if df is None or not len(df) or "stage" not in df:
+        return {}
+    att = df[(df["category"] == "attention") & df["stage"].isin(LLM_STAGES)]
+    return {stage: sorted({kernel_function(n) for n in att.loc[att["stage"] == stage, "name"]})
+            for stage in LLM_STAGES if (att["stage"] == stage).any()}
+
+
 def _cpu_top_level_ops(df: pd.DataFrame) -> pd.DataFrame:
     """Keep CPU ops not nested in another op (aten::linear, not its aten::addmm), so durations
     and busy time are not double counted."""

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import LLMConfig
+from ..attn_support import FLASH_ATTN_SETUP
 from ..errors import HarnessError
 from . import attn_probe
 
@@ -78,8 +79,8 @@ def flash_attn_func_or_error():
         raise HarnessError(
             "attn_implementation=flash_attention_2 needs the flash-attn package, which is not importable "
             f"({exc.__class__.__name__}: {exc})",
-            "install the `cuda` extra (pip install flash-attn) or use model.attn_implementation=sdpa_flash "
-            "(torch SDPA pinned to its FlashAttention kernel)") from None
+            f"build and install it with `{FLASH_ATTN_SETUP}` (README: CUDA set-up), or use "
+            "model.attn_implementation=sdpa_flash (torch SDPA pinned to its FlashAttention kernel)") from None
     return flash_attn_func
 
 
