@@ -57,16 +57,19 @@ def infer_prerequisites(path) -> tuple:
 
 
 def tokenizer_for_infer(path: Path) -> tuple:
-    """(tokenizer, where from) from ``path``, or the HarnessError that says it is missing."""
+    """(tokenizer, where from) from ``path``, or the HarnessError that says it is missing; where from
+    adds ``tokenizer_rebuild.source_note`` ("rebuilt (sha256 ...)") when the rebuild's record is there."""
     from ...workload import tokenizer_or_reason
+    from .tokenizer_rebuild import PIP_INSTALL, rebuild_command, source_note
 
     tok, reason = tokenizer_or_reason(path)
     if tok is None:
         raise HarnessError(f"model.vendor_entry=infer calls the vendor's infer(), which needs the snapshot's "
                            f"tokenizer, but there is none: {reason}",
-                           f"put the snapshot's tokenizer.json, tokenizer_config.json and special_tokens_map.json "
-                           f"in {path}, or use model.vendor_entry=generate")
-    return tok, reason
+                           f"rebuild tokenizer.json there: {rebuild_command(path)} (after {PIP_INSTALL}), "
+                           "or use model.vendor_entry=generate")
+    note = source_note(path)
+    return tok, f"{reason}: {note}" if note else reason
 
 
 __all__ = ["VENDOR_LOOPS", "VENDOR_ENTRIES", "load", "infer_prerequisites", "tokenizer_for_infer"]
