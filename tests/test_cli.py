@@ -250,7 +250,6 @@ def test_compare_into_an_existing_file_is_one_line(capsys, tmp_path):
     out = tmp_path / "taken"
     out.write_text("a file, not a directory\n")
     rc, err = _main_line(capsys, ["compare", str(data / "gpu_tiny_a"), str(data / "gpu_tiny_b"), "--out", str(out)])
-    assert rc == 2 and err == [f"error: cannot write into {out}: a file is in the way of a directory (File exists); "
-                               "fix: give --out a directory you can write to (a new one, or an existing directory; "
-                               "not a file)"]
+    assert rc == 2 and err == [f"error: --out {out} already exists; fix: give --out a new directory (compare never "
+                               "writes into an existing one)"]
     assert out.read_text() == "a file, not a directory\n"

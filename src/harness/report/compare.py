@@ -7,6 +7,17 @@ and end-to-end ms; with the roofline efficiency (datasheet ceilings) where both 
 = B is faster for tok/s). Efficiency uses the datasheet ceilings, the calibrated ones where a run
 has no datasheet peak.
 
+Noise: every time and request row carries the timed repeats of each side (``repeats_a``,
+``repeats_b``) and the seeded bootstrap 95% interval of B / A (``ratio_lo``, ``ratio_hi``:
+``stats.ratio_ci`` over the per-repeat values of both runs, from the one summarizer's
+``Summary.values``). ``within_noise`` is true when that interval holds 1, or when a side has fewer
+than ``MIN_REPEATS`` timed repeats (no interval: too few repeats to tell a difference from noise);
+then the ratio says nothing about which run is faster.
+
+A case a signal stopped after some of its timed repeats (manifest ``partial``) is compared over
+the repeats it kept and marked ``partial`` (``partial``: which run holds it partial), in the
+tables and in the notes.
+
 A folder without ``manifest.json`` or ``stages.csv``, or whose stages.csv cannot be read or lacks
 the columns a run writes (``harness.measure.observations.REQUIRED_COLUMNS`` and a time column), is refused with a one-line
 error. A run that did not complete (``failed``, ``interrupted``, still ``running``) or measured
@@ -15,7 +26,9 @@ nothing is compared as far as it goes and flagged first in the notes.
 Output: printed as Markdown, and written to a **new** directory, never into either run (run
 directories are never overwritten): ``<parent of RUN_B>/compare-<YYYYmmdd-HHMMSS>-<A>-vs-<B>/``
 with ``compare.md`` and ``compare.csv`` (long form: case, stage, metric, a, b, delta, ratio,
-unit). ``--out DIR`` writes there instead.
+ratio_lo, ratio_hi, repeats_a, repeats_b, within_noise, partial, unit). ``--out DIR`` writes to the
+new directory DIR instead; an existing path or one inside either run is refused with one line
+(``merge.check_out``, the refusal ``merge`` applies to its ``--out``).
 """
 from __future__ import annotations
 
@@ -27,15 +40,20 @@ import pandas as pd
 
 from ..floats import finite as _f
 from ..markdown import LEFT, RIGHT, table
-from ..measure.summary import summarize
+from ..measure import stats
+from ..measure.summary import Summary, summarize
 from ..roofline import flags
 from ..rundir import RunData, claim, open_run
-from .columns import efficiency
+from .columns import efficiency, interval
+from .merge import check_out
 from ..anatomy.stages import STAGES
 
 REQUEST_METRICS = [("ttft_ms", "TTFT", "ms"), ("tpot_p50_ms", "TPOT p50", "ms"), ("decode_tok_s", "decode tok/s", "tok/s"),
                    ("e2e_ms", "end-to-end", "ms")]
-COLUMNS = ["case", "stage", "metric", "a", "b", "delta", "ratio", "unit"]
+COLUMNS = ["case", "stage", "metric", "a", "b", "delta", "ratio", "ratio_lo", "ratio_hi", "repeats_a", "repeats_b",
+           "within_noise", "partial", "unit"]
+#: timed repeats a side needs for an interval of B / A (``stats.ratio_ci``); fewer: within noise
+MIN_REPEATS = 2
 
 
 def _load(path) -> RunData:
@@ -44,23 +62,51 @@ def _load(path) -> RunData:
                     "give two run directories under runs/")
 
 
+def partial_cases(run: RunData) -> dict:
+    """{case: 'R of N timed repeats'} of the cases a signal stopped early (manifest ``partial``)."""
+    return {c.get("name"): f"{c.get('repeats_done')} of {c.get('repeats_planned')} timed repeats"
+            for c in run.manifest.get("cases") or [] if c.get("partial")}
+
+
 def state_notes(label: str, run: RunData) -> list:
-    """Notes flagging a run that did not complete or measured nothing (``label``: A or B)."""
+    """Notes flagging a run that did not complete, kept partial cases or measured nothing (``label``: A or B)."""
     man, notes = run.manifest, []
     status = man.get("status", "unknown")
+    partial = partial_cases(run)
+    kept = "; ".join(f"{c} ({n})" for c, n in partial.items())
     if status != "complete":
         error = f": {man['error']}" if man.get("error") else ""
-        notes.append(f"{label} ({run.path.name}) is {status}{error}; only its finished cases are compared")
+        compared = (f"its finished cases are compared, and its partial case{'s' if len(partial) > 1 else ''} {kept} "
+                    "over the repeats kept, marked partial" if partial else "only its finished cases are compared")
+        notes.append(f"{label} ({run.path.name}) is {status}{error}; {compared}")
+    elif partial:
+        notes.append(f"{label} ({run.path.name}) holds partial cases, compared over the repeats kept and marked "
+                     f"partial: {kept}")
     if not len(run.stages):
         notes.append(f"{label} ({run.path.name}) measured nothing (stages.csv is empty)")
     return notes
 
 
-def _entry(case, stage, metric, a, b, unit) -> dict:
+def _entry(case, stage, metric, a, b, unit, values=None) -> dict:
+    """One long row; ``values``: (A's per-repeat values, B's) for the repeats and the interval of B / A."""
     a, b = _f(a), _f(b)
+    va, vb = values if values is not None else ((), ())
+    _, lo, hi = stats.ratio_ci(vb, va) if values is not None else (None, None, None)
+    ratio = (b / a) if a and b is not None else None
+    noise = None
+    if values is not None and ratio is not None:
+        noise = bool(lo is None or hi is None or min(len(va), len(vb)) < MIN_REPEATS or lo <= 1.0 <= hi)
     return {"case": case, "stage": stage, "metric": metric, "a": a, "b": b,
-            "delta": (b - a) if a is not None and b is not None else None,
-            "ratio": (b / a) if a and b is not None else None, "unit": unit}
+            "delta": (b - a) if a is not None and b is not None else None, "ratio": ratio, "ratio_lo": lo,
+            "ratio_hi": hi, "repeats_a": len(va) if values is not None else None,
+            "repeats_b": len(vb) if values is not None else None, "within_noise": noise, "partial": None,
+            "unit": unit}
+
+
+def _values(summary: Summary, case: str, stage: str, column: str):
+    """The per-repeat values of ``column`` (finite ones only) in ``summary`` (empty when absent)."""
+    v = summary.values(case, stage, column)
+    return v[v == v]
 
 
 def _eff(path: Path) -> dict:
@@ -79,7 +125,9 @@ def compare_runs(run_a, run_b) -> tuple:
     """(long DataFrame [COLUMNS], notes) comparing two run directories."""
     A, B = _load(run_a), _load(run_b)
     pa, pb = A.path, B.path
-    ma, mb = summarize(A.stages).stages, summarize(B.stages).stages
+    sa, sb = summarize(A.stages), summarize(B.stages)
+    ma, mb = sa.stages, sb.stages
+    partial = {"A": partial_cases(A), "B": partial_cases(B)}
     notes = state_notes("A", A) + state_notes("B", B)
     ta, tb = set(ma["timer"]), set(mb["timer"])
     if ta != tb and ta and tb:
@@ -100,19 +148,28 @@ def compare_runs(run_a, run_b) -> tuple:
     for case in cases:
         xa = ma[ma["case"] == case].set_index("stage")
         xb = mb[mb["case"] == case].set_index("stage")
+        first = len(rows)
         for stage in list(STAGES) + ["request"]:
             if stage not in xa.index and stage not in xb.index:
                 continue
             a = xa.loc[stage, "time_ms"] if stage in xa.index else None
             b = xb.loc[stage, "time_ms"] if stage in xb.index else None
-            rows.append(_entry(case, stage, "time", a, b, "ms"))
+            span = {"A": xa.loc[stage, "timer"] if stage in xa.index else None,
+                    "B": xb.loc[stage, "timer"] if stage in xb.index else None}
+            span = {k: "gpu_ms" if t == "cuda_event" else "host_ms" for k, t in span.items()}
+            rows.append(_entry(case, stage, "time", a, b, "ms", (_values(sa, case, stage, span["A"]),
+                                                                _values(sb, case, stage, span["B"]))))
             if (case, stage) in ea or (case, stage) in eb:
                 rows.append(_entry(case, stage, "efficiency", ea.get((case, stage)), eb.get((case, stage)), "fraction"))
         for col, label, unit in REQUEST_METRICS:
             a = xa.loc["request", col] if "request" in xa.index and col in xa else None
             b = xb.loc["request", col] if "request" in xb.index and col in xb else None
             if _f(a) is not None or _f(b) is not None:
-                rows.append(_entry(case, "request", label, a, b, unit))
+                rows.append(_entry(case, "request", label, a, b, unit, (_values(sa, case, "request", col),
+                                                                        _values(sb, case, "request", col))))
+        where = ", ".join(side for side in ("A", "B") if case in partial[side])
+        for r in rows[first:]:
+            r["partial"] = where or None
     return pd.DataFrame(rows, columns=COLUMNS), notes
 
 
@@ -125,10 +182,35 @@ def _fmt(v, unit="") -> str:
     return f"{x:,.3f}" if abs(x) < 100 else f"{x:,.1f}"
 
 
+def _case(r) -> str:
+    """The case cell: its name, marked where a run holds it partial."""
+    return f"{r.case} (partial in {r.partial})" if isinstance(r.partial, str) and r.partial else r.case
+
+
+def _ratio(r) -> str:
+    """B / A with its 95% interval ('0.80x [0.71–0.91]'; the ratio alone without one)."""
+    return interval((r.ratio, r.ratio_lo, r.ratio_hi, False) if _f(r.ratio) is not None else None)
+
+
+def _repeats(r) -> str:
+    return "–" if _f(r.repeats_a) is None else f"{r.repeats_a:.0f} / {r.repeats_b:.0f}"
+
+
+def _noise(r) -> str:
+    """'yes' (the interval holds 1, or too few repeats to have one) or 'no'; '–' without both sides."""
+    if r.within_noise is None or r.within_noise != r.within_noise:
+        return "–"
+    if not r.within_noise:
+        return "no"
+    return "yes (too few repeats)" if min(r.repeats_a, r.repeats_b) < MIN_REPEATS else "yes (interval holds 1)"
+
+
 def render(df: pd.DataFrame, run_a: Path, run_b: Path, notes: list) -> str:
     L = ["# Compare", "", f"- A: `{run_a}`", f"- B: `{run_b}`", "",
          "delta = B - A; ratio = B / A (times: below 1 = B faster; tok/s: above 1 = B faster). "
-         "Times are medians of the timed repeats.", ""]
+         "Times are medians of the timed repeats. B/A carries the seeded bootstrap 95% interval over the timed "
+         f"repeats of both runs; *within noise* = that interval holds 1, or a run has fewer than {MIN_REPEATS} "
+         "timed repeats (no interval): the ratio then does not show which run is faster.", ""]
     st = df[df["metric"] == "time"]
     eff = df[df["metric"] == "efficiency"].set_index(["case", "stage"])
     if len(st):
@@ -136,17 +218,18 @@ def render(df: pd.DataFrame, run_a: Path, run_b: Path, notes: list) -> str:
         rows = []
         for r in st.itertuples():
             e = eff.loc[(r.case, r.stage)] if (r.case, r.stage) in eff.index else None
-            rows.append([r.case, r.stage, _fmt(r.a), _fmt(r.b), _fmt(r.delta), _fmt(r.ratio),
+            rows.append([_case(r), r.stage, _fmt(r.a), _fmt(r.b), _fmt(r.delta), _ratio(r), _repeats(r), _noise(r),
                          _fmt(e["a"], "fraction") if e is not None else "–",
                          _fmt(e["b"], "fraction") if e is not None else "–"])
-        L += table(["case", "stage", "A ms", "B ms", "delta ms", "B/A", "eff A", "eff B"], rows, [LEFT, LEFT] + [RIGHT] * 6)
+        L += table(["case", "stage", "A ms", "B ms", "delta ms", "B/A [95% interval]", "repeats A / B",
+                    "within noise", "eff A", "eff B"], rows, [LEFT, LEFT] + [RIGHT] * 5 + [LEFT] + [RIGHT] * 2)
         L.append("")
     rq = df[~df["metric"].isin(["time", "efficiency"])]
     if len(rq):
         L += ["## Request", ""]
-        L += table(["case", "metric", "A", "B", "delta", "B/A"],
-                   [[r.case, f"{r.metric} ({r.unit})", _fmt(r.a), _fmt(r.b), _fmt(r.delta), _fmt(r.ratio)]
-                    for r in rq.itertuples()], [LEFT, LEFT] + [RIGHT] * 4)
+        L += table(["case", "metric", "A", "B", "delta", "B/A [95% interval]", "repeats A / B", "within noise"],
+                   [[_case(r), f"{r.metric} ({r.unit})", _fmt(r.a), _fmt(r.b), _fmt(r.delta), _ratio(r), _repeats(r),
+                     _noise(r)] for r in rq.itertuples()], [LEFT, LEFT] + [RIGHT] * 5 + [LEFT])
         L.append("")
     if notes:
         L += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
@@ -164,13 +247,16 @@ def compare_main(argv) -> int:
                                 description="Side-by-side per-case, per-stage deltas of two run directories.")
     p.add_argument("run_a", help="baseline run directory (A)")
     p.add_argument("run_b", help="run directory compared against A (B)")
-    p.add_argument("--out", default=None, help="output directory (default: <parent of RUN_B>/compare-<time>-A-vs-B/)")
+    p.add_argument("--out", default=None, help="a new output directory (default: <parent of RUN_B>/compare-<time>-A-vs-B/)")
     args = p.parse_args(list(argv))
     a, b = Path(args.run_a), Path(args.run_b)
+    out = check_out(args.out, [a, b], "compare") if args.out else None
     df, notes = compare_runs(a, b)
     text = render(df, a, b, notes)
-    out = Path(args.out) if args.out else default_out(a, b)
-    out.mkdir(parents=True, exist_ok=True)
+    if out is None:
+        out = default_out(a, b)
+    else:
+        out.mkdir(parents=True)
     df.to_csv(out / "compare.csv", index=False)
     (out / "compare.md").write_text(text)
     print(text)
@@ -178,4 +264,4 @@ def compare_main(argv) -> int:
     return 0
 
 
-__all__ = ["compare_main", "compare_runs", "state_notes", "render", "default_out"]
+__all__ = ["compare_main", "compare_runs", "state_notes", "partial_cases", "render", "default_out", "MIN_REPEATS"]
