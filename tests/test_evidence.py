@@ -1,6 +1,10 @@
 """The committed evidence holds no efficiency above 100%: every CSV under runs/examples with an
 efficiency, MFU, MBU or request-efficiency column (roofline.csv, sweep summaries) has each value
-at or below 1.0; a value above it is left empty and kept in the row's ``above_ceiling`` note."""
+at or below 1.0; a value above it is left empty and kept in the row's ``above_ceiling`` note. No
+committed report (``report.md`` and the source reports beside it) prints a percentage above 100%
+except inside a flag: ``above the ceiling (x%): ...`` (``harness.roofline.flags.ABOVE_CEILING``) or a
+caveat's ``<column> x%: check ...``."""
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -31,3 +35,29 @@ def test_no_committed_efficiency_above_one(path):
     for c in _efficiency_columns(t.columns):
         over = t[pd.to_numeric(t[c]) > 1.0]
         assert not len(over), f"{c} above 1.0 in rows {over.index.tolist()}"
+
+
+#: a percentage in a report; one above 100 must sit inside a flag
+PERCENT = re.compile(r"(?<![\d.,])(\d{1,3}(?:,\d{3})*(?:\.\d+)?)%")
+FLAGGED = re.compile(r"above the ceiling \([\d.,]+%\)|\b\w+ [\d.,]+%: check\b")
+
+
+def unflagged_above_100(text: str) -> list:
+    """(line number, percentage) of every percentage above 100% that no flag holds."""
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        rest = FLAGGED.sub("", line)
+        out += [(i, m.group(0)) for m in PERCENT.finditer(rest) if float(m.group(1).replace(",", "")) > 100]
+    return out
+
+
+def test_the_report_check_finds_an_unflagged_figure():
+    assert unflagged_above_100("| a | 98.4% / 109.7% | 1,234.5% |\n| b | 100.0% |") == [(1, "109.7%"), (1, "1,234.5%")]
+    assert unflagged_above_100("| a | 98.4% / above the ceiling (109.7%): bytes, FLOPs or ceiling wrong |") == []
+    assert unflagged_above_100("- flagged: best/prefill: efficiency 178.4%: check the analytic bytes") == []
+
+
+@pytest.mark.parametrize("path", sorted(p for p in EXAMPLES.rglob("*.md") if p.name != "README.md"),
+                         ids=lambda p: p.relative_to(EXAMPLES).as_posix())
+def test_no_committed_report_prints_an_efficiency_above_100_percent(path):
+    assert unflagged_above_100(path.read_text()) == []
