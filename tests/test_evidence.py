@@ -3,14 +3,20 @@ efficiency, MFU, MBU or request-efficiency column (roofline.csv, sweep summaries
 at or below 1.0; a value above it is left empty and kept in the row's ``above_ceiling`` note. No
 committed report (``report.md`` and the source reports beside it) prints a percentage above 100%
 except inside a flag: ``above the ceiling (x%): ...`` (``harness.roofline.flags.ABOVE_CEILING``) or a
-caveat's ``<column> x%: check ...``."""
+caveat's ``<column> x%: check ...``. Every folder's README.md says which commit's code ran it and
+what each of its manifests records (its Provenance paragraph, ``scripts/provenance.py``), and that is
+what the manifests record."""
 import re
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "runs" / "examples"
+sys.path.insert(0, str(EXAMPLES.parents[1] / "scripts"))
+import provenance as PROVENANCE  # noqa: E402  (scripts/provenance.py)
+
 PATTERN = ("efficiency", "mfu", "mbu", "eff_request")
 
 
@@ -61,3 +67,31 @@ def test_the_report_check_finds_an_unflagged_figure():
                          ids=lambda p: p.relative_to(EXAMPLES).as_posix())
 def test_no_committed_report_prints_an_efficiency_above_100_percent(path):
     assert unflagged_above_100(path.read_text()) == []
+
+
+@pytest.mark.parametrize("folder", sorted(d for d in EXAMPLES.iterdir() if d.is_dir()), ids=lambda d: d.name)
+def test_every_folder_names_its_code_and_what_its_manifests_record(folder):
+    entries = PROVENANCE.provenance(folder)
+    assert entries, f"{folder.name}/README.md has no Provenance paragraph naming the code that ran"
+    listed = [e["path"] for e in entries if e["path"] is not None]
+    assert sorted(listed) == PROVENANCE.manifests(folder)
+    if not listed:
+        assert len(entries) == 1, "one 'no manifest, code REV' where the folder has no manifest"
+    for e in entries:
+        if e["path"] is None:
+            continue
+        revision, dirty = PROVENANCE.recorded(folder / e["path"])
+        assert (e["recorded"], e["dirty"]) == (revision, dirty), e["path"]
+        if dirty is False:     # a clean tree is its commit
+            assert e["code"].startswith(revision), e["path"]
+
+
+def test_the_provenance_paragraph_is_read_as_written(tmp_path):
+    (tmp_path / "README.md").write_text(
+        "# x\n\nProvenance: `manifest.json` records 98112bd (dirty), code 5fca539; `a/manifest.json` records\n"
+        "no revision, code fb8a6c2; `b/child_manifest.json` records 1710d61 (clean), code 1710d61. Why.\n\n"
+        "Later: `c/manifest.json` records 0000000 (clean), code 0000000 (not the paragraph).\n")
+    assert PROVENANCE.provenance(tmp_path) == [
+        {"path": "manifest.json", "recorded": "98112bd", "dirty": True, "code": "5fca539"},
+        {"path": "a/manifest.json", "recorded": None, "dirty": None, "code": "fb8a6c2"},
+        {"path": "b/child_manifest.json", "recorded": "1710d61", "dirty": False, "code": "1710d61"}]
