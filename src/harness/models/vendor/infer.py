@@ -20,9 +20,12 @@ What ``infer()`` does that the harness bounds:
   ``nn.LayerNorm.reset_parameters`` process-wide: both are restored afterwards;
 - it hard-codes ``.cuda()``: on a CPU device ``Tensor.cuda`` is a no-op while it runs.
 
-``infer()`` takes one image file: a request must hold one page (batch 1). A page from a file is
-passed as that file; a synthetic page is saved as a PNG under ``workdir/pages`` first (outside the
-request's ranges).
+``infer()`` takes one image file: a request must hold one page (batch 1, ``one_page``). A page from
+a file is passed as that file; a synthetic page is saved as a PNG under ``workdir/pages`` first
+(outside the request's ranges).
+
+``call_infer`` (infer() with a stand-in ``generate``, in the sandbox above) is also what the ``graph``
+verb uses to get the inputs infer() builds (``harness.callgraph.vendor.infer_request``).
 """
 from __future__ import annotations
 
@@ -78,39 +81,48 @@ class InferEntry:
         page.image.save(out)
         return out
 
+    def call_infer(self, image_file: Path, request, generate) -> None:
+        """The vendor's ``infer()``, unmodified, on ``image_file`` with ``request``'s prompt and crop mode
+        and infer()'s other arguments as ``describe`` lists them; ``generate`` stands in for the vendor
+        model's own for this call (an instance attribute, removed afterwards), inside ``_sandbox``. What
+        infer() printed is kept in ``stdout`` (``save_stdout`` writes it)."""
+        ocr, mode = self.ocr, request.mode
+        buf = io.StringIO()
+        object.__setattr__(ocr.hf, "generate", generate)
+        try:
+            with _sandbox(ocr.device, buf, ocr.quiet):
+                ocr.hf.infer(self.tokenizer, prompt=request.prompt, image_file=str(image_file),
+                             output_path=str(self.workdir / "out"), base_size=mode.base_size,
+                             image_size=mode.image_size, crop_mode=mode.crop, test_compress=False,
+                             save_results=False, eval_mode=False)
+        finally:
+            del ocr.hf.generate
+            self.stdout = buf.getvalue()
+
+    def save_stdout(self) -> Path:
+        """``workdir/infer_stdout.txt``: what the last infer() printed."""
+        out = self.workdir / STDOUT_FILE
+        out.write_text(self.stdout)
+        return out
+
     def __call__(self, request, stage: StageFn, max_new_tokens: int) -> GenerationResult:
         ocr = self.ocr
         n_new = _budget(max_new_tokens)
-        if request.batch != 1 or len(request.source_pages) != 1:
-            raise HarnessError(f"model.vendor_entry=infer runs one page per request (the vendor's infer() takes one "
-                               f"image file); this request has batch {request.batch} and "
-                               f"{len(request.source_pages)} source page(s)", "use workload.batch=1")
-        image_file = self.page_file(request.source_pages[0])
-        mode = request.mode
+        image_file = self.page_file(one_page(request))
         counter = ocr.routing_counter()
         seen: dict = {}
-        buf = io.StringIO()
         with ocr.routing_hooks(counter), GenerateRanges(ocr, stage, counter) as ranges, stage("request"):
             t0 = time.perf_counter()
             ranges.seg.switch("preprocess")
-            object.__setattr__(ocr.hf, "generate", _bounded(ocr.hf.generate, ranges, n_new, seen))
             try:
-                with _sandbox(ocr.device, buf, ocr.quiet):
-                    ocr.hf.infer(self.tokenizer, prompt=request.prompt, image_file=str(image_file),
-                                 output_path=str(self.workdir / "out"), base_size=mode.base_size,
-                                 image_size=mode.image_size, crop_mode=mode.crop, test_compress=False,
-                                 save_results=False, eval_mode=False)
+                self.call_infer(image_file, request, _bounded(ocr.hf.generate, ranges, n_new, seen))
             except BaseException as exc:
                 ranges.seg.close(exc)  # preprocess, when infer() failed before generate
                 raise
-            finally:
-                del ocr.hf.generate
             host_ms = (time.perf_counter() - t0) * 1e3
-        self.stdout = buf.getvalue()
-        (self.workdir / STDOUT_FILE).write_text(self.stdout)
+        self.save_stdout()
         if "output" not in seen:
-            raise HarnessError("the vendor's infer() returned without calling generate",
-                               "check the prompt holds <image> and the snapshot's code is unmodified")
+            raise not_called()
         loop = ocr.info["loop"]
         loop.setdefault("infer_generate_kwargs", seen["kwargs"])
         loop["infer_prompt_tokens"] = seen["prompt_tokens"]
@@ -118,11 +130,27 @@ class InferEntry:
                              prompt_tokens=seen["prompt_tokens"])
 
 
+def one_page(request):
+    """The request's one source page (the vendor's infer() takes one image file), or the one-line
+    HarnessError of a request of several."""
+    if request.batch != 1 or len(request.source_pages) != 1:
+        raise HarnessError(f"model.vendor_entry=infer runs one page per request (the vendor's infer() takes one "
+                           f"image file); this request has batch {request.batch} and "
+                           f"{len(request.source_pages)} source page(s)", "use workload.batch=1")
+    return request.source_pages[0]
+
+
+def not_called() -> HarnessError:
+    """What is said when infer() returned without calling generate."""
+    return HarnessError("the vendor's infer() returned without calling generate",
+                        "check the prompt holds <image> and the snapshot's code is unmodified")
+
+
 def _bounded(generate, ranges: GenerateRanges, n_new: int, seen: dict):
     """``generate`` as infer() will call it: arguments recorded, the budget fixed, ranges begun and ended."""
     def call(input_ids, **kwargs):
         seen["prompt_tokens"] = int(input_ids.shape[1])
-        seen["kwargs"] = {k: _describe(v) for k, v in kwargs.items()}
+        seen["kwargs"] = {k: describe_value(v) for k, v in kwargs.items()}
         kwargs.update(max_new_tokens=n_new, min_new_tokens=n_new)
         ranges.begin()
         try:
@@ -136,12 +164,12 @@ def _bounded(generate, ranges: GenerateRanges, n_new: int, seen: dict):
     return call
 
 
-def _describe(value):
+def describe_value(value):
     """An argument as the manifest shows it (tensors by shape and dtype, objects by class)."""
     if isinstance(value, torch.Tensor):
         return f"tensor{list(value.shape)} {str(value.dtype).replace('torch.', '')}"
     if isinstance(value, (list, tuple)):
-        return [_describe(v) for v in value]
+        return [describe_value(v) for v in value]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return type(value).__name__
@@ -160,4 +188,4 @@ def _sandbox(device: torch.device, buf: io.StringIO, quiet: bool):
             setattr(cls, "reset_parameters", fn)
 
 
-__all__ = ["InferEntry", "INFER_MAX_NEW_TOKENS"]
+__all__ = ["InferEntry", "INFER_MAX_NEW_TOKENS", "STDOUT_FILE", "one_page", "not_called", "describe_value"]
