@@ -15,17 +15,23 @@ restored afterwards):
 
 Addresses are the vendor's own module names, which equal the reference model's; class names are
 the vendor's (``Block``, ``NoTPTransformerBlock``, ``DeepseekV2DecoderLayer``, ...).
+
+Under ``model.vendor_entry=infer`` the request itself comes from the vendor's ``infer()``
+(``infer_request``): infer() runs unmodified on the page file, its call of ``generate`` records the
+inputs it built and returns at once, and ``capture_vendor`` traces exactly those inputs.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import sys
+import time
 
 import numpy as np
 import torch
 from torch import nn
 
+from .. import workload as wl
 from .capture import _Step, trace_step
 from .tree import module_tree
 
@@ -82,14 +88,15 @@ def vendor_tree(vmodel) -> list:
     return module_tree(vmodel, vendor_of=lambda c: c)
 
 
-def _dynamic_cache(keys, values):
-    from transformers.cache_utils import DynamicCache
-
-    c = DynamicCache()
-    c.key_cache, c.value_cache = list(keys), list(values)
-    if hasattr(c, "_seen_tokens"):
-        c._seen_tokens = int(keys[0].shape[-2]) if keys else 0
-    return c
+def _filled_cache(vmodel, keys, values):
+    """The vendor's own empty cache (``vmodel.new_cache().past``, an HF ``DynamicCache``) holding
+    ``keys`` / ``values`` (one tensor per layer)."""
+    past = vmodel.new_cache().past
+    past.key_cache[:] = list(keys)
+    past.value_cache[:] = list(values)
+    if hasattr(past, "_seen_tokens"):
+        past._seen_tokens = int(keys[0].shape[-2]) if keys else 0
+    return past
 
 
 def capture_vendor(vmodel, request, count_flops: bool = True, progress=print) -> dict:
@@ -113,7 +120,7 @@ def capture_vendor(vmodel, request, count_flops: bool = True, progress=print) ->
     def run_decode(token, keys, values, attention_mask):
         from ..models.vendor.loader import VendorCache
 
-        cache = VendorCache(past=_dynamic_cache(keys, values), attention_mask=attention_mask)
+        cache = VendorCache(past=_filled_cache(vmodel, keys, values), attention_mask=attention_mask)
         logits = vmodel.decode_step(token, cache)
         state["decode_cache"] = cache
         return logits
@@ -140,3 +147,79 @@ def capture_vendor(vmodel, request, count_flops: bool = True, progress=print) ->
         dec.info.update(cache_len_before=cache.length, cache_len_after=state["decode_cache"].length,
                         token_in=token.flatten().tolist(), quick_gelu_patched=patched)
     return {"prefill": pre, "decode": dec}
+
+
+#: the arguments of infer()'s ``generate`` call that the captured forwards read; the others
+#: (temperature, eos_token_id, streamer, max_new_tokens, no_repeat_ngram_size, use_cache) steer
+#: decoding, which one prefill and one greedy step do not use
+FORWARD_INPUTS = ("input_ids", "images", "images_seq_mask", "images_spatial_crop")
+INFER_BUILT = "the vendor's infer() (model.vendor_entry=infer)"
+
+
+def infer_request(vmodel, request) -> tuple:
+    """(Request, record): the request the vendor's ``infer()`` builds for ``request``'s one page.
+
+    ``vmodel.generate_own`` is the ``InferEntry`` of ``model.vendor_entry=infer``. infer() runs
+    unmodified (``InferEntry.call_infer``) on the page file (``InferEntry.page_file``) with
+    ``request``'s prompt and crop mode; the ``generate`` it calls records its arguments and returns
+    the prompt at once (with ``save_results=False`` and ``eval_mode=False`` infer() reads nothing of
+    it): no token is generated. The Request holds infer()'s tensors: ``input_ids`` [1, S],
+    ``images_seq_mask`` [1, S], the global view ``images[0][1]`` and, when ``images_spatial_crop``
+    is more than 1x1, the tiles ``images[0][0]`` (else infer()'s all-zero placeholder, which the
+    vendor forward skips, as it skips the zeros ``VendorOCR`` passes). Its Case: the request's mode,
+    infer()'s grid, S - BOS - image placeholders text tokens. ``record`` (the manifest's
+    ``graph.request``): who built it, prompt, page file, the counts, every argument given to
+    ``generate`` (``describe_value``), where infer()'s printout is, and the harness's own layout for
+    the same page (``harness_request``) for comparison.
+    """
+    from ..errors import HarnessError
+    from ..models.vendor.infer import InferEntry, describe_value, not_called, one_page
+
+    entry = getattr(vmodel, "generate_own", None)
+    if not isinstance(entry, InferEntry):
+        raise TypeError(f"infer_request needs a VendorOCR driven by InferEntry (model.vendor_entry=infer), "
+                        f"not by {type(entry).__name__}")
+    page = one_page(request)
+    image_file = entry.page_file(page)
+    seen: dict = {}
+
+    def record(input_ids, **kwargs):
+        seen.update(input_ids=input_ids, kwargs=kwargs)
+        return input_ids
+
+    t0 = time.perf_counter()
+    entry.call_infer(image_file, request, record)
+    seconds = time.perf_counter() - t0
+    stdout_file = entry.save_stdout()
+    if not seen:
+        raise not_called()
+    ids, kw = seen["input_ids"], seen["kwargs"]
+    missing = [k for k in FORWARD_INPUTS[1:] if k not in kw]
+    if missing:
+        raise HarnessError(f"the vendor's infer() called generate without {', '.join(missing)}",
+                           "use the snapshot's unmodified modeling_deepseekocr.py")
+    patches, view = kw["images"][0]
+    cols, rows = (int(v) for v in kw["images_spatial_crop"][0])
+    grid = None if (cols, rows) == (1, 1) else (cols, rows)
+    mask = kw["images_seq_mask"]
+    image_tokens = int(mask.sum())
+    where = mask[0].nonzero().flatten()
+    text_tokens = max(int(ids.shape[1]) - wl.BOS_TOKENS - image_tokens, 0)
+    case = wl.Case(request.mode, grid, 1, text_tokens, request.decode_tokens)
+    built = dataclasses.replace(request, case=case, input_ids=ids, images_seq_mask=mask, global_views=view,
+                                tiles=patches if grid is not None else None,
+                                image_start=int(where[0]) if len(where) else wl.BOS_TOKENS)
+    own = request.case
+    out = {"built_by": INFER_BUILT, "prompt": request.prompt, "page": str(image_file), "page_source": page.source,
+           "prompt_tokens": int(ids.shape[1]), "image_tokens": image_tokens, "text_tokens": text_tokens,
+           "grid": wl.grid_text(grid),
+           "generate_kwargs": {k: describe_value(v) for k, v in kw.items()},
+           "forward_inputs": list(FORWARD_INPUTS), "generated_tokens": 0,
+           "infer_s": round(seconds, 3), "infer_stdout": str(stdout_file),
+           "harness_request": {"prompt_tokens": request.prefill_tokens, "image_tokens": own.image_tokens,
+                               "text_tokens": own.text_tokens, "grid": wl.grid_text(own.grid)}}
+    if case.image_tokens != image_tokens:
+        out["warning"] = (f"infer() placed {image_tokens} image tokens; the harness's layout of mode "
+                          f"{request.mode.name} grid {wl.grid_text(grid) or 'none'} has {case.image_tokens}: "
+                          "the analytic columns cost the harness's layout")
+    return built, out

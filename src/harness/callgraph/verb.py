@@ -190,7 +190,14 @@ def graph(model, request, out_dir: Path, model_cfg=None, dtype_name: str = "fp32
 
 
 def graph_from_config(cfg, out_dir: Path, progress=print) -> dict:
-    """The ``graph`` verb: model + one request from ``cfg`` -> the artifacts above in ``out_dir``."""
+    """The ``graph`` verb: model + one request from ``cfg`` -> the artifacts above in ``out_dir``.
+
+    Under ``model=vendor model.vendor_entry=infer`` the request is the one the vendor's ``infer()``
+    builds for the workload's page (``vendor.infer_request``: its template, tokenizer and crop
+    preprocessing; ``vendor_infer/`` in the run directory holds the page PNG and infer()'s printout),
+    refused before any model is built unless it holds one page; the manifest's ``graph.request`` and
+    the case entry's ``built_by`` say who built the request, with which prompt and page.
+    ``res["request"]`` is the request captured."""
     t0 = time.perf_counter()
     rd = RunDir(Path(out_dir), to_dict(cfg), launch=job_environment())
     with rd.guard():
@@ -204,20 +211,31 @@ def graph_from_config(cfg, out_dir: Path, progress=print) -> dict:
         case = cases[0]
         mcfg = cfg.model
         adapter = mcfg.name
+        via_infer = adapter == "vendor" and mcfg.vendor_entry == "infer"
+        request = case.request
+        if via_infer:   # infer() takes one page: refused before any model is built
+            from ..models.vendor.infer import one_page
+            one_page(request)
         rd.update(memory=check_memory(mcfg, dtype, device))   # the vendor model has the same tensors
         torch.manual_seed(int(cfg.seed))
         progress(f"[graph] building {adapter} model on {device} ({dtype_name})")
-        model, info = load_adapter(mcfg, device, dtype, cfg.seed)
+        model, info = load_adapter(mcfg, device, dtype, cfg.seed,
+                                   workdir=rd.path / "vendor_infer" if via_infer else None)
         if adapter != "vendor":
             from .. import variants
             info["execution"] = variants.apply(model, cfg.execution, device)
         rd.update(model=info)
-        request = case.request.to(device, dtype)
+        built = {"built_by": "the harness (harness.workload.build_request)"}
+        if via_infer:
+            request, built = _request_from_infer(model, request, rd, progress)
+        request = request.to(device, dtype)
         req_desc = request.case.to_dict()
-        rd.manifest["cases"].append({**req_desc, "pages": list(request.pages)})
+        rd.manifest["cases"].append({**req_desc, "pages": list(request.pages), "built_by": built["built_by"]})
         meta = {"model": f"{adapter} ({'random weights' if mcfg.weights == 'random' else 'weights from ' + str(mcfg.path)})",
-                "device": str(device), "request": {k: req_desc[k] for k in ("mode", "grid", "image_tokens",
-                                                                             "prefill_tokens", "batch")}}
+                "device": str(device), "request": {**{k: req_desc[k] for k in ("mode", "grid", "image_tokens",
+                                                                                "prefill_tokens", "batch")},
+                                                   **{k: built[k] for k in ("built_by", "prompt", "page")
+                                                      if k in built}}}
         if adapter == "vendor":
             ref_cfg = getattr(model, "cfg", None)
         else:
@@ -230,12 +248,32 @@ def graph_from_config(cfg, out_dir: Path, progress=print) -> dict:
         if res["note"]:
             rd.warn(res["note"])
         rd.update(graph={"timings": res["timings"], "files": sorted(p.name for p in res["paths"].values()),
+                         "request": built,
                          "captures": {k: c.info for k, c in res["captures"].items()},
                          "svg": "written" if any(n.endswith(".svg") for n in res["paths"]) else
                                 "not written: graphviz `dot` is not on PATH"})
         rd.complete()
         progress(f"[graph] wrote {rd.path} in {res['timings']['wall_s']:.1f} s")
+        res["request"] = request
         return res
+
+
+def _request_from_infer(model, request, rd: RunDir, progress) -> tuple:
+    """(Request, record) of ``vendor.infer_request``, said in the progress lines and the manifest's
+    warnings (a layout that differs from the harness's)."""
+    from .vendor import infer_request
+
+    progress(f"[graph] vendor: running the vendor's infer() on {request.source_pages[0].name} to build the "
+             "request (its generate replaced for the call: records its inputs, generates nothing)")
+    request, built = infer_request(model, request)
+    own = built["harness_request"]
+    progress(f"[graph] infer() built a prompt of {built['prompt_tokens']} tokens ({built['image_tokens']} image, "
+             f"{built['text_tokens']} text, grid {built['grid'] or 'none'}) in {built['infer_s']:.2f} s from "
+             f"{built['page']} and prompt {built['prompt']!r}; the harness's own request: {own['prompt_tokens']} "
+             f"tokens, grid {own['grid'] or 'none'}")
+    if "warning" in built:
+        rd.warn(built["warning"])
+    return request, built
 
 
 __all__ = ["graph_from_config", "graph", "check_memory", "write_svg", "PHASES"]
