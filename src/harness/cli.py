@@ -328,7 +328,7 @@ def _main(argv: list[str] | None = None) -> int:
         except HarnessError as exc:
             _fail(exc)
         except OSError as exc:   # --out names a file, a folder it cannot write, a full disk
-            return _write_failed(exc, "give --out a new directory you can write to" if verb == "merge" else
+            return _write_failed(exc, "give --out a new directory you can write to" if verb != "summarize" else
                                  "give --out a directory you can write to (a new one, or an existing directory; "
                                  "not a file)")
     if verb not in HYDRA_VERBS:
