@@ -165,6 +165,17 @@ def _nice_this_thread() -> None:
         pass
 
 
+def main_lines(capsys, argv: list) -> tuple:
+    """(exit code, the non-empty stderr lines) of ``harness.cli.main(argv)`` run in this process."""
+    from harness.cli import main
+
+    try:
+        rc = main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    return rc, [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+
+
 def cli_env(*drop: str) -> dict:
     """``os.environ`` without HYDRA_FULL_ERROR (a run's error is one line) and ``drop``, for CLI
     subprocesses. Modules take it when imported: their runs start in the background while tests

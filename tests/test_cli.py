@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import cli_env
+from conftest import cli_env, main_lines as _main_line
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MODE = "workload.mode={name: t, base_size: 128, image_size: 64, crop: true}"
@@ -201,17 +201,6 @@ def test_bad_input_fails_cleanly(runs, case):
 
 
 # ------------------------------------------------------- one-line errors in-process (issue 26 item 9)
-
-def _main_line(capsys, argv: list) -> tuple:
-    """(exit code, the stderr lines) of ``harness.cli.main(argv)`` run in this process."""
-    from harness.cli import main
-
-    try:
-        rc = main(argv)
-    except SystemExit as exc:
-        rc = exc.code
-    return rc, [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-
 
 def test_a_value_split_at_a_space_gets_the_quoted_override(capsys, tmp_path):
     rc, err = _main_line(capsys, ["run", "workload.images=my", "pages/", f"run.root={tmp_path}"])

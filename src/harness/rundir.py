@@ -21,8 +21,11 @@ to the report; ``load_run`` reads a finished run directory into one (each file r
 ``stages.csv`` as the typed observations, an older layout converted on read; ``open_run`` the same
 for a directory a user names, with one-line errors). The caller passes
 what placed the process (``launch``: pid, pinning and scheduler variables) in.
+Writes never follow a symbolic link (``harness.containment``): a link where a file of the run is
+written is refused with one line. The checkout's revision is read with ``git --no-optional-locks``,
+so a run never takes ``.git/index.lock`` in the user's checkout.
 This module sits near the bottom of the package: it imports nothing from it but ``errors``,
-``faults`` (the test-only write hook) and the observation schema (``measure.observations``).
+``containment``, ``faults`` (the test-only write hook) and the observation schema (``measure.observations``).
 """
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ from typing import Optional
 import pandas as pd
 
 from . import faults
+from .containment import refuse_links
 from .errors import HarnessError
 from .measure.observations import NotObservations, read_observations
 
@@ -71,13 +75,19 @@ def git_revision(root: Path | None = None) -> dict:
     return checkout_revision(root)
 
 
+#: git reads the checkout without writing it: no ``.git/index.lock``, no refreshed index
+GIT_READ_ONLY = ("git", "--no-optional-locks")
+
+
 def checkout_revision(root: Path | None = None) -> dict:
     """``git rev-parse HEAD`` of the checkout at ``root`` (default: this package's) and whether its
-    tracked files differ from it; revision None with the reason when git cannot tell."""
+    tracked files differ from it (``git status``, read-only: ``GIT_READ_ONLY``); revision None with
+    the reason when git cannot tell."""
     root = root or Path(__file__).resolve().parents[2]
     try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        rev = subprocess.run([*GIT_READ_ONLY, "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=5)
+        dirty = subprocess.run([*GIT_READ_ONLY, "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, timeout=5)
         if rev.returncode != 0:
             return {"revision": None, "dirty": None, "reason": rev.stderr.strip()[:200]}
@@ -318,6 +328,7 @@ class RunDir:
         """Append rows (header only when the file is new): for large per-case tables. A failed
         append is cut back, so the file never ends in a partial row."""
         out = self.path / name
+        refuse_links(self.path, name, what="the run")
         text = df.to_csv(index=False)
         size = out.stat().st_size if out.exists() else None
         if self._undo is not None and out not in self._undo:
@@ -410,9 +421,11 @@ def _now() -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through ``<path>.tmp`` + rename; the tmp file never outlives a
-    failed write. An OSError names ``path`` when it named no file."""
+    """Write ``text`` to ``path`` through ``<path>.tmp`` + rename (which replaces a link at ``path``
+    rather than writing through it); a link at ``<path>.tmp`` is refused; the tmp file never
+    outlives a failed write. An OSError names ``path`` when it named no file."""
     tmp = path.with_suffix(path.suffix + ".tmp")
+    refuse_links(tmp.parent, tmp.name, what="the run")
     try:
         tmp.write_text(text)
         faults.before_write(path)

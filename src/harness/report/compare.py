@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..containment import refuse_out_links
 from ..floats import finite as _f
 from ..markdown import LEFT, RIGHT, table
 from ..measure import stats
@@ -257,6 +258,7 @@ def compare_main(argv) -> int:
         out = default_out(a, b)
     else:
         out.mkdir(parents=True)
+    refuse_out_links(out, ("compare.csv", "compare.md"), what="compare")   # no write through a link
     df.to_csv(out / "compare.csv", index=False)
     (out / "compare.md").write_text(text)
     print(text)

@@ -31,13 +31,16 @@ Refused with one line (exit 2), everything checked before anything is written: f
 a path that is not a run directory (no manifest.json) or cannot be read; a run without stages.csv
 (it measured no case); a run still ``starting`` or ``running`` (its files are still growing, or
 its process was killed before it closed them); two runs of the same directory name; ``--out``
-missing, existing, or inside a source; a case name (or trace directory) in two runs; observation
-files whose columns differ; and runs whose numbers are not comparable: a leaf of ``SAME`` that
-differs (device identity, the GPU pinning, package versions, git revision and dirty flag, dtype,
-the model's adapter, weights and config, the ``hardware`` settings, the resolved ``measure``
-settings; ``VOLATILE`` leaves aside) or another calibration record (``calibration_record``: the
-same cached record, its ``measured`` time and values, proves one machine session; a run with a
-record and one without are refused too). The error names the field and both values.
+missing, existing, or inside a source; a symbolic link among what the merge reads or copies (a
+source's manifest.json, observation files, trace directories and what they hold:
+``harness.containment``), or a trace a manifest places outside its run; a case name (or trace
+directory) in two runs; observation files whose columns differ; and runs whose numbers are not
+comparable: a leaf of ``SAME`` that differs (device identity, the GPU pinning, package versions,
+git revision and dirty flag, dtype, the model's adapter, weights and config, the ``hardware``
+settings, the resolved ``measure`` settings; ``VOLATILE`` leaves aside) or another calibration
+record (``calibration_record``: the same cached record, its ``measured`` time and values, proves
+one machine session; a run with a record and one without are refused too). The error names the
+field and both values.
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from ..containment import copy_tree, refuse_links, refuse_links_under
 from ..errors import HarnessError
 from ..floats import finite as _f
 from ..roofline.calibrate import MANIFEST_KEYS
@@ -168,6 +172,8 @@ def check(paths: list, out) -> list:
     check_out(out, [], "merge")
     runs = []
     for p in map(Path, paths):
+        if p.is_dir():
+            refuse_links(p, "manifest.json", *CASE_FILES, what="merge")
         if p.is_dir() and not (p / "manifest.json").is_file():
             raise HarnessError(f"{p} has no manifest.json, so it is not a run directory", NOT_A_RUN)
         if p.is_dir() and not (p / "stages.csv").is_file():
@@ -175,6 +181,7 @@ def check(paths: list, out) -> list:
                                                                              f"(leave {p} out)")
         # manifest and stages.csv only (the cases): the tables are concatenated as text, read once by the report
         runs.append(open_run(p, NOT_A_RUN, "give existing run directories", tables=False))
+        _check_traces(runs[-1])
     for r in runs:
         status = r.manifest.get("status")
         if status in OPEN:
@@ -202,6 +209,15 @@ def check(paths: list, out) -> list:
                 raise HarnessError(f"{r.path / name} has other columns than {heads[0][0].path / name}",
                                    "merge runs written by one harness revision")
     return runs
+
+
+def _check_traces(run: RunData) -> None:
+    """Refuse a trace the manifest places outside the run, or a link in a trace directory to copy."""
+    for d in _trace_dirs(run):
+        if d.is_absolute() or ".." in d.parts:
+            raise HarnessError(f"{run.path / 'manifest.json'} places a trace at {d}, outside the run directory",
+                               "merge runs whose traces are under their own traces/ folder, as a run writes them")
+        refuse_links_under(run.path, d, what="merge")
 
 
 def _check_unique(runs: list) -> None:
@@ -292,7 +308,7 @@ def _write(runs: list, stage: Path, argv: list) -> None:
         _concat_csv(runs, name, stage)
     for r in runs:
         for d in _trace_dirs(r):
-            shutil.copytree(r.path / d, stage / d)
+            copy_tree(r.path / d, stage / d)
     text = json.dumps(merged_manifest(runs, argv), indent=2, default=str)
     (stage / "manifest.json").write_text(text)
 

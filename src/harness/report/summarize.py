@@ -8,7 +8,10 @@ device), ``.hydra/overrides.yaml`` (the values this job was given), ``sweep_job.
 ``CUDA_VISIBLE_DEVICES``, pid, start/end; from ``hydra/launcher=gpus``), ``stages.csv`` and
 ``roofline.csv``. The swept keys are the overrides whose values differ between jobs; the expected
 jobs come from ``multirun.yaml`` (basic sweeper), so a job that never started is listed as
-``not started``. Failed and unfinished runs are listed with their status, never dropped.
+``not started``. Failed and unfinished runs are listed with their status, never dropped. A job
+folder of a sweep, or a file of a job that summarize reads (``JOB_FILES``), that is a symbolic
+link is refused with one line (``harness.containment``), and so is an output file, or the output
+folder, that is one: summarize reads and writes only regular files inside the folders it owns.
 
 Output (``<SWEEP_DIR>/summary/``, rewritten by each summarize; for run directories
 ``<parent of the first>/summary-<time>/``; ``--out DIR`` elsewhere):
@@ -36,6 +39,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..containment import refuse_links, refuse_out_links
 from ..errors import HarnessError
 from ..floats import finite as _f
 from ..markdown import LEFT, table
@@ -50,6 +54,10 @@ from ..anatomy.stages import STAGES
 JOB_DIR = re.compile(r"^(\d+)(-failed)?$")
 REQUEST_COLS = ["decode_tok_s", "ttft_ms", "tpot_p50_ms", "e2e_ms"]
 STAGE_COLS = [f"{s}_ms" for s in STAGES]
+#: what summarize reads in a job folder (``refuse_job_links``)
+JOB_FILES = ("manifest.json", "sweep_job.json", "stages.csv", "roofline.csv", ".hydra/overrides.yaml")
+#: what summarize writes into its output folder
+OUT_FILES = ("summary.csv", "summary.md", "summary.png")
 FIX = "give a multirun directory (runs/multirun-<time>-<name>/) or run directories written by `python -m harness run`"
 
 
@@ -57,6 +65,13 @@ FIX = "give a multirun directory (runs/multirun-<time>-<name>/) or run directori
 
 def _is_run_dir(p: Path) -> bool:
     return (p / "manifest.json").is_file() or (p / ".hydra" / "overrides.yaml").is_file()
+
+
+def refuse_job_links(root: Path, job: str = ".") -> None:
+    """Refuse the job folder ``root / job`` (``job``: a sweep's ``0``, ``1-failed``, ...; ``.`` for a
+    run directory named on the command line, which may itself be a link) when it, or one of its
+    ``JOB_FILES``, is a symbolic link."""
+    refuse_links(root, *(f"{job}/{f}" for f in JOB_FILES), what="summarize")
 
 
 def _parse_overrides(items) -> dict:
@@ -117,6 +132,7 @@ def collect_jobs(paths) -> tuple[list[dict], Path | None, list[str]]:
     for p in paths:
         if not _is_run_dir(p):
             raise HarnessError(f"{p} has neither manifest.json nor .hydra/overrides.yaml", FIX)
+        refuse_job_links(p)
         jobs.append({"job": p.name, "dir": p, "overrides": _read_overrides(p)})
     return jobs, None, []
 
@@ -126,6 +142,7 @@ def _sweep_jobs(sweep: Path) -> tuple[list[dict], Path, list[str]]:
     for d in sorted(sweep.iterdir()):
         m = JOB_DIR.match(d.name)
         if d.is_dir() and m and _is_run_dir(d):
+            refuse_job_links(sweep, d.name)
             found.setdefault(int(m.group(1)), []).append(d)
     expected, why = expected_jobs(sweep)
     if not found and not expected:
@@ -357,6 +374,7 @@ def summarize_main(argv) -> int:
     args = p.parse_args(list(argv))
     df, info = summarize(args.paths)
     out = Path(args.out) if args.out else default_out(args.paths, info["sweep"])
+    refuse_out_links(out, OUT_FILES, what="summarize")
     out.mkdir(parents=True, exist_ok=True)
     flags.for_csv(df, ("eff_request", "eff_request_cal")).to_csv(out / "summary.csv", index=False)
     png = plot(df, info["swept"], out / "summary.png")
@@ -367,7 +385,8 @@ def summarize_main(argv) -> int:
     return 0
 
 
-__all__ = ["summarize_main", "summarize", "collect_jobs", "expected_jobs", "swept_keys", "job_rows", "render", "plot"]
+__all__ = ["summarize_main", "summarize", "collect_jobs", "refuse_job_links", "JOB_FILES", "OUT_FILES", "expected_jobs",
+           "swept_keys", "job_rows", "render", "plot"]
 
 
 if __name__ == "__main__":   # python -m harness.report.summarize SWEEP_DIR (same as the summarize verb)
