@@ -44,6 +44,37 @@ def _tree(root: Path) -> list:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
+# ----------------------------------------------------------------------------------------- S2
+
+@pytest.mark.parametrize("name, why", [
+    ("../../../OUTSIDE", "holds a path separator"), ("a/b", "holds a path separator"),
+    ("'..'", "starts with a dot"), ("'.hidden'", "starts with a dot"), ("''", "is empty")])
+def test_run_name_is_one_folder_name(tmp_path, capsys, name, why):
+    root = tmp_path / "x" / "y" / "runs"
+    rc, err = _main(capsys, ["run", "model=tiny", TINY_MODE, f"run.name={name}", f"run.root={root}"])
+    shown = name.strip("'")
+    assert rc == 2 and err == [
+        f"error: run.name={shown!r} {why}: it names one folder under run.root (<time>-<name>); fix: give run.name "
+        "one folder name without '/' or '\\' that does not start with '.', e.g. run.name=my-run (run.root chooses "
+        "the parent folder)"]
+    assert _tree(tmp_path) == []   # nothing under run.root, nothing beside or above it
+
+
+def test_a_swept_run_name_is_checked_too(tmp_path, capsys):
+    rc, err = _main(capsys, ["run", "-m", "model=tiny", "run.name=ok,a/b", f"run.root={tmp_path / 'runs'}"])
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: run.name='a/b' holds a path separator")
+    assert _tree(tmp_path) == []
+
+
+def test_a_run_stays_under_run_root_with_its_time_and_name(tmp_path):
+    """The directory a run gets: ``run.root/<time>-<name>``, one level below run.root."""
+    from harness.cli import _compose_checked
+
+    _, dirs = _compose_checked(["model=tiny", "run.name=my-run", f"run.root={tmp_path}"])
+    run_dir = Path(dirs["hydra.run.dir"])
+    assert run_dir.parent == tmp_path and re.fullmatch(r"\d{8}-\d{6}-my-run", run_dir.name), run_dir
+
+
 # ----------------------------------------------------------------------------------------- S3
 
 @pytest.fixture

@@ -349,7 +349,7 @@ class ProfileConfig:
 
 @dataclass
 class RunConfig:
-    name: str = "${experiment_name}"                     # run directory suffix
+    name: str = "${experiment_name}"                     # run directory suffix: one folder name (check_run_name)
     root: str = "runs"                                   # where run directories are created
     only: Optional[List[str]] = None   # run only these of the experiment's cases, by name (run.only=[best,best-b32])
     memory_check: bool = True          # refuse, before building the model, a run that cannot fit in free memory
@@ -645,6 +645,7 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
     if dev not in ("auto", "cpu", "cuda") and not (dev.startswith("cuda:") and dev[5:].isdigit()):
         raise HarnessError(f"device={dev!r} is not a device the harness runs on", f"use {DEVICES_HELP}")
     check_page_size(cfg.workload)
+    check_run_name(cfg.run.name)
     check_vendor_knobs(cfg.model)
     if dev == "cpu":    # device=auto is checked once resolved, before the model is built (harness.setup)
         check_flash_attn(cfg.model.attn_implementation, "cpu")
@@ -674,6 +675,17 @@ def check_throughput(t: ThroughputConfig) -> None:
                            f"{t.tokens.mean}", f"set throughput.tokens.spread to {t.tokens.mean - 1} or less")
 
 
+def check_run_name(name: str) -> None:
+    """``run.name`` ends the run directory's name (``run.root/<time>-<name>``): one folder name, so
+    no path separator, and neither empty nor starting with a dot (``..``, hidden names)."""
+    why = ("is empty" if not name else "holds a path separator" if "/" in name or "\\" in name
+           else "starts with a dot" if name.startswith(".") else "holds a NUL byte" if "\0" in name else None)
+    if why:
+        raise HarnessError(f"run.name={name!r} {why}: it names one folder under run.root (<time>-<name>)",
+                           "give run.name one folder name without '/' or '\\' that does not start with '.', e.g. "
+                           "run.name=my-run (run.root chooses the parent folder)")
+
+
 def check_vendor_knobs(m: ModelConfig) -> None:
     """``vendor_loop`` / ``vendor_entry`` choose how the vendor code runs: refused for another model."""
     if m.name != "vendor" and (m.vendor_loop != "ours" or m.vendor_entry != "generate"):
@@ -686,7 +698,8 @@ register()   # at import, so any Hydra composition of conf/ (the CLI, tests, use
 
 __all__ = ["LLMConfig", "SAMConfig", "CLIPConfig", "ProjectorConfig", "ExecutionConfig", "ExecutionOverrides",
            "ModelConfig", "CostModelConfig", "cost_config", "EXECUTION_KNOBS", "WorkloadConfig", "check_page_size",
-           "CaseConfig", "case_execution", "check_vendor_execution", "check_routing", "moved_knob", "TokensConfig",
+           "CaseConfig", "case_execution", "check_vendor_execution", "check_routing", "check_run_name", "moved_knob",
+           "TokensConfig",
            "ThroughputConfig",
            "check_throughput",
            "MeasureConfig", "HardwareConfig", "ProfileConfig", "RunConfig", "HarnessConfig", "ATTN_IMPLEMENTATIONS",
