@@ -218,7 +218,8 @@ def test_vendor_graph_quick_gelu_visible_and_experts(tmp_path):
     from harness.models.vendor.loader import load_vendor
 
     vm = load_vendor(os.environ["HARNESS_VENDOR_DIR"], device="cpu", dtype=torch.float32,
-                     attn_implementation="eager", seed=0, config_overrides={"num_hidden_layers": 2})
+                     attn_implementation="eager", seed=0, config_overrides={"num_hidden_layers": 2},
+                     trust_remote_code=True)
     deepencoder = sys.modules[type(vm.model.sam_model).__module__]
     scripted = deepencoder.quick_gelu
     req = wl.build_request([wl.Page("p", wl.synthetic_page(0, seed=1000), "x")], "tiny", decode_tokens=2)

@@ -44,6 +44,149 @@ def _tree(root: Path) -> list:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
+# ----------------------------------------------------------------------------------------- S1
+
+def code_tokenizer_dir(path: Path, tokenizer_class: str = "XTokenizerFast") -> Path:
+    """A model directory whose tokenizer_config.json maps AutoTokenizer to its own
+    tokenization_x.py; importing that file writes ``path / MARKER``."""
+    path.mkdir(parents=True)
+    (path / "tokenizer.json").write_text(json.dumps({
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None, "decoder": None,
+        "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "hello": 1, "world": 2}, "unk_token": "[UNK]"}}))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": tokenizer_class, "auto_map": {"AutoTokenizer": [None, "tokenization_x.XTokenizerFast"]}}))
+    (path / "tokenization_x.py").write_text(
+        f"import pathlib\npathlib.Path({str(path / MARKER)!r}).write_text('the directory code ran')\n"
+        "class XTokenizerFast:\n    def encode(self, text, add_special_tokens=False):\n        return [5]\n")
+    return path
+
+
+def _standin_transformers() -> types.ModuleType:
+    """A stand-in for ``transformers`` whose ``AutoTokenizer.from_pretrained`` follows a tokenizer's
+    ``auto_map`` as transformers does: with ``trust_remote_code`` true it imports the named module
+    from the directory (running it); false, it refuses with transformers' ValueError."""
+    def from_pretrained(path, trust_remote_code=None, **kwargs):
+        conf = json.loads((Path(path) / "tokenizer_config.json").read_text())
+        module, cls = conf["auto_map"]["AutoTokenizer"][1].split(".")
+        if not trust_remote_code:
+            raise ValueError(f"Loading {path} requires you to execute the configuration file in that repo on "
+                             "your local machine")
+        spec = importlib.util.spec_from_file_location(module, Path(path) / f"{module}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return getattr(mod, cls)()
+
+    tf = types.ModuleType("transformers")
+    tf.AutoTokenizer = types.SimpleNamespace(from_pretrained=from_pretrained)
+    return tf
+
+
+def test_standin_runs_directory_code_when_trusted(tmp_path):
+    """The stand-in is a real test of the harness: trusted, it runs the directory's code."""
+    d = code_tokenizer_dir(tmp_path / "model")
+    _standin_transformers().AutoTokenizer.from_pretrained(str(d), trust_remote_code=True)
+    assert (d / MARKER).read_text() == "the directory code ran"
+
+
+def test_tiny_model_runs_no_tokenizer_code_of_its_model_path(tmp_path, monkeypatch):
+    """``model=tiny model.path=DIR``: the run's set-up (``prepare_cases``, which loads the tokenizer)
+    imports nothing from DIR, and the run's note names the code it did not run."""
+    from harness.cli import check_overrides
+    from harness.setup import prepare_cases
+
+    d = code_tokenizer_dir(tmp_path / "model")
+    monkeypatch.setitem(sys.modules, "transformers", _standin_transformers())
+    cfg = check_overrides(["model=tiny", f"model.path={d}", TINY_MODE, "workload.decode_tokens=2"])
+    cases, note = prepare_cases(cfg)
+    assert not (d / MARKER).exists()
+    assert note == (f"tokenizer in {d} needs code of its own (AutoTokenizer: tokenization_x.XTokenizerFast), which "
+                    "the harness never runs: prompt uses 12 fixed text tokens")
+    assert cases[0].case.text_tokens == 12
+
+
+def test_real_transformers_imports_no_tokenizer_code(tmp_path):
+    """The same with transformers itself (the `vendor` extra): a built-in tokenizer_class loads
+    without the directory's code; a class only the code defines does not load."""
+    pytest.importorskip("transformers")
+    from harness.workload import tokenizer_or_reason
+
+    builtin = code_tokenizer_dir(tmp_path / "builtin", tokenizer_class="PreTrainedTokenizerFast")
+    tok, reason = tokenizer_or_reason(builtin)
+    assert reason == f"tokenizer from {builtin}" and tok.encode("hello world", add_special_tokens=False) == [1, 2]
+    own = code_tokenizer_dir(tmp_path / "own")
+    assert tokenizer_or_reason(own) == (None, f"tokenizer in {own} needs code of its own (AutoTokenizer: "
+                                              "tokenization_x.XTokenizerFast), which the harness never runs")
+    assert not (builtin / MARKER).exists() and not (own / MARKER).exists()
+
+
+VENDOR_PY = ("configuration_deepseek_v2.py", "conversation.py", "deepencoder.py", "modeling_deepseekocr.py",
+             "modeling_deepseekv2.py")
+
+
+def vendor_code_dir(path: Path) -> Path:
+    """A vendor directory whose every .py file writes ``path / MARKER`` when imported."""
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    for f in VENDOR_PY:
+        (path / f).write_text(f"import pathlib\npathlib.Path({str(path / MARKER)!r}).write_text({f!r})\n")
+    return path
+
+
+def test_vendor_code_is_refused_without_the_setting(tmp_path, monkeypatch):
+    from harness.models.vendor import loader as V
+    from harness.models.vendor import loops as L
+
+    d = vendor_code_dir(tmp_path / "vendor")
+    monkeypatch.setitem(sys.modules, "transformers", None)   # importing it would fail the test differently
+    want = (f"model=vendor would import and run the Python code in {d} ({', '.join(VENDOR_PY)}) through "
+            "transformers' trust_remote_code, and model.trust_remote_code is false; fix: read that code; if you "
+            "trust it, add model.trust_remote_code=true (or run the reference model: model.weights=path "
+            "model.path=DIR runs no code from the directory)")
+    for load in (lambda: L.load(d), lambda: V.load_vendor(d, "cpu", "fp32"), lambda: V.vendor_reference_config(d)):
+        with pytest.raises(HarnessError) as exc:
+            load()
+        assert str(exc.value) == want
+    assert not (d / MARKER).exists()
+
+
+def test_vendor_run_without_the_setting_is_one_line_before_any_run_directory(tmp_path, capsys):
+    d = vendor_code_dir(tmp_path / "vendor")
+    root = tmp_path / "runs"
+    rc, err = _main(capsys, ["run", "model=vendor", f"model.path={d}", f"run.root={root}"])
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"error: model=vendor would import and run the Python "
+                                                           f"code in {d} (configuration_deepseek_v2.py, ")
+    assert err[0].endswith("add model.trust_remote_code=true (or run the reference model: model.weights=path "
+                           "model.path=DIR runs no code from the directory)")
+    assert not root.exists() and not (d / MARKER).exists()
+
+
+def test_vendor_code_allowed_says_whose_code_runs(tmp_path, monkeypatch, caplog):
+    """Allowed, the gate lets the load go on (here to the missing transformers, which it names) and
+    one warning line says whose code runs, from where."""
+    from harness import hub
+    from harness.models.vendor import loader as V
+
+    d = vendor_code_dir(tmp_path / "vendor")
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    monkeypatch.setattr(hub, "_ANNOUNCED", set())
+    with caplog.at_level(logging.WARNING, logger="harness.hub"), pytest.raises(HarnessError, match="transformers"):
+        V.load_vendor(d, "cpu", "fp32", trust_remote_code=True)
+    assert [r.getMessage() for r in caplog.records if r.name == "harness.hub"] == [
+        f"model=vendor runs the Python code in {d} ({', '.join(VENDOR_PY)}): the model directory's own code, not "
+        "the harness's, allowed by model.trust_remote_code=true"]
+
+
+def test_trust_remote_code_applies_to_the_vendor_model_only():
+    from harness.cli import check_overrides
+
+    with pytest.raises(HarnessError) as exc:
+        check_overrides(["model=tiny", "model.trust_remote_code=true"])
+    assert str(exc.value) == ("model.trust_remote_code=true applies to model=vendor only (model.name=reference runs "
+                              "no code from a directory); fix: drop model.trust_remote_code")
+    assert check_overrides(["model=vendor"]).model.trust_remote_code is False   # conf/model/vendor.yaml: the default
+
+
 # ----------------------------------------------------------------------------------------- S2
 
 @pytest.mark.parametrize("name, why", [

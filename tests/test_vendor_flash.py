@@ -103,7 +103,7 @@ def test_vendor_flash_attention_bf16_teacher_forced():
     vdir = V.check_vendor_dir(raw)
     req = W.build_request(W.load_pages(None, pages=1, seed=0), "base", decode_tokens=STEPS + 1)
 
-    ref = build_model(V.vendor_reference_config(vdir, "eager"), dev, dt, seed=0)
+    ref = build_model(V.vendor_reference_config(vdir, "eager", trust_remote_code=True), dev, dt, seed=0)
     img = ref.image_embeddings(req.global_views.to(dev), None, req.grid)
     cache = KVCache(ref.cfg.llm.num_layers)
     logits = [ref.prefill(req.input_ids.to(dev), req.images_seq_mask.to(dev), img, cache)[:, -1:].float().cpu()]
@@ -117,7 +117,7 @@ def test_vendor_flash_attention_bf16_teacher_forced():
 
     runs = {"reference": logits}
     for attn in ("eager", "flash_attention_2"):
-        vend = V.load_vendor(vdir, dev, dt, attn, seed=0)
+        vend = V.load_vendor(vdir, dev, dt, attn, seed=0, trust_remote_code=True)
         assert vend.info["attn_implementation"] == attn
         vcache = vend.new_cache()
         out = [vend.prefill(req, vcache)[:, -1:].float().cpu()]

@@ -368,19 +368,19 @@ def test_vendor_loops_choose_the_driver_and_check_infer_first(standin, tmp_path,
     built = []
     monkeypatch.setattr(L, "require_transformers", lambda: None)
     monkeypatch.setattr(L, "load_vendor", lambda *a, **k: built.append(a) or standin)
-    assert L.load(tmp_path).generate_own is None and standin.info["loop"]["loop"] == "ours"
-    assert isinstance(L.load(tmp_path, loop="hf_generate").generate_own, HFGenerate)
+    assert L.load(tmp_path, trust_remote_code=True).generate_own is None and standin.info["loop"]["loop"] == "ours"
+    assert isinstance(L.load(tmp_path, loop="hf_generate", trust_remote_code=True).generate_own, HFGenerate)
     with pytest.raises(HarnessError, match="is not one of"):
-        L.load(tmp_path, loop="bogus")
+        L.load(tmp_path, loop="bogus", trust_remote_code=True)
     monkeypatch.setattr(L, "ensure_torchvision", lambda: "stub")
     with pytest.raises(HarnessError, match="torchvision"):
-        L.load(tmp_path, entry="infer")
+        L.load(tmp_path, entry="infer", trust_remote_code=True)
     monkeypatch.setattr(L, "ensure_torchvision", lambda: "0.0-test")
     with pytest.raises(HarnessError, match="no tokenizer files"):
-        L.load(tmp_path, entry="infer")
+        L.load(tmp_path, entry="infer", trust_remote_code=True)
     assert len(built) == 2   # refused before building
     monkeypatch.setattr("harness.workload.tokenizer_or_reason", lambda p: (_Tok(), f"tokenizer from {p}"))
-    entry = L.load(tmp_path, entry="infer", workdir=tmp_path / "w").generate_own
+    entry = L.load(tmp_path, entry="infer", workdir=tmp_path / "w", trust_remote_code=True).generate_own
     assert isinstance(entry, InferEntry) and entry.workdir == tmp_path / "w"
     assert standin.info["loop"]["entry"] == "infer"
     assert standin.info["loop"]["tokenizer"] == f"tokenizer from {tmp_path}"
@@ -416,7 +416,7 @@ def vendor_ocr():
         pytest.skip("transformers is not importable (the `vendor` extra)")
     if transformers.__version__ != "4.46.3":
         pytest.skip(f"transformers {transformers.__version__} is installed; the vendor code needs 4.46.3")
-    return V.load_vendor(raw, "cpu", torch.float32, "eager", seed=0, config_overrides=SHRUNK)
+    return V.load_vendor(raw, "cpu", torch.float32, "eager", seed=0, config_overrides=SHRUNK, trust_remote_code=True)
 
 
 @pytest.mark.vendor
@@ -504,7 +504,7 @@ def test_vendor_infer_entry(vendor_ocr, tmp_path, monkeypatch):  # vendor_ocr: t
     _working_transforms(monkeypatch)
     # infer() casts the page to bf16 itself (autocast covers it on CUDA only): a bf16 model on the CPU
     ocr = V.load_vendor(os.environ["HARNESS_VENDOR_DIR"], "cpu", torch.bfloat16, "eager", seed=0,
-                        config_overrides=SHRUNK)
+                        config_overrides=SHRUNK, trust_remote_code=True)
     linear_init, ln_init = nn.Linear.reset_parameters, nn.LayerNorm.reset_parameters
     ocr.set_loop(InferEntry(ocr, Tok(), workdir=tmp_path))
     req = _request(steps=4)

@@ -171,7 +171,7 @@ def test_vendor_parity_full_size(vendor_dir, fp32_strict):
 
     device = _device()
     req = _request("base")
-    cfg = V.vendor_reference_config(vendor_dir, "eager")
+    cfg = V.vendor_reference_config(vendor_dir, "eager", trust_remote_code=True)
     times = {"device": str(device), "prompt tokens": int(req.input_ids.shape[1])}
 
     t0 = time.perf_counter()
@@ -184,7 +184,7 @@ def test_vendor_parity_full_size(vendor_dir, fp32_strict):
     _free()
 
     t0 = time.perf_counter()
-    vend = V.load_vendor(vendor_dir, device, torch.float32, "eager", seed=0)
+    vend = V.load_vendor(vendor_dir, device, torch.float32, "eager", seed=0, trust_remote_code=True)
     times["vendor load (seeded) s"] = round(time.perf_counter() - t0, 1)
     assert vend.info["attn_implementation"] == "eager"
     assert vend.info["attention_class"].endswith("LlamaAttention")
@@ -223,7 +223,7 @@ def test_vendor_parity_reduced_llm_from_pretrained(vendor_dir, fp32_strict, tmp_
     conf["num_hidden_layers"] = layers
     conf.get("language_config", {})["num_hidden_layers"] = layers
     (vdir / "config.json").write_text(json.dumps(conf, indent=1))
-    cfg = V.vendor_reference_config(vdir, "eager")
+    cfg = V.vendor_reference_config(vdir, "eager", trust_remote_code=True)
     assert cfg.llm.num_layers == layers
 
     req = _request("base")
@@ -234,7 +234,7 @@ def test_vendor_parity_reduced_llm_from_pretrained(vendor_dir, fp32_strict, tmp_
     del ref
     _free()
 
-    vend = V.load_vendor(vdir, device, torch.float32, "eager")
+    vend = V.load_vendor(vdir, device, torch.float32, "eager", trust_remote_code=True)
     assert vend.info["weights"]["source"] == "safetensors"
     v = _vendor_run(vend, req, [t.to(device) for t in r["tokens"]], DECODE_STEPS)
     ven_gen = vend.generate(req)
@@ -261,7 +261,7 @@ def test_vendor_checkpoint_mismatch_is_one_line_error(vendor_dir, tmp_path):
         (tmp_path / f).symlink_to((vendor_dir / f).resolve())
     save_file({"lm_head.weight": torch.zeros(3, 5)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(HarnessError) as exc:
-        V.load_vendor(tmp_path, "cpu", torch.float32, "eager")
+        V.load_vendor(tmp_path, "cpu", torch.float32, "eager", trust_remote_code=True)
     msg = str(exc.value)
     assert "does not match" in msg and "missing" in msg and "mismatched" in msg and "\n" not in msg
 
@@ -312,7 +312,7 @@ def test_wrong_transformers_names_the_vendor_extra(tmp_path, monkeypatch, versio
     else:
         monkeypatch.setitem(sys.modules, "transformers", types.SimpleNamespace(__version__=version))
     with pytest.raises(HarnessError) as exc:
-        V.load_vendor(_fake_vendor_dir(tmp_path), "cpu", torch.float32, "eager")
+        V.load_vendor(_fake_vendor_dir(tmp_path), "cpu", torch.float32, "eager", trust_remote_code=True)
     assert "vendor" in exc.value.fix and "transformers==4.46.3" in exc.value.fix
 
 

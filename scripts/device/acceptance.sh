@@ -21,7 +21,7 @@ for section in "$@"; do
                (cd /tmp/acc && tar czf "$OUT/acceptance.tgz" --exclude=kernels.csv .) ;;
     crop)      /usr/bin/time -f "crop_mode wall %e s" python -m harness run +experiment=crop_mode run.root=/tmp/runs 2>&1 | quiet | tail -4
                (cd /tmp/runs && tar czf "$OUT/runs.tgz" --exclude=kernels.csv .) ;;
-    vendor)    (vendor_env; /usr/bin/time -f "vendor crop_mode wall %e s" python -m harness run model=vendor +experiment=crop_mode \
+    vendor)    (vendor_env; /usr/bin/time -f "vendor crop_mode wall %e s" python -m harness run model=vendor model.trust_remote_code=true +experiment=crop_mode \
                   run.root=/tmp/vruns 2>&1 | quiet | grep -v "transitioning" | tail -4)
                (cd /tmp/vruns && tar czf "$OUT/vendor.tgz" --exclude=kernels.csv .) ;;
     tests)     python -m pytest -q -m gpu tests/ 2>&1 | tail -3 ;;
@@ -33,7 +33,7 @@ for section in "$@"; do
                (cd /tmp/prof && tar czf "$OUT/prof.tgz" --exclude='*.ncu-rep' --exclude='kernels_raw.csv' .) ;;
     cv)        python -m harness run measure.repeats=10 run.root=/tmp/cv run.name=cv10 2>&1 | grep wrote
                python scripts/device/cv_table.py /tmp/cv/*-cv10/ | tee "$OUT/cv.log" ;;
-    vrun)      (vendor_env; python -m harness run model=vendor measure.kernels=true measure.repeats=3 run.root=/tmp/vacc \
+    vrun)      (vendor_env; python -m harness run model=vendor model.trust_remote_code=true measure.kernels=true measure.repeats=3 run.root=/tmp/vacc \
                   run.name=vendor 2>&1 | quiet | grep -v "transitioning" | tail -3
                 python scripts/device/cv_table.py /tmp/vacc/*-vendor/ | tee "$OUT/vendor.log") ;;
     probe)     ncu --nvtx --nvtx-include "harness@request/sam/" --clock-control none \

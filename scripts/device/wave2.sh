@@ -60,7 +60,7 @@ for section in "$@"; do
               tests/test_nsys.py -m gpu 2>&1 | tail -40 | tee -a "$OUT/nsys.log" ;;
     vendor) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite .whl-vendor/*.whl
             for loop in ours hf_generate; do
-              PYTHONPATH=/tmp/vsite:$PYTHONPATH timeout 150 python -m harness run +experiment=vendor_paths model=vendor \
+              PYTHONPATH=/tmp/vsite:$PYTHONPATH timeout 150 python -m harness run +experiment=vendor_paths model=vendor model.trust_remote_code=true \
                 model.path=models/deepseek-ocr model.vendor_loop=$loop measure.warmup=0 measure.repeats=1 \
                 run.root=/tmp/vendor run.name=vendor-$loop 2>&1 | quiet | tail -3 | tee -a "$OUT/vendor.log"
             done

@@ -58,7 +58,7 @@ verbs:
 examples:
   python -m harness run
   python -m harness run +experiment=crop_mode
-  python -m harness run model=vendor model.path=models/deepseek-ocr workload.images=pages/
+  python -m harness run model=vendor model.path=models/deepseek-ocr model.trust_remote_code=true workload.images=pages/
 """
 
 
@@ -340,7 +340,10 @@ def _main(argv: list[str] | None = None) -> int:
 
     try:
         check_conf_dir()
-        _, dirs = _compose_checked(rest, verb)
+        first, dirs = _compose_checked(rest, verb)
+        if verb in MODEL_VERBS and first.model.name == "vendor":   # code the user did not allow: no run directory
+            from .models.vendor.loops import refuse_code_early
+            refuse_code_early(first.model.path, first.model.trust_remote_code)
         rest, claimed = claim_output_dir(rest, dirs)
         prepared = claimed if (verb == "run" and claimed is not None and not _multirun(rest)) else None
         if prepared is not None:

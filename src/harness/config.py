@@ -200,6 +200,9 @@ class ModelConfig:
     # vendor's own HF generate with infer()'s arguments) and the entry point (infer: its infer() on the page file)
     vendor_loop: str = _f("ours", choices=("ours", "hf_generate"))
     vendor_entry: str = _f("generate", choices=("generate", "infer"))
+    # model=vendor only: the model directory's own Python code may run (transformers' trust_remote_code).
+    # false: model=vendor is refused, naming the files; the reference and tiny models never run such code
+    trust_remote_code: bool = False
     llm: LLMConfig = field(default_factory=LLMConfig)
     sam: SAMConfig = field(default_factory=SAMConfig)
     clip: CLIPConfig = field(default_factory=CLIPConfig)
@@ -687,11 +690,15 @@ def check_run_name(name: str) -> None:
 
 
 def check_vendor_knobs(m: ModelConfig) -> None:
-    """``vendor_loop`` / ``vendor_entry`` choose how the vendor code runs: refused for another model."""
+    """``vendor_loop`` / ``vendor_entry`` choose how the vendor code runs, ``trust_remote_code``
+    whether it may: refused for another model (which runs no code from a directory)."""
     if m.name != "vendor" and (m.vendor_loop != "ours" or m.vendor_entry != "generate"):
         raise HarnessError(f"model.vendor_loop={m.vendor_loop} / model.vendor_entry={m.vendor_entry} apply to "
                            f"model=vendor only (model.name={m.name})",
                            "drop them, or run model=vendor model.path=DIR")
+    if m.name != "vendor" and m.trust_remote_code:
+        raise HarnessError(f"model.trust_remote_code=true applies to model=vendor only (model.name={m.name} runs "
+                           "no code from a directory)", "drop model.trust_remote_code")
 
 
 register()   # at import, so any Hydra composition of conf/ (the CLI, tests, user code) finds the schema

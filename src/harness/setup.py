@@ -379,7 +379,8 @@ def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, se
         from .models.vendor import loops as vendor_loops
 
         model = vendor_loops.load(mcfg.path, device=device, dtype=dtype, attn_implementation=mcfg.attn_implementation,
-                                  seed=seed, loop=mcfg.vendor_loop, entry=mcfg.vendor_entry, workdir=workdir)
+                                  seed=seed, loop=mcfg.vendor_loop, entry=mcfg.vendor_entry, workdir=workdir,
+                                  trust_remote_code=mcfg.trust_remote_code)
         info = {"adapter": "vendor", **getattr(model, "info", {})}
     else:
         from .models.build import build_model, check_checkpoint, load_weights

@@ -22,7 +22,7 @@ import torch
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from .errors import HarnessError
-from .hub import hub_offline, refuse_hub_code
+from .hub import hub_offline, refuse_hub_code, tokenizer_code
 
 PATCH_SIZE = 16                 # pixels per SAM patch side
 DOWNSAMPLE = 4                  # SAM neck + net_2/net_3 shrink the patch grid 4x per side
@@ -825,9 +825,8 @@ def build_request(pages: list[Page], mode, decode_tokens: int = 128,
 
 
 def load_tokenizer(path: str | os.PathLike | None, text_tokens: int = 12):
-    """(tokenizer or None, reason). Loads only local files (``harness.hub``: offline, and a
-    tokenizer or config whose ``auto_map`` names hub code is a HarnessError); never raises for a
-    missing one."""
+    """(tokenizer or None, reason). Loads only local files and runs no code from them
+    (``tokenizer_or_reason``); never raises for a missing one."""
     tok, reason = tokenizer_or_reason(path)
     if tok is None:
         return None, f"{reason}: prompt uses {text_tokens} fixed text tokens"
@@ -835,7 +834,12 @@ def load_tokenizer(path: str | os.PathLike | None, text_tokens: int = 12):
 
 
 def tokenizer_or_reason(path: str | os.PathLike | None):
-    """(tokenizer, "tokenizer from DIR") or (None, why there is none), from local files only."""
+    """(tokenizer, "tokenizer from DIR") or (None, why there is none), from local files only
+    (``harness.hub``: offline, and a tokenizer or config whose ``auto_map`` names hub code is a
+    HarnessError). ``trust_remote_code=False`` always: a tokenizer whose ``auto_map`` names a
+    ``tokenization_*.py`` of the directory loads its built-in ``tokenizer_class`` if it has one, or
+    fails, and the reason names that code (``harness.hub.tokenizer_code``); transformers imports none
+    of the directory's Python files."""
     if path is None:
         return None, "no tokenizer path given"
     root = Path(path).expanduser()
@@ -848,9 +852,13 @@ def tokenizer_or_reason(path: str | os.PathLike | None):
         except Exception as exc:  # not installed, or a broken install
             return None, f"transformers unavailable ({type(exc).__name__})"
         try:
-            tok = AutoTokenizer.from_pretrained(str(root), trust_remote_code=True,
+            tok = AutoTokenizer.from_pretrained(str(root), trust_remote_code=False,
                                                 local_files_only=True)
         except Exception as exc:
+            own = tokenizer_code(root)
+            if own:
+                return None, (f"tokenizer in {root} needs code of its own ({', '.join(own)}), which the harness "
+                              "never runs")
             msg = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
             return None, f"tokenizer in {root} failed to load ({type(exc).__name__}: {msg})"
     return tok, f"tokenizer from {root}"

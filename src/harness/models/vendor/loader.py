@@ -13,10 +13,13 @@ Hugging Face snapshot: ``config.json``, ``modeling_deepseekocr.py`` and friends,
   (``build_model(cfg, device, dtype, seed)``) are adopted under the shared state_dict names,
   without a copy. Both models then hold the same weights, so they can be compared.
 
-Every transformers call is local-only (``harness.hub``): a ``config.json`` / ``tokenizer_config.json``
-whose ``auto_map`` names a hub repository is refused by ``check_vendor_dir`` before transformers is
-imported, the loads run inside ``hub_offline()`` (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE), and
-``local_files_only=True`` goes to every ``from_pretrained``.
+The directory's code runs only when the caller allows it (``trust_remote_code=True``, from
+``model.trust_remote_code=true``): otherwise ``harness.hub.allow_directory_code`` refuses with one
+line naming the files, before transformers is imported; when allowed, it logs whose code runs and
+``info["code"]`` records it. Every transformers call is local-only (``harness.hub``): a
+``config.json`` / ``tokenizer_config.json`` whose ``auto_map`` names a hub repository is refused by
+``check_vendor_dir`` before transformers is imported, the loads run inside ``hub_offline()``
+(HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE), and ``local_files_only=True`` goes to every ``from_pretrained``.
 
 The vendor code supports ``eager`` and ``flash_attention_2`` only (its attention class table has
 no sdpa). What ran is recorded in ``VendorOCR.info``: ``config._attn_implementation`` after the
@@ -62,7 +65,7 @@ from torch import nn
 from ...config import CLIPConfig, LLMConfig, ModelConfig, ProjectorConfig, SAMConfig
 from ...dtypes import torch_dtype
 from ...errors import HarnessError
-from ...hub import check_auto_map, hub_offline, refuse_hub_code
+from ...hub import ALLOW_CODE, allow_directory_code, check_auto_map, directory_code, hub_offline, refuse_hub_code
 from .. import attn_probe
 from ..adapter import GenerationResult, Select, StageFn, no_stage
 from ..build import build_model
@@ -191,11 +194,11 @@ def _wrap(what: str, path, exc: Exception, fix: str) -> HarnessError:
     return HarnessError(f"{what} {path} failed ({exc.__class__.__name__}: {msg})", fix)
 
 
-def _load_config(path: Path, overrides: Optional[dict]):
+def _load_config(path: Path, overrides: Optional[dict], trust_remote_code: bool):
     from transformers import AutoConfig
 
     try:
-        vcfg = AutoConfig.from_pretrained(str(path), trust_remote_code=True, local_files_only=True)
+        vcfg = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code, local_files_only=True)
     except HarnessError:
         raise
     except Exception as exc:
@@ -212,24 +215,26 @@ def _load_config(path: Path, overrides: Optional[dict]):
 
 
 def vendor_reference_config(path, attn_implementation: str = "eager",
-                            config_overrides: Optional[dict] = None) -> ModelConfig:
+                            config_overrides: Optional[dict] = None, trust_remote_code: bool = False) -> ModelConfig:
     """Our ModelConfig equal to the vendor directory's config (what ``load_vendor`` builds its
-    random weights with), e.g. to build the reference model for a comparison."""
+    random weights with), e.g. to build the reference model for a comparison. The config class is
+    the directory's code: ``trust_remote_code`` as ``load_vendor``'s."""
     path = check_vendor_dir(path)
+    allow_directory_code(path, trust_remote_code)
     with hub_offline():
         require_transformers()
         ensure_torchvision()
         with _transformers_quiet(True):
-            return reference_config(_load_config(path, config_overrides), attn_implementation)
+            return reference_config(_load_config(path, config_overrides, trust_remote_code), attn_implementation)
 
 
-def _skeleton(vcfg, dtype: torch.dtype, vendor_attn: str):
+def _skeleton(vcfg, dtype: torch.dtype, vendor_attn: str, trust_remote_code: bool):
     """The vendor module tree with parameters on meta (buffers real), from its config."""
     from transformers import AutoModel
 
     try:
         with params_on_meta(), contextlib.redirect_stdout(io.StringIO()):
-            return AutoModel.from_config(vcfg, trust_remote_code=True, torch_dtype=dtype,
+            return AutoModel.from_config(vcfg, trust_remote_code=trust_remote_code, torch_dtype=dtype,
                                          attn_implementation=vendor_attn)
     except Exception as exc:
         raise _wrap(f"building the vendor model (attn_implementation={vendor_attn}) from", vcfg._name_or_path,
@@ -261,15 +266,17 @@ def _adopt(model: nn.Module, state: dict) -> None:
 
 def load_vendor(path, device="cpu", dtype=torch.bfloat16, attn_implementation: str = "eager", seed: int = 0,
                 *, config_overrides: Optional[dict] = None, autocast: Optional[bool] = None,
-                quiet: bool = True) -> "VendorOCR":
+                quiet: bool = True, trust_remote_code: bool = False) -> "VendorOCR":
     """Load the vendor model from directory ``path`` and wrap it as a ``VendorOCR``.
 
     ``config_overrides``: fields of the vendor config to change before building (e.g.
     ``{"num_hidden_layers": 2}`` for a shrunken LLM; random weights only). ``autocast``: run the
     forwards under ``torch.autocast('cuda', bfloat16)`` as the vendor's ``infer()`` does; default
     on for CUDA with bf16 weights. ``quiet``: swallow the vendor forward's prints and, while
-    loading, transformers' expected warnings. The harness loop drives it (``info["loop"]``);
-    ``harness.models.vendor.loops`` loads it with the vendor's own loop or entry instead.
+    loading, transformers' expected warnings. ``trust_remote_code``: the directory's Python code may
+    run (``model.trust_remote_code``; refused with one line before transformers is imported when
+    False). The harness loop drives it (``info["loop"]``); ``harness.models.vendor.loops`` loads it
+    with the vendor's own loop or entry instead.
     """
     path = check_vendor_dir(path)
     vendor_attn = vendor_attn_name(attn_implementation)
@@ -281,12 +288,13 @@ def load_vendor(path, device="cpu", dtype=torch.bfloat16, attn_implementation: s
     if files and config_overrides:
         raise HarnessError("config_overrides apply to random weights only, but the directory has a checkpoint",
                            "drop the overrides or use a directory without *.safetensors")
+    allow_directory_code(path, trust_remote_code)
     with hub_offline():
         transformers = require_transformers()
         torchvision = ensure_torchvision()
         with _transformers_quiet(quiet):
             return _load(path, files, device, dtype, attn_implementation, vendor_attn, seed, config_overrides,
-                         autocast, quiet, transformers.__version__, torchvision)
+                         autocast, quiet, transformers.__version__, torchvision, trust_remote_code)
 
 
 @contextlib.contextmanager
@@ -308,12 +316,12 @@ def _transformers_quiet(quiet: bool):
 
 
 def _load(path, files, device, dtype, attn_implementation, vendor_attn, seed, config_overrides, autocast,
-          quiet, transformers_version, torchvision) -> "VendorOCR":
-    vcfg = _load_config(path, config_overrides)
+          quiet, transformers_version, torchvision, trust_remote_code) -> "VendorOCR":
+    vcfg = _load_config(path, config_overrides, trust_remote_code)
     cfg = reference_config(vcfg, attn_implementation, strict=not files)
     t0 = time.perf_counter()
     if files:
-        skel = _skeleton(vcfg, dtype, vendor_attn)
+        skel = _skeleton(vcfg, dtype, vendor_attn, trust_remote_code)
         params = {k: tuple(p.shape) for k, p in skel.named_parameters()}
         optional = {k for k, _ in skel.named_buffers()}
         n_tensors = check_tensors(read_headers(files), params, files[0].parent, "the vendor model", optional)
@@ -323,8 +331,8 @@ def _load(path, files, device, dtype, attn_implementation, vendor_attn, seed, co
         try:
             with contextlib.redirect_stdout(io.StringIO()):
                 hf, loading = AutoModel.from_pretrained(
-                    str(path), config=vcfg, trust_remote_code=True, local_files_only=True, torch_dtype=dtype,
-                    attn_implementation=vendor_attn, output_loading_info=True)
+                    str(path), config=vcfg, trust_remote_code=trust_remote_code, local_files_only=True,
+                    torch_dtype=dtype, attn_implementation=vendor_attn, output_loading_info=True)
         except HarnessError:
             raise
         except Exception as exc:
@@ -340,7 +348,7 @@ def _load(path, files, device, dtype, attn_implementation, vendor_attn, seed, co
         hf = hf.to(device)
         weights = {"source": "safetensors", "files": [str(f) for f in files], "tensors": n_tensors}
     else:
-        hf = _skeleton(vcfg, dtype, vendor_attn)
+        hf = _skeleton(vcfg, dtype, vendor_attn, trust_remote_code)
         ref = build_model(cfg, device, dtype, seed)
         _adopt(hf, ref.state_dict())
         del ref
@@ -356,6 +364,7 @@ def _load(path, files, device, dtype, attn_implementation, vendor_attn, seed, co
         "transformers": transformers_version, "torchvision": torchvision,
         "weights": weights, "load_s": round(time.perf_counter() - t0, 3),
         "config_overrides": dict(config_overrides or {}),
+        "code": {"directory": str(path), "files": directory_code(path), "allowed_by": ALLOW_CODE},
     }
     return VendorOCR(hf, cfg, device, dtype, info, autocast=autocast, quiet=quiet)
 

@@ -8,6 +8,10 @@
 * ``entry=infer``: the vendor's ``infer()`` on the page file (``infer.InferEntry``; it calls
   the vendor's ``generate`` itself, whatever ``loop`` says). It needs the snapshot's tokenizer and
   torchvision (its preprocessing); both are checked before the model is built, with one-line errors.
+
+Every load is refused, first, unless the directory's code may run (``trust_remote_code``, from
+``model.trust_remote_code=true``): ``check_code_allowed``; the CLI refuses the same before any run
+directory exists (``refuse_code_early``).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ...errors import HarnessError
+from ...hub import allow_directory_code
 from .loader import check_vendor_dir, load_vendor
 from .compat import ensure_torchvision, require_transformers
 
@@ -23,15 +28,39 @@ VENDOR_LOOPS = ("ours", "hf_generate")
 VENDOR_ENTRIES = ("generate", "infer")
 
 
+def check_code_allowed(path, trust_remote_code: bool) -> Path:
+    """The vendor directory (``check_vendor_dir``), refused with one line unless its Python code may
+    run (``harness.hub.allow_directory_code``); nothing is imported."""
+    path = check_vendor_dir(path)
+    if not trust_remote_code:
+        allow_directory_code(path, False)
+    return path
+
+
+def refuse_code_early(path, trust_remote_code: bool) -> None:
+    """``check_code_allowed``'s refusal, for the CLI before any run directory exists. A directory that
+    ``check_vendor_dir`` refuses (missing, empty, no code, hub code) is left to the load, whose run
+    directory records why, as for any other model that cannot be built."""
+    if trust_remote_code:
+        return
+    try:
+        path = check_vendor_dir(path)
+    except HarnessError:
+        return
+    allow_directory_code(path, False)
+
+
 def load(path, device="cpu", dtype=torch.bfloat16, attn_implementation: str = "eager", seed: int = 0,
-         loop: str = "ours", entry: str = "generate", workdir=None, **kwargs):
-    """The vendor model (``load_vendor(path, ..., **kwargs)``) driven by ``loop`` / ``entry``;
-    ``workdir``: where ``infer()`` may write (default a new temporary directory)."""
+         loop: str = "ours", entry: str = "generate", workdir=None, trust_remote_code: bool = False, **kwargs):
+    """The vendor model (``load_vendor(path, ..., trust_remote_code=..., **kwargs)``) driven by
+    ``loop`` / ``entry``; ``workdir``: where ``infer()`` may write (default a new temporary directory);
+    ``trust_remote_code``: the directory's code may run (``check_code_allowed``, first)."""
     if loop not in VENDOR_LOOPS or entry not in VENDOR_ENTRIES:
         raise HarnessError(f"vendor loop={loop!r} / entry={entry!r} is not one of {VENDOR_LOOPS} / {VENDOR_ENTRIES}",
                            "use model.vendor_loop=ours|hf_generate and model.vendor_entry=generate|infer")
+    check_code_allowed(path, trust_remote_code)
     tokenizer = infer_prerequisites(path) if entry == "infer" else None   # before the (slow) build
-    ocr = load_vendor(path, device, dtype, attn_implementation, seed, **kwargs)
+    ocr = load_vendor(path, device, dtype, attn_implementation, seed, trust_remote_code=trust_remote_code, **kwargs)
     if entry == "infer":
         from .infer import InferEntry
 
@@ -72,4 +101,5 @@ def tokenizer_for_infer(path: Path) -> tuple:
     return tok, f"{reason}: {note}" if note else reason
 
 
-__all__ = ["VENDOR_LOOPS", "VENDOR_ENTRIES", "load", "infer_prerequisites", "tokenizer_for_infer"]
+__all__ = ["VENDOR_LOOPS", "VENDOR_ENTRIES", "check_code_allowed", "refuse_code_early", "load", "infer_prerequisites",
+           "tokenizer_for_infer"]
