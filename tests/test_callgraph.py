@@ -1,19 +1,25 @@
 """harness.callgraph on the tiny model: module tree, torchlens grouped view, experts, join, verb.
 
 One capture of the whole ``graph`` verb (tiny model, tiny crop mode with a 2x3 tile grid, CPU,
-fp32) is shared by the tests of this module (a few seconds).
+fp32) is shared by the tests of this module (a few seconds). ``model=vendor model.vendor_entry=infer``
+runs on test_vendor_generate's stand-in of the vendor model (its ``infer()`` builds the request).
 """
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from PIL import Image
 from torch import nn
 
 from conftest import TINY_MODE, TINY_MODEL_YAML, load_tiny_cfg
+from harness import workload as W
+from harness.errors import HarnessError
+from test_vendor_generate import MODE as INFER_MODE, _Tok, standin  # noqa: F401  (standin: the stand-in fixture)
 
 
 @pytest.fixture(scope="module")
@@ -235,3 +241,145 @@ def test_vendor_graph_quick_gelu_visible_and_experts(tmp_path):
     assert "sigmoid" in mlp_funcs, mlp_funcs
     for e in dec["experts"]:
         assert e["matches_routing"] is True and e["experts_called"] == 6
+
+
+
+# ------------------------------------------------- vendor model, request built by its infer() (stand-in)
+
+@pytest.fixture
+def infer_graph(standin, tmp_path, monkeypatch, tiny_cfg_dict):  # noqa: F811
+    """``graph_from_config(model=vendor, vendor_entry=infer)`` with the stand-in vendor model of
+    test_vendor_generate as what ``load_vendor`` builds (no vendor code, no transformers here): a
+    function (model and workload overrides; ``prereq``: a ``vendor.loops`` function to replace
+    otherwise, None to leave the real one) -> (result or the HarnessError, out_dir, load_vendor calls)."""
+    from harness.callgraph import graph_from_config
+    from harness.config import HarnessConfig, from_dict
+    from harness.models.vendor import loader as V
+    from harness.models.vendor import loops as L
+
+    vdir = tmp_path / "vendor"
+    vdir.mkdir()
+    for f in V.VENDOR_CODE_FILES:
+        (vdir / f).write_text("{}")
+    built = []
+
+    def run(model=None, workload=None, **prereq):
+        patches = {"load_vendor": lambda *a, **k: built.append(a) or standin, "require_transformers": lambda: None,
+                   "ensure_torchvision": lambda: "0.0-test",
+                   "tokenizer_for_infer": lambda p: (_Tok(), "test tokenizer"), **prereq}
+        for name, fn in patches.items():
+            if fn is not None:
+                monkeypatch.setattr(L, name, fn)
+        cfg = {"model": {**tiny_cfg_dict, "name": "vendor", "path": str(vdir), "attn_implementation": "eager",
+                         "trust_remote_code": True, "vendor_entry": "infer", **(model or {})},
+               "workload": {"mode": dict(INFER_MODE), "decode_tokens": 2, "pages": 1, "page_size": [120, 90],
+                            "text_tokens": 3, **(workload or {})},
+               "device": "cpu", "dtype": "fp32", "seed": 0}
+        out = tmp_path / "graph"
+        try:
+            return graph_from_config(from_dict(HarnessConfig, cfg), out, progress=lambda *a: None), out, built
+        except HarnessError as exc:
+            return exc, out, built
+
+    return run
+
+
+def test_vendor_graph_of_the_request_infer_built(infer_graph, standin):  # noqa: F811
+    """The request is the one infer() built (the stand-in's: BOS + 7 image + its 12 text tokens = 20),
+    not the harness's own (BOS + 7 + workload.text_tokens=3 = 11): the prefill runs over 20 tokens,
+    the decode step follows a 20-token cache; generate itself never runs; the manifest and the
+    graph files say who built the request, from which prompt and page."""
+    from harness.callgraph.vendor import INFER_BUILT
+
+    linear_init = nn.Linear.reset_parameters
+    res, out, built = infer_graph()
+    assert not isinstance(res, Exception), res
+    assert len(built) == 1 and standin.hf.generate_calls == []    # infer()'s generate stood in for
+    assert "generate" not in vars(standin.hf) and nn.Linear.reset_parameters is linear_init
+    req = res["request"]
+    ids = req.input_ids[0].tolist()
+    assert len(ids) == 20 and ids[0] == 0 and ids[1:8] == [128815] * 7
+    assert req.images_seq_mask[0].tolist() == [False] + [True] * 7 + [False] * 12
+    page = out / "vendor_infer" / "pages" / "synthetic-0000-synthetic_0_0.png"   # page 0 of seed 0, saved
+    assert page.is_file() and req.tiles is None
+    with Image.open(page) as im:
+        view = W.preprocess(im.convert("RGB"), INFER_MODE).global_view   # what the stand-in's infer() read
+    assert torch.equal(req.global_views[0], view)
+    pre, dec = res["captures"]["prefill"], res["captures"]["decode"]
+    assert pre.info["cache_len_after"] == 20 and dec.info["cache_len_before"] == 20
+    assert dec.info["cache_len_after"] == 21
+    k = standin.cfg.llm.num_experts_per_tok
+    assert pre.routing.sum(1).tolist() == [0, 20 * k, 20 * k] and dec.routing.sum(1).tolist() == [0, k, k]
+
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["status"] == "complete"
+    case = man["cases"][0]
+    assert (case["prefill_tokens"], case["image_tokens"], case["text_tokens"], case["built_by"]) == \
+        (20, 7, 12, INFER_BUILT)
+    rq = man["graph"]["request"]
+    assert (rq["built_by"], rq["prompt"], rq["page"], rq["page_source"]) == \
+        (INFER_BUILT, W.DEFAULT_PROMPT, str(page), "synthetic:0:0")
+    assert (rq["prompt_tokens"], rq["image_tokens"], rq["text_tokens"], rq["grid"]) == (20, 7, 12, None)
+    assert rq["harness_request"] == {"prompt_tokens": 11, "image_tokens": 7, "text_tokens": 3, "grid": None}
+    kw = rq["generate_kwargs"]
+    assert (kw["max_new_tokens"], kw["no_repeat_ngram_size"], kw["streamer"], kw["images_spatial_crop"]) == \
+        (8192, 20, "object", "tensor[1, 2] int64")
+    assert kw["images"] == [["tensor[1] float32", "tensor[1, 3, 128, 128] float32"]]
+    assert "BASE: stand-in" in Path(rq["infer_stdout"]).read_text() and "warning" not in rq
+    for phase in ("prefill", "decode"):
+        meta = json.loads((out / f"callgraph_{phase}.json").read_text())["meta"]["request"]
+        assert (meta["built_by"], meta["prompt"], meta["page"], meta["prefill_tokens"]) == \
+            (INFER_BUILT, W.DEFAULT_PROMPT, str(page), 20)
+        assert f"'built_by': \"{INFER_BUILT}\"" in (out / f"callgraph_{phase}.md").read_text()
+
+
+@pytest.mark.parametrize("overrides, message, fix", [
+    ({"workload": {"pages": 2, "batch": 2}}, "one page per request", "use workload.batch=1"),
+    ({"tokenizer_for_infer": None}, "needs the snapshot's tokenizer", "tokenizer_rebuild"),
+    ({"ensure_torchvision": lambda: "stub"}, "torchvision is not importable", "install the torchvision"),
+    ({"model": {"trust_remote_code": False}}, "model.trust_remote_code is false", "model.trust_remote_code=true"),
+], ids=["batch", "tokenizer", "torchvision", "trust_remote_code"])
+def test_vendor_graph_via_infer_refusals(infer_graph, overrides, message, fix):
+    """Each refusal is one HarnessError (the CLI's one `error:` line, exit 2), before any model is built."""
+    exc, out, built = infer_graph(**overrides)
+    assert isinstance(exc, HarnessError), exc
+    assert message in str(exc) and fix in exc.fix and "\n" not in str(exc)
+    assert built == []
+
+
+@pytest.mark.vendor
+def test_vendor_graph_of_the_real_infer_request(tmp_path, monkeypatch):
+    """The vendor's own infer() (its template and preprocessing; shrunken LLM, bf16 on the CPU, a
+    tokenizer of one id per character) builds the request the graph captures: BOS, the 7 image
+    placeholders of a 128 px view, then the text after <image> of the stripped prompt (infer()'s
+    plain template), one id per character; the prefill runs over all of it."""
+    import os
+
+    transformers = pytest.importorskip("transformers")
+    if transformers.__version__ != "4.46.3":
+        pytest.skip(f"transformers {transformers.__version__}; the vendor code needs 4.46.3")
+    from harness.callgraph import graph
+    from harness.callgraph.vendor import infer_request
+    from harness.models.vendor.infer import InferEntry
+    from harness.models.vendor.loader import load_vendor
+    from test_vendor_generate import SHRUNK, _working_transforms
+
+    class CharTok(_Tok):
+        def encode(self, text, add_special_tokens=False):
+            return [1000 + ord(c) % 500 for c in text]
+
+    _working_transforms(monkeypatch)
+    ocr = load_vendor(os.environ["HARNESS_VENDOR_DIR"], "cpu", torch.bfloat16, "eager", seed=0,
+                      config_overrides=SHRUNK, trust_remote_code=True)
+    ocr.set_loop(InferEntry(ocr, CharTok(), workdir=tmp_path / "infer"))
+    page = W.Page("p", W.synthetic_page(0, size=(120, 90)), "synthetic:0")
+    built, record = infer_request(ocr, W.build_request([page], INFER_MODE, decode_tokens=2))
+    text = W.DEFAULT_PROMPT.strip().split("<image>")[1]
+    want = [0] + [128815] * 7 + [1000 + ord(c) % 500 for c in text]
+    assert built.input_ids[0].tolist() == want and built.tiles is None
+    assert (record["prompt_tokens"], record["image_tokens"], record["grid"]) == (len(want), 7, None)
+    assert record["generate_kwargs"]["streamer"] == "NoEOSTextStreamer"
+    res = graph(ocr, built.to("cpu", torch.bfloat16), tmp_path / "graph", ocr.cfg, "bf16", {"model": "vendor"},
+                adapter="vendor", progress=lambda *a: None)
+    assert res["captures"]["prefill"].info["cache_len_after"] == len(want)
+    assert res["captures"]["decode"].info["cache_len_after"] == len(want) + 1
