@@ -99,3 +99,25 @@ def test_garbage_is_refused(tmp_path):
     assert "fix: give a multirun directory" in str(err.value)
     with pytest.raises(HarnessError, match="neither manifest.json"):
         summarize([tmp_path / "junk", tmp_path / "junk" / "x"])
+
+
+def test_per_step_counts_mbu_and_end_to_end_pages(tmp_path):
+    """A committed GPU run (H200, the optimize ladder): its vendor-style row as the README's table shows
+    it (42.9 tok/s, TPOT p50 21.116 ms, 1,184 kernels and 11 host syncs per decode step), its decode MBU
+    and end-to-end pages/s as the run's own roofline.csv and headline.csv say."""
+    run = Path(__file__).resolve().parent.parent / "runs" / "examples" / "h200-optimize"
+    df, _ = summarize([run])
+    row = df.set_index("case").loc["vendor-style"]
+    assert round(row["decode_tok_s"], 1) == 42.9 and round(row["tpot_p50_ms"], 3) == 21.116
+    assert row["kernels_per_step"] == 1184 and row["syncs_per_step"] == 11
+    roof = pd.read_csv(run / "roofline.csv")
+    dec = roof[(roof["case"] == "vendor-style") & (roof["stage"] == "decode") & (roof["level"] == "stage")].iloc[0]
+    assert row["mbu_decode"] == pytest.approx(dec["mbu"]) and 0 < row["mbu_decode"] < 0.05
+    assert row["ttft_e2e_ms"] > row["ttft_ms"] > 0          # preprocessing and copy come on top
+    assert pd.isna(row["pages_s_e2e"])                      # this run's headline.csv predates the column
+    copy = shutil.copytree(run, tmp_path / "run")
+    head = pd.read_csv(copy / "headline.csv")
+    head["pages_s_e2e"] = [0.125 * (i + 1) for i in range(len(head))]
+    head.to_csv(copy / "headline.csv", index=False)
+    df, _ = summarize([copy])
+    assert df.set_index("case").loc["vendor-style", "pages_s_e2e"] == 0.125 * (list(head["case"]).index("vendor-style") + 1)

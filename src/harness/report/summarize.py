@@ -18,11 +18,13 @@ Output (``<SWEEP_DIR>/summary/``, rewritten by each summarize; for run directori
 
 - ``summary.csv``: one row per run x case. Columns: ``job``, ``run_dir``, ``status``, one column per
   swept key (its value as given), ``case``, ``timer`` (cuda_event | host), ``decode_tok_s``,
-  ``ttft_ms``, ``tpot_p50_ms``, ``e2e_ms``, ``request_ms`` and ``<stage>_ms`` for sam, clip,
-  projector, prefill, decode (medians of the timed repeats, measured), ``eff_request`` /
+  ``ttft_ms``, ``ttft_e2e_ms`` (with preprocessing and copy), ``tpot_p50_ms``, ``e2e_ms``,
+  ``request_ms`` and ``<stage>_ms`` for sam, clip, projector, prefill, decode (medians of the timed
+  repeats, measured), ``kernels_per_step`` / ``syncs_per_step`` (decode, the profiled request,
+  measured), ``pages_s_e2e`` (the run report's end-to-end pages/s, derived), ``eff_request`` /
   ``eff_request_cal`` (request floor / measured time against datasheet / calibrated ceilings,
   derived; empty without ceilings; a value above 1.0 is left empty and kept in the row's
-  ``above_ceiling`` note), ``device``, ``gpu`` (the job's ``CUDA_VISIBLE_DEVICES``),
+  ``above_ceiling`` note), ``mbu_decode`` / ``mbu_decode_cal`` (decode MBU, the same rule), ``device``, ``gpu`` (the job's ``CUDA_VISIBLE_DEVICES``),
   ``pid``, ``start_unix``, ``end_unix``, ``wall_s`` and ``note``.
 - ``summary.md``: the same as a table, with the fixed overrides, the sweep's wall-clock span and
   the failed runs' errors.
@@ -52,7 +54,9 @@ from .columns import text as _text
 from ..anatomy.stages import STAGES
 
 JOB_DIR = re.compile(r"^(\d+)(-failed)?$")
-REQUEST_COLS = ["decode_tok_s", "ttft_ms", "tpot_p50_ms", "e2e_ms"]
+REQUEST_COLS = ["decode_tok_s", "ttft_ms", "ttft_e2e_ms", "tpot_p50_ms", "e2e_ms"]
+#: per decode step of the profiled request (measured): summary column -> summary.csv column
+STEP_COLS = {"launches_per_step": "kernels_per_step", "syncs_per_step": "syncs_per_step"}
 STAGE_COLS = [f"{s}_ms" for s in STAGES]
 #: what summarize reads in a job folder (``refuse_job_links``)
 JOB_FILES = ("manifest.json", "sweep_job.json", "stages.csv", "roofline.csv", ".hydra/overrides.yaml")
@@ -184,12 +188,27 @@ def _json(path: Path) -> dict:
 
 
 def _efficiency(job_dir: Path) -> dict:
+    """{case: (request efficiency, calibrated, decode MBU, calibrated)} from roofline.csv (derived;
+    a value above 1.0 is None, ``flags.value_of``)."""
     t = read_table(job_dir / "roofline.csv")
     if not len(t) or "level" not in t:
         return {}
-    t = t[(t["level"] == "stage") & (t["stage"] == "request")]
-    return {r["case"]: (flags.value_of(r, "efficiency"), flags.value_of(r, "efficiency_cal"))
-            for r in t.to_dict("records")}
+    t = t[t["level"] == "stage"]
+    out: dict = {}
+    for r in t.to_dict("records"):
+        e = out.setdefault(r["case"], [None] * 4)
+        if r["stage"] == "request":
+            e[0:2] = flags.value_of(r, "efficiency"), flags.value_of(r, "efficiency_cal")
+        elif r["stage"] == "decode" and "mbu" in r:
+            e[2:4] = flags.value_of(r, "mbu"), flags.value_of(r, "mbu_cal")
+    return out
+
+
+def _pages_s_e2e(job_dir: Path) -> dict:
+    """{case: end-to-end pages/s} of the run's report (headline.csv: batch x repeats / the summed
+    preprocessing + copy + generate() wall time, derived), where the report wrote it."""
+    h = read_table(job_dir / "headline.csv")
+    return dict(zip(h["case"], h["pages_s_e2e"])) if len(h) and "pages_s_e2e" in h else {}
 
 
 def job_rows(job: dict, swept: list[str], base: Path | None) -> list[dict]:
@@ -221,7 +240,7 @@ def job_rows(job: dict, swept: list[str], base: Path | None) -> list[dict]:
     ms = summarize_observations(read_observations(d / "stages.csv")).stages
     if not len(ms):
         return [common]
-    eff = _efficiency(d)
+    eff, e2e = _efficiency(d), _pages_s_e2e(d)
     rows = []
     for case, g in ms.groupby("case", sort=False):
         g = g.set_index("stage")
@@ -230,7 +249,10 @@ def job_rows(job: dict, swept: list[str], base: Path | None) -> list[dict]:
         row.update({c: (_f(req[c]) if req is not None and c in req else None) for c in REQUEST_COLS})
         row["request_ms"] = _f(req["time_ms"]) if req is not None else None
         row.update({f"{s}_ms": (_f(g.loc[s, "time_ms"]) if s in g.index else None) for s in STAGES})
-        row["eff_request"], row["eff_request_cal"] = eff.get(case, (None, None))
+        dec = g.loc["decode"] if "decode" in g.index else None
+        row.update({out: (_f(dec[c]) if dec is not None and c in dec else None) for c, out in STEP_COLS.items()})
+        row["pages_s_e2e"] = _f(e2e.get(case))
+        row["eff_request"], row["eff_request_cal"], row["mbu_decode"], row["mbu_decode_cal"] = eff.get(case, [None] * 4)
         rows.append(row)
     return rows
 
@@ -248,7 +270,7 @@ def summarize(paths) -> tuple[pd.DataFrame, dict]:
     swept, fixed = swept_keys(jobs)
     rows = [r for j in jobs for r in job_rows(j, swept, sweep)]
     cols = (["job", "run_dir", "status", *swept, "case", "timer", *REQUEST_COLS, "request_ms", *STAGE_COLS,
-             "eff_request", "eff_request_cal", "device", "gpu", "pid", "start_unix", "end_unix", "wall_s", "note"])
+             *STEP_COLS.values(), "pages_s_e2e", "eff_request", "eff_request_cal", "mbu_decode", "mbu_decode_cal", "device", "gpu", "pid", "start_unix", "end_unix", "wall_s", "note"])
     df = pd.DataFrame(rows).reindex(columns=cols)
     return df, {"sweep": sweep, "swept": swept, "fixed": fixed, "notes": notes, "jobs": len(jobs)}
 
@@ -276,13 +298,20 @@ def render(df: pd.DataFrame, info: dict, png: Path | None) -> str:
         L.append(f"- wall clock: {ends.max() - starts.min():.1f} s from the first job's start to the last job's end; "
                  f"sum of job times {per_job.sum():.1f} s; GPUs used: "
                  f"{', '.join(sorted({str(g) for g in df['gpu'].dropna()})) or 'none recorded'}")
-    L += ["", "Times: medians of each run's timed repeats (measured; CUDA events, or host clocks where timer = host). "
-          "Efficiency: the request's analytic floor over its measured time (datasheet / calibrated ceilings).", ""]
-    head = ["job", *swept, "status", "case", "tok/s", "TTFT ms", "TPOT p50 ms", "e2e ms",
-            *[f"{s} ms" for s in STAGES], "eff", "eff cal", "gpu"]
+    L += ["", "Times: medians of each run's timed repeats (measured; CUDA events, or host clocks where timer = host); "
+          "TTFT + prep + copy adds the request's preprocessing and its copy to the device (measured). e2e pages/s: "
+          "the run report's end-to-end pages/s (derived: preprocessing, copy and generate() in turn). Kernels and host "
+          "syncs per decode step: measured (profiled request). Decode MBU: analytic weight + KV bytes over the decode "
+          "time (derived). Efficiency: the request's analytic floor over its measured time (datasheet / calibrated "
+          "ceilings).", ""]
+    head = ["job", *swept, "status", "case", "tok/s", "TTFT ms", "TTFT + prep + copy ms", "TPOT p50 ms", "e2e ms",
+            "e2e pages/s", *[f"{s} ms" for s in STAGES], "kernels / step", "syncs / step", "decode MBU",
+            "decode MBU cal", "eff", "eff cal", "gpu"]
     L += table(head, [[str(r["job"]), *[_text(r[k]) for k in swept], str(r["status"]), _text(r["case"]),
-                       _fmt(r["decode_tok_s"], 1), _fmt(r["ttft_ms"]), _fmt(r["tpot_p50_ms"]), _fmt(r["e2e_ms"], 1),
-                       *[_fmt(r[f"{s}_ms"]) for s in STAGES], efficiency(r["eff_request"]),
+                       _fmt(r["decode_tok_s"], 1), _fmt(r["ttft_ms"]), _fmt(r["ttft_e2e_ms"]), _fmt(r["tpot_p50_ms"]),
+                       _fmt(r["e2e_ms"], 1), _fmt(r["pages_s_e2e"], 3), *[_fmt(r[f"{s}_ms"]) for s in STAGES],
+                       _fmt(r["kernels_per_step"], 0), _fmt(r["syncs_per_step"], 0), efficiency(r["mbu_decode"]),
+                       efficiency(r["mbu_decode_cal"]), efficiency(r["eff_request"]),
                        efficiency(r["eff_request_cal"]),
                        _text(r["gpu"])] for _, r in df.iterrows()], [LEFT] * len(head))
     bad = df[~df["status"].isin(["complete"])].drop_duplicates("job")
