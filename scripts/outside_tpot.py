@@ -38,10 +38,15 @@ SHORT, LONG = 2, 130
 
 
 def ladder_cases() -> dict:
-    """{case name: its case entry} of conf/experiment/optimize.yaml (``throughput.execution.optimize_cases``)."""
-    from harness.throughput.execution import optimize_cases
+    """{case name: its case entry (a plain dict without unset fields; a named execution's knobs resolved)}
+    of the optimize ladder as the CLI composes it (``+experiment=optimize``)."""
+    from harness.cli import check_overrides
+    from harness.config import to_dict
 
-    return optimize_cases()
+    def given(d: dict) -> dict:
+        return {k: given(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
+
+    return {c.name: given(to_dict(c)) for c in check_overrides(["+experiment=optimize"], verb="analyze").cases}
 
 
 def ladder_tpot(run_dir: Path, case: str):

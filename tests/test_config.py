@@ -75,14 +75,20 @@ def test_vendor_model_refuses_execution_knobs_once_naming_them():
     assert check_overrides(["model=vendor"]).execution == check_overrides([]).execution
 
 
-def test_old_model_knob_is_refused_by_the_cli_main_in_one_line(capsys):
+@pytest.mark.parametrize("override, line", [
+    ("model.kv_cache=static", "error: model.kv_cache moved to execution.kv_cache; fix: use execution.kv_cache=static"),
+    # an unknown named execution: the names that exist (conf/execution/)
+    ("execution=fastest",
+     "error: no config option 'execution/fastest'; fix: use one of best, best-fused, vendor-style"),
+])
+def test_the_cli_main_refuses_in_one_line(capsys, override, line):
     from harness.cli import main
 
     with pytest.raises(SystemExit) as exc:
-        main(["run", "model.kv_cache=static"])
+        main(["run", override])
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert exc.value.code == 2
-    assert err == ["error: model.kv_cache moved to execution.kv_cache; fix: use execution.kv_cache=static"]
+    assert err == [line]
 
 
 def test_run_only_selects_cases_by_name_and_refuses_unknown_names():
@@ -154,3 +160,94 @@ def test_command_line_refusal_exits_2_before_any_model_is_built(tmp_path):
         assert "Traceback" not in proc.stderr + proc.stdout
         assert "[harness]" not in proc.stdout                      # the run verb never started
         assert not any(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------------ named executions
+
+#: every knob at its default: the vendor's execution (by hand)
+VENDOR_STYLE = {"kv_cache": "growing", "moe_impl": "vendor_loop", "moe_kernel": "auto", "cuda_graphs": "none",
+                "compile": False, "static_cache_len": None, "vision_impl": "vendor", "prefill_graphs": False,
+                "linear_impl": "vendor", "vision_compile": False, "decode_attention": "sdpa", "decode_step": "modules",
+                "pdl": False}
+#: optimize.yaml's best and best-fused rows as written before the executions became a config group (by hand)
+ROWS = {"best": {"kv_cache": "static", "moe_impl": "grouped", "cuda_graphs": "decode", "compile": True,
+                 "prefill_graphs": True, "linear_impl": "fused", "decode_attention": "triton", "vision_impl": "fused",
+                 "vision_compile": True}}
+ROWS["best-fused"] = {**ROWS["best"], "compile": False, "decode_step": "fused", "pdl": True}
+BEST, BEST_FUSED = ({**VENDOR_STYLE, **ROWS[n]} for n in ("best", "best-fused"))
+
+
+@pytest.mark.parametrize("name, knobs", [("best", BEST), ("best-fused", BEST_FUSED), ("vendor-style", VENDOR_STYLE)])
+def test_a_named_execution_composes_to_its_knobs_and_names_itself(name, knobs):
+    from harness.config import to_dict
+
+    cfg = check_overrides([f"execution={name}"], verb="analyze")
+    assert cfg.execution.execution() == knobs
+    assert to_dict(cfg)["execution_name"] == name          # the manifest's config records the name
+
+
+def test_knob_overrides_go_on_top_of_a_named_execution_and_no_name_stays_vendor_style():
+    from harness.config import to_dict
+
+    cfg = check_overrides(["execution=best", "execution.pdl=false", "execution.moe_kernel=torch"], verb="analyze")
+    assert cfg.execution.execution() == {**BEST, "moe_kernel": "torch"} and cfg.execution_name == "best"
+    fused = check_overrides(["execution=best-fused", "execution.pdl=false"], verb="analyze")
+    assert fused.execution.execution() == {**BEST_FUSED, "pdl": False}
+    plain = check_overrides(["execution.kv_cache=static"], verb="analyze")
+    assert plain.execution.execution() == {**VENDOR_STYLE, "kv_cache": "static"}
+    assert to_dict(plain)["execution_name"] is None and check_overrides([]).execution.execution() == VENDOR_STYLE
+
+
+def test_named_execution_files_hold_only_their_name_and_the_knobs_they_change():
+    """Each file: its own name, and knobs off the schema default or off what it extends (its defaults)."""
+    files = {f.stem: yaml.safe_load(f.read_text()) for f in (ROOT / "conf" / "execution").glob("*.yaml")}
+    assert sorted(files) == ["best", "best-fused", "vendor-style"]
+    for name, data in files.items():
+        assert data["execution_name"] == name and set(data) <= {"execution_name", "execution", "defaults"}, name
+        base = dict(VENDOR_STYLE)
+        for parent in data.get("defaults", []):
+            if parent != "_self_":
+                base.update(files[parent.split("@")[0]].get("execution") or {})
+        for knob, value in (data.get("execution") or {}).items():
+            assert value != base[knob], f"{name}.yaml: {knob}={value!r} is what it would be without it"
+
+
+#: optimize.yaml's cases before the named executions, composed: each case's own execution knobs
+LADDER = {"vendor-style": {}, "static": {"kv_cache": "static"},
+          "static-grouped": {"kv_cache": "static", "moe_impl": "grouped"},
+          "graphs": {"kv_cache": "static", "moe_impl": "grouped", "cuda_graphs": "decode"},
+          "compiled": {"kv_cache": "static", "moe_impl": "grouped", "cuda_graphs": "decode", "compile": True},
+          **dict.fromkeys(["best", "best-balanced", "best-b8", "best-b8-balanced", "best-b32", "best-b32-balanced",
+                           "best-b64", "best-b64-balanced"], "best"),
+          "best-fused": "best-fused", "gundam-vendor-style": {}, "gundam-best": "best"}
+
+
+def test_the_optimize_ladder_names_the_executions_and_runs_what_it_ran_before():
+    from harness.config import case_execution
+
+    cfg = check_overrides(["+experiment=optimize"], verb="analyze")
+    own = {c.name: {k: v for k, v in dataclasses.asdict(c.execution).items() if v is not None} if c.execution else {}
+           for c in cfg.cases}
+    assert own == {name: ROWS[row] if isinstance(row, str) else row for name, row in LADDER.items()}
+    assert list(own) == list(LADDER)
+    assert {c.name: c.execution_name for c in cfg.cases if c.execution_name} == {
+        name: row for name, row in LADDER.items() if isinstance(row, str)}
+    ran = {c.name: case_execution(cfg.execution, c).execution() for c in cfg.cases}
+    assert ran["best-b64-balanced"] == ran["gundam-best"] == BEST and ran["best-fused"] == BEST_FUSED
+    assert [(c.batch, c.routing, c.mode) for c in cfg.cases if c.name.startswith("best-b32")] == [
+        (32, None, None), (32, "balanced", None)]
+    # as before: a knob the named execution leaves unset comes from execution.*
+    top = check_overrides(["+experiment=optimize", "execution.moe_kernel=torch"], verb="analyze")
+    assert {case_execution(top.execution, c).moe_kernel for c in top.cases} == {"torch"}
+
+
+def test_a_case_naming_an_execution_its_experiment_does_not_load_is_refused_in_one_line():
+    with pytest.raises(HarnessError) as exc:
+        check_overrides(["+experiment=optimize", "cases=[{name: x, execution_name: best-fuse}]"], verb="analyze")
+    assert str(exc.value) == (
+        "cases[0].execution_name='best-fuse' names no execution this config loads (best, best-fused); fix: name one "
+        "of them, or load conf/execution/best-fuse.yaml in the experiment's defaults (- "
+        "/execution@executions.best-fuse: best-fuse)")
+    case = check_overrides(["+experiment=optimize", "cases=[{name: x, execution_name: best, "
+                            "execution: {compile: false}}]"], verb="analyze").cases[0]
+    assert (case.execution.compile, case.execution.kv_cache, case.execution.pdl) == (False, "static", None)

@@ -8,6 +8,7 @@ The subprocesses start with the session's background runs (tests/conftest.py), a
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -148,21 +149,28 @@ def test_device_defaults():
     assert cpu.batches == (1, 2) and cpu.window_s == 0 and cpu.workers == 1 and not cpu.best
 
 
-def test_best_execution_is_the_optimize_best_case_with_execution_knobs_on_top():
-    from harness.config import ExecutionConfig, ExecutionOverrides, HarnessConfig
+def test_best_execution_is_the_named_best_with_execution_knobs_on_top():
+    from harness.cli import check_overrides
+    from harness.config import ExecutionOverrides, HarnessConfig
     from harness.throughput.execution import execution_for
 
-    cfg = HarnessConfig(execution=ExecutionConfig(decode_attention="sdpa", moe_kernel="torch"),
-                        throughput=ThroughputConfig(execution=None))
+    named = check_overrides(["execution=best"], verb="analyze").execution       # conf/execution/best.yaml
+    cfg = check_overrides(["+experiment=throughput", "model=tiny", "execution.decode_attention=sdpa",
+                           "execution.moe_kernel=torch"], verb="analyze")
     m = execution_for(cfg, best=True, cache_len=832)
-    # the best case of conf/experiment/optimize.yaml, read here by hand
+    assert m == dataclasses.replace(named, moe_kernel="torch", static_cache_len=832)
+    # by hand: the knobs of optimize.yaml's best row, which the throughput experiment read before
     assert (m.kv_cache, m.moe_impl, m.cuda_graphs, m.compile, m.prefill_graphs, m.linear_impl, m.vision_impl,
             m.vision_compile) == ("static", "grouped", "decode", True, True, "fused", "fused", True)
     assert m.decode_attention == "triton"          # execution.decode_attention=sdpa is the default: best's stays
     assert m.moe_kernel == "torch"                 # an execution.* knob that differs from its default wins
-    assert m.static_cache_len == 832
     cfg.throughput.execution = ExecutionOverrides(vision_compile=False)     # throughput.execution over best
     assert not execution_for(cfg, best=True, cache_len=832).vision_compile
+    plain = check_overrides(["+experiment=throughput", "model=tiny"], verb="analyze")
+    assert execution_for(plain, best=False, cache_len=832) == plain.execution     # off: execution.* as given
+    with pytest.raises(HarnessError, match="^throughput.best needs the named execution best, which this config does "
+                                           r"not load \(executions: none\); fix: compose \+experiment=throughput"):
+        execution_for(HarnessConfig(throughput=ThroughputConfig()), best=True, cache_len=832)   # built by hand
 
 
 # -------------------------------------------------------------------------- end to end (CLI)

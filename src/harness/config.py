@@ -7,6 +7,13 @@ by OmegaConf while the config is composed. ``validate`` adds the checks a type c
 (allowed choices, ranges). The CLI converts the composed config once (``to_config``) and hands the
 typed object to every verb; no code below the CLI reads a raw dict.
 
+Named executions are the config group ``conf/execution/`` (``vendor-style``, ``best``,
+``best-fused``): each file sets ``execution_name`` and the ``execution.*`` knobs that differ from
+the defaults, so ``execution=best`` on the command line composes onto ``ExecutionConfig`` like any
+YAML file (``execution.pdl=false`` on top). An experiment loads the ones its cases name into
+``executions`` (``- /execution@executions.best: best`` in its defaults) and a case names one with
+``execution_name: best``; ``to_config`` resolves those names (``resolve_case_executions``).
+
 Defaults equal the vendor's DeepSeek-OCR checkpoint (``shared/reference/deepseek-ocr/config.json``),
 so a model built from an empty config has exactly the checkpoint's tensor names and shapes. The
 YAML files under ``conf/`` hold only what differs from these defaults. Field metadata carries
@@ -17,7 +24,7 @@ YAML files under ``conf/`` hold only what differs from these defaults. Field met
 import dataclasses
 import re
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from .attn_support import check_flash_attn
 from .errors import HarnessError
@@ -287,9 +294,21 @@ ExecutionOverrides.__doc__ = "Execution knobs of one case (None = as in ``execut
 #: execution knobs that differ from ``execution`` (the model is built once; its execution varies per case)
 CaseConfig = dataclasses.make_dataclass(
     "CaseConfig", [("name", Optional[str], field(default=None))] + _optional_fields(WorkloadConfig)
-    + [("execution", Optional[ExecutionOverrides], field(default=None))])
-CaseConfig.__doc__ = ("One case of an experiment: ``name``, workload overrides and ``execution`` overrides "
-                      "(None = as in ``workload`` / ``execution``).")
+    + [("execution_name", Optional[str], field(default=None)),
+       ("execution", Optional[ExecutionOverrides], field(default=None))])
+CaseConfig.__doc__ = ("One case of an experiment: ``name``, workload overrides, a named execution "
+                      "(``execution_name``: its knobs, ``resolve_case_executions``) and ``execution`` overrides "
+                      "on top (None = as in ``workload`` / ``execution``).")
+
+
+@dataclass
+class NamedExecution:
+    """One file of the ``conf/execution/`` group as an experiment loads it into ``executions``
+    (``- /execution@executions.<name>: <name>``): its name and the knobs that differ from the
+    defaults (None = not set by it)."""
+
+    execution_name: Optional[str] = None
+    execution: ExecutionOverrides = field(default_factory=ExecutionOverrides)
 
 
 # ---------------------------------------------------------------------------------- measure
@@ -384,8 +403,9 @@ class ThroughputConfig:
     * ``warmup_batches``: batches run before the window (compile, capture, pool warm-up) (None: 2 / 1).
     * ``tokens``: mean 0 (the default) = ``workload.decode_tokens`` for every page; else a seeded
       per-page distribution (``TokensConfig``).
-    * ``best``: run the ``best`` case's execution of ``conf/experiment/optimize.yaml`` with the
-      ``execution.*`` knobs that differ from the defaults on top (None: on CUDA; the CPU runs ``execution.*``).
+    * ``best``: run the named execution ``best`` (``conf/execution/best.yaml``, loaded into
+      ``executions.best`` by ``conf/experiment/throughput.yaml``) with the ``execution.*`` knobs that
+      differ from the defaults on top (None: on CUDA; the CPU runs ``execution.*``).
     * ``execution``: execution knobs over all of that (each None = as above), e.g. ``vision_compile: false``.
     * ``prefetch``: batches prepared ahead of the one running (at least 2 x workers pages).
     * ``timeline_batches``: batches of each configuration drawn in ``throughput_timeline.png``.
@@ -410,6 +430,8 @@ class HarnessConfig:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
+    execution_name: Optional[str] = None   # the named execution chosen (execution=best); None: none named
+    executions: Dict[str, NamedExecution] = field(default_factory=dict)   # named executions an experiment's cases use
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
@@ -565,10 +587,35 @@ def _prune(cls, data):
 
 
 def to_config(cfg) -> HarnessConfig:
-    """The composed config (DictConfig) -> a validated ``HarnessConfig``. The one conversion."""
-    hc = from_dict(HarnessConfig, cfg)
+    """The composed config (DictConfig) -> a validated ``HarnessConfig``, its cases' named
+    executions resolved. The one conversion."""
+    hc = resolve_case_executions(from_dict(HarnessConfig, cfg))
     validate(hc)
     return hc
+
+
+def resolve_case_executions(cfg: HarnessConfig) -> HarnessConfig:
+    """``cfg`` with each case's ``execution_name`` resolved: its ``execution`` = the named
+    execution's knobs (``cfg.executions``) with the case's own knobs on top. A name the config did
+    not load is refused in one line naming those it did."""
+    if not any(c.execution_name for c in cfg.cases or []):
+        return cfg
+    cases = []
+    for i, case in enumerate(cfg.cases):
+        if case.execution_name is not None:
+            named = cfg.executions.get(case.execution_name)
+            if named is None:
+                raise HarnessError(f"cases[{i}].execution_name={case.execution_name!r} names no execution this config "
+                                   f"loads ({', '.join(sorted(cfg.executions)) or 'none'})",
+                                   f"name one of them, or load conf/execution/{case.execution_name}.yaml in the "
+                                   f"experiment's defaults (- /execution@executions.{case.execution_name}: "
+                                   f"{case.execution_name})")
+            own = case.execution or ExecutionOverrides()
+            case = dataclasses.replace(case, execution=ExecutionOverrides(**{
+                f.name: getattr(named.execution, f.name) if getattr(own, f.name) is None else getattr(own, f.name)
+                for f in fields(ExecutionOverrides)}))
+        cases.append(case)
+    return dataclasses.replace(cfg, cases=cases)
 
 
 def to_dict(obj) -> dict:
@@ -705,7 +752,8 @@ register()   # at import, so any Hydra composition of conf/ (the CLI, tests, use
 
 __all__ = ["LLMConfig", "SAMConfig", "CLIPConfig", "ProjectorConfig", "ExecutionConfig", "ExecutionOverrides",
            "ModelConfig", "CostModelConfig", "cost_config", "EXECUTION_KNOBS", "WorkloadConfig", "check_page_size",
-           "CaseConfig", "case_execution", "check_vendor_execution", "check_routing", "check_run_name", "moved_knob",
+           "CaseConfig", "NamedExecution", "resolve_case_executions", "case_execution", "check_vendor_execution",
+           "check_routing", "check_run_name", "moved_knob",
            "TokensConfig",
            "ThroughputConfig",
            "check_throughput",

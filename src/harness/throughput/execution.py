@@ -1,7 +1,8 @@
 """The execution a throughput run gives the model: the one place that sets it.
 
-``best_execution``: the knobs of the ``best`` case of ``conf/experiment/optimize.yaml`` (read from
-that file, so the two experiments cannot drift apart). ``execution_for``: the execution a run
+``best_execution``: the knobs of the named execution ``best`` (``conf/execution/best.yaml``, which
+``conf/experiment/throughput.yaml`` loads into ``executions.best``; the optimize ladder's best rows
+name the same file, so the two experiments cannot drift apart). ``execution_for``: the execution a run
 runs: with ``best`` (the CUDA default) those knobs, with every ``execution.*`` knob that differs
 from its default on top; without it ``execution.*`` as given (the vendor-style default on the CPU);
 then ``throughput.execution``'s knobs over either. A static cache without
@@ -12,33 +13,26 @@ budgets. ``apply_execution``: ``harness.variants.apply`` with it.
 from __future__ import annotations
 
 import dataclasses
-import os
-from pathlib import Path
 
 import torch
 
 from .. import variants
 from ..config import ExecutionConfig, HarnessConfig, case_execution
+from ..errors import HarnessError
 
-BEST_CASE = "best"
-
-
-def conf_dir() -> Path:
-    """The Hydra tree the CLI composes (``HARNESS_CONF``, else the package's ``conf``)."""
-    return Path(os.environ.get("HARNESS_CONF", Path(__file__).resolve().parents[1] / "conf"))
+BEST = "best"
 
 
-def optimize_cases() -> dict:
-    """{case name: its case entry (a plain dict)} of ``experiment/optimize.yaml``, in file order."""
-    from omegaconf import OmegaConf
-
-    cases = OmegaConf.to_container(OmegaConf.load(conf_dir() / "experiment" / "optimize.yaml"))["cases"]
-    return {c.get("name"): c for c in cases}
-
-
-def best_execution() -> dict:
-    """The execution knobs of the ``best`` case of ``experiment/optimize.yaml``."""
-    return dict(optimize_cases()[BEST_CASE]["execution"])
+def best_execution(cfg: HarnessConfig) -> dict:
+    """{knob: value} the named execution ``best`` sets (``cfg.executions``; the knobs it leaves unset
+    are not in it)."""
+    named = cfg.executions.get(BEST)
+    if named is None:
+        raise HarnessError(f"throughput.best needs the named execution {BEST}, which this config does not load "
+                           f"(executions: {', '.join(sorted(cfg.executions)) or 'none'})",
+                           f"compose +experiment=throughput (its defaults load conf/execution/{BEST}.yaml), or set "
+                           "throughput.best=false")
+    return {k: v for k, v in dataclasses.asdict(named.execution).items() if v is not None}
 
 
 def changed_knobs(ex: ExecutionConfig) -> dict:
@@ -52,7 +46,7 @@ def execution_for(cfg: HarnessConfig, best: bool, cache_len: int, device=None, d
     (``harness.variants.check``: refused in one line where it cannot run)."""
     ex = cfg.execution
     if best:
-        ex = dataclasses.replace(ex, **{**best_execution(), **changed_knobs(ex)})
+        ex = dataclasses.replace(ex, **{**best_execution(cfg), **changed_knobs(ex)})
     ex = case_execution(ex, cfg.throughput)
     if ex.kv_cache == "static" and ex.static_cache_len is None:
         ex = dataclasses.replace(ex, static_cache_len=cache_len)
@@ -67,4 +61,4 @@ def apply_execution(model, cfg: HarnessConfig, best: bool, cache_len: int) -> di
     return variants.apply(model, execution_for(cfg, best, cache_len), p.device)
 
 
-__all__ = ["BEST_CASE", "optimize_cases", "best_execution", "changed_knobs", "execution_for", "apply_execution"]
+__all__ = ["BEST", "best_execution", "changed_knobs", "execution_for", "apply_execution"]
