@@ -5,30 +5,14 @@ q [B, nh, 1, d] against the preallocated buffers k, v [B, nkv, L, d] of a ``Stat
 (nkv divides nh: query head h reads KV head h // (nh / nkv)). ``pos`` is the step's position, an
 int64 device tensor [1] read by the kernel itself: no host sync, and a CUDA graph captured once
 replays correctly as the position advances. Keys past ``pos`` are never loaded (weight exactly 0).
+The output is rounded once to q's dtype (fp32 accumulation). Two launches (splits, then the combine),
+one with ``sem`` (a persistent int32 buffer of zeros, one counter per (batch, head):
+``StaticKVCache.split_sem``: the last split to finish combines); the grid is a function of shapes
+only (fixed for capture). ``DecodeAttentionConfig`` picks the tiles. Importing this module imports
+triton; under ``TRITON_INTERPRET=1`` (the mode of ``common``) it runs on CPU tensors (tests).
 
-Two launches, the grid a function of shapes only (fixed for capture):
-
-1. ``_split_kernel``, grid (B*nh, NUM_SPLITS): the L positions are cut into cdiv(L, BLOCK_N) blocks
-   and each split owns BLOCKS_PER_SPLIT consecutive blocks. A program loops over the blocks of its
-   split that hold a filled position (the trip count is computed from ``pos`` on the device, so
-   blocks wholly past ``pos`` cost nothing), with an online softmax in fp32 in the exp2 domain:
-   s = (q . k) * scale * log2(e), keys past ``pos`` in a partly filled block masked to -inf.
-   It writes the split's unnormalised acc [d], running max m and sum of exp2 l (fp32 scratch); a
-   split with no filled block writes m = -inf, l = 0, acc = 0.
-2. the combine, per (batch, head): M = max_s m_s, w_s = exp2(m_s - M) (0 for empty splits),
-   out = sum_s w_s acc_s / sum_s w_s l_s, rounded once to q's dtype. Given ``sem`` (a persistent
-   int32 buffer of zeros, one counter per (batch, head): ``StaticKVCache.split_sem``), the split
-   that finishes last combines: each split stores its partials, then adds 1 to its head's counter
-   (an acquire-release atomic after a CTA barrier); the one that reads NUM_SPLITS - 1 reads the
-   partials back from L2 and writes the output, then resets the counter to 0 for the next call.
-   Without ``sem`` a second launch, ``_combine_kernel`` (grid (B*nh,)), combines. With
-   NUM_SPLITS == 1 the first kernel normalises and writes the output itself.
-
-q . k and p . v are CUDA-core products (one query row: no tensor-core tile to fill), bf16/fp16
-operands converted to fp32. ``DecodeAttentionConfig`` picks BLOCK_N, the splits and num_warps;
-the default aims at about two waves of an H100/H200's 132 SMs (see ``splits``).
-Tested against a float64 reference under TRITON_INTERPRET=1 on the CPU (the interpreter mode is
-that of ``common``, imported here for its bf16 rounding helper).
+Design notes (the two launches, the online softmax, the last-split combine, how the default tiles
+were measured): ``docs/kernels/decode_attention_triton.md``.
 """
 from __future__ import annotations
 
@@ -51,15 +35,9 @@ SMS = 132
 @dataclass(frozen=True)
 class DecodeAttentionConfig:
     """Tiles of ``decode_attention``: ``block_n`` keys per tile (a power of two), ``num_splits``
-    (None: enough splits for about ``target_programs`` programs in all), ``num_warps``.
-
-    For L = 448, BLOCK_N = 32 (14 blocks), nh = 10 the default gives: B = 1 -> 14 splits of one
-    block (140 programs); from B = 8 ``wide_block_n`` = 64 keys per tile with 2 warps
-    (``for_programs``): B = 8 -> 4 splits of 2 blocks (320 programs), B >= 27 -> one split (one
-    launch, no combine; B = 32: 320 programs of 7 blocks). ``scripts/bench_decode_attention.py --sweep`` on an
-    H200 at B = 1, pos 413 (µs per call): 6.11 for BLOCK_N = 32 with the last split combining, against
-    7.63 for the earlier default BLOCK_N = 64 (7 splits, combine launch) and 7.81 for that one with
-    the last split combining (runs/examples/h200-optimize-shared-rows/bench_decode_attention.log).
+    (None: enough splits for about ``target_programs`` programs in all), ``num_warps``; from
+    ``wide_from`` programs per split on, ``wide_block_n`` keys per tile with ``wide_warps`` warps
+    (``for_programs``). How the defaults were measured: ``docs/kernels/decode_attention_triton.md``.
     """
 
     block_n: int = 32
@@ -73,12 +51,7 @@ class DecodeAttentionConfig:
     def for_programs(self, bh: int) -> "DecodeAttentionConfig":
         """The tiles a launch of ``bh`` = B*nh programs per split runs: from ``wide_from`` programs on
         (B >= 8 at 10 heads) ``wide_block_n`` keys per tile with ``wide_warps`` warps, else this config
-        (``wide_from`` None: always this config). ``scripts/bench_decode_attention.py --sweep`` at L 512,
-        pos 413 (µs per call): on an H100 at B = 32, 32.7 for BLOCK_N = 64 with 2 warps in one split,
-        against 59.3 for BLOCK_N = 32 with 4 warps (through the ladder, best-b32-balanced's TPOT 3.169 ms
-        against 3.393 ms; runs/examples/h100-b32-attention/); at B = 8, 13.2 against 20.7 on an H100
-        and 12.8 against 20.6 on an H200 (runs/examples/h200-b32-align/attn.log). B = 2..7 was not
-        swept and keeps the 32-key tiles."""
+        (``wide_from`` None: always this config)."""
         if self.wide_from is None or bh < self.wide_from:
             return self
         return dataclasses.replace(self, block_n=self.wide_block_n, num_warps=self.wide_warps, wide_from=None)
@@ -249,9 +222,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
 
 
 def bench_configs() -> list:
-    """A small sweep for scripts/bench_decode_attention.py: the default, then block_n x split counts
-    at 4 warps, then 2 and 8 warps at the default splits. Compiled offline for sm90 (Triton 3.9,
-    bf16, d=128) none of these spill registers; block_n=128 with 2 warps would."""
+    """A small sweep for ``python -m harness bench attention bench.attention.sweep=true``: the default,
+    then block_n x split counts at 4 warps, then 2 and 8 warps at the default splits (none spills
+    registers on sm90: ``docs/kernels/decode_attention_triton.md``)."""
     out = [DecodeAttentionConfig()]
     for bn in (32, 64, 128):
         for splits in (None, 1, 2, 4, 8, 14):

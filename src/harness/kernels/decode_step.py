@@ -56,26 +56,10 @@ class DecodeStepConfig:
     programs per SM multiply (None: the device's on CUDA, 4 elsewhere). ``gate_up_norm``: the MoE
     gate/up kernel recomputes RMSNorm(h) itself instead of reading the router's. ``lm_head_stages``:
     0, each lm_head program holds its next tile in registers; 2-6, its tiles stream through Triton's
-    software pipeline with that many stages (``decode_step_triton.lm_head_argmax``); 4 on an H200
-    (``scripts/device/step_ablation.py --configs``, counted routing): 500.3 µs per step against 519.1
-    with 0 and 497.1 with 3 (lm_head alone 80.6 µs, 4.1 TB/s, against 104.7 µs before).
-    Defaults: the combined pick of a tile sweep (``scripts/bench_decode_step.py --sweep``, then run
-    around the first version's tiles: qkv (4, 4), attention (32, 4), down (2, 8), dense_down
-    (1, 4, 4), the others as here) on an H100 80GB HBM3 (PDL, CUDA graph, positions 286..485):
-    609.5 µs per step against 639.3 µs for the first version's tiles and 728.9 µs for the earlier
-    looped layout (persistent programs looping over tiles, since removed); each field was varied
-    alone and the best value of each kept (``runs/examples/h100-decode-step-bench/bench_flat.log``).
-    ``down`` (4, 8) since the MoE down kernel holds its routed and shared slots as one tile (an
-    H200, ``scripts/device/step_ablation.py --configs``: 472.2-480.2 µs per step, against 480.9-493.0
-    with (2, 8) and 490.6-491.8 with (2, 4); the previous kernel at (2, 4) 484.6-484.9, same
-    machine; ``runs/examples/h200-decode-down/``). ``gate_up_chooses``: the MoE gate/up kernel
-    makes the router's choice from its logits (the router stores the logits only, the down kernel
-    waits on the stored ids; ``decode_step_triton``, item 4); False, the router's last program
-    makes it. With ``router`` (1, 1), True since the ladder's ``best-fused`` decode on an H200 ran
-    at 0.4362 and 0.4359 ms per token against 0.4464 and 0.4464 with False and (2, 2), the previous
-    defaults (alternating, same machine; ``runs/examples/h200-decode-choose/``). The step alone
-    (``step_ablation.py``, one process per line) ranks them the other way on that machine, 443.8-
-    444.4 µs against 440.9-441.0: see that folder's README."""
+    software pipeline with that many stages (``decode_step_triton.lm_head_argmax``).
+    ``gate_up_chooses``: the MoE gate/up kernel makes the router's choice from its logits (the router
+    stores the logits only, the down kernel waits on the stored ids); False, the router's last
+    program makes it. How each default was measured and chosen: ``docs/kernels/decode_step.md``."""
     qkv: tuple = (4, 2)
     attention: tuple = (32, 2)
     o_proj: tuple = (4, 4, 1)

@@ -1,144 +1,26 @@
 """Triton kernels of one fused batch-1 decode step (issue 24): 6 launches per MoE layer, 5 for a
 dense layer, 1 for the final norm, lm_head and greedy token; no torch op in between.
 
-Per layer (h: the residual stream [H] in the activation dtype, updated in place):
+Per layer (h: the residual stream [H] in the activation dtype, updated in place): ``_qkv_rope_kernel``
+(RMSNorm(h), q/k/v GEMV, RoPE at the device position, k and v written into the static cache there;
+the first layer reads h as the token's embedding row), ``_attention_kernel`` (split-KV attention of
+the step's q over positions 0..pos), ``_down_kernel`` as o_proj (h += o_proj(attention out)), in a MoE
+layer ``_router_kernel`` (RMSNorm(h), the fp32 gate GEMV and the router's choice: softmax, top-k or a
+forced routing table, renormalisation and scale), ``_gate_up_kernel`` (silu(gate(x)) * up(x) rows of
+the shared or dense parts and of the k routed experts) and ``_down_kernel`` (those rows times their
+down_proj columns, plus the residual). Step end: ``_lm_head_argmax_kernel`` (final RMSNorm, the logits
+in the activation dtype, the greedy token - the first index of the max, as torch.argmax - into the
+token buffer the next step reads, the device position and step index + 1; with routing counts, the
+step's experts of every MoE layer added first).
 
-1. ``_qkv_rope_kernel``: RMSNorm(h) (once per program), q/k/v GEMV, RoPE from a precomputed cos/sin
-   table read at the device position, k and v written into the static cache at that position. The
-   first layer reads h as the token's embedding row (and writes it to h).
-2. ``_attention_kernel``: split-KV attention of the step's q over positions 0..pos; the last split
-   of a head to finish combines (per-head counters back at 0 afterwards).
-3. ``_down_kernel`` as o_proj: h += o_proj(attention out), rounded as ``x + o(..)`` rounds (the
-   reduction cut into ``parts`` equal pieces, summed in fp32 and rounded once).
-4. MoE layer: ``_router_kernel``: RMSNorm(h) (program 0 writes it, ``xn``), fp32 gate GEMV over
-   many programs, then the router's choice: softmax, top-k (one bitonic ``tl.topk``) or the
-   experts of a forced routing table, renormalisation and scale - made by the router's last program
-   to finish (``route(select=True)``), or by default by the gate/up kernel (``gate_up(choose=...)``):
-   each routed program there chooses from the logits after its wait, the first stores the choice
-   (ids, weights), and the MoE down kernel reads the ids before its wait once none is -1 (the layer's
-   o_proj set them -1). Dense layer: nothing.
-5. ``_gate_up_kernel``: silu(gate(x)) * up(x) rows of the shared expert's P parts and of the k
-   routed experts (dense layer: the SwiGLU's rows, with RMSNorm(h) recomputed once per program).
-6. ``_down_kernel``: the P shared (or dense) parts and the k routed rows times their down_proj
-   columns, summed with the vendor's roundings (routed rows rounded, times their fp32 gate weights,
-   summed over k and rounded; the shared parts summed in fp32 and rounded once; routed + shared
-   rounded), plus the residual. A program's k + P slots are one [slots, BLOCK_N, I] tile (routed
-   first, padded to a power of two: 6 + 2 = 8 for DeepSeek-OCR), its I as three power-of-two
-   pieces (896 = 512 + 256 + 128), so no register holds a masked weight.
-
-Packed pairs (bf16 weights, compiled; ``packed_pairs`` checks on the host): the gate/up and down
-kernels load their weights as int32, two bf16 per register, and sum each pair's two products with
-one inline-PTX FMA that widens the pair itself (a bf16 becomes fp32 exactly by a 16-bit shift or by
-clearing the low half; ``_pair_dot``, ``_pair_dot_f32``). Both products are exact, so only the fp32
-summation order changes (the vendor's roundings do not). Plain ``w.to(float32) * x`` let the
-compiler widen every weight right after the wait, before the activations arrived, about doubling
-the registers; with pairs (triton 3.6, sm90) the MoE down kernel at (4, 8) takes 78 registers, was
-122: 3 programs per SM, its 320 programs in one wave, was 1.21 waves; MoE gate/up 64, was 96 (1.70
-waves, was 2.72); dense gate/up 72, was 115. The q/k/v kernel gained nothing from pairs (158 -> 155
-and 162) and stays plain. An H200 ran the step at 448.1 µs against 476.2 with the previous kernel
-file with pairs in the MoE kernels only, and at 439.4 against 477.8 with the dense gate/up's pairs
-and the router's bitonic top-k too (same machine each, alternating; ``runs/examples/h200-decode-pairs/``,
-``ab_first.log``, ``ab.log``).
-
-Step end: ``_lm_head_argmax_kernel``: every program (about two per SM) recomputes RMSNorm(h) and
-streams a contiguous, balanced range of lm_head rows (the next tile loaded while the current one
-is reduced, or with ``STAGES`` through Triton's software pipeline), writes the logits in the
-activation dtype and keeps the first index of its maximum; the last program to finish picks the
-token (first index of the max, as torch.argmax), writes it into the token buffer the next step
-reads (and into a token history at the step's position, if given), advances the device position
-(and the step index). With routing counts, program 0 adds the step's experts of every MoE layer
-first.
-
-Work split (q/k/v, gate/up, down): one program per tile, no loop. A tile is ``BLOCK`` rows of one
-matrix: pairs of q/k/v columns (a and a + HALF of one head); columns of the expert width of one
-gate/up slot (a shared or dense part, or a routed expert; tiles go slot by slot, so the programs of
-one matrix are adjacent); output columns of H for the down kernels. Every weight row a program reads
-is loaded before its wait where it is known then (all but a routed gate/up row, whose expert comes
-from the router, the previous kernel), so all resident programs of a launch stream their weights while
-the previous kernel finishes. A down column block's P + k slots are one program's [slots, BLOCK_N,
-I] tile, summed in registers: no fp32 scratch, no counter, no atomic on the output, one fixed
-summation order.
-
-Programmatic dependent launch (``USE_PDL``, Hopper): every kernel issues its first weight loads,
-then ``gdc_wait`` (the previous kernel of the stream has completed and its writes are visible),
-then ``gdc_launch_dependents`` at once. Triggering only after the wait gives every kernel this
-invariant: when it starts, the kernel two launches before it has completed (a kernel's dependents
-launch once each of its programs has triggered or exited, and at least one program of every kernel
-here triggers after its wait: the attention's split 0 of each head always has keys). So before its
-wait a kernel may read, besides weights, what was written two or more launches earlier (``.cg``
-loads: from L2, past the SM's L1): the attention reads the position and the cached keys/values of
-earlier positions, the q/k/v kernel of every layer but the first the position (and its RoPE table
-row), the down kernel (o_proj, dense and MoE down) the residual h and the router's experts and gate
-weights (and so its routed rows), the lm_head kernel every MoE layer's experts and the device step
-index. No kernel writes anything before its wait but the lm_head kernel's routing counts (atomic
-adds into a buffer no kernel of the step reads). One read breaks the two-launch rule, behind a
-flag: when the gate/up kernel chooses the experts, the MoE down kernel reads their ids (written by
-the previous launch, after its wait, by one program) before its own wait, again and again until
-none is -1 (``volatile``: from L2), which the layer's o_proj set after its wait - three launches
-back, so complete. It cannot wait forever: the down kernel launches only once every gate/up program
-has passed its wait, the storing one included. Without PDL ``gdc_*`` are not emitted and the same
-code runs as plain kernels (each kernel complete before the next starts).
-
-Roundings are the vendor's (eager bf16): RMSNorm in fp32 (the mean rounded, then + eps rounded:
-``fp32_rounded`` keeps them two operations), ``x * rsqrt`` rounded, times the weight, rounded;
-every linear's fp32 accumulation rounded once; RoPE terms and their sum rounded; SwiGLU gate, up,
-silu (with CUDA's ``expf`` and an IEEE division, as ATen) and product rounded; the router's softmax
-with ``expf`` and IEEE divisions; routed rows rounded, times the fp32 gate weight, summed over k in
-fp32 and rounded; shared down (fp32 partials summed) rounded; routed + shared rounded; each residual
-add rounded; logits rounded before the argmax. Summation orders differ from cuBLAS and torch
-(fp32 rounding-level differences). Importing this module imports triton; with
+Roundings are the vendor's eager bf16 ones; summation orders differ from cuBLAS and torch (fp32
+rounding-level differences). ``USE_PDL``: programmatic dependent launch (Hopper; ``pdl_support``);
+without it the same code runs as plain kernels. Importing this module imports triton; with
 ``TRITON_INTERPRET=1`` set before the first import of ``kernels.common`` the kernels run on CPU
 tensors (tests), where ``EMU`` rounds fp32 -> bf16 to nearest-even as compiled code does.
 
-Tried and dropped (H200, ``scripts/bench_decode_step.py --sweep``, 2026-11-27): weights sent to L2 ahead
-of their kernel with ``cp.async.bulk.prefetch.L2`` - the chosen experts' 41 MB from the router's last
-program (one SM issuing every bulk copy; cause of the cost not measured) made a step 1.56-1.78 ms
-slower, lm_head tiles 2-8 ahead per program 129-141 µs slower (runs/examples/h200-b32-align/). The
-attention's splits as trailing programs of the q/k/v launch, spinning on a counter until every q/k/v
-program had stored (one launch less per layer; ``scripts/device/step_ablation.py --configs``, H200,
-2026-11-27): 501.2 µs per step against 489.3 split (cause not measured).
-
-Tried and dropped after the packed pairs (H200, ``step_ablation.py --only-configs``, one process per
-line, µs per step; runs/examples/h200-decode-pairs/):
-- The router's choice made by its consumers from the logits (every routed gate/up program and every
-  down program ran softmax and top-k itself; the router kept no counter and no second phase): 477.1
-  against 442.0. Leaving the router's second phase out altogether (its consumers reading stale ids:
-  a timing bound only) gave 425.2 against 441.9: that phase costs about 17 µs per step, but a top-k
-  in each consumer costs more (the down kernel's registers went to 100, 2 programs per SM).
-- The routed gate/up programs spinning (before their wait) on their expert id, which the o_proj
-  launch had set to -1, and loading their rows as soon as the router's last program stored it:
-  457.4 against 437.6.
-- The top-k as one [E, E] rank comparison (each lane's rank, then slot j takes the lane of rank j),
-  the previous code: 455.5 against 443.9 with ``tl.topk`` (alternating, 2 runs each).
-- Other tiles, one at a time against 438.8: lm_head (4, 8, 2) 521.9, (2, 4, 4) 541.9, (4, 4, 4)
-  449.6, stages 5 442.8, 3 440.2; attention (64, 2) 594.9, (16, 2) 445.1; q/k/v (4, 4) 456.4;
-  o_proj (8, 4, 1) 445.2, (2, 4, 1) 442.5; dense gate/up (8, 8) 438.7; dense down (2, 8, 4) 445.0,
-  (4, 8, 4) 443.4 (against 442.0); router (2, 1) 445.4, (4, 1) 449.1, (1, 1) 442.0, (4, 2) 442.3
-  (against 437.6).
-- The routing count spread over lm_head's programs (one MoE layer each) instead of program 0: 439.6
-  against 438.9 (alternating, 3 runs each).
-- With the choice in the gate/up kernel (``runs/examples/h200-decode-choose/``, rows after a
-  process's first): router (2, 2) 442.0 and 442.9 against 441.3 and 442.0 with the router choosing;
-  router (4, 2) 442.7, 443.5; (8, 4) 445.0, 446.2; (2, 1) 441.4, 441.9; (1, 2) 436.8, 437.1;
-  (1, 1) 436.3, 437.0 - but 443.8-444.4 timed as a process's default, where the ladder put (1, 1)
-  10 µs ahead of the previous defaults (that folder's README: the methods disagree).
-
-Weight tiles hold a whole row range in registers: a reduction length K is loaded as two tiles,
-KA (the largest power of two <= K) and KB (the next power of two >= K - KA, masked; 0 if K = KA),
-the down kernel's as three (``k_parts``).
-
-The down kernel before that (2026-11-27): routed and shared slots as two tiles, [8, BLOCK_N, 1024]
-routed (2 of 8 slots and 128 of 1024 columns masked) and [2, BLOCK_N, 1024] shared; an H200 ran the
-step at 484.6-484.9 µs against 472.2-480.2 now (``runs/examples/h200-decode-down/``). Register caps
-on the down kernel (``maxnreg`` 48-128, to fit more programs per SM) spilled on triton 3.6 and made
-the step 26-483 µs slower (same folder, ``sweep3.log``). Compiled offline with triton 3.6 (the
-GPUs'; ``scripts/check_decode_step_sm90.py``), every MoE down tile but (1, 2) fits 1/1.21 of its
-programs at once: registers come to about twice those holding the weights, (4, 8) 122, (2, 8) 63,
-(1, 4) 58, (4, 4) 237; (1, 2), 96 registers, fits all 1280 and ran 495.6 µs per step on an H200.
-Its SASS at (4, 8) (``nvdisasm -lrm count`` of that compile) showed where they went: 111 registers
-live at the wait (56 hold the 14 packed 16-byte weight loads), and right after it every bf16 pair
-split into two 32-bit registers (PRMT / SHF) before the activation loads were issued. The packed
-pairs (above) keep each pair packed until its FMA.
+Design notes (the work split, PDL's two-launch rule, packed bf16 pairs, each rounding, what was
+tried and dropped with its measurements): ``docs/kernels/decode_step_triton.md``.
 """
 from __future__ import annotations
 

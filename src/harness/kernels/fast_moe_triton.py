@@ -1,25 +1,17 @@
 """Triton fused-MoE kernels (vLLM fused_moe style, written for this harness; triton >= 3.0).
 
-Importing this module imports triton and defines the kernels; with ``TRITON_INTERPRET=1`` set
-before the first import they run in Triton's numpy interpreter on CPU tensors (tests only).
+The routed experts of T tokens (k slots each, E experts, hidden H, expert width I) with no host
+sync: the rows sorted and padded per expert (``moe_blocks.align_rows_to_blocks``), a gate/up + SwiGLU
+kernel and a down kernel that weights each row by its gate weight into an fp32 [T*k, H] buffer, summed
+over k by PyTorch in the vendor's order (deterministic); each program reads its expert's weight tile
+once, so a decode step (T=1) reads exactly the k touched experts' weights. At decode sizes the
+per-row kernels (``routed_experts_rows``, ``RowsConfig``) run instead, optionally with the layer's
+shared expert as extra rows. Importing this module imports triton and defines the kernels; with
+``TRITON_INTERPRET=1`` set before the first import they run in Triton's numpy interpreter on CPU
+tensors (tests only).
 
-Execution (T tokens, k slots, E experts, hidden H, expert width I; no host sync anywhere):
-
-1. ``moe_blocks.align_rows_to_blocks``: the T*k rows sorted by expert, each expert's rows padded to
-   BLOCK_M; one expert per block of BLOCK_M padded rows (up to ``ALIGN_KERNEL_MAX_ROWS`` rows: the
-   same in one launch, ``moe_align_triton.align_rows``). The grid is the host bound
-   ``T*k // BLOCK_M + min(E, T*k)`` blocks; a program whose block starts at or past
-   ``num_padded`` (read from device memory) returns at once.
-2. ``_gate_up_silu_kernel``: per (block, BLOCK_N columns of I) program, x rows [BLOCK_M, H] times
-   the expert's gate and up rows [BLOCK_N, H] (two fp32 accumulators), then
-   silu(gate) * up rounded as SwiGLU rounds it in the activation dtype -> h [padded rows, I].
-3. ``_down_weighted_kernel``: per (block, BLOCK_N columns of H) program, h rows times the expert's
-   down rows [BLOCK_N, I]; the result is rounded to the activation dtype, cast to fp32, multiplied
-   by the row's gate weight and stored at its flat row t*k + j of an fp32 [T*k, H] buffer.
-4. PyTorch sums the buffer over k and casts to x's dtype (the vendor's order; deterministic).
-
-Each program of a block reads its expert's weight tile once; for decode (T=1) the blocks are the k
-touched experts, so the weights read are exactly those experts' weights.
+Design notes (the four steps of the blocked path, how the per-row tiles were chosen):
+``docs/kernels/fast_moe_triton.md``.
 """
 from __future__ import annotations
 
@@ -209,11 +201,8 @@ def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch
 @dataclass(frozen=True)
 class RowsConfig:
     """Tile sizes of the per-row kernels: BLOCK_N output columns per program, BLOCK_K reduction
-    elements per load, num_warps; ``gate_up`` for the first kernel, ``down`` for the second.
-    Defaults: the fastest at T=1 of ``scripts/bench_fast_moe.py --rows-sweep --shared`` on an H200
-    (bf16, H=1280, I=896, 6 routed rows + the shared expert's 2: gate_up (4, 256, 4) 0.0400 ms and
-    down (8, 256, 4) 0.0402 ms per graph-captured layer, each against 0.0415 for the previous
-    (8, 256, 4) / (8, 128, 4); runs/examples/h200-optimize-shared-rows/bench_rows_shared.log)."""
+    elements per load, num_warps; ``gate_up`` for the first kernel, ``down`` for the second. How the
+    defaults were measured: ``docs/kernels/fast_moe_triton.md``."""
     gate_up: tuple[int, int, int] = (4, 256, 4)
     down: tuple[int, int, int] = (8, 256, 4)
 

@@ -1,17 +1,13 @@
 """Decode-size linear layers (a few rows times a weight) as Triton GEMV kernels.
 
-At batch 1 a decode step multiplies one row by each weight: cuBLAS picks a GEMM tile whose grid
-covers N with a few dozen programs (20 for N=1280 on an H200), so a 3 MB weight takes ~5 µs, a
-third of the HBM bandwidth. Here each program owns BLOCK_N output columns of one row and streams
-those weight rows once, with the reduction over K unrolled (K is a compile-time constant) so that
-all its loads are in flight together; N/BLOCK_N programs per row fill the SMs. Rows of a small
-batch are programs of their own and read the weight again (from L2 when close in time).
-
 ``gemv(x, w)``: x [M, K] @ w[N, K]^T -> [M, N] in ``out_dtype`` (x's by default), fp32 accumulation,
 one rounding at the end, as F.linear rounds. ``gemv_swiglu(x, w_gate_up)``: w_gate_up [2I, K] holds
 gate rows then up rows; returns silu(x @ gate^T) * (x @ up^T) [M, I] with the vendor SwiGLU's
-roundings (``common.swiglu``). Importing this module imports triton; ``TRITON_INTERPRET=1``
-before the first import runs the kernels on CPU tensors (tests).
+roundings (``common.swiglu``). Each program owns BLOCK_N output columns of one row (``GemvConfig``).
+Importing this module imports triton; ``TRITON_INTERPRET=1`` before the first import runs the
+kernels on CPU tensors (tests).
+
+Why a GEMV beats cuBLAS at one row, and how the tiles were chosen: ``docs/kernels/gemv_triton.md``.
 """
 from __future__ import annotations
 
@@ -27,10 +23,8 @@ from .common import check_runnable, emulates_bf16_rne, rne, rounded, row_times_t
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """BLOCK_N output columns per program, BLOCK_K reduction elements per load, num_warps. Default:
-    the fastest tile at one row for every decoder shape of ``scripts/bench_decode_linear.py --sweep``
-    on an H200 (q/k/v/o 3.48 µs, fused qkv 4.88, shared down 4.54, shared gate_up+SwiGLU 5.04;
-    (8, 256, 4) took 5.31, 6.26, 7.23 and 7.22)."""
+    """BLOCK_N output columns per program, BLOCK_K reduction elements per load, num_warps (powers of
+    two; warps 1-8). How the default was measured: ``docs/kernels/gemv_triton.md``."""
     block_n: int = 4
     block_k: int = 256
     num_warps: int = 4

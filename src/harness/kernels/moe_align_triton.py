@@ -1,32 +1,17 @@
 """Routed rows sorted and padded per expert in one Triton program (``moe_blocks.align_rows_to_blocks``'s
 function), and the routing count beside it.
 
-``align_rows_to_blocks`` in torch is a dozen small kernels per MoE layer (counts, cumsums, argsort,
-gathers, a fill, a scatter, searchsorted); compiled, still six. In a batch-32 decode step on an H200
-they took about 19 µs per layer (the compiled sort and scatter alone 15 µs), this kernel 4.0 µs
-(runs/examples/h200-b32-align/kernels_b32_before.txt, kernels_b32.txt). At decode sizes (T*k rows up to
-``ALIGN_KERNEL_MAX_ROWS``) one program holds every row and every expert:
+At decode sizes (T*k rows up to ``ALIGN_KERNEL_MAX_ROWS``) one program holds every row and every
+expert and writes what the torch path writes: ``sorted_rows`` (the rows sorted by (expert, flat
+row), each expert's padded to ``block_m``; padding = ``num_rows``), ``block_expert`` and
+``num_padded``; with ``counts`` (``DeviceRouting.device_counts``: buffer int64 [steps + 1, layers, E]
+and the device step index) the per-expert counts added at row min(step, steps), layer ``layer``.
+Every output is an integer: equal to the torch path's, bit for bit (tests). No host sync and outputs
+from ``torch.empty``: callable inside torch.compile and CUDA-graph capture. Importing this module
+imports triton; ``TRITON_INTERPRET=1`` before the first import of ``common`` runs it on the CPU.
 
-1. Counts per expert: a histogram of the rows' experts.
-2. Padded sizes and their running sum (``padded_end``); ``start`` = each expert's first index among
-   the rows sorted by expert. The shift padded_start - start per expert goes to a small scratch
-   buffer; every padded position gets ``num_rows`` (torch's fill). A barrier, then the rows sorted by
-   (expert, flat row) - one ``tl.sort`` of expert * ROWS + row, so each expert's rows keep their
-   flat order as the torch path's stable argsort keeps them - and the row at sorted index i goes to
-   position i + shift[its expert] (``sorted_rows``).
-3. ``block_expert`` of block b = #{e : padded_end[e] <= b * block_m}, clamped to E - 1 (torch's
-   ``searchsorted(right=True)``); ``num_padded`` = the last padded end.
-4. With ``counts`` (``DeviceRouting.device_counts``: buffer int64 [steps + 1, layers, E] and the
-   device step index): the per-expert counts added at row min(step, steps), layer ``layer``: the
-   routing count of this layer in the same launch (one program: a plain load and store).
-
-A first version ranked rows within their expert by a running sum over a [rows, experts] one-hot
-matrix and found each padded position's expert by a [positions, experts] comparison: 94 µs per
-call at 192 rows on an H200 (registers spilled).
-
-Every output is an integer: equal to the torch path's, bit for bit (tests). No host sync and
-outputs from ``torch.empty``: callable inside torch.compile and CUDA-graph capture. Importing this
-module imports triton; ``TRITON_INTERPRET=1`` before the first import of ``common`` runs it on the CPU.
+Design notes (the steps of the one program, what the torch path and a first version cost):
+``docs/kernels/moe_align_triton.md``.
 """
 from __future__ import annotations
 

@@ -1,35 +1,18 @@
 """The MoE router of a decode step (a few tokens) in two Triton kernels.
 
-``MoEGate`` in torch is five small kernels per MoE layer at batch 1 after the gate GEMV: softmax,
-``torch.topk`` (4.7 µs alone on an H200), the multiply by the scale and their glue. ``route`` runs
-the gate as the fp32-output GEMV of ``gemv_triton`` (many programs: all SMs stream the weight) and
-then one small kernel, one program per token:
-
-1. softmax of the fp32 logits (max subtracted, exp, divided by the sum);
-2. top-k as k rounds of (max, lowest index holding it, mask it out): descending order, ties go to
-   the lowest expert index. ``torch.topk(sorted=False)`` may order a token's k experts differently;
-   the set is the same (for untied scores) and consumers sum over k;
-3. with ``forced`` (``workload.routing=balanced``; ``models.routing``): the token's k experts read
-   from the forced table [batch, positions, layers, k] at (its row, min(position, positions - 1),
-   ``layer``), the position read on the device; their weights the softmax probabilities at them.
-   With a runtime flag ``on`` [1] (a compiled step shared by both routings) the forced experts
-   replace the top-k only where it holds;
-4. with ``norm`` and k > 1 the k weights are divided by (their sum + 1e-20), then multiplied by
-   ``scale`` (both as in ``MoEGate``); idx (int64) and weights (fp32) stored;
-5. with ``counts`` (one token only), the routing count: each chosen expert's counter + 1 at row
-   min(step_index, steps) of the counts buffer [steps + 1, layers, experts], the step index read on
-   the device (so a captured or compiled step counts each replay at its own step); a plain load and
-   store (one program, k distinct experts: no race, no atomic), instead of the routing target's
-   scatter-add launch.
-
-A first version computed the logits in the same kernel, one program per token: 39 µs per layer on
-an H200 (one SM streaming the 164 KB gate), so the GEMV stays apart. An atomic routing count in
-that version miscounted under torch.compile + CUDA graphs on the GPU (cause not found; it took a
-view of the counter buffer); ``counts`` here is the whole buffer and a device step index. The float
-constants (``scale``, 1e-20) are compile-time constants: under torch.compile a Python float runtime
-argument reaches a user Triton kernel as fp64. No host sync and outputs from ``torch.empty``:
-callable inside torch.compile and CUDA-graph capture. Importing this module imports triton;
+``route`` runs the gate as the fp32-output GEMV of ``gemv_triton``, then one small kernel, one
+program per token: softmax of the fp32 logits, top-k (descending; ties go to the lowest expert
+index: the set ``torch.topk`` picks, perhaps in another order), or with ``forced``
+(``workload.routing=balanced``) the token's k experts from the forced table [batch, positions,
+layers, k] (a runtime flag ``on`` [1] applies it only where it holds); with ``norm`` and k > 1 the
+weights renormalised, then times ``scale`` (as ``MoEGate``); idx (int64) and weights (fp32) stored;
+with ``counts`` (one token) the routing count of the step at row min(step_index, steps) of the
+counts buffer [steps + 1, layers, experts]. No host sync and outputs from ``torch.empty``: callable
+inside torch.compile and CUDA-graph capture. Importing this module imports triton;
 ``TRITON_INTERPRET=1`` before the first import of ``common`` runs the kernels on CPU tensors (tests).
+
+Design notes (each step, what torch's router and a first version cost, why the float constants are
+compile-time): ``docs/kernels/router_triton.md``.
 """
 from __future__ import annotations
 

@@ -2,19 +2,15 @@
 
 Computes exactly what ``sam_attention.dense_bias_attention`` computes, without an S x S mask
 and without widening the head dim: scores = q_i . k_j * scale + rel_h[i, h(j)] + rel_w[i, w(j)]
-with rel_h [BH, S, H], rel_w [BH, S, W] from the same einsums as the dense path.
-
-Key blocks follow the grid: the kernel walks the H key rows and, in each, cdiv(W, BN) blocks of
-BN keys (slots with w >= W are masked). Inside a row h(j) is constant, so the rel_h term is one
-[BM] column per row (a strided load that stays in L1), and when W <= BN the rel_w term is the same
-[BM, BN] tile for every row: it is loaded once per query block (``hoist_rw``). Nothing is
-gathered per score. Online softmax in fp32 (exp2 domain), fp32 accumulators; the output has q's
-dtype. Masked slots cost FLOPs: H * cdiv(W, BN) * BN keys are visited per query (W=64, BN=64:
-none; W=80, BN=32: 20%; 14 x 14 windows, BN=16: 14%). Forward only (no autograd).
+with rel_h [BH, S, H], rel_w [BH, S, W] from the same einsums as the dense path. Online softmax in
+fp32, fp32 accumulators; the output has q's dtype. Forward only (no autograd).
 
 Shapes: q, k, v [B, nh, S, D] (last stride 1), D a power of two >= 16; Rh [H, H, D];
 Rw [W, W, D]; returns [B, nh, S, D]. Tested under TRITON_INTERPRET=1 on the CPU. Cost:
 ``sam_attention.inkernel_bias_cost(bh, H, W, D, key_slots(H, W, bn))``.
+
+Design notes (how key blocks follow the grid, what masked slots cost, the sweep):
+``docs/kernels/sam_attention_triton.md``.
 """
 from __future__ import annotations
 
@@ -127,8 +123,8 @@ def rel_bias_attention(q, k, v, Rh, Rw, H: int, W: int, bm: int | None = None, b
 
 
 def bench_configs(H: int, W: int, S: int) -> list[dict]:
-    """A small sweep for scripts/bench_sam_attention.py. Compiled offline for sm90 (Triton 3.9):
-    bm 128 with 4 warps and bn 128 spill registers, so they are left out; bm 128 runs 8 warps."""
+    """A small sweep for ``python -m harness bench sam_attention bench.sam_attention.triton=true`` (the
+    tiles that spill registers on sm90 are left out: ``docs/kernels/sam_attention_triton.md``)."""
     bms = (64, 128) if S >= 1024 else (64,)
     one_block = max(16, 1 << (W - 1).bit_length())          # one key block per row, rel_w hoisted
     bns = {default_bn(W)} | ({16} if W % 16 == 0 else set()) | ({one_block} if one_block <= 64 else set())
