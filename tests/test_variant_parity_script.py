@@ -1,6 +1,7 @@
-"""scripts/variant_parity.py ``counts``: the profiled request's stage counts are read from stages.csv
-of either layout (the current one marks the profiled request in its ``profiled`` column, the old
-one wrote ``repeat=profiled``), so a before/after comparison cannot pass on two empty sections."""
+"""runs/examples/cpu-renovation-parity/variant_parity.py ``counts``: the profiled request's stage counts are
+read from stages.csv of either layout (the current one marks the profiled request in its ``profiled``
+column, the old one wrote ``repeat=profiled``), so a before/after comparison cannot pass on two empty
+sections."""
 from __future__ import annotations
 
 import importlib.util
@@ -14,7 +15,8 @@ ROUTING_STEPS = "case,step,layer,experts,e0\nc,0,1,1,3\n"
 
 def _script(repo_root, monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))
-    spec = importlib.util.spec_from_file_location("variant_parity", repo_root / "scripts" / "variant_parity.py")
+    path = repo_root / "runs" / "examples" / "cpu-renovation-parity" / "variant_parity.py"
+    spec = importlib.util.spec_from_file_location("variant_parity", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

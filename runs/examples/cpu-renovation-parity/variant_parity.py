@@ -1,8 +1,8 @@
 """Behaviour kept across a refactor of the execution variants: tokens, routing and kernel/op counts.
 
-    python scripts/variant_parity.py tokens OUT.json [overrides...]   # each case's tokens and routing
-    python scripts/variant_parity.py counts RUN_DIR OUT.json          # a run's per-step counts
-    python scripts/variant_parity.py compare BEFORE.json AFTER.json   # equal, or what differs
+    python runs/examples/cpu-renovation-parity/variant_parity.py tokens OUT.json [overrides...]   # each case's tokens and routing
+    python runs/examples/cpu-renovation-parity/variant_parity.py counts RUN_DIR OUT.json          # a run's per-step counts
+    python runs/examples/cpu-renovation-parity/variant_parity.py compare BEFORE.json AFTER.json   # equal, or what differs
 
 ``tokens`` composes the run's config from the overrides as the CLI does (``harness.cli.check_overrides``),
 builds the model once and runs, per case, the requests of timed repeat 0 and of the profiled

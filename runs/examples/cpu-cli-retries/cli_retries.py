@@ -1,7 +1,7 @@
 """Retry, from the command line, the commands issues 26, 25 and 22 list as failing, and tabulate
 what each does now: exit code, its one line, wall seconds and what it left on disk.
 
-    PYTHONPATH=src python scripts/cli_retries.py --out runs/examples/cpu-cli-retries/README.md [--only ID ...]
+    PYTHONPATH=src python runs/examples/cpu-cli-retries/cli_retries.py --out FILE [--only ID ...]
 
 Each retry runs ``python -m harness ARGS`` as a subprocess (``PYTHONPATH`` = this tree's src) in a
 fresh temporary directory (its run root ``runs/`` and calibration cache inside it; the cache starts
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]   # runs/examples/cpu-cli-retries/ -> the checkout
 TINY = ["model=tiny", "workload.mode={name: t, base_size: 128, image_size: 64, crop: true}",
         "workload.decode_tokens=4", "measure.repeats=1"]
 #: the line a run reports by: the first that starts with one of these, else the last line

@@ -1,7 +1,7 @@
 """Cross-check a run's profiled-request traces with Holistic Trace Analysis (issue 22 item 5).
 
-    python scripts/hta_check.py runs/<run>            # every traces/<case>/trace.json.gz of the run
-    python scripts/hta_check.py runs/<run> --rounding # HTA's default whole-µs rounding left on
+    python -m harness.external.hta_check runs/<run>              # every traces/<case>/trace.json.gz of the run
+    python -m harness.external.hta_check runs/<run> --rounding   # HTA's default whole-µs rounding left on
 
 Per case and stage: busy and idle as the harness reads the trace (``harness.measure.trace_stages``),
 as HTA reads it (``harness.external.hta``) and the profiled request's busy in stages.csv (the harness's
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.errors import HarnessError
-from harness.external.hta import TOLERANCE, caveats, compare
-from harness.markdown import table
-from harness.measure.observations import CALL_ALL, read_observations
+from ..errors import HarnessError
+from ..markdown import table
+from ..measure.observations import CALL_ALL, read_observations
+from .hta import TOLERANCE, caveats, compare
 
 
 def _pct(v) -> str:

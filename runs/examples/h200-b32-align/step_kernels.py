@@ -1,7 +1,7 @@
 """One decode step's kernels from a run's kernels.csv: in launch order (name, µs, gap before, module,
 attribution) and summed by name (launches per step, µs per step), for reading where a step's time goes.
 
-    python scripts/device/step_kernels.py RUN_DIR [--case CASE] [--step 1] [--width 90]
+    python runs/examples/h200-b32-align/step_kernels.py RUN_DIR [--case CASE] [--step 1] [--width 90]
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 flagged them: each such value is left empty and kept in the row's ``above_ceiling`` note with what
 to check (``harness.roofline.flags``); every other cell is unchanged.
 
-    python scripts/flag_above_ceiling.py runs/examples/h100-optimize/roofline.csv ...
+    python runs/examples/h100-optimize/flag_above_ceiling.py runs/examples/h100-optimize/roofline.csv ...
 """
 from __future__ import annotations
 
