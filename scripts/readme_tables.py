@@ -15,7 +15,8 @@ FOLDER is a run folder under runs/examples/ (the table names it underneath); KIN
 * ``vision``: the named CASEs' sam / clip / projector time and MFU (calibrated);
 * ``tpot``: FOLDER's run subfolders side by side: TPOT p50 over all decode steps, the first and the
   last 128 (the vendor's decode paths against a faster execution);
-* ``overhead``: the request ratio of ``scripts/bench_overhead.py`` (FOLDER/bench_overhead.log);
+* ``overhead``: the request ratio of the overhead bench (FOLDER/bench_overhead.log, the output of
+  ``scripts/bench_overhead.py``, now ``python -m harness bench overhead``);
 * ``throughput``: FOLDER's throughput runs (subfolders with ``throughput.csv``): pages/s, decode tok/s,
   wasted decode slots, GPU busy, preprocessing capacity, experts per step and the bound per batch size.
 

@@ -25,8 +25,8 @@ for section in "$@"; do
                   run.root=/tmp/vruns 2>&1 | quiet | grep -v "transitioning" | tail -4)
                (cd /tmp/vruns && tar czf "$OUT/vendor.tgz" --exclude=kernels.csv .) ;;
     tests)     python -m pytest -q -m gpu tests/ 2>&1 | tail -3 ;;
-    bench)     python scripts/bench_overhead.py --rounds ${ROUNDS:-40} --capture-rounds ${CROUNDS:-8} 2>&1 | quiet | tee "$OUT/bench.log"
-               python scripts/device/range_cost.py 2>&1 | tail -2 | tee -a "$OUT/bench.log" ;;
+    bench)     python -m harness bench overhead bench.overhead.rounds=${ROUNDS:-40} bench.overhead.capture_rounds=${CROUNDS:-8} \
+                 run.root=/tmp/bench 2>&1 | quiet | tee "$OUT/bench.log"; cp /tmp/bench/*-bench-overhead/report.md "$OUT/bench.md" ;;
     ncu)       python -m harness profile tool=ncu stage=sam run.root=/tmp/prof 2>&1 | quiet | tail -12
                python -m harness profile tool=ncu stage=decode profile.metrics=memory workload.decode_tokens=2 \
                  run.root=/tmp/prof 2>&1 | quiet | tail -12
@@ -39,8 +39,8 @@ for section in "$@"; do
     probe)     ncu --nvtx --nvtx-include "harness@request/sam/" --clock-control none \
                  --metrics sm__ops_path_tensor_src_bf16_dst_fp32.sum,dram__bytes_read.sum --csv --page raw \
                  --print-units base python scripts/device/ncu_probe.py 2>/dev/null | tail -2 | cut -c1-300 ;;
-    host)      python scripts/device/host_noise.py 200 2>&1 | tee "$OUT/host.log"
-               python scripts/device/sync_noise.py 2>&1 | tee -a "$OUT/host.log" ;;
+    host)      python -m harness bench host_noise run.root=/tmp/host 2>&1 | tee "$OUT/host.log"
+               cp /tmp/host/*-bench-host_noise/report.md "$OUT/host.md" ;;
     settle)    for ms in 0 100; do   # stage CV without / with GPU settling; same seeds, so same inputs per repeat
                  python -m harness run measure.repeats=10 measure.settle_ms=$ms run.root=/tmp/settle$ms \
                    run.name=settle$ms 2>&1 | grep wrote

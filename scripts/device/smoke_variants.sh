@@ -9,8 +9,10 @@ python3 -c "import torch, triton, sys; print(sys.version.split()[0], torch.__ver
 t() { local s=$SECONDS; "$@"; echo "[$((SECONDS - s)) s] $*" >> "$OUT/times.txt"; }
 t timeout 200 python -m pytest -q -m gpu -x -p no:cacheprovider tests/test_variants.py tests/test_fast_moe.py \
   tests/test_sam_attention.py 2>&1 | tail -15 | tee "$OUT/gputests.log"
-t timeout 100 python scripts/bench_fast_moe.py --tokens 1 8 32 64 300 --reps 50 --no-fp32 2>&1 | tail -30 | tee "$OUT/bench_moe.log"
-t timeout 120 python scripts/bench_sam_attention.py --triton --cases base_global,large_global,base_window --reps 30 \
+t timeout 100 python -m harness bench moe 'bench.moe.tokens=[1,8,32,64,300]' bench.moe.reps=50 bench.moe.fp32=false \
+  run.root=/tmp/bench 2>&1 | tail -30 | tee "$OUT/bench_moe.log"
+t timeout 120 python -m harness bench sam_attention bench.sam_attention.triton=true \
+  'bench.sam_attention.cases=[base_global,large_global,base_window]' bench.sam_attention.reps=30 run.root=/tmp/bench \
   2>&1 | tail -30 | tee "$OUT/bench_sam.log"
 t timeout 300 python -m harness run +experiment=optimize measure.repeats=3 measure.warmup=1 run.root=/tmp/opt \
   2>&1 | grep -v "UserWarning\|warn" | tail -25 | tee "$OUT/opt.log"

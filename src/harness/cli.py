@@ -1,4 +1,4 @@
-"""``python -m harness VERB [hydra overrides]``: run, analyze, graph, calibrate, profile, compare, summarize, merge.
+"""``python -m harness VERB [hydra overrides]``: run, analyze, graph, calibrate, profile, bench, compare, summarize, merge.
 
 Hydra verbs compose ``conf/config.yaml`` (schema: ``harness.config.HarnessConfig``) with the
 overrides (``-m`` for multirun works) and get a fresh run directory with its ``.hydra/`` snapshot.
@@ -34,7 +34,7 @@ from .errors import HarnessError, RunStopped
 # The Hydra tree ships inside the package (src/harness/conf; `conf/` at the repo root links to it),
 # so wheels and editable installs find it alike; HARNESS_CONF points elsewhere.
 CONF_DIR = Path(os.environ.get("HARNESS_CONF", Path(__file__).resolve().parent / "conf"))
-HYDRA_VERBS = ("run", "analyze", "graph", "calibrate", "profile")
+HYDRA_VERBS = ("run", "analyze", "graph", "calibrate", "profile", "bench")
 #: verbs over run directories (argparse, no Hydra)
 RUN_DIR_VERBS = ("compare", "summarize", "merge")
 #: Hydra command-line flags that take a value (the value is not an override)
@@ -50,6 +50,8 @@ verbs:
   graph      module tree + torchlens call graph
   calibrate  measured GEMM TFLOP/s and copy GB/s of this device
   profile    Nsight Compute / Systems over one stage's NVTX range
+  bench      python -m harness bench TARGET [bench.TARGET.option=...]   (kernel and measurement benches:
+             decode_step, attention, moe, sam_attention, linear, overhead, ...; harness.bench.config)
   compare    python -m harness compare RUN_A RUN_B
   summarize  python -m harness summarize runs/multirun-.../   (one table and plot for a sweep)
   merge      python -m harness merge RUN_A RUN_B [...] --out DIR   (one run and report from runs split
@@ -188,6 +190,9 @@ def _compose_checked(args: list[str], verb: str = "run") -> tuple:
             check_cases(hc)
         first = first or hc
     GlobalHydra.instance().clear()
+    if verb == "bench":
+        from .bench.verb import check_bench
+        check_bench(first)
     if first.run.only is not None and verb not in MODEL_VERBS:   # check_cases prepared run.only's cases
         from .setup import check_run_only
         check_run_only(first)
@@ -251,6 +256,9 @@ def _task(verb: str):
             elif verb == "profile":
                 from .external import profile_from_config
                 profile_from_config(hc, out)
+            elif verb == "bench":
+                from .bench.verb import bench_from_config
+                bench_from_config(hc, out)
         except RunStopped as exc:   # the run directory is closed; its one line and exit code
             print(exc.line, file=sys.stderr)
             sys.exit(exc.exit_code)
@@ -340,6 +348,9 @@ def _main(argv: list[str] | None = None) -> int:
 
     try:
         check_conf_dir()
+        if verb == "bench":
+            from .bench.config import bench_args
+            rest = bench_args(rest)
         first, dirs = _compose_checked(rest, verb)
         if verb in MODEL_VERBS and first.model.name == "vendor":   # code the user did not allow: no run directory
             from .models.vendor.loops import refuse_code_early

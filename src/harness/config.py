@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional
 
 from .attn_support import check_flash_attn
+from .bench.config import BenchConfig
 from .errors import HarnessError
 from .anatomy.stages import STAGES
 
@@ -445,6 +446,7 @@ class HarnessConfig:
     stage: str = _f("decode", choices=STAGES)   # profile verb: the stage whose NVTX range is profiled
     experiment_name: str = "default"       # experiments set their own name; it names the run directory
     throughput: Optional[ThroughputConfig] = None   # set: the run verb measures the pipeline (harness.throughput)
+    bench: Optional[BenchConfig] = None   # the bench verb: its target and options (harness.bench.config)
 
 
 SCHEMA_NAME = "harness_schema"

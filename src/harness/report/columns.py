@@ -195,6 +195,94 @@ def _label(name: str, header: Optional[str] = None, align: str = LEFT) -> Column
 
 _SIG = sig()
 _SHEET_CAL = "sheet / cal"
+_US, _MS = fixed("{:,.1f}"), fixed("{:,.4f}")
+_DIFF = fixed("{:+,.1f}")
+_REL = fixed("{:.2e}")
+_COUNT = fixed("{:,.0f}")
+#: the kernel and measurement benches (``harness.bench``): one row per timed call, configuration or probe
+BENCH_COLUMNS = [
+    _label("step", "step"), _label("impl", "implementation"), _label("method"), _label("shape"),
+    _label("change", "config change"), _label("ran", "ran as"), _label("note"), _label("probe"),
+    _label("workload"), _label("intermediate"), _label("instrumentation"), _label("estimator"), _label("ok"),
+    _label("layer", align=RIGHT), _label("moe_tokens", "T (tokens)", RIGHT), _label("gemv_rows", "rows", RIGHT),
+    _label("splits", align=RIGHT), _label("per", "blocks per split", RIGHT), _label("programs", align=RIGHT),
+    _label("warps", align=RIGHT), _label("tiles"), _label("pdl_order", "PDL: global loads before the wait"),
+    _label("within", "within 3%"),
+    Column("no_sync", "sync-free", "", "measured", "sync debug mode 'error'", fmt=text, align=LEFT),
+    # times
+    Column("us_step", "step", "µs", "measured", "CUDA events, median of rounds", fmt=_US),
+    Column("us_min", "min", "µs", "measured", fmt=_US), Column("us_max", "max", "µs", "measured", fmt=_US),
+    Column("delta_us", "difference", "µs", "derived", fmt=_DIFF),
+    Column("us_call", "per call", "µs", "measured", "CUDA events, median", fmt=fixed("{:,.2f}")),
+    Column("us_p10", "p10", "µs", "measured", fmt=fixed("{:,.2f}")),
+    Column("us_p90", "p90", "µs", "measured", fmt=fixed("{:,.2f}")),
+    Column("ms_call", "per call", "ms", "measured", "median", fmt=_MS),
+    Column("ms_p25", "p25", "ms", "measured", fmt=_MS), Column("ms_p75", "p75", "ms", "measured", fmt=_MS),
+    Column("ms_p90", "p90", "ms", "measured", fmt=_MS),
+    Column("us_launch", "per launch", "µs", "measured", "CUDA events, graph", fmt=fixed("{:,.2f}")),
+    Column("us_boundary", "per boundary", "µs", "derived", "difference / launches", fmt=fixed("{:,.2f}")),
+    Column("us_stage", "per stage", "µs", "derived", "(T(n) - T(1)) / (n - 1)", fmt=fixed("{:,.2f}")),
+    Column("us_graph", "graph of n stages", "µs", "measured", fmt=_US),
+    Column("us_graph_one", "graph of 1", "µs", "measured", fmt=_US),
+    Column("span_us", "span", "µs", "measured", "profiler", fmt=_US),
+    Column("busy_us", "busy", "µs", "measured", "profiler, union", fmt=_US),
+    Column("us_sum", "sum of durations", "µs", "measured", "profiler", fmt=_US),
+    Column("launches", "launches", "", "measured", fmt=_COUNT),
+    # rates and errors
+    Column("mbu_sheet", "MBU", "", "derived", "GB/s / datasheet", fmt=efficiency),
+    Column("rel_err", "rel err", "", "measured", "max |out - ref| / max |ref|", fmt=_REL),
+    Column("x_dense", "x dense", "", "derived", "dense full ms / ms", fmt=fixed("{:,.2f}")),
+    Column("tflops_useful", "TFLOP/s useful", "", "derived", "analytic counted FLOPs / ms", fmt=fixed("{:,.1f}")),
+    Column("tflops_exec", "TFLOP/s executed", "", "derived", "analytic FLOPs of the timed code / ms",
+           fmt=fixed("{:,.1f}")),
+    # decode-step parity and numerics
+    Column("greedy_prefix", "greedy tokens equal before the first divergence", "", "measured", fmt=_COUNT),
+    Column("greedy_equal", "greedy tokens equal in all", "", "measured", fmt=_COUNT),
+    Column("logit_diff", "max |logit diff|", "", "measured", "teacher-forced", fmt=_SIG),
+    Column("logit_max", "largest |logit|", "", "measured", "reference", fmt=_SIG),
+    Column("forced_flips", "steps whose greedy token differs", "", "measured", "teacher-forced", fmt=_COUNT),
+    *[c for p, name in (("fused", "fused"), ("local", "local"), ("fp32red", "ref-fp32red")) for c in (
+        Column(f"{p}_max_abs", f"{name}: max |d|", "", "measured", "against ref", fmt=_SIG),
+        Column(f"{p}_differ", f"{name}: differ", "", "measured", "elements", fmt=_COUNT),
+        Column(f"{p}_n", f"{name}: of", "", "measured", "elements", fmt=_COUNT),
+        Column(f"{p}_max_ulp", f"{name}: max", "ulp", "measured", "elements >= 1/1000 of the largest", fmt=_COUNT))],
+    Column("fused_err_truth", "fused err / truth", "", "measured", "||x - truth|| / ||truth||", fmt=_SIG),
+    Column("ref_err_truth", "ref err / truth", "", "measured", "||x - truth|| / ||truth||", fmt=_SIG),
+    # compiled kernels
+    Column("regs", "registers", "/thread", "measured", "compiled", fmt=_COUNT),
+    Column("spills", "spills", "", "measured", "compiled", fmt=_COUNT),
+    Column("local_bytes", "local memory (spills)", "B", "measured", "compiled", fmt=_COUNT),
+    Column("shared_bytes", "shared memory", "B", "measured", "compiled", fmt=_COUNT),
+    Column("narrow_loads", "2-byte global loads", "", "measured", "PTX", fmt=_COUNT),
+    Column("per_sm", "programs per SM", "", "derived", "registers, threads, shared memory", fmt=_COUNT),
+    Column("waves", "waves", "", "derived", "programs / (per SM x SMs)", fmt=fixed("{:,.2f}")),
+    # the measurement's overhead and the host
+    Column("ratio", "ratio", "", "derived", "instrumented / bare", fmt=fixed("{:,.4f}")),
+    Column("ratio_lo", "95% CI low", "", "derived", "bootstrap", fmt=fixed("{:,.4f}")),
+    Column("ratio_hi", "95% CI high", "", "derived", "bootstrap", fmt=fixed("{:,.4f}")),
+    Column("ratio_min", "min", "", "derived", "over rounds", fmt=fixed("{:,.3f}")),
+    Column("ratio_max", "max", "", "derived", "over rounds", fmt=fixed("{:,.3f}")),
+    _label("rounds", align=RIGHT),
+    Column("request_ms", "request", "ms", "measured", "host clock, median", fmt=fixed("{:,.1f}")),
+    Column("us_range", "per range", "µs", "measured", "median", fmt=fixed("{:,.2f}")),
+    Column("us_range_lo", "95% CI low", "µs", "derived", "bootstrap", fmt=fixed("{:,.2f}")),
+    Column("us_range_hi", "95% CI high", "µs", "derived", "bootstrap", fmt=fixed("{:,.2f}")),
+    _label("ranges", "ranges per request", RIGHT),
+    _label("timings", "n", RIGHT),
+    Column("ms_median", "median", "ms", "measured", "host clock", fmt=fixed("{:,.3f}")),
+    Column("cv_pct", "CV", "%", "derived", "population std / mean", fmt=fixed("{:,.2f}")),
+    Column("ms_min", "min", "ms", "measured", fmt=fixed("{:,.3f}")),
+    Column("ms_max", "max", "ms", "measured", fmt=fixed("{:,.3f}")),
+    Column("slow_calls", "calls > 1.2 x median", "", "measured", fmt=_COUNT),
+    # TPOT from outside
+    Column("tpot_ms", "TPOT", "ms", "measured", "(t130 - t2) / 128, median of pairs", fmt=_MS),
+    Column("tpot_min", "min", "ms", "measured", fmt=_MS), Column("tpot_max", "max", "ms", "measured", fmt=_MS),
+    Column("t_short_ms", "t2", "ms", "measured", "median", fmt=fixed("{:,.2f}")),
+    Column("t_long_ms", "t130", "ms", "measured", "median", fmt=fixed("{:,.2f}")),
+    Column("ladder_tpot_mean", "ladder TPOT mean", "ms", "measured", "headline.csv", fmt=_MS),
+    Column("ladder_tpot_p50", "ladder TPOT p50", "ms", "measured", "headline.csv", fmt=_MS),
+    Column("outside_ladder", "outside / ladder mean", "", "derived", fmt=fixed("{:,.3f}")),
+]
 _COLUMNS = [
     # labels
     _label("case"), _label("mode"), _label("grid"), _label("stage"), _label("execution"),
@@ -293,6 +381,7 @@ _COLUMNS = [
     Column("first_p50", "p50", "ms", "measured", fmt=fixed()),
     Column("last_p50", "p50", "ms", "measured", fmt=fixed()),
     Column("last_over_first", "last / first", "", "derived", fmt=fixed("{:,.3f}")),
+    *BENCH_COLUMNS,
 ]
 COLUMNS = {c.name: c for c in _COLUMNS}
 assert len(COLUMNS) == len(_COLUMNS), "a column name is declared twice"
@@ -310,5 +399,5 @@ def table(names: list, records: list, columns: Optional[dict] = None) -> list:
                           [c.align for c in cols])
 
 
-__all__ = ["Column", "COLUMNS", "column", "table", "DASH", "fixed", "sig", "pct", "efficiency", "text", "spread",
-           "pair", "joined", "utilisation", "interval", "routed", "EXPECTED_ROUTING_NOTE", "bound_cell"]
+__all__ = ["Column", "COLUMNS", "BENCH_COLUMNS", "column", "table", "DASH", "fixed", "sig", "pct", "efficiency", "text",
+           "spread", "pair", "joined", "utilisation", "interval", "routed", "EXPECTED_ROUTING_NOTE", "bound_cell"]

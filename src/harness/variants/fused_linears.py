@@ -11,7 +11,7 @@ converter. The operations they run:
   q/k/v become one GEMM and each SwiGLU's gate/up one GEMM.
 - ``linear(x, w)`` / ``swiglu(x, w_gate_up)``: at one row (a batch-1 decode step) with K <= GEMV_MAX_K
   the Triton GEMV kernels of ``gemv_triton`` (a cuBLAS GEMM tile grid leaves most SMs idle at M=1);
-  otherwise F.linear on the fused weight. ``scripts/bench_decode_linear.py`` (H200, graph-replayed,
+  otherwise F.linear on the fused weight. ``python -m harness bench linear`` (H200, graph-replayed,
   µs per call): q/k/v/o 5.15 cuBLAS vs 3.48 GEMV; fused qkv 5.76 vs 4.88 (three separate GEMMs:
   15.5); shared gate/up/silu*mul 13.6 vs 5.04; router (fp32) 8.41 vs 2.13; dense down (K=6848) 10.0
   cuBLAS vs 15.2 GEMV, so K > GEMV_MAX_K stays on cuBLAS; at 8 rows cuBLAS was faster everywhere.

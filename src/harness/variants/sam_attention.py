@@ -73,7 +73,7 @@ from ..models import attn_probe
 
 #: explicit backends ``augmented_attention`` accepts (plus "auto")
 BACKENDS = ("flash", "efficient", "cudnn", "math")
-#: order "auto" tries on CUDA; set it from scripts/bench_sam_attention.py on the target GPU
+#: order "auto" tries on CUDA; set it from `python -m harness bench sam_attention` on the target GPU
 AUTO_ORDER_CUDA = ("cudnn", "flash", "efficient")
 
 _SDPA = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
@@ -200,7 +200,7 @@ def run_sdpa(name: str, q, k, v, scale: float) -> torch.Tensor:
         reasons = (backend_reasons(name, q, k, v) if q.is_cuda else []) or [str(exc).splitlines()[0]]
         raise HarnessError(f"SDPA backend '{name}' cannot run q{tuple(q.shape)} k{tuple(k.shape)} "
                            f"v{tuple(v.shape)} {q.dtype} on {q.device.type}: {'; '.join(reasons)}",
-                           "pick another backend (see scripts/bench_sam_attention.py) or 'auto'") from exc
+                           "pick another backend (see python -m harness bench sam_attention) or 'auto'") from exc
 
 
 def resolve_backend(backend: str, q_aug, v, pad_v_to: int | None = None) -> str:
@@ -234,7 +234,7 @@ def _first_usable(q_aug, v, pad_v_to) -> str:
             return name
         why.append(f"{name}: {'; '.join(reasons)}")
     raise HarnessError("no fused SDPA backend accepts the augmented SAM attention: " + " | ".join(why),
-                       "run scripts/bench_sam_attention.py to see which backends this torch/GPU offers")
+                       "run python -m harness bench sam_attention to see which backends this torch/GPU offers")
 
 
 def backend_reasons(name: str, q, k, v) -> list[str]:
