@@ -121,7 +121,7 @@ def copies(fig: dict) -> bool:
 
 
 def pages_cell(fig: dict) -> str:
-    from harness.workload import batch_wording
+    from harness.layout import batch_wording
 
     wording = batch_wording(fig["rows"], fig["distinct_pages"])
     return f"superseded: {wording}" if copies(fig) else wording

@@ -116,7 +116,7 @@ def test_step_module_table_from_the_recorded_replay():
 
 def test_groups_cover_every_decode_family():
     from harness.analytic import workload_costs
-    from harness.workload import Case
+    from harness.layout import Case
 
     df = workload_costs(Case("base", decode_tokens=3))
     fams = set(df[(df["stage"] == "decode") & (df["family"] != "TOTAL")]["family"])
@@ -131,7 +131,7 @@ def _static_grouped_case(monkeypatch, hooks: bool):
     ``hooks`` False pretends module hooks cannot run (as for a graphed or compiled step)."""
     from conftest import TINY_MODE, load_tiny_cfg
 
-    from harness import variants
+    from harness import knobs, variants
     from harness import workload as wl
     from harness.config import ExecutionConfig
     from harness.measure.runner import MeasureConfig, measure_case
@@ -141,7 +141,7 @@ def _static_grouped_case(monkeypatch, hooks: bool):
     model = build_model(load_tiny_cfg(), dev, torch.float32, seed=0)
     variants.apply(model, ExecutionConfig(kv_cache="static", moe_impl="grouped"), dev)
     if not hooks:
-        monkeypatch.setattr(variants, "allows_module_hooks", lambda execution: False)
+        monkeypatch.setattr(knobs, "allows_module_hooks", lambda execution: False)
     pages = [wl.Page("p", wl.synthetic_page(0, size=(300, 200)), "synthetic:0")]
 
     def make(i):
@@ -170,12 +170,12 @@ def test_run_report_has_the_step_table_of_an_aligned_case(tmp_path, monkeypatch,
     and report.md has the per-module table of the aligned case, the same when written from the files."""
     from hydra import compose, initialize_config_dir
 
-    from harness import variants
+    from harness import knobs
     from harness.config import to_config
     from harness.report.report import write_report
     from harness.run import run
 
-    monkeypatch.setattr(variants, "allows_module_hooks", lambda execution: False)
+    monkeypatch.setattr(knobs, "allows_module_hooks", lambda execution: False)
     conf = Path(__file__).resolve().parents[1] / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base=None):
         cfg = compose("config", overrides=[

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from harness.config import ModelConfig, from_dict, to_config
 from harness.errors import HarnessError
 from harness.setup import prepare_cases
-from harness.workload import get_mode, image_token_count, select_grid, tile_grid_for
+from harness.layout import get_mode, image_token_count, select_grid, tile_grid_for
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))

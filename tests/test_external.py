@@ -120,7 +120,7 @@ def _ncu_child_run(tmp_path, with_steps: bool):
 
     from conftest import TINY_MODE, load_tiny_cfg
     from harness.rundir import RunData
-    from harness.workload import Case
+    from harness.layout import Case
 
     case = Case(TINY_MODE, None, batch=8, decode_tokens=4, name="b8")
     execution = {"kv_cache": "static", "moe_impl": "grouped", "moe_kernel": "auto", "moe_kernel_resolved": "triton"}

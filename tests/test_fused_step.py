@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import TINY_MODE, load_tiny_cfg, needs_triton
-from harness import variants
+from harness import knobs, variants
 from harness import workload as wl
 from harness.cli import check_overrides
 from harness.config import ExecutionConfig
@@ -80,8 +80,8 @@ def test_fused_variant_generates_the_vendor_tokens_and_routing_fp32():
         (dec,) = model.static_decoders.values()
         assert isinstance(dec.core, FusedCore) and dec.core.step.launches == 18
         assert_launches_attributed(model, dec)
-        assert variants.label(ExecutionConfig(**FUSED)).endswith("triton decode attention + fused decode step")
-        assert not variants.allows_module_hooks(ExecutionConfig(**FUSED))
+        assert knobs.label(ExecutionConfig(**FUSED)).endswith("triton decode attention + fused decode step")
+        assert not knobs.allows_module_hooks(ExecutionConfig(**FUSED))
     finally:
         variants.apply(model, ExecutionConfig())
 

@@ -422,7 +422,7 @@ def test_batch_decode_bytes_use_measured_experts_per_step(tiny_cfg, tiny_mode):
     from harness.config import cost_config
     from harness.roofline.join import analytic_for_case, routing_step_array
     from harness.run import routing_step_rows
-    from harness.workload import Case
+    from harness.layout import Case
 
     case = Case(tiny_mode, None, batch=2, decode_tokens=3, name="b2")
     steps = np.zeros((2, 3, 8), dtype=np.int64)
@@ -450,7 +450,7 @@ def test_mbu_says_expected_routing_only_where_decode_bytes_used_the_expectation(
     from harness.report.columns import column
     from harness.report.sections import _utilisation
     from harness.roofline.join import analytic_for_case, expected_routing
-    from harness.workload import Case
+    from harness.layout import Case
 
     steps = np.zeros((2, 3, 8), dtype=np.int64)
     steps[:, 1:, :2] = 1                                   # each step: 2 tokens x top-2 over experts 0, 1

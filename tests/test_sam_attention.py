@@ -11,6 +11,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness.errors import HarnessError
+from harness.knobs import augmented_dim
 from harness.models import attn_probe
 from harness.variants import sam_attention as sa
 from harness.models.vision import SAMAttention, SAMBlock, rel_pos_table, window_partition
@@ -125,15 +126,15 @@ def test_augment_qk_compiles_without_the_lru_cache_warning():
 
 
 def test_augmented_dim():
-    assert sa.augmented_dim(64, 64, 64) == 192      # base global
-    assert sa.augmented_dim(64, 14, 14) == 96       # windows (92 padded)
-    assert sa.augmented_dim(64, 80, 80) == 224      # large global
-    assert sa.augmented_dim(64, 40, 40) == 144      # small / gundam tiles
-    assert sa.augmented_dim(64, 32, 32) == 128      # tiny
-    assert sa.augmented_dim(64, 14, 14, 32) == 96
-    assert sa.augmented_dim(64, 40, 40, 32) == 160
+    assert augmented_dim(64, 64, 64) == 192      # base global
+    assert augmented_dim(64, 14, 14) == 96       # windows (92 padded)
+    assert augmented_dim(64, 80, 80) == 224      # large global
+    assert augmented_dim(64, 40, 40) == 144      # small / gundam tiles
+    assert augmented_dim(64, 32, 32) == 128      # tiny
+    assert augmented_dim(64, 14, 14, 32) == 96
+    assert augmented_dim(64, 40, 40, 32) == 160
     with pytest.raises(HarnessError):
-        sa.augmented_dim(64, 0, 14)
+        augmented_dim(64, 0, 14)
 
 
 def test_errors_are_stated():

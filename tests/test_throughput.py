@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
-from harness import workload as wl
+from harness import layout
 from harness.config import ThroughputConfig, TokensConfig
 from harness.errors import HarnessError
 from harness.throughput import plan
@@ -275,7 +275,7 @@ def test_staged_request_carries_the_routing():
         layout = type("L", (), {"image_start": 1})()
 
     ready = type("R", (), {"host": Host(), "number": 1})()
-    case = wl.Case(wl.get_mode("tiny"), None, 2, 1, 4, "b2")
+    case = layout.Case(layout.get_mode("tiny"), None, 2, 1, 4, "b2")
     stager = Stager(torch.device("cpu"), torch.float32, Marks(False), NvtxRanges(False))
     req = stager.stage(ready, case, ["p0", "p1"], "", "balanced", 7).request
     assert (req.routing, req.routing_seed, req.pages) == ("balanced", 7, ["p0", "p1"])

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import TINY_MODE, load_tiny_cfg
-from harness import variants
+from harness import knobs, variants
 from harness import workload as wl
 from harness.cli import check_overrides
 from harness.config import ExecutionConfig
@@ -135,15 +135,15 @@ def test_label_names_the_converters_that_ran_as_the_report_does():
     want = ("static KV + grouped MoE (triton) + decode graph + compiled + prefill graph + fused vision + "
             "fused linears + compiled vision + triton decode attention")
     assert execution_label({**best.execution(), "moe_kernel_resolved": "triton"}) == want
-    assert variants.label(ExecutionConfig()) == "vendor-style" == execution_label(ExecutionConfig().execution())
-    assert variants.label({**ExecutionConfig(kv_cache="static", moe_impl="grouped").execution(),
+    assert knobs.label(ExecutionConfig()) == "vendor-style" == execution_label(ExecutionConfig().execution())
+    assert knobs.label({**ExecutionConfig(kv_cache="static", moe_impl="grouped").execution(),
                            "moe_kernel_resolved": "torch"}) == "static KV + grouped MoE (torch)"
 
 
 def test_hooks_follow_the_converters():
-    assert variants.allows_module_hooks(None) and variants.allows_module_hooks(ExecutionConfig(kv_cache="static"))
-    assert not variants.allows_module_hooks(ExecutionConfig(kv_cache="static", moe_impl="grouped", compile=True))
-    assert not variants.allows_module_hooks(ExecutionConfig(vision_impl="fused"))
+    assert knobs.allows_module_hooks(None) and knobs.allows_module_hooks(ExecutionConfig(kv_cache="static"))
+    assert not knobs.allows_module_hooks(ExecutionConfig(kv_cache="static", moe_impl="grouped", compile=True))
+    assert not knobs.allows_module_hooks(ExecutionConfig(vision_impl="fused"))
 
 
 def test_a_run_skips_what_this_device_cannot_run_and_says_so(tmp_path):
@@ -162,5 +162,5 @@ def test_a_run_skips_what_this_device_cannot_run_and_says_so(tmp_path):
     assert man["status"] == "complete" and man["skipped_cases"] == [{"case": "graphs", "reason": reason}]
     assert [c["name"] for c in man["cases"]] == ["vendor-style"]
     ran = man["cases"][0]["execution"]
-    assert ran["kv_cache"] == "static" and ran["kv_cache_is"].startswith("static") and variants.label(ran) == "static KV"
+    assert ran["kv_cache"] == "static" and ran["kv_cache_is"].startswith("static") and knobs.label(ran) == "static KV"
     assert f"case graphs skipped: {reason}" in (rd.path / "report.md").read_text()

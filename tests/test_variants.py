@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import TINY_MODE, load_tiny_cfg, triton_runs
-from harness import variants
+from harness import knobs, layout, variants
 from harness import workload as wl
 from harness.config import ExecutionConfig, ModelConfig, cost_config
 from harness.errors import HarnessError
@@ -132,7 +132,7 @@ def test_counted_flops_equal_analytic_for_the_static_grouped_variant(tiny_cfg):
     from harness.analytic import check, compose
 
     ex = ExecutionConfig(kv_cache="static", moe_impl="grouped", moe_kernel="torch", vision_impl="fused")
-    cfg = cost_config(tiny_cfg, variants.cost_knobs(ex))
+    cfg = cost_config(tiny_cfg, knobs.cost_knobs(ex))
     model = build_model(tiny_cfg, "cpu", torch.float32, seed=0)
     variants.apply(model, ex)
     cases = [compose.Case(TINY_MODE, (2, 3), decode_tokens=4), compose.Case(TINY_MODE, None, decode_tokens=3)]
@@ -320,7 +320,7 @@ def test_gpu_fused_vision_matches_vendor_style_fp32(mode, grid, compiled):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", list(wl.MODES))
+@pytest.mark.parametrize("mode", list(layout.MODES))
 def test_gpu_fused_vision_full_size_fp32(mode):
     """Full-size SAM / CLIP / projector (random weights, fp32, TF32 off) on a GPU: the fused vision
     (augmented global attention, compiled blocks, CUDA graphs) gives the vendor path's image

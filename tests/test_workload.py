@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from harness.errors import HarnessError
+from harness import layout
 from harness import workload as wl
 
 GREY = (127 / 255 - 0.5) / 0.5
@@ -24,45 +25,45 @@ GREY32 = ((torch.tensor(127, dtype=torch.float32) / 255 - 0.5) / 0.5).item()
 @pytest.mark.parametrize("name,expected", [
     ("tiny", 73), ("small", 111), ("base", 273), ("large", 421), ("gundam", 273)])
 def test_image_token_count_per_mode(name, expected):
-    assert wl.image_token_count(name) == expected
+    assert layout.image_token_count(name) == expected
 
 
 @pytest.mark.parametrize("grid,expected", [
     ((1, 2), 493), ((2, 2), 693), ((2, 3), 903), ((3, 3), 1203), ((1, 9), 1263)])
 def test_image_token_count_gundam_grids(grid, expected):
-    assert wl.image_token_count("gundam", grid) == expected
+    assert layout.image_token_count("gundam", grid) == expected
     cols, rows = grid
     assert expected == 273 + (10 * cols + 1) * (10 * rows)
 
 
 def test_grid_is_cols_by_rows_not_symmetric():
     # 3 cols x 1 row: 273 + 31*10; 1 col x 3 rows: 273 + 11*30
-    assert wl.image_token_count("gundam", (3, 1)) == 583
-    assert wl.image_token_count("gundam", (1, 3)) == 603
+    assert layout.image_token_count("gundam", (3, 1)) == 583
+    assert layout.image_token_count("gundam", (1, 3)) == 603
 
 
 def test_modes_table():
-    assert {k: (m.base_size, m.image_size, m.crop) for k, m in wl.MODES.items()} == {
+    assert {k: (m.base_size, m.image_size, m.crop) for k, m in layout.MODES.items()} == {
         "tiny": (512, 512, False), "small": (640, 640, False), "base": (1024, 1024, False),
         "large": (1280, 1280, False), "gundam": (1024, 640, True)}
-    assert wl.PATCH_SIZE == 16 and wl.DOWNSAMPLE == 4
+    assert layout.PATCH_SIZE == 16 and layout.DOWNSAMPLE == 4
 
 
 def test_get_mode_forms():
-    assert wl.get_mode("gundam") is wl.MODES["gundam"]
-    assert wl.get_mode(wl.MODES["base"]) is wl.MODES["base"]
-    custom = wl.get_mode({"name": "mini", "base_size": 128, "image_size": 64, "crop": True})
-    assert custom == wl.CropMode("mini", 128, 64, True)
-    assert wl.image_token_count(custom) == 7                    # q = 2: 2*3 + 1
-    assert wl.image_token_count(custom, (2, 3)) == 7 + 3 * 3    # q_t = 1: (1*2+1)*(1*3)
+    assert layout.get_mode("gundam") is layout.MODES["gundam"]
+    assert layout.get_mode(layout.MODES["base"]) is layout.MODES["base"]
+    custom = layout.get_mode({"name": "mini", "base_size": 128, "image_size": 64, "crop": True})
+    assert custom == layout.CropMode("mini", 128, 64, True)
+    assert layout.image_token_count(custom) == 7                    # q = 2: 2*3 + 1
+    assert layout.image_token_count(custom, (2, 3)) == 7 + 3 * 3    # q_t = 1: (1*2+1)*(1*3)
 
 
 def test_unknown_mode_lists_valid_modes():
     with pytest.raises(HarnessError) as err:
-        wl.get_mode("huge")
+        layout.get_mode("huge")
     msg = str(err.value)
     assert "huge" in msg and "\n" not in msg
-    for name in wl.MODES:
+    for name in layout.MODES:
         assert name in msg
 
 
@@ -74,7 +75,7 @@ def test_unknown_mode_lists_valid_modes():
 ])
 def test_bad_custom_mode(bad):
     with pytest.raises(HarnessError):
-        wl.get_mode(bad)
+        layout.get_mode(bad)
 
 
 # ---------------------------------------------------------------- tile grid (vendor rule)
@@ -90,17 +91,17 @@ def test_bad_custom_mode(bad):
     ((300, 2700), (1, 9)),    # aspect 1/9
 ])
 def test_select_grid(size, grid):
-    assert wl.select_grid(*size) == grid
+    assert layout.select_grid(*size) == grid
 
 
 def test_tile_grid_for():
-    gundam = wl.MODES["gundam"]
-    assert wl.tile_grid_for(640, 640, gundam) is None
-    assert wl.tile_grid_for(500, 300, "gundam") is None
-    assert wl.tile_grid_for(641, 640, "gundam") == (2, 2)
-    assert wl.tile_grid_for(640, 641, "gundam") == (2, 2)
-    assert wl.tile_grid_for(1240, 1754, "gundam") == (2, 3)
-    assert wl.tile_grid_for(1240, 1754, "base") is None
+    gundam = layout.MODES["gundam"]
+    assert layout.tile_grid_for(640, 640, gundam) is None
+    assert layout.tile_grid_for(500, 300, "gundam") is None
+    assert layout.tile_grid_for(641, 640, "gundam") == (2, 2)
+    assert layout.tile_grid_for(640, 641, "gundam") == (2, 2)
+    assert layout.tile_grid_for(1240, 1754, "gundam") == (2, 3)
+    assert layout.tile_grid_for(1240, 1754, "base") is None
 
 
 # ---------------------------------------------------------------- preprocessing
@@ -128,7 +129,7 @@ def test_preprocess_shapes(mode, view, tiles):
     else:
         cols, rows = out.grid
         assert out.tiles.shape == (tiles[0], 3, tiles[1], tiles[1]) and cols * rows == tiles[0]
-    assert out.image_tokens == wl.image_token_count(mode, out.grid)
+    assert out.image_tokens == layout.image_token_count(mode, out.grid)
 
 
 def test_preprocess_small_page_gundam_no_tiles():
@@ -355,10 +356,10 @@ def test_batch_pages_groups_a_folder_by_layout():
 
 
 def test_batch_wording():
-    assert wl.batch_wording(1, 1) == "1 page"
-    assert wl.batch_wording(4, 4) == "batch of 4 distinct pages"
-    assert wl.batch_wording(32, 1) == "batch of 32 copies of 1 page"
-    assert wl.batch_wording(4, 2) == "batch of 4 copies of 2 pages"
+    assert layout.batch_wording(1, 1) == "1 page"
+    assert layout.batch_wording(4, 4) == "batch of 4 distinct pages"
+    assert layout.batch_wording(32, 1) == "batch of 32 copies of 1 page"
+    assert layout.batch_wording(4, 2) == "batch of 4 copies of 2 pages"
     assert wl.names_text(["a", "b"]) == "a, b"
     assert wl.names_text([f"p{i}" for i in range(32)]) == "p0, p1, p2, ..., p31 (32 pages)"
 
@@ -368,10 +369,10 @@ def test_build_request_layout_base():
     ids, mask = req.input_ids, req.images_seq_mask
     assert ids.dtype == torch.long and mask.dtype == torch.bool
     assert req.batch == 1 and req.prefill_tokens == 1 + 273 + 12 == ids.shape[1]
-    assert ids[0, 0].item() == wl.BOS_ID and not mask[0, 0]
+    assert ids[0, 0].item() == layout.BOS_ID and not mask[0, 0]
     assert mask.sum().item() == req.image_tokens == 273
     assert torch.all(mask[0, 1:274]) and not torch.any(mask[0, 274:])
-    assert torch.all(ids[mask] == wl.IMAGE_TOKEN_ID)
+    assert torch.all(ids[mask] == layout.IMAGE_TOKEN_ID)
     text = ids[0, 274:]
     assert torch.all((text >= 1000) & (text < 100000))
     assert req.text_tokens == 12 and req.decode_tokens == 16 and req.pages == ["p0"]   # BOS excluded
@@ -421,7 +422,7 @@ def test_build_request_with_tokenizer():
     req = wl.build_request([_page(4)], "tiny", tokenizer=tok, prompt="Hi <image>\nGo. ")
     ids = req.input_ids[0].tolist()
     before, after = [ord(c) for c in "Hi "], [ord(c) for c in "\nGo."]   # prompt stripped
-    assert ids == [0] + before + [wl.IMAGE_TOKEN_ID] * 73 + after
+    assert ids == [0] + before + [layout.IMAGE_TOKEN_ID] * 73 + after
     assert req.text_tokens == len(before) + len(after) and req.prefill_tokens == 1 + len(before) + 73 + len(after)
     assert req.images_seq_mask[0].tolist() == [False] * 4 + [True] * 73 + [False] * 4
 

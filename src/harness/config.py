@@ -220,7 +220,7 @@ class ModelConfig:
 @dataclass
 class CostModelConfig(ModelConfig, ExecutionConfig):
     """What the analytic cost model reads (``harness.analytic``): the model (``ModelConfig``) and
-    the knobs of the execution that change its work (``harness.variants.cost_knobs``: the KV cache,
+    the knobs of the execution that change its work (``harness.knobs.cost_knobs``: the KV cache,
     the routed-expert kernel, the decode attention, the SAM attention), in one object. Not part of
     the Hydra config: built by ``cost_config`` (or read back from a manifest's ``model`` and
     ``execution``)."""

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import variants
+from . import knobs, variants
 from .config import HarnessConfig, cost_config, to_dict
 from .interrupts import catch_signals
 from .measure import host
@@ -43,7 +43,7 @@ from .roofline.calibrate import ensure_calibration
 from .roofline.join import analytic_for_case
 from .rundir import RunData, RunDir, trace_name
 from .setup import check_cases, device_info, load_adapter, prepare_cases, resolve_device, resolve_dtype
-from .stopping import Position, close_run
+from .stopping import Position, close_run, log_errors_quiet
 from .sweep import job_environment
 from .timeline import Timeline, phase_of, process_age_s
 
@@ -97,7 +97,7 @@ def _analytic(model, case, inputs, execution: dict, counts: dict, dtype_name: st
     routing (None where it counted nothing)."""
     ran = dataclasses.replace(inputs.execution, moe_kernel=execution.get("moe_kernel_resolved")
                               or inputs.execution.moe_kernel)
-    return analytic_for_case(case, cost_config(model.cfg, variants.cost_knobs(ran)), dtype_name,
+    return analytic_for_case(case, cost_config(model.cfg, knobs.cost_knobs(ran)), dtype_name,
                              counts if any(a.sum() for k, a in counts.items() if k != "decode_steps") else None)
 
 
@@ -225,7 +225,7 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
     """
     where, timeline = Position(cases=0), Timeline(before=process_age_s())
     timeline.enter("set-up")
-    with catch_signals() as signals, _log_errors_quiet():
+    with catch_signals() as signals, log_errors_quiet():
         with signals.deferred():
             rd = RunDir(run_path, to_dict(cfg), launch=job_environment())
             data = LiveRunData(rd.path, rd.manifest, analytic=pd.DataFrame())
@@ -250,18 +250,6 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
     say(f"[harness] {timeline.line()}")
     say(f"[harness] wrote {rd.path}")
     return rd
-
-
-@contextlib.contextmanager
-def _log_errors_quiet():
-    """A log record that cannot be written (a full disk under Hydra's log file) is dropped, not
-    printed with a traceback on stderr: the run's own error says what failed."""
-    saved = logging.raiseExceptions
-    logging.raiseExceptions = False
-    try:
-        yield
-    finally:
-        logging.raiseExceptions = saved
 
 
 def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, signals, progress,

@@ -30,6 +30,7 @@ import torch
 from PIL import Image
 
 from . import workload as wl
+from .layout import Case, SYNTHETIC_SIZES, batch_wording
 from .config import CaseConfig, ExecutionConfig, HarnessConfig, ModelConfig, WorkloadConfig, case_execution, check_page_size
 from .dtypes import torch_dtype
 from .attn_support import check_flash_attn
@@ -106,7 +107,7 @@ class CaseInputs:
     (pages converted on loading, a batch of copies). ``pages`` and ``request`` (repeat 0's, CPU
     tensors) are made on first use, so checking a case draws and preprocesses no batch."""
 
-    case: wl.Case
+    case: Case
     workload: WorkloadConfig
     execution: ExecutionConfig
     tokenizer: object
@@ -135,11 +136,11 @@ class CaseInputs:
     def pages_entry(self) -> dict:
         """The manifest case entry's page fields: ``pages`` (request 0's page names, one per row; a
         one-line summary past 16 rows), ``distinct_pages``, ``copies`` (rows repeat pages),
-        ``pages_label`` (``workload.batch_wording``) and ``page_source`` (where the pages come from)."""
+        ``pages_label`` (``layout.batch_wording``) and ``page_source`` (where the pages come from)."""
         names = [p.name for p in self.pages]
         distinct = self.distinct_pages
         return {"pages": names if len(names) <= 16 else wl.names_text(names), "distinct_pages": distinct,
-                "copies": distinct < len(names), "pages_label": wl.batch_wording(len(names), distinct),
+                "copies": distinct < len(names), "pages_label": batch_wording(len(names), distinct),
                 "page_source": page_source(self.workload)}
 
     def routing_entry(self) -> dict:
@@ -191,7 +192,7 @@ def distinct_pages(w: WorkloadConfig) -> int:
 
 def page_size(w: WorkloadConfig) -> tuple:
     """(width, height) pixels of every synthetic page: ``w.page_size``, else A4 portrait at 150 dpi."""
-    return tuple(w.page_size) if w.page_size else wl.SYNTHETIC_SIZES[0]
+    return tuple(w.page_size) if w.page_size else SYNTHETIC_SIZES[0]
 
 
 def synthetic_pages(w: WorkloadConfig, request: int) -> list:
@@ -276,7 +277,7 @@ def prepare_cases(cfg: HarnessConfig) -> tuple:
     mode known, layout consistent, names distinct) before any model is built. A case whose requests
     come from a folder becomes one case per request, named ``<name>-<label>`` (e.g.
     ``gundam-2x3-p003``, ``gundam-2x3-b2-p003+p004``). A case whose rows repeat pages
-    (``workload.repeat_pages``) gets a note that says so (``workload.batch_wording``)."""
+    (``workload.repeat_pages``) gets a note that says so (``layout.batch_wording``)."""
     tokenizer, reason = wl.load_tokenizer(cfg.model.path, cfg.workload.text_tokens)
     cases, entries = [], []
     for name, w, m in case_workloads(cfg):
@@ -287,13 +288,13 @@ def prepare_cases(cfg: HarnessConfig) -> tuple:
             req = wl.build_request(shown, w.mode, decode_tokens=w.decode_tokens, prompt=w.prompt,
                                    tokenizer=tokenizer, text_tokens=w.text_tokens, seed=w.seed)
             c = req.case
-            case = wl.Case(c.mode, c.grid, w.batch, c.text_tokens, c.decode_tokens, name or "")
+            case = Case(c.mode, c.grid, w.batch, c.text_tokens, c.decode_tokens, name or "")
             if label:
                 case = dataclasses.replace(case, name=f"{case.name}-{label}")
             notes = [p.note for p in {id(p): p for p in files or []}.values() if p.note]
             inputs = CaseInputs(case, w, m, tokenizer, files, notes)
             if inputs.distinct_pages < w.batch:
-                notes.append(f"{inputs.name}: {wl.batch_wording(w.batch, inputs.distinct_pages)} "
+                notes.append(f"{inputs.name}: {batch_wording(w.batch, inputs.distinct_pages)} "
                              "(workload.repeat_pages=true): identical rows route identically, so its tok/s and MBU "
                              "do not describe a batch of distinct pages")
             cases.append(inputs)

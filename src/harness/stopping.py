@@ -20,6 +20,8 @@ some of its timed repeats counted as partial (``t: 5 of 100000 timed repeats``).
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +52,18 @@ def failure_text(exc: BaseException, when: str) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return f"a write failed ({exc.strerror}) {when}"
     return f"{exc.__class__.__name__}: {exc} ({when})"
+
+
+@contextlib.contextmanager
+def log_errors_quiet():
+    """A log record that cannot be written (a full disk under Hydra's log file) is dropped, not
+    printed with a traceback on stderr: the run's own error says what failed."""
+    saved = logging.raiseExceptions
+    logging.raiseExceptions = False
+    try:
+        yield
+    finally:
+        logging.raiseExceptions = saved
 
 
 @dataclass

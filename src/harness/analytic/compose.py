@@ -1,6 +1,6 @@
 """Workload -> cost table: one row per stage x module family (x decode step on request) + totals.
 
-A case is one request shape, ``harness.workload.Case`` (crop mode, tile grid, batch, prompt text
+A case is one request shape, ``harness.layout.Case`` (crop mode, tile grid, batch, prompt text
 tokens, decode tokens; the same type the run measures). ``workload_costs(case)`` instantiates the
 family cost classes of ``families.py`` with the shapes the reference model (``harness.models``)
 runs for that case and returns a DataFrame. ``resolve(case, cfg)`` adds the vision geometry
@@ -53,7 +53,7 @@ from ..config import ModelConfig, cost_config
 from ..dtypes import nbytes as dtype_bytes
 from ..errors import HarnessError
 from ..anatomy.stages import STAGES
-from ..workload import MODES, Case, as_case, parse_grid
+from ..layout import MODES, Case, as_case, parse_grid
 from . import families as F
 from .families import Cost
 
@@ -78,7 +78,7 @@ class View:
 
 @dataclass
 class Resolved:
-    """A ``workload.Case`` with the encoder calls (``views``) the model config gives it."""
+    """A ``layout.Case`` with the encoder calls (``views``) the model config gives it."""
 
     case: Case
     views: list
@@ -97,7 +97,7 @@ def sam_grids(cfg: ModelConfig, size: int) -> tuple:
 
 
 def resolve(case, cfg: ModelConfig) -> Resolved:
-    """The case (anything ``workload.as_case`` reads) with its views: Gundam tiles (if any), then the
+    """The case (anything ``layout.as_case`` reads) with its views: Gundam tiles (if any), then the
     global view; checks that the model config's SAM downsampling gives the case's image tokens."""
     case = as_case(case)
     mode, grid, B = case.mode, case.grid, case.batch

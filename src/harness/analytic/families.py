@@ -43,6 +43,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import ClassVar, Optional, Sequence
 
+from ..knobs import augmented_dim
+
 # vector-FLOP constants (per element; 1 per arithmetic or transcendental op)
 LN_PER_ELEM = 7        # sum, subtract mean, square, sum, * rstd, * gamma, + beta
 LN_PER_ROW = 4         # / C (mean), / C (var), + eps, rsqrt
@@ -340,8 +342,6 @@ class SAMAttention(Family):
         params = 4 * C * C + 4 * C + 2 * (2 * self.rel_size - 1) * d
         relw = bw * nh * n * 2 * side
         if self.method == "augmented":
-            from ..variants.sam_attention import augmented_dim
-
             dp = augmented_dim(d, side, side)
             kernel = 2 * bw * nh * n * n * (dp + d)
             counted = gemm + rel + kernel

@@ -16,7 +16,6 @@ import pandas as pd
 from ..anatomy.stages import VISION_STAGES
 from ..config import ModelConfig, cost_config
 from ..markdown import table as md_table
-from ..setup import prepare_cases
 from .compose import (activated_params_per_token, case_summary, component_params, decode_step_costs,
                       default_sweep_cases, kv_bytes_per_token, workload_costs)
 
@@ -190,7 +189,11 @@ def render_markdown(summaries, frames, anchors, model, sweep_rows, decode_rows, 
 
 def analyze_from_config(cfg, out_dir) -> dict:
     """The ``analyze`` verb: the cases of a run config (``workload`` + ``cases``, prepared as the run
-    prepares them, so names, grids and token counts are the run's) -> static_compute.*."""
+    prepares them, so names, grids and token counts are the run's) -> static_compute.*. Preparing
+    them loads the pages and the tokenizer and builds each case's first request (``harness.setup``,
+    the running side): the only part of ``harness.analytic`` that imports torch, on call."""
+    from ..setup import prepare_cases
+
     cases, _ = prepare_cases(cfg)
     dtype = "bf16" if cfg.dtype == "auto" else cfg.dtype
     paths = analyze([c.case for c in cases], out_dir, cost_config(cfg.model, dataclasses.asdict(cfg.execution)),

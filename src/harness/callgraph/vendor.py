@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import workload as wl
+from ..layout import BOS_TOKENS, Case, grid_text
 from .capture import _Step, trace_step
 from .tree import module_tree
 
@@ -204,22 +204,22 @@ def infer_request(vmodel, request) -> tuple:
     mask = kw["images_seq_mask"]
     image_tokens = int(mask.sum())
     where = mask[0].nonzero().flatten()
-    text_tokens = max(int(ids.shape[1]) - wl.BOS_TOKENS - image_tokens, 0)
-    case = wl.Case(request.mode, grid, 1, text_tokens, request.decode_tokens)
+    text_tokens = max(int(ids.shape[1]) - BOS_TOKENS - image_tokens, 0)
+    case = Case(request.mode, grid, 1, text_tokens, request.decode_tokens)
     built = dataclasses.replace(request, case=case, input_ids=ids, images_seq_mask=mask, global_views=view,
                                 tiles=patches if grid is not None else None,
-                                image_start=int(where[0]) if len(where) else wl.BOS_TOKENS)
+                                image_start=int(where[0]) if len(where) else BOS_TOKENS)
     own = request.case
     out = {"built_by": INFER_BUILT, "prompt": request.prompt, "page": str(image_file), "page_source": page.source,
            "prompt_tokens": int(ids.shape[1]), "image_tokens": image_tokens, "text_tokens": text_tokens,
-           "grid": wl.grid_text(grid),
+           "grid": grid_text(grid),
            "generate_kwargs": {k: describe_value(v) for k, v in kw.items()},
            "forward_inputs": list(FORWARD_INPUTS), "generated_tokens": 0,
            "infer_s": round(seconds, 3), "infer_stdout": str(stdout_file),
            "harness_request": {"prompt_tokens": request.prefill_tokens, "image_tokens": own.image_tokens,
-                               "text_tokens": own.text_tokens, "grid": wl.grid_text(own.grid)}}
+                               "text_tokens": own.text_tokens, "grid": grid_text(own.grid)}}
     if case.image_tokens != image_tokens:
         out["warning"] = (f"infer() placed {image_tokens} image tokens; the harness's layout of mode "
-                          f"{request.mode.name} grid {wl.grid_text(grid) or 'none'} has {case.image_tokens}: "
+                          f"{request.mode.name} grid {grid_text(grid) or 'none'} has {case.image_tokens}: "
                           "the analytic columns cost the harness's layout")
     return built, out

@@ -2,7 +2,7 @@
 with one eager, hooked step of the same execution.
 
 Module forward hooks run no Python inside a CUDA graph and would recompile a compiled step, so the
-profiled request of such an execution runs without them (``variants.allows_module_hooks``) and its
+profiled request of such an execution runs without them (``knobs.allows_module_hooks``) and its
 kernels carry names only. This module gives them back their modules:
 
 * **reference** (``reference_step``): after the profiled request, the static-cache decode step's
@@ -37,12 +37,8 @@ import re
 from typing import NamedTuple, Optional, Sequence
 
 import pandas as pd
-import torch
 
 from ..anatomy.stages import DECODE_STEP
-from .kernels import KernelCapture, kernel_table
-from .modules import ModuleTracker
-from .recorder import StageRecorder
 
 LABEL_COLUMNS = ("module", "family", "op_group")
 _SUFFIX = re.compile(r"(_\d+)+$")
@@ -93,7 +89,14 @@ def attribute_steps(kernels: pd.DataFrame, reference: pd.DataFrame) -> pd.DataFr
 
 def reference_step(decoder, cuda: bool) -> pd.DataFrame:
     """One eager, hooked decode step of ``decoder`` (a ``StaticDecoder``): its kernel table rows
-    (``KERNEL_COLUMNS``, range ``decode_step``) in GPU start order."""
+    (``KERNEL_COLUMNS``, range ``decode_step``) in GPU start order. The capture is imported here: the
+    report reads ``aligned_fraction`` without torch."""
+    import torch
+
+    from .kernels import KernelCapture, kernel_table
+    from .modules import ModuleTracker
+    from .recorder import StageRecorder
+
     rec = StageRecorder(cuda, nvtx=False, events=False, memory=False)
     core = decoder.core if hasattr(decoder.core, "module_scope") else None   # a fused step: no module runs
     with ModuleTracker(decoder.model) as modules, KernelCapture(cuda) as prof, torch.inference_mode():

@@ -17,8 +17,6 @@ import gc
 import statistics
 import time
 
-import torch
-
 from .stats import median_low
 
 PYTHON_ITEMS = 50_000
@@ -34,6 +32,8 @@ def stats(ms: list[float]) -> dict:
 
 def time_ms(fn, n: int, cuda: bool) -> list[float]:
     """Wall ms of ``fn()`` ``n`` times; with ``cuda`` each call ends with a synchronisation."""
+    if cuda:
+        import torch   # here only: the report reads ``describe`` without torch
     out = []
     for _ in range(n):
         t0 = time.perf_counter()
@@ -52,6 +52,8 @@ def probe(cuda: bool, n: int = 100) -> dict:
         out = {"python": stats(time_ms(lambda: sum(range(PYTHON_ITEMS)), n, cuda=False)), "launch": None,
                "launch_reason": "no CUDA device"}
         if cuda:
+            import torch
+
             x = torch.zeros(1, device="cuda")
 
             def launches():

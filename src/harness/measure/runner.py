@@ -43,7 +43,7 @@ from typing import Callable, Optional
 import pandas as pd
 import torch
 
-from .. import variants
+from .. import knobs
 from ..config import MeasureConfig
 from ..floats import finite as _f
 from ..interrupts import interrupted_by
@@ -285,7 +285,7 @@ def _profiled_request(model, req, prep: dict, mcfg: MeasureConfig, case: dict, c
     rec = StageRecorder(cuda, nvtx=mcfg.nvtx, events=mcfg.events, annotate=True)
     syncs = SyncCounter(rec)
     # module hooks would recompile a compiled step and never run inside a captured graph
-    hooks = mcfg.module_hooks and variants.allows_module_hooks(getattr(model, "execution", None))
+    hooks = mcfg.module_hooks and knobs.allows_module_hooks(getattr(model, "execution", None))
     tracker = ModuleTracker(model) if hooks else contextlib.nullcontext()
     n_new = None if mcfg.profile_steps is None else min(mcfg.profile_steps + 1, req.decode_tokens)
     with tracker as modules, KernelCapture(cuda) as prof, quiet_gc(), \

@@ -16,7 +16,7 @@ from typing import Optional
 import pandas as pd
 
 from ..floats import finite as _f
-from .. import variants
+from .. import knobs
 from ..measure.summary import Summary
 from ..rundir import RunData
 from .columns import table
@@ -34,8 +34,8 @@ LABELS = ("case", "execution", "routing", "mode", "mbu_expected", "experts_step"
 
 def execution_label(ex: dict) -> str:
     """'static KV + grouped MoE (triton) + ...' from a manifest case's execution ('vendor-style' when
-    nothing differs from the vendor's execution): ``harness.variants.label``, the converters' own labels."""
-    return variants.label(ex)
+    nothing differs from the vendor's execution): ``harness.knobs.label``, the knobs' own labels."""
+    return knobs.label(ex)
 
 
 def has_variants(run: RunData) -> bool:

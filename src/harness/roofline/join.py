@@ -15,9 +15,9 @@ Inputs (``harness.rundir.RunData``: what a run measured, in memory or read back 
   batch 1 and the uniform expectation per step for batch > 1). The ``routing`` column names the
   source (``ROUTING_SOURCES``); where decode used the expectation, the MBU cell says
   "expected routing" (``expected_routing``).
-* ``manifest.json``: model config, dtype, cases (``workload.Case.to_dict``), device.
+* ``manifest.json``: model config, dtype, cases (``layout.Case.to_dict``), device.
 
-Analytic side: ``analytic_for_case`` (``harness.analytic.workload_costs`` of one ``workload.Case`` with
+Analytic side: ``analytic_for_case`` (``harness.analytic.workload_costs`` of one ``layout.Case`` with
 its measured routing; the run calls it as each case finishes, ``analytic_for_run`` for a run read
 back from disk). It adds ``bytes_kv_copy_read`` / ``bytes_kv_copy_write``: the part of the KV
 bytes that only the cache's own copies move (growing cache minus static cache), which the op
@@ -67,7 +67,7 @@ from ..errors import HarnessError
 from ..rundir import RunData
 from ..anatomy.stages import STAGES, VISION_STAGES as VISION
 from .point import LAUNCH_BOUND_IDLE, _f, classify, floor_ms, mbu, mfu, roofline_point
-from ..workload import Case
+from ..layout import Case
 from .specs import Peaks
 
 MFU_STAGES = VISION + ("prefill",)
@@ -103,7 +103,7 @@ SUM_COLS = ("tensor_flops", "flops_useful", "flops_counted", "vector_flops", "by
 # ---------------------------------------------------------------------------- analytic side
 
 def run_cases(manifest: dict) -> list:
-    """The ``workload.Case`` of every case a run measured (its manifest entries, read back)."""
+    """The ``layout.Case`` of every case a run measured (its manifest entries, read back)."""
     return [Case.from_dict(e) for e in manifest.get("cases") or []]
 
 

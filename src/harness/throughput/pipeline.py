@@ -31,6 +31,7 @@ import torch
 from PIL import Image
 
 from .. import workload as wl
+from ..layout import Case, CropMode, get_mode
 from ..config import ExecutionConfig, HarnessConfig, to_dict
 from ..errors import HarnessError
 from ..interrupts import catch_signals
@@ -38,9 +39,8 @@ from ..measure.nvtx_ranges import NvtxRanges
 from ..models.generate import generate
 from ..models.routing import experts_per_step, routing_label
 from ..rundir import RunData, RunDir
-from ..run import _log_errors_quiet
 from ..setup import device_info, load_adapter, resolve_device, resolve_dtype
-from ..stopping import Position, close_run
+from ..stopping import Position, close_run, log_errors_quiet
 from . import plan, prep
 from .clock import BatchClock, Marks
 from .execution import apply_execution, changed_knobs, execution_for
@@ -64,7 +64,7 @@ class Setup:
     """Everything a configuration needs that is fixed for the run."""
 
     settings: plan.Settings
-    mode: wl.CropMode
+    mode: CropMode
     sources: list
     groups: dict            # batch size -> {layout: [page index]}
     layouts: dict           # layout key -> Layout
@@ -113,7 +113,7 @@ def run_throughput(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
     a signal or error closes the run directory and raises ``RunStopped``."""
     say = progress or print
     where = Position(cases=0)
-    with catch_signals() as signals, _log_errors_quiet():
+    with catch_signals() as signals, log_errors_quiet():
         with signals.deferred():
             rd = RunDir(run_path, to_dict(cfg))
             data = RunData(rd.path, rd.manifest)
@@ -139,7 +139,7 @@ def prepare(cfg: HarnessConfig, cuda: bool, folder: Path) -> Setup:
     """Settings, pages, budgets, batch groups, layouts and execution, checked (no model, no pool)."""
     s = plan.resolve(cfg.throughput, cuda)
     w = cfg.workload
-    mode = wl.get_mode(w.mode)
+    mode = get_mode(w.mode)
     if s.tokens is None and w.decode_tokens < 1:
         raise HarnessError(f"workload.decode_tokens={w.decode_tokens}: a throughput run decodes at least one "
                            "token per page", "set workload.decode_tokens=1 or more, or throughput.tokens")
@@ -272,7 +272,7 @@ class ConfigRun:
         self.feeder = Feeder(pool, plan.batch_stream(groups, batch), layout_of, buffers, depth)
         self.staged: Optional[Staged] = None
         self.staged_wait_ms = 0.0
-        self.last_case: Optional[wl.Case] = None
+        self.last_case: Optional[Case] = None
         self.feeder.start()
 
     def close(self) -> None:
@@ -287,7 +287,7 @@ class ConfigRun:
         self.staged_wait_ms = (time.perf_counter_ns() - t0) / 1e6 if block else 0.0
         src = [self.setup.sources[i] for i in ready.pages]
         lay = ready.host.layout
-        case = wl.Case(self.setup.mode, lay.grid, len(src), lay.text_tokens, max(p.budget for p in src), self.name)
+        case = Case(self.setup.mode, lay.grid, len(src), lay.text_tokens, max(p.budget for p in src), self.name)
         w = self.cfg.workload
         return self.stager.stage(ready, case, [p.name for p in src], w.prompt, w.routing, w.routing_seed)
 

@@ -24,6 +24,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from .. import workload as wl
+from ..layout import SYNTHETIC_SIZES, grid_text, tile_grid_for
 from ..config import ThroughputConfig, TokensConfig, WorkloadConfig
 from ..errors import HarnessError
 
@@ -110,9 +111,9 @@ def synthetic_sources(w: WorkloadConfig, n: int, folder: Path, budgets: list) ->
     ``workload.page_size``) as the PNG files ``folder/synthetic-NNN.png`` the pool writes."""
     out = []
     for i in range(n):
-        size = tuple(w.page_size) if w.page_size else wl.SYNTHETIC_SIZES[i % len(wl.SYNTHETIC_SIZES)]
+        size = tuple(w.page_size) if w.page_size else SYNTHETIC_SIZES[i % len(SYNTHETIC_SIZES)]
         out.append(PageSource(i, f"synthetic-{i:03d}", str(folder / f"synthetic-{i:03d}.png"), tuple(size),
-                              wl.tile_grid_for(*size, w.mode), budgets[i]))
+                              tile_grid_for(*size, w.mode), budgets[i]))
     return out
 
 
@@ -130,7 +131,7 @@ def folder_sources(w: WorkloadConfig, fixed: int, tokens: Optional[TokensConfig]
                            "distinct pages", "add pages to the folder (at least the largest batch), or leave "
                            "workload.images unset for synthetic pages")
     budgets = page_budgets(len(pages), fixed, tokens)
-    return [PageSource(i, Path(p.source).stem, p.source, p.image.size, wl.tile_grid_for(*p.image.size, w.mode),
+    return [PageSource(i, Path(p.source).stem, p.source, p.image.size, tile_grid_for(*p.image.size, w.mode),
                        budgets[i]) for i, p in enumerate(pages)]
 
 
@@ -146,7 +147,7 @@ def batch_groups(sources: list, batch: int) -> tuple:
         raise HarnessError(f"throughput batch {batch} needs {batch} distinct pages of one layout; the largest "
                            f"layout group has {largest} of the {len(sources)} pages",
                            f"lower the batch, or give more pages (throughput.pages={need} or a larger folder)")
-    skipped = [f"batch {batch}: {len(v)} page(s) of layout {wl.grid_text(k) or 'no tiles'} left out (fewer "
+    skipped = [f"batch {batch}: {len(v)} page(s) of layout {grid_text(k) or 'no tiles'} left out (fewer "
                f"distinct pages than the batch)" for k, v in groups.items() if k not in kept]
     return kept, skipped
 

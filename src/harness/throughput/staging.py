@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import workload as wl
+from ..layout import Case
 from .clock import Marks
 from .feeder import Ready
 
@@ -37,7 +38,7 @@ class Stager:
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
 
-    def stage(self, ready: Ready, case: wl.Case, names: list, prompt: str, routing: str = "weights",
+    def stage(self, ready: Ready, case: Case, names: list, prompt: str, routing: str = "weights",
               routing_seed: int = 0) -> Staged:
         """Copy ``ready``'s buffers to the device as the request of ``case`` (pages ``names``) that runs
         ``routing`` (``workload.routing``, seed ``routing_seed``)."""

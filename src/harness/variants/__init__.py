@@ -1,9 +1,10 @@
 """Execution variants: one converter per knob of ``harness.config.ExecutionConfig``, applied in one order.
 
-``CONVERTERS`` is the registry (``base.Converter``: ``check``, ``convert``, ``label``,
-``module_hooks``, ``cost_knobs``). The order is the order of conversion and of the report's
-label: the static cache before what runs on it (decode attention, fused q/k/v), the fused vision
-before its compiled blocks.
+``CONVERTERS`` is the registry (``base.Converter``: ``check``, ``convert``, and its knob's facts,
+``spec``), in the order of ``harness.knobs.KNOBS``: the order of conversion and of the report's
+label (the static cache before what runs on it, the fused vision before its compiled blocks). What
+a run's readers need of a knob (its label, ``allows_module_hooks``, ``cost_knobs``) is
+``harness.knobs``, torch-free.
 
 - ``check(execution, device, dtype, model=None, positions=None, batch=None)``: the whole execution, before
   any model is built (``setup.check_cases``); one ``HarnessError`` naming ``execution.<knob>``
@@ -11,21 +12,18 @@ before its compiled blocks.
 - ``apply(model, execution, device)``: checks, returns the model to the vendor's execution
   (``base.restore``), converts it knob by knob and returns the manifest block: every knob as it
   ran, ``moe_kernel_resolved`` and each converter's text of what runs.
-- ``label(execution)``: 'static KV + grouped MoE (torch) + ...' or 'vendor-style';
-  ``allows_module_hooks(execution)``; ``cost_knobs(execution)``: the knobs the analytic cost
-  model reads.
 
-A new variant is its module here (module classes + converter), one line in ``CONVERTERS`` and its
-parity test (fp32, TF32 off, against vendor-style).
+A new variant is its module here (module classes + converter), its ``Knob`` in ``harness.knobs``,
+one name in ``CONVERTERS`` and its parity test (fp32, TF32 off, against vendor-style).
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional
 
 import torch
 
 from ..config import ExecutionConfig
+from ..knobs import KNOBS
 from ..models.deepseek_ocr import DeepseekOCR
 from .base import CannotRunHere, Converter, restore
 from .decode_attention import DECODE_ATTENTION
@@ -39,20 +37,10 @@ from .prefill_graphs import PREFILL_GRAPHS
 from .static_cache import STATIC_CACHE
 from .vision_compile import VISION_COMPILE
 
-#: every execution variant, in the order of conversion (and of the report's label)
-CONVERTERS: tuple = (
-    STATIC_CACHE,
-    GROUPED_MOE,
-    DECODE_GRAPHS,
-    DECODE_COMPILE,
-    PREFILL_GRAPHS,
-    FUSED_VISION,
-    FUSED_LINEARS,
-    VISION_COMPILE,
-    DECODE_ATTENTION,
-    FUSED_STEP,
-    PDL,
-)
+_BY_KNOB = {c.spec: c for c in (STATIC_CACHE, GROUPED_MOE, DECODE_GRAPHS, DECODE_COMPILE, PREFILL_GRAPHS, FUSED_VISION,
+                                 FUSED_LINEARS, VISION_COMPILE, DECODE_ATTENTION, FUSED_STEP, PDL)}
+#: every execution variant, in the order of conversion (and of the report's label): ``knobs.KNOBS``
+CONVERTERS: tuple = tuple(_BY_KNOB[k] for k in KNOBS)
 
 
 def check(execution: ExecutionConfig, device, dtype=torch.float32, model=None,
@@ -82,31 +70,4 @@ def apply(model, execution: ExecutionConfig, device=None) -> dict:
     return out
 
 
-def active(execution) -> list:
-    """The converters ``execution`` turns on (an ``ExecutionConfig`` or a manifest's execution dict)."""
-    ex = execution if isinstance(execution, ExecutionConfig) else ExecutionConfig(
-        **{f.name: execution[f.name] for f in dataclasses.fields(ExecutionConfig) if f.name in execution})
-    return [c for c in CONVERTERS if c.active(ex)]
-
-
-def label(execution) -> str:
-    """'static KV + grouped MoE (torch) + ...' for an execution (a manifest's dict names the resolved
-    MoE kernel); 'vendor-style' when every knob is the vendor's."""
-    kernel = execution.get("moe_kernel_resolved") if isinstance(execution, dict) else None
-    parts = [f"{c.label} ({kernel})" if c is GROUPED_MOE and kernel else c.label for c in active(execution)]
-    return " + ".join(parts) or "vendor-style"
-
-
-def allows_module_hooks(execution: Optional[ExecutionConfig]) -> bool:
-    """Whether forward hooks see the modules that run (no compiled step, no replayed graph); True
-    for None (a model no converter touched)."""
-    return execution is None or all(c.module_hooks for c in active(execution))
-
-
-def cost_knobs(execution: ExecutionConfig) -> dict:
-    """{knob: value} of the knobs that change the analytic cost (``harness.config.cost_config``)."""
-    return {k: getattr(execution, k) for c in CONVERTERS for k in c.cost_knobs}
-
-
-__all__ = ["CONVERTERS", "Converter", "CannotRunHere", "check", "apply", "label", "allows_module_hooks",
-           "cost_knobs", "active"]
+__all__ = ["CONVERTERS", "Converter", "CannotRunHere", "check", "apply"]

@@ -13,10 +13,11 @@ A converter (``Converter``) owns one knob of ``harness.config.ExecutionConfig``:
   so a model built once runs every execution of an experiment in turn and goes back to the
   vendor's between them; what a conversion sets up once (stacked or fused weights: views of the
   same parameters) stays on the modules for the next.
-- ``knob`` / ``on``: the knob and the value that turns it on; ``label``: its short name in the
-  report; ``module_hooks``: whether forward hooks still see the modules that run (False where a
-  step is compiled or replayed from a CUDA graph); ``cost_knobs``: the knobs the analytic cost
-  model reads (``harness.analytic``).
+- ``spec``: the knob's facts, ``harness.knobs.Knob`` (torch-free, read by the report and the cost
+  model too): ``knob`` / ``on``, the knob and the value that turns it on; ``label``: its short name
+  in the report; ``manifest_key``; ``module_hooks``: whether forward hooks still see the modules
+  that run (False where a step is compiled or replayed from a CUDA graph); ``cost_knobs``: the knobs
+  the analytic cost model reads (``harness.analytic``).
 
 Module classes of a variant subclass the reference class they replace (``StaticAttention(Variant,
 Attention)``) and override only what they change; ``swap(module, cls)`` rebinds a module to ``cls``
@@ -33,6 +34,7 @@ from typing import Optional
 import torch
 
 from ..errors import HarnessError
+from ..knobs import Knob
 
 
 class Variant:
@@ -75,21 +77,22 @@ def restore(model: torch.nn.Module) -> None:
 
 
 class Converter:
-    """One execution knob as a converter (see the module docstring). Subclasses set ``knob`` and
-    ``on`` (the value that turns the variant on), ``label`` (the report's words for it),
-    ``manifest_key`` (its entry in the manifest), ``module_hooks``, ``cost_knobs``, and implement
-    ``check`` and ``convert``."""
+    """One execution knob as a converter (see the module docstring). Subclasses set ``spec`` (the
+    knob's ``harness.knobs.Knob``: ``knob``, ``on``, ``label``, ``manifest_key``, ``module_hooks`` and
+    ``cost_knobs`` read through) and implement ``check`` and ``convert``."""
 
-    knob: str = ""
-    on: object = True
-    label: str = ""
-    manifest_key: str = ""
-    module_hooks: bool = True
-    cost_knobs: tuple = ()
+    spec: Knob
+
+    knob = property(lambda self: self.spec.name, doc="the ``ExecutionConfig`` field this converter owns")
+    on = property(lambda self: self.spec.on, doc="the value of ``knob`` that turns the variant on")
+    label = property(lambda self: self.spec.label, doc="the report's words for the variant")
+    manifest_key = property(lambda self: self.spec.manifest_key, doc="its manifest entry (what runs)")
+    module_hooks = property(lambda self: self.spec.module_hooks, doc="whether forward hooks see the modules that run")
+    cost_knobs = property(lambda self: self.spec.cost_knobs, doc="the knobs the analytic cost model reads")
 
     def active(self, ex) -> bool:
         """Whether ``ex`` turns this variant on."""
-        return getattr(ex, self.knob) == self.on
+        return self.spec.active(ex)
 
     def check(self, ex, device: torch.device, dtype: torch.dtype, model=None, positions: Optional[int] = None) -> None:
         """Refuse (``HarnessError`` / ``CannotRunHere``) what cannot run here; ``model``: the

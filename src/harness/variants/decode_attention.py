@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import knobs
 from ..errors import HarnessError
 from ..kernels.availability import triton_available
 from ..models import attn_probe
@@ -33,9 +34,7 @@ class TritonDecodeAttention(StaticAttention):
 class DecodeAttention(Converter):
     """Every static-cache attention's decode step by the Triton kernel."""
 
-    knob, label, manifest_key = "decode_attention", "triton decode attention", "decode_attention_is"
-    on = "triton"
-    cost_knobs = ("decode_attention",)
+    spec = knobs.DECODE_ATTENTION
 
     def check(self, ex, device, dtype, model=None, positions=None) -> None:
         if not self.active(ex):

@@ -8,10 +8,11 @@ its greedy token with ``greedy_chunked`` (the same token; one reduction per chun
 """
 from __future__ import annotations
 
+from .. import knobs
 from .engine import PlanConverter
 
 DECODE_COMPILE = PlanConverter(
-    "compile", True, "compiled", "decode_compile", "compile",
+    knobs.DECODE_COMPILE, "compile",
     "only the static-cache decode step is compiled; the vendor MoE loop syncs the host inside it",
     ("torch.compile (inductor) of the static-cache decode step, once per batch size and cache length (seconds "
      "in setup_s)", "eager decode step"), needs_cuda=False)

@@ -27,6 +27,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..knobs import Knob
 from ..models.adapter import Select, StageFn, greedy, greedy_chunked
 from ..models.deepseek_ocr import DeepseekOCR
 from ..models.llm import KVCache
@@ -192,11 +193,8 @@ class PlanConverter(Converter):
     prefill graphs): it needs the static cache and the grouped MoE (``why``), and CUDA where
     ``needs_cuda``; ``texts`` = (what runs when on, when off)."""
 
-    module_hooks = False            # a compiled step or a replayed graph: hooks would recompile or see nothing
-
-    def __init__(self, knob: str, on, label: str, manifest_key: str, flag: str, why: str, texts: tuple,
-                 needs_cuda: bool):
-        self.knob, self.on, self.label, self.manifest_key = knob, on, label, manifest_key
+    def __init__(self, spec: Knob, flag: str, why: str, texts: tuple, needs_cuda: bool):
+        self.spec = spec
         self.flag, self.why, self.texts, self.needs_cuda = flag, why, texts, needs_cuda
 
     def check(self, ex, device, dtype, model=None, positions=None) -> None:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import knobs
 from ..errors import HarnessError
 from ..kernels.availability import triton_available
 from ..models.llm import Attention, MoE, MoEGate, SwiGLU
@@ -197,8 +198,7 @@ class FusedLinears(Converter):
     """q/k/v and the dense / shared gate/up weights fused once (views: the state_dict is unchanged);
     every decoder attention, dense MLP, shared expert and router swapped to its fused class."""
 
-    knob, label, manifest_key = "linear_impl", "fused linears", "linears"
-    on = "fused"
+    spec = knobs.FUSED_LINEARS
 
     def check(self, ex, device, dtype, model=None, positions=None) -> None:
         if self.active(ex):

@@ -27,6 +27,7 @@ from typing import Optional
 
 import torch
 
+from .. import knobs
 from ..kernels.availability import triton_available
 from ..kernels.decode_step import DecodeStepConfig, DecodeWeights, FusedDecodeStep, LayerWeights, default_config
 from ..models.adapter import greedy, greedy_chunked
@@ -135,9 +136,7 @@ class FusedCore:
 class FusedStep(Converter):
     """``decode_step=fused``: the static decoder's step becomes a ``FusedCore`` (``engine.Plan.decode_step``)."""
 
-    knob, label, manifest_key = "decode_step", "fused decode step", "decode_step_is"
-    on = "fused"
-    module_hooks = False            # the step is fused kernels: no module runs in it
+    spec = knobs.FUSED_STEP            # the step is fused kernels: no module runs in it
 
     def check(self, ex, device, dtype, model=None, positions=None) -> None:
         if not self.active(ex):
@@ -173,9 +172,7 @@ class Pdl(Converter):
     """``pdl=true``: the fused step's kernels launched with programmatic dependent launch (Hopper):
     each issues its first weight loads before waiting for the previous kernel (``FusedStep`` binds it)."""
 
-    knob, label, manifest_key = "pdl", "PDL", "pdl_is"
-    on = True
-    module_hooks = False
+    spec = knobs.PDL
 
     def check(self, ex, device, dtype, model=None, positions=None) -> None:
         if not self.active(ex):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import knobs
 from ..models.vision import SAMAttention, rel_pos_table
 from . import sam_attention
 from .base import Converter, Variant, swap
@@ -56,10 +57,7 @@ class FusedVision(Converter):
     """Global SAM attention by augmented q . k; on CUDA the stages graphed (their graphs kept while the
     execution's ``vision_compile`` stays the same, released otherwise)."""
 
-    knob, label, manifest_key = "vision_impl", "fused vision", "vision"
-    on = "fused"
-    module_hooks = False            # replayed graphs run no Python: hooks would see nothing
-    cost_knobs = ("vision_impl",)
+    spec = knobs.FUSED_VISION          # replayed graphs run no Python: hooks would see nothing
 
     def convert(self, model, ex, device, dtype) -> dict:
         stages = vision_stages(model)

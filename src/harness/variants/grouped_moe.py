@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import knobs
 from ..kernels.availability import triton_available
 from ..models.llm import MoE
 from .base import Converter, Variant, need, swap
@@ -73,9 +74,7 @@ class GroupedMoEConverter(Converter):
     """Every MoE layer becomes a ``GroupedMoE`` with the resolved kernel; routing counts go to
     device buffers (``engine.Plan.device_routing``)."""
 
-    knob, label, manifest_key = "moe_impl", "grouped MoE", "moe"
-    on = "grouped"
-    cost_knobs = ("moe_impl", "moe_kernel")
+    spec = knobs.GROUPED_MOE
 
     def check(self, ex, device, dtype, model=None, positions=None) -> None:
         if not self.active(ex):

@@ -3,9 +3,10 @@
 ``moe_impl=grouped`` and a CUDA device."""
 from __future__ import annotations
 
+from .. import knobs
 from .engine import PlanConverter
 
 PREFILL_GRAPHS = PlanConverter(
-    "prefill_graphs", True, "prefill graph", "prefill", "prefill_graphs",
+    knobs.PREFILL_GRAPHS, "prefill_graphs",
     "the captured prefill writes the static cache and counts routing on the device",
     ("one CUDA graph per request shape", "eager launches"), needs_cuda=True)

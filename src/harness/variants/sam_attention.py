@@ -20,7 +20,7 @@ and calls SDPA with ``scale = 1/sqrt(d)`` (the model's scale, not 1/sqrt(d')) an
 a fused kernel runs. The sqrt(d) factor is folded into the small tables (Rh * sqrt(d)), not into
 q: for d = 64 it is 8, a power of two, so the rounding of q' equals the rounding of the dense
 path's rel_h / rel_w, and in bf16 the bias sum is accumulated in fp32 inside the MMA (the dense
-path rounds rel_h + rel_w to bf16 first). d' = augmented_dim(d, H, W, multiple): zero columns
+path rounds rel_h + rel_w to bf16 first). d' = augmented_dim(d, H, W, multiple) (``harness.knobs``): zero columns
 pad d + H + W up to a multiple (8 by default: what efficient/cuDNN need for 16-bit inputs).
 
 Executed work per call (BH = B * nh, dv = v's head dim, dv_x = the v dim the kernel is given:
@@ -69,6 +69,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..errors import HarnessError
+from ..knobs import augmented_dim
 from ..models import attn_probe
 
 #: explicit backends ``augmented_attention`` accepts (plus "auto")
@@ -104,17 +105,6 @@ def dense_bias_attention(q, k, v, Rh, Rw, H: int, W: int, site: str | None = Non
 
 
 # ------------------------------------------------------------------------------- augmented
-
-def augmented_dim(d: int, H: int, W: int, multiple: int = 8) -> int:
-    """d' = d + H + W rounded up to a multiple of ``multiple`` (zero columns fill the rest).
-
-    Base-mode global block: augmented_dim(64, 64, 64) = 192; 14 x 14 windows: 92 -> 96;
-    large (80 x 80): 224; small / gundam tiles (40 x 40): 144; tiny (32 x 32): 128.
-    """
-    if min(d, H, W, multiple) < 1:
-        raise HarnessError(f"augmented_dim needs positive sizes, got d={d}, H={H}, W={W}, multiple={multiple}")
-    return -(-(d + H + W) // multiple) * multiple
-
 
 @functools.lru_cache(maxsize=32)
 def _key_tail(H: int, W: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -11,6 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .. import knobs
 from ..models import attn_probe
 from ..models.llm import Attention, apply_rope
 from .base import Converter, Variant, need, swap
@@ -60,9 +61,7 @@ class StaticCache(Converter):
     """``kv_cache=static``: every decoder attention becomes a ``StaticAttention``; the request loop
     (``engine.Engine``) keeps one static cache per (batch, cache length)."""
 
-    knob, label, manifest_key = "kv_cache", "static KV", "kv_cache_is"
-    on = "static"
-    cost_knobs = ("kv_cache", "static_cache_len")
+    spec = knobs.STATIC_CACHE
 
     def check(self, ex, device, dtype, model=None, positions=None) -> None:
         if not self.active(ex):

@@ -5,6 +5,7 @@ inputs); shapes per view size and batch need more than Dynamo's default 8 recomp
 64). Needs ``vision_impl=fused`` and a CUDA device (on a CPU the blocks would run eager)."""
 from __future__ import annotations
 
+from .. import knobs
 from .base import Converter
 from .engine import need_cuda
 
@@ -15,9 +16,7 @@ def vision_blocks(model) -> list:
 
 
 class VisionCompile(Converter):
-    knob, label, manifest_key = "vision_compile", "compiled vision", "vision_compile_is"
-    on = True
-    module_hooks = False
+    spec = knobs.VISION_COMPILE
 
     def check(self, ex, device, dtype, model=None, positions=None) -> None:
         if self.active(ex):
