@@ -266,6 +266,15 @@ def _task(verb: str):
             if multirun:
                 raise
             sys.exit(_write_failed(exc, "check that the path named is a directory you can write to"))
+        except Exception as exc:  # noqa: BLE001 - out of memory is one line (the run verb closes its own run)
+            from .memory_check import out_of_memory
+            err = out_of_memory(exc, f"the {verb} verb")
+            if err is exc:
+                raise
+            if multirun:
+                print(f"error: {err}", file=sys.stderr)
+                raise err from exc
+            _fail_unstarted(verb, out, err)
     return task
 
 
@@ -356,6 +365,9 @@ def _main(argv: list[str] | None = None) -> int:
                 raise
     except HarnessError as exc:
         _fail(exc)
+    except MemoryError as exc:   # the checks before the run (a folder of pages too large to load)
+        from .memory_check import out_of_memory
+        _fail(out_of_memory(exc, "the checks before the run"))
     except OSError as exc:   # a full disk before anything of the run was written
         print(f"error: cannot create the run directory ({exc.strerror or exc} writing {exc.filename}); fix: "
               f"{write_fix(exc)}", file=sys.stderr)

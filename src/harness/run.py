@@ -34,7 +34,7 @@ from .measure.kernels import llm_attention_kernels
 from .measure.nvtx_ranges import NvtxRanges
 from .measure.observations import STEP_COLUMNS
 from .measure.runner import CaseMeasurement, measure_case
-from .memory_check import check_memory
+from .memory_check import check_memory, out_of_memory
 from .models import attn_probe
 from .models.routing import routed_steps
 from .report.progress import RunProgress, waiting
@@ -242,7 +242,7 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
             signals.stopping()
             timeline.stop()
             rd.manifest["timing"] = timeline.as_dict()
-            raise close_run(rd, data, exc, where,
+            raise close_run(rd, data, out_of_memory(exc, where.describe()), where,
                             lambda r, d, plot=True: write_report(r, d, plot=plot, strict=True)) from exc
     if paths.get("report"):
         log.info("report: %s", paths["report"])
@@ -293,9 +293,11 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
             for note in inputs.notes:
                 rd.warn(note)
         progress(f"[harness] device {device} dtype {dtype}; {len(cases)} case(s): {', '.join(c.name for c in cases)}")
-        if cfg.run.memory_check:
+        mcfg = cfg.measure.resolved(cuda)
+        if cfg.run.memory_check:   # before any page is drawn or the model built
             timeline.enter("memory check")
-            rd.update(memory=check_memory(cfg.model, device, dtype, cases))
+            rd.update(memory=check_memory(cfg.model, device, dtype, cases,
+                                          requests=mcfg.warmup + mcfg.repeats + int(mcfg.kernels)))
         attn_probe.reset()
         timeline.enter("model build")
         with waiting(progress, f"building the {cfg.model.name} model ({dtype_name}, {cfg.model.weights} weights)"):
@@ -305,7 +307,6 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
         timeline.enter("calibration")
         with waiting(progress, "calibrating (a cached record makes this instant)"):
             rd.update(calibration=ensure_calibration(device, cfg.hardware, progress=progress))
-        mcfg = cfg.measure.resolved(cuda)
         rd.update(measure={**dataclasses.asdict(mcfg), "gc": "Python cyclic GC paused inside each timed request",
                            "kernels_from": _kernels_from(mcfg)})
         if bar:
