@@ -244,9 +244,9 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
             rd.manifest["timing"] = timeline.as_dict()
             raise close_run(rd, data, out_of_memory(exc, where.describe()), where,
                             lambda r, d, plot=True: write_report(r, d, plot=plot, strict=True)) from exc
-    if paths.get("report"):
-        log.info("report: %s", paths["report"])
     say = progress or print
+    if paths.get("report"):
+        say(f"[harness] report: {paths['report']}")
     say(f"[harness] {timeline.line()}")
     say(f"[harness] wrote {rd.path}")
     return rd
@@ -321,7 +321,7 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
         for i, inputs in enumerate(cases):
             case = inputs.case
             where.at("case", case.name, i + 1)
-            progress(f"[harness] case {i + 1}/{len(cases)} {case.name}: {case.to_dict()}")
+            progress(f"[harness] case {i + 1} of {len(cases)}, {case.name}: {case.to_dict()}")
             ident = {"case": case.name, "mode": case.mode.name, "grid": case.to_dict()["grid"], "batch": case.batch}
 
             def make(r, inputs=inputs):

@@ -396,7 +396,7 @@ def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, se
         model.info.update(info)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    info["build_s"] = time.perf_counter() - t0
+    info["build_s"] = round(time.perf_counter() - t0, 3)
     info["attn_implementation_requested"] = mcfg.attn_implementation
     return model, info
 

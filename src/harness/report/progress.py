@@ -12,7 +12,7 @@ import time
 class RunProgress:
     """Callable taking progress messages; ``start(total)`` sizes the bar in requests."""
 
-    REQUEST_WORDS = ("warm-up", "repeat", "profiled")
+    REQUEST_WORDS = ("warmup=", "repeat=", "profiled")
 
     def __init__(self, stream=None, bar: bool | None = None):
         self.stream = stream or sys.stdout

@@ -55,7 +55,7 @@ def headline_section(run: RunData, st: pd.DataFrame, summary: Summary) -> list:
                      "tokens": f"{ci.get('image_tokens', '?')} / {ci.get('prefill_tokens', '?')} / "
                                f"{ci.get('decode_tokens', '?')}",
                      "requests": f"{'?' if warm is None else int(warm)} + {int(h['repeats'])}",
-                     "median_request": f"#{h['repeat']}",
+                     "median_request": f"repeat={h['repeat']}",
                      **{k: (h.get(c), h.get(f"{c}_min"), h.get(f"{c}_max"))
                         for k, c in (("e2e", "e2e_ms"), ("ttft", "ttft_ms"), ("ttft_e2e", "ttft_e2e_ms"))},
                      "pages_s": h.get("pages_s"),
@@ -72,7 +72,8 @@ def headline_section(run: RunData, st: pd.DataFrame, summary: Summary) -> list:
     L += table(["case", "mode", "grid", "batch", "tokens", "requests", "median_request", "e2e", "pages_s", "ttft",
                 "ttft_e2e", "tpot_pcts", "tok_s_head", "request_eff", "dominant", "bound_by"], rows)
     L += ["", f"One row per case: the **median request**, the timed repeat whose end-to-end time is the median "
-          f"(with an even count the lower middle), every value from that one request; [min–max] over the timed "
+          f"(with an even count the lower middle; `repeat=R` counts the timed repeats from 0, as stages.csv and the "
+          f"run's progress lines do), every value from that one request; [min–max] over the timed "
           f"repeats (`headline.csv` also has the seeded bootstrap 95% interval of the median). Times: {timer} clock "
           f"({'CUDA events' if timer == 'GPU' else 'host wall clock, no CUDA'}). TTFT runs from the request's "
           "start to the first token (vision + prefill) and excludes building the request (preprocessing) and its "
