@@ -229,6 +229,8 @@ def _task(verb: str):
         logging.getLogger("harness").setLevel(logging.INFO)
         out = Path(HydraConfig.get().runtime.output_dir)
         multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+        from .sweep import job_started
+        job_started()                     # this job's own start-up begins here (a multirun's later jobs)
         try:
             from .sweep import pin_gpu_for_job
             pin_gpu_for_job(out)          # a sweep job's own GPU, before anything touches CUDA

@@ -44,10 +44,8 @@ from .roofline.join import analytic_for_case
 from .rundir import RunData, RunDir, trace_name
 from .setup import check_cases, device_info, load_adapter, prepare_cases, resolve_device, resolve_dtype
 from .stopping import Position, close_run
-from .sweep import job_environment
-from .timeline import Timeline, phase_of, process_age_s
-
-log = logging.getLogger("harness.run")
+from .sweep import job_environment, start_up_s
+from .timeline import Timeline, phase_of
 
 
 def routing_rows(case: str, routing: dict) -> list:
@@ -223,7 +221,7 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
     (``harness.stopping.close_run``): the finished cases stay in the CSVs and the manifest, the
     report is rewritten, and a ``RunStopped`` carries the one stderr line and the exit code.
     """
-    where, timeline = Position(cases=0), Timeline(before=process_age_s())
+    where, timeline = Position(cases=0), Timeline(before=start_up_s())
     timeline.enter("set-up")
     with catch_signals() as signals, _log_errors_quiet():
         with signals.deferred():
