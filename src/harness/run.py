@@ -37,7 +37,8 @@ from .measure.runner import CaseMeasurement, measure_case
 from .memory_check import check_memory, out_of_memory
 from .models import attn_probe
 from .models.routing import routed_steps
-from .report.progress import RunProgress, waiting
+from .models.generate import DECODE_WATCH
+from .report.progress import DecodeProgress, RunProgress, waiting
 from .report.report import write_report
 from .roofline.calibrate import ensure_calibration
 from .roofline.join import analytic_for_case
@@ -316,6 +317,8 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
         if not nv.available:
             rd.warn(nv.reason)
         tables, reports = CaseTables(rd, data), ReportPacer()
+        watch = DecodeProgress(getattr(progress, "inside", progress), issued=cuda)
+        stack.callback(DECODE_WATCH.reset, DECODE_WATCH.set(watch))
         for i, inputs in enumerate(cases):
             case = inputs.case
             where.at("case", case.name, i + 1)
@@ -331,6 +334,7 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
             def at(request, i=i, name=case.name):
                 where.at("case", name, i + 1, request)
                 timeline.enter(phase_of(request))
+                watch.label = f"{name}: {request}"
 
             trace = rd.path / trace_name(case.name) if (mcfg.kernels and mcfg.trace) else None
             measured = measure_case(model, make, mcfg, ident, cuda, progress=progress, at=at, trace_path=trace)
