@@ -288,9 +288,9 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
         where.cases = len(cases)
         if tok_reason:
             rd.warn(tok_reason)
-        for inputs in cases:
-            for note in inputs.notes:
-                rd.warn(note)
+        for note in dict.fromkeys(n for inputs in cases for n in inputs.notes):
+            rd.warn(note)
+            progress(f"[harness] note: {note}")
         progress(f"[harness] device {device} dtype {dtype}; {len(cases)} case(s): {', '.join(c.name for c in cases)}")
         mcfg = cfg.measure.resolved(cuda)
         if cfg.run.memory_check:   # before any page is drawn or the model built

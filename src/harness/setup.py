@@ -243,6 +243,17 @@ def check_pages(w: WorkloadConfig, name: str | None) -> None:
                            f"{w.batch} or more, or set workload.repeat_pages=true to measure a batch of copies")
 
 
+def unused_base_size(mode: wl.CropMode) -> list:
+    """[the note] for a mode that does not crop but names a ``base_size`` other than its
+    ``image_size``: without crop the page is viewed at ``image_size`` only (the vendor's non-crop
+    path, ``workload.preprocess``), so that base_size is not used; [] for any other mode."""
+    if mode.crop or mode.base_size == mode.image_size:
+        return []
+    return [f"mode {mode.name!r} has crop: false, so each page is viewed at image_size ({mode.image_size} px) only and "
+            f"its base_size {mode.base_size} is not used (set base_size: {mode.image_size} to say so, or crop: true for "
+            f"a {mode.base_size} px global view with {mode.image_size} px tiles)"]
+
+
 def case_workloads(cfg: HarnessConfig) -> list:
     """[(name or None, WorkloadConfig, ExecutionConfig)]: ``workload`` with each ``cases`` entry's non-None
     workload fields, ``execution`` with its execution overrides (every case: ``run.only`` selects among
@@ -291,7 +302,7 @@ def prepare_cases(cfg: HarnessConfig) -> tuple:
             case = wl.Case(c.mode, c.grid, w.batch, c.text_tokens, c.decode_tokens, name or "")
             if label:
                 case = dataclasses.replace(case, name=f"{case.name}-{label}")
-            notes = [p.note for p in {id(p): p for p in files or []}.values() if p.note]
+            notes = [p.note for p in {id(p): p for p in files or []}.values() if p.note] + unused_base_size(c.mode)
             inputs = CaseInputs(case, w, m, tokenizer, files, notes)
             if inputs.distinct_pages < w.batch:
                 notes.append(f"{inputs.name}: {wl.batch_wording(w.batch, inputs.distinct_pages)} "
