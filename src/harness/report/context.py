@@ -48,7 +48,9 @@ def calibration_line(man: dict, p: Peaks) -> str:
     entry = man.get("calibration") or {}
     status = entry.get("status")
     if status == "measured":
-        return f"measured by this run on first use ({fixed('{:.1f}')(entry.get('seconds'))} s), cached at {entry.get('path')}"
+        cached = (f"cached at {entry['path']}" if entry.get("path") else
+                  entry.get("cache_error") or "not cached (the record could not be written)")
+        return f"measured by this run on first use ({fixed('{:.1f}')(entry.get('seconds'))} s), {cached}"
     if status == "cached":
         return f"cached record of this device ({entry.get('measured') or 'date not recorded'}): {entry.get('path')}"
     if status:

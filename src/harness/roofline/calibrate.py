@@ -267,8 +267,8 @@ def calibrate(device, hardware=None, progress=print, write_cache: bool = True) -
                 tmp.unlink(missing_ok=True)
             rec["path"] = str(path)
         except OSError as exc:
-            rec["cache_error"] = f"not cached at {path} ({exc.strerror or exc})"
-            progress(f"[calibrate] {rec['cache_error']}")
+            rec["cache_error"] = f"not cached: cannot write {path} ({exc.strerror or exc})"
+            progress(f"[harness] calibrate: {rec['cache_error']}")
     return rec
 
 
@@ -309,8 +309,8 @@ def ensure_calibration(device, hardware=None, progress=print) -> dict:
                 "reason": f"measured twice, failed the calibration checks both times: {'; '.join(rec['problems'])}",
                 "rejected": {k: rec.get(k) for k in MANIFEST_KEYS if k != "path"}}
     progress(f"[harness] calibrated in {seconds:.1f} s: GEMM {rec['gemm_tflops']:,.4g} TFLOP/s "
-             f"({rec['gemm_dtype']}), copy {rec['copy_gbs']:,.4g} GB/s, read {rec['read_gbs']:,.4g} GB/s -> "
-             f"{rec.get('path') or rec.get('cache_error')}")
+             f"({rec['gemm_dtype']}), copy {rec['copy_gbs']:,.4g} GB/s, read {rec['read_gbs']:,.4g} GB/s; "
+             + (f"cached at {rec['path']}" if rec.get("path") else rec.get("cache_error") or "not cached"))
     extra = {"cache_error": rec["cache_error"]} if rec.get("cache_error") else {}
     return {"status": "measured", "seconds": seconds, **{k: rec.get(k) for k in MANIFEST_KEYS}, **extra}
 
@@ -345,7 +345,7 @@ def summary_lines(rec: dict) -> list:
     lines.append(f"checks        {verdict} (within {lo:.0%}-{hi:.0%} of the datasheet where there is one, "
                  f"CV <= {limit:.0%}; {rec.get('attempts', 1)} measurement(s))")
     if rec.get("path") or rec.get("cache_error"):
-        lines.append(f"cached        {rec.get('path') or rec.get('cache_error')}")
+        lines.append(f"cache         {'cached at ' + rec['path'] if rec.get('path') else rec['cache_error']}")
     return lines
 
 
