@@ -301,7 +301,8 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
         timeline.enter("model build")
         with waiting(progress, f"building the {cfg.model.name} model ({dtype_name}, {cfg.model.weights} weights)"):
             model, info = load_adapter(cfg.model, device, dtype, cfg.seed, workdir=rd.path / "vendor_infer")
-        progress(f"[harness] model {info.get('adapter')} built in {info['build_s']:.1f} s")
+        progress(f"[harness] model {info['model_name']} ({info.get('adapter')}, {info['params']:,} parameters) built "
+                 f"in {info['build_s']:.1f} s")
         rd.update(model=info)
         timeline.enter("calibration")
         with waiting(progress, "calibrating (a cached record makes this instant)"):

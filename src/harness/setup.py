@@ -465,9 +465,43 @@ def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, se
         torch.cuda.synchronize()
     info["build_s"] = round(time.perf_counter() - t0, 3)
     info["attn_implementation_requested"] = mcfg.attn_implementation
+    info.update(model_name=model_name(mcfg), params=parameter_count(model, mcfg))
     return model, info
+
+
+#: the parts of a ``ModelConfig`` that make a ``conf/model`` option what it is (``model_name``)
+MODEL_IDENTITY = ("name", "llm", "sam", "clip", "projector")
+
+
+def model_name(mcfg: ModelConfig) -> str:
+    """The ``conf/model`` option (``tiny``, ``reference``, ``vendor``) whose model name and sizes
+    ``mcfg`` has, else ``<model.name> (custom sizes)``: what a report calls the model."""
+    from omegaconf import OmegaConf
+
+    from .cli import CONF_DIR
+    from .config import from_dict
+
+    for path in sorted((CONF_DIR / "model").glob("*.yaml")):
+        try:
+            option = from_dict(ModelConfig, OmegaConf.to_container(OmegaConf.load(path)) or {})
+        except Exception:  # noqa: BLE001 - an option that does not read as a ModelConfig names nothing
+            continue
+        if all(getattr(option, k) == getattr(mcfg, k) for k in MODEL_IDENTITY):
+            return path.stem
+    return f"{mcfg.name} (custom sizes)"
+
+
+def parameter_count(model, mcfg: ModelConfig) -> int:
+    """Parameters of the built ``model`` (each tensor once), or the analytic count of ``mcfg``
+    (``harness.analytic.component_params``) where the adapter is no ``nn.Module``."""
+    if isinstance(model, torch.nn.Module):
+        return sum(p.numel() for p in model.parameters())
+    from .analytic import component_params
+
+    return int(component_params(mcfg)["total"])
 
 
 __all__ = ["resolve_device", "resolve_dtype", "device_info", "CaseInputs", "WARMUP_STREAM", "distinct_pages",
            "page_size", "synthetic_pages", "page_source", "check_pages", "request_pages", "case_workloads", "prepare_cases",
-           "select_cases", "check_run_only", "check_cases", "load_adapter"]
+           "select_cases", "check_run_only", "check_cases", "position_limit", "prompt_tokens", "check_positions",
+           "unused_base_size", "load_adapter", "model_name", "parameter_count", "MODEL_IDENTITY"]
