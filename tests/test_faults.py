@@ -102,7 +102,7 @@ def harness_interrupted(root: Path, overrides: list, after: int) -> Result:
     try:
         for line in proc.stdout:
             out.append(line)
-            if f": repeat {after}/" in line:
+            if f": repeat={after - 1} (" in line:
                 proc.send_signal(signal.SIGINT)
                 break
         out += proc.stdout.readlines()

@@ -115,6 +115,7 @@ def test_per_step_counts_mbu_and_end_to_end_pages(tmp_path):
     assert row["mbu_decode"] == pytest.approx(dec["mbu"]) and 0 < row["mbu_decode"] < 0.05
     assert row["ttft_e2e_ms"] > row["ttft_ms"] > 0          # preprocessing and copy come on top
     assert pd.isna(row["pages_s_e2e"])                      # this run's headline.csv predates the column
+    assert pd.isna(row["preprocess_ms"])                    # no infer(): no preprocessing inside the request
     copy = shutil.copytree(run, tmp_path / "run")
     head = pd.read_csv(copy / "headline.csv")
     head["pages_s_e2e"] = [0.125 * (i + 1) for i in range(len(head))]

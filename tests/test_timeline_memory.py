@@ -4,7 +4,6 @@ issue 26 item 11, CPU, no model built, no dependence on the machine's speed (a f
 from __future__ import annotations
 
 import io
-import types
 
 import pytest
 import torch
@@ -50,11 +49,14 @@ def test_request_labels_map_to_phases():
         "warm-up", "timed repeats", "profiled request", "analytic + writing", "analytic + writing"]
 
 
-def _case(prefill: int, decode: int, batch: int = 1, kv_cache: str = "growing"):
-    from harness.config import ExecutionConfig
+def _case(mode="base", grid=None, decode: int = 128, batch: int = 1, kv_cache: str = "growing"):
+    """A prepared case (``setup.CaseInputs``) of synthetic A4 pages; nothing is drawn."""
+    from harness import workload as wl
+    from harness.config import ExecutionConfig, WorkloadConfig
+    from harness.setup import CaseInputs
 
-    return types.SimpleNamespace(case=types.SimpleNamespace(prefill_tokens=prefill, decode_tokens=decode, batch=batch),
-                                 execution=ExecutionConfig(kv_cache=kv_cache))
+    return CaseInputs(wl.Case(wl.get_mode(mode), grid, batch, 12, decode), WorkloadConfig(batch=batch),
+                      ExecutionConfig(kv_cache=kv_cache), tokenizer=None)
 
 
 def test_the_full_model_in_fp32_is_refused_where_it_cannot_fit():
@@ -65,28 +67,39 @@ def test_the_full_model_in_fp32_is_refused_where_it_cannot_fit():
     kv = 2 * 12 * 10 * 128 * 4 * (286 + 128)       # K and V, 12 layers x 10 heads x 128, fp32, 414 positions
     margin = int(MARGIN_FRACTION * weights)        # 10% of the weights is more than 1 GiB here
     assert margin > MARGIN_MIN_BYTES
-    total = weights + kv + margin
+    pages = 1240 * 1754 * 3                        # one A4 page at 150 dpi, RGB bytes (one request built)
+    preprocessed = 2 * 3 * 1024 * 1024 * 4         # base: a 1024 px float32 view, page list + stacked batch
+    # SAM's global block at 1024 px (64 x 64 tokens, 768 channels, 12 heads of 64) writes qkv, rel_h + rel_w,
+    # the dense 4096 x 4096 mask per head, the attention output and the projection + residual, fp32
+    tokens = 64 * 64
+    activations = (3 * tokens * 768 + 12 * tokens * (64 + 64) + 12 * tokens * tokens + 2 * tokens * 768) * 4
+    total = pages + preprocessed + weights + kv + activations + margin
     cpu = torch.device("cpu")
     with pytest.raises(HarnessError) as exc:
-        check_memory(ModelConfig(), cpu, torch.float32, [_case(286, 128)], free=(8_000_000_000, "available RAM"))
+        check_memory(ModelConfig(), cpu, torch.float32, [_case()], free=(8_000_000_000, "available RAM"))
     msg = str(exc.value)
-    assert msg.startswith(f"the run needs about {total / 1e9:.1f} GB ({weights / 1e9:.1f} GB of weights, "
-                          f"{kv / 1e9:.1f} GB of KV cache, {margin / 1e9:.1f} GB for activations) but only 8.0 GB of "
-                          "available RAM is free; fix: use model=tiny, dtype=bf16 (halves the weights")
+    assert msg.startswith(f"the run needs about {total / 1e9:.1f} GB ({pages / 1e6:.0f} MB of pages, "
+                          f"{preprocessed / 1e6:.0f} MB of preprocessed tensors, {weights / 1e9:.1f} GB of weights, "
+                          f"{kv / 1e6:.0f} MB of KV cache, {activations / 1e6:.0f} MB of activations, "
+                          f"{margin / 1e9:.1f} GB of margin) but only 8.0 GB of available RAM is free; fix: use "
+                          "model=tiny, dtype=bf16 (halves the weights")
     assert msg.endswith("or a machine with more memory (run.memory_check=false skips this check)")
-    assert "a smaller workload.batch" not in msg
-    entry = check_memory(ModelConfig(), cpu, torch.float32, [_case(286, 128)], free=(total, "available RAM"))
-    assert entry["need_bytes"] == {"weights": weights, "kv_cache": kv, "margin": margin, "total": total}
-    with pytest.raises(HarnessError, match="a smaller workload.batch"):   # batch 8: the batch is a fix
-        check_memory(ModelConfig(), cpu, torch.bfloat16, [_case(286, 128, batch=8)], free=(1_000_000, "x"))
-    assert check_memory(ModelConfig(), cpu, torch.float32, [_case(286, 128)], free=(None, "unknown"))["free_bytes"] \
+    assert "workload.batch" not in msg
+    entry = check_memory(ModelConfig(), cpu, torch.float32, [_case()], free=(total, "available RAM"))
+    assert entry["need_bytes"] == {"pages": pages, "preprocessed": preprocessed, "weights": weights, "kv_cache": kv,
+                                   "graph_pools": 0, "activations": activations, "request_on_device": 0,
+                                   "held_by_others": 0, "margin": margin, "total": total}
+    with pytest.raises(HarnessError, match="workload.batch=1"):   # batch 8: the batch is a fix
+        check_memory(ModelConfig(), cpu, torch.bfloat16, [_case(batch=8)], free=(1_000_000, "x"))
+    assert check_memory(ModelConfig(), cpu, torch.float32, [_case()], free=(None, "unknown"))["free_bytes"] \
         is None                                    # nothing to compare with: the run goes on
 
 
-def test_the_tiny_model_fits_with_the_one_gib_margin(tiny_cfg):
+def test_the_tiny_model_fits_with_the_one_gib_margin(tiny_cfg, tiny_mode):
     from harness.analytic import component_params
 
-    entry = check_memory(tiny_cfg, torch.device("cpu"), torch.float32, [_case(29, 4)], free=(2 << 30, "RAM"))
+    entry = check_memory(tiny_cfg, torch.device("cpu"), torch.float32, [_case(tiny_mode, (2, 3), 4)],
+                         free=(2 << 30, "RAM"))
     assert entry["need_bytes"]["weights"] == component_params(tiny_cfg)["total"] * 4
     assert entry["need_bytes"]["margin"] == MARGIN_MIN_BYTES      # 10% of 67 MB is less than 1 GiB
 

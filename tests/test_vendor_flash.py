@@ -104,7 +104,7 @@ def test_vendor_flash_attention_bf16_teacher_forced():
     req = W.build_request(W.load_pages(None, pages=1, seed=0), "base", decode_tokens=STEPS + 1)
 
     ref = build_model(V.vendor_reference_config(vdir, "eager", trust_remote_code=True), dev, dt, seed=0)
-    img = ref.image_embeddings(req.global_views.to(dev), None, req.grid)
+    img = ref.image_embeddings(req.global_views.to(dev, dt), None, req.grid)
     cache = KVCache(ref.cfg.llm.num_layers)
     logits = [ref.prefill(req.input_ids.to(dev), req.images_seq_mask.to(dev), img, cache)[:, -1:].float().cpu()]
     tokens = [logits[0][:, -1].argmax(-1, keepdim=True).to(dev)]

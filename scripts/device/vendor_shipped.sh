@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 36 on a GPU machine: flash-attn built from the carried sdist, its kernels checked against torch
 # SDPA, the bf16 parity of the vendor model, and the runs of the vendor's workload as shipped.
-# Carry .whl .whl-vendor .flash-attn models .devstamp. Sections: fa parity rows crop
-#   bash scripts/device/vendor_shipped.sh fa parity crop rows
+# Carry .whl .whl-vendor .flash-attn models .devstamp. Sections: fa check parity crop eager ours ref graph tar
+#   bash scripts/device/vendor_shipped.sh fa parity crop eager graph tar; then ... fa ours ref tar
 set -u
 source scripts/device_setup.sh
 export PATH=$PATH:/usr/local/cuda/bin
@@ -27,13 +27,14 @@ for section in "$@"; do
               tests/test_vendor_flash.py -m gpu 2>&1 | quiet | tail -12 | tee "$OUT/parity.log" ;;
     crop)   export PYTHONPATH=/tmp/fasite:$PYTHONPATH
             row vendor-infer-fa2 240 $V model.vendor_entry=infer model.attn_implementation=flash_attention_2 ;;
+    eager)  row vendor-infer-eager 240 $V model.vendor_entry=infer model.attn_implementation=eager ;;
     ours)   export PYTHONPATH=/tmp/fasite:$PYTHONPATH
             row vendor-ours-fa2 150 $V model.attn_implementation=flash_attention_2 ;;
-    rows)   export PYTHONPATH=/tmp/fasite:$PYTHONPATH
-            row vendor-infer-eager 200 $V model.vendor_entry=infer model.attn_implementation=eager
-            row vendor-ours-fa2 150 $V model.attn_implementation=flash_attention_2
-            row vendor-style 120
-            row best-fused 200 $BEST ;;
+    ref)    row vendor-style 150
+            row best-fused 240 $BEST ;;
+    graph)  export PYTHONPATH=/tmp/fasite:$PYTHONPATH
+            timeout 150 python3 -m harness graph $V model.vendor_entry=infer model.attn_implementation=flash_attention_2 \
+              run.root=/tmp/vs run.name=graph-infer 2>&1 | quiet | grep -v "^\s*$" | tail -8 | tee "$OUT/graph.log" ;;
     tar)    (cd /tmp/vs && tar czf "$OUT/vs.tgz" --exclude=kernels.csv --exclude=traces --exclude=routing_steps.csv .) ;;
   esac
   echo "[$section: $((SECONDS - s)) s]" | tee -a "$OUT/times.txt"

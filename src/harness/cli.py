@@ -15,7 +15,10 @@ the process like SIGINT (unless inherited as ignored: ``nohup``): what ends the 
 run takes the directory over (Hydra unable to write its own files on a full disk, a signal during
 the start-up) closes it as ``failed`` / ``interrupted`` with one line (``rundir.close_unstarted``).
 An override Hydra cannot parse because a space split its value, or because the value has letters
-outside ASCII, is answered with the quoted override to type.
+outside ASCII, is answered with the quoted override to type; a bare word after a key that takes
+no text (``workload.decode_tokens=4 measure``) is named as a stray word, with the key or group it
+may have meant (``stray_word``). A ``MemoryError`` (or torch's GPU out-of-memory error) outside a
+run's own handling is one line and exit 2 (``harness.memory_check.out_of_memory``).
 
 Exit codes and the one stderr line: 0 done; 2 a problem the user can fix (``error: <problem>;
 fix: <fix>``); 1 an internal or write error, a full disk (``error: ...``); 130 / 143 / 129 a run
@@ -87,6 +90,8 @@ def syntax_error(overrides: list[str], exc: Exception) -> HarnessError:
     """The one-line error for overrides Hydra cannot parse. A value that a space split into two
     arguments, or that holds letters outside ASCII (which Hydra reads only in quotes), gets the
     quoted override to type instead; anything else ``config.config_error``'s message."""
+    import typing
+
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from .config import config_error
@@ -102,12 +107,55 @@ def syntax_error(overrides: list[str], exc: Exception) -> HarnessError:
     key, eq, value = text.partition("=")
     if not eq and i > 0 and "=" in overrides[i - 1]:
         key, _, value = overrides[i - 1].partition("=")
-        return HarnessError(f"{text!r} is not an override: a space split the value of {key} into "
-                            f"{value!r} and {text!r}", f"quote it: \"{key}='{value} {text}'\"")
+        kind = schema_type(key)
+        if kind is str or kind is None or kind is typing.Any:   # text (or a key the schema does not type)
+            return HarnessError(f"{text!r} is not an override: a space split the value of {key} into "
+                                f"{value!r} and {text!r}", f"quote it: \"{key}='{value} {text}'\"")
+        return stray_word(text, key, kind)
     if eq and any(ord(c) > 127 for c in value):
         return HarnessError(f"the value of {key} ({value!r}) has letters outside ASCII, which Hydra's override "
                             "syntax reads only in quotes", f"quote it: \"{key}='{value}'\"")
     return config_error(exc)
+
+
+def schema_type(key: str):
+    """The type the config schema (``harness.config.HarnessConfig``) gives the dotted ``key``
+    (Optional[X] -> X; a dataclass for a group such as ``measure``), None for a key it does not know."""
+    import dataclasses
+    import typing
+
+    from .config import HarnessConfig
+
+    tp = HarnessConfig
+    for part in key.lstrip("+~").split("."):
+        if not dataclasses.is_dataclass(tp):
+            return None
+        hints = typing.get_type_hints(tp)
+        if part not in hints:
+            return None
+        tp = hints[part]
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if typing.get_origin(tp) is typing.Union and len(args) == 1:
+            tp = args[0]
+    return tp
+
+
+def stray_word(word: str, key: str, kind) -> HarnessError:
+    """The error for a bare ``word`` after ``key=VALUE`` where ``key`` takes no text (``kind``: its
+    schema type): the word is no part of that value; the fix names what it could have meant."""
+    import dataclasses
+
+    what = getattr(kind, "__name__", None) or str(kind).replace("typing.", "")
+    meant = schema_type(word)
+    if meant is not None and dataclasses.is_dataclass(meant):
+        keys = [f.name for f in dataclasses.fields(meant)]
+        fix = f"drop {word!r}, or set one of its keys: {word}.KEY=VALUE ({', '.join(keys)})"
+    elif meant is not None:
+        fix = f"drop {word!r}, or give it a value: {word}=VALUE"
+    else:
+        fix = f"drop {word!r}"
+    return HarnessError(f"{word!r} is not an override (overrides are KEY=VALUE): it follows {key}, which takes "
+                        f"{'an' if what[:1].lower() in 'aeiou' else 'a'} {what}, so it is no part of that value", fix)
 
 
 def _expand(overrides: list[str]) -> list[list[str]]:
@@ -234,6 +282,8 @@ def _task(verb: str):
         logging.getLogger("harness").setLevel(logging.INFO)
         out = Path(HydraConfig.get().runtime.output_dir)
         multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+        from .sweep import job_started
+        job_started()                     # this job's own start-up begins here (a multirun's later jobs)
         try:
             from .sweep import pin_gpu_for_job
             pin_gpu_for_job(out)          # a sweep job's own GPU, before anything touches CUDA
@@ -274,6 +324,15 @@ def _task(verb: str):
             if multirun:
                 raise
             sys.exit(_write_failed(exc, "check that the path named is a directory you can write to"))
+        except Exception as exc:  # noqa: BLE001 - out of memory is one line (the run verb closes its own run)
+            from .memory_check import out_of_memory
+            err = out_of_memory(exc, f"the {verb} verb")
+            if err is exc:
+                raise
+            if multirun:
+                print(f"error: {err}", file=sys.stderr)
+                raise err from exc
+            _fail_unstarted(verb, out, err)
     return task
 
 
@@ -367,6 +426,9 @@ def _main(argv: list[str] | None = None) -> int:
                 raise
     except HarnessError as exc:
         _fail(exc)
+    except MemoryError as exc:   # the checks before the run (a folder of pages too large to load)
+        from .memory_check import out_of_memory
+        _fail(out_of_memory(exc, "the checks before the run"))
     except OSError as exc:   # a full disk before anything of the run was written
         print(f"error: cannot create the run directory ({exc.strerror or exc} writing {exc.filename}); fix: "
               f"{write_fix(exc)}", file=sys.stderr)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import time
 from pathlib import Path
 
@@ -34,20 +33,19 @@ from .measure.kernels import llm_attention_kernels
 from .measure.nvtx_ranges import NvtxRanges
 from .measure.observations import STEP_COLUMNS
 from .measure.runner import CaseMeasurement, measure_case
-from .memory_check import check_memory
+from .memory_check import check_memory, out_of_memory
 from .models import attn_probe
 from .models.routing import routed_steps
-from .report.progress import RunProgress, waiting
+from .models.generate import DECODE_WATCH
+from .report.progress import DecodeProgress, RunProgress, waiting
 from .report.report import write_report
 from .roofline.calibrate import ensure_calibration
 from .roofline.join import analytic_for_case
 from .rundir import RunData, RunDir, trace_name
 from .setup import check_cases, device_info, load_adapter, prepare_cases, resolve_device, resolve_dtype
 from .stopping import Position, close_run, log_errors_quiet
-from .sweep import job_environment
-from .timeline import Timeline, phase_of, process_age_s
-
-log = logging.getLogger("harness.run")
+from .sweep import job_environment, start_up_s
+from .timeline import Timeline, phase_of
 
 
 def routing_rows(case: str, routing: dict) -> list:
@@ -223,7 +221,7 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
     (``harness.stopping.close_run``): the finished cases stay in the CSVs and the manifest, the
     report is rewritten, and a ``RunStopped`` carries the one stderr line and the exit code.
     """
-    where, timeline = Position(cases=0), Timeline(before=process_age_s())
+    where, timeline = Position(cases=0), Timeline(before=start_up_s())
     timeline.enter("set-up")
     with catch_signals() as signals, log_errors_quiet():
         with signals.deferred():
@@ -242,11 +240,11 @@ def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
             signals.stopping()
             timeline.stop()
             rd.manifest["timing"] = timeline.as_dict()
-            raise close_run(rd, data, exc, where,
+            raise close_run(rd, data, out_of_memory(exc, where.describe()), where,
                             lambda r, d, plot=True: write_report(r, d, plot=plot, strict=True)) from exc
-    if paths.get("report"):
-        log.info("report: %s", paths["report"])
     say = progress or print
+    if paths.get("report"):
+        say(f"[harness] report: {paths['report']}")
     say(f"[harness] {timeline.line()}")
     say(f"[harness] wrote {rd.path}")
     return rd
@@ -277,23 +275,25 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
         where.cases = len(cases)
         if tok_reason:
             rd.warn(tok_reason)
-        for inputs in cases:
-            for note in inputs.notes:
-                rd.warn(note)
+        for note in dict.fromkeys(n for inputs in cases for n in inputs.notes):
+            rd.warn(note)
+            progress(f"[harness] note: {note}")
         progress(f"[harness] device {device} dtype {dtype}; {len(cases)} case(s): {', '.join(c.name for c in cases)}")
-        if cfg.run.memory_check:
+        mcfg = cfg.measure.resolved(cuda)
+        if cfg.run.memory_check:   # before any page is drawn or the model built
             timeline.enter("memory check")
-            rd.update(memory=check_memory(cfg.model, device, dtype, cases))
+            rd.update(memory=check_memory(cfg.model, device, dtype, cases,
+                                          requests=mcfg.warmup + mcfg.repeats + int(mcfg.kernels)))
         attn_probe.reset()
         timeline.enter("model build")
         with waiting(progress, f"building the {cfg.model.name} model ({dtype_name}, {cfg.model.weights} weights)"):
             model, info = load_adapter(cfg.model, device, dtype, cfg.seed, workdir=rd.path / "vendor_infer")
-        progress(f"[harness] model {info.get('adapter')} built in {info['build_s']:.1f} s")
+        progress(f"[harness] model {info['model_name']} ({info.get('adapter')}, {info['params']:,} parameters) built "
+                 f"in {info['build_s']:.1f} s")
         rd.update(model=info)
         timeline.enter("calibration")
         with waiting(progress, "calibrating (a cached record makes this instant)"):
             rd.update(calibration=ensure_calibration(device, cfg.hardware, progress=progress))
-        mcfg = cfg.measure.resolved(cuda)
         rd.update(measure={**dataclasses.asdict(mcfg), "gc": "Python cyclic GC paused inside each timed request",
                            "kernels_from": _kernels_from(mcfg)})
         if bar:
@@ -305,10 +305,12 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
         if not nv.available:
             rd.warn(nv.reason)
         tables, reports = CaseTables(rd, data), ReportPacer()
+        watch = DecodeProgress(getattr(progress, "inside", progress), issued=cuda)
+        stack.callback(DECODE_WATCH.reset, DECODE_WATCH.set(watch))
         for i, inputs in enumerate(cases):
             case = inputs.case
             where.at("case", case.name, i + 1)
-            progress(f"[harness] case {i + 1}/{len(cases)} {case.name}: {case.to_dict()}")
+            progress(f"[harness] case {i + 1} of {len(cases)}, {case.name}: {case.to_dict()}")
             ident = {"case": case.name, "mode": case.mode.name, "grid": case.to_dict()["grid"], "batch": case.batch}
 
             def make(r, inputs=inputs):
@@ -320,6 +322,7 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
             def at(request, i=i, name=case.name):
                 where.at("case", name, i + 1, request)
                 timeline.enter(phase_of(request))
+                watch.label = f"{name}: {request}"
 
             trace = rd.path / trace_name(case.name) if (mcfg.kernels and mcfg.trace) else None
             measured = measure_case(model, make, mcfg, ident, cuda, progress=progress, at=at, trace_path=trace)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import platform
 import shutil
 import subprocess
@@ -243,6 +244,17 @@ def check_pages(w: WorkloadConfig, name: str | None) -> None:
                            f"{w.batch} or more, or set workload.repeat_pages=true to measure a batch of copies")
 
 
+def unused_base_size(mode: wl.CropMode) -> list:
+    """[the note] for a mode that does not crop but names a ``base_size`` other than its
+    ``image_size``: without crop the page is viewed at ``image_size`` only (the vendor's non-crop
+    path, ``workload.preprocess``), so that base_size is not used; [] for any other mode."""
+    if mode.crop or mode.base_size == mode.image_size:
+        return []
+    return [f"mode {mode.name!r} has crop: false, so each page is viewed at image_size ({mode.image_size} px) only and "
+            f"its base_size {mode.base_size} is not used (set base_size: {mode.image_size} to say so, or crop: true for "
+            f"a {mode.base_size} px global view with {mode.image_size} px tiles)"]
+
+
 def case_workloads(cfg: HarnessConfig) -> list:
     """[(name or None, WorkloadConfig, ExecutionConfig)]: ``workload`` with each ``cases`` entry's non-None
     workload fields, ``execution`` with its execution overrides (every case: ``run.only`` selects among
@@ -291,7 +303,7 @@ def prepare_cases(cfg: HarnessConfig) -> tuple:
             case = Case(c.mode, c.grid, w.batch, c.text_tokens, c.decode_tokens, name or "")
             if label:
                 case = dataclasses.replace(case, name=f"{case.name}-{label}")
-            notes = [p.note for p in {id(p): p for p in files or []}.values() if p.note]
+            notes = [p.note for p in {id(p): p for p in files or []}.values() if p.note] + unused_base_size(c.mode)
             inputs = CaseInputs(case, w, m, tokenizer, files, notes)
             if inputs.distinct_pages < w.batch:
                 notes.append(f"{inputs.name}: {batch_wording(w.batch, inputs.distinct_pages)} "
@@ -339,7 +351,9 @@ def check_cases(cfg: HarnessConfig, cases: Optional[list] = None, device: Option
     else, is refused (``HarnessError``, naming the case); one that only this device cannot run
     (``CannotRunHere``) is skipped where the run has cases of an experiment, unless no case is left.
     The static cache's length is checked against each request's prompt + decode tokens (the config's
-    cases are prepared for that, and for ``run.only``'s selection, only when either is set)."""
+    cases are prepared for that, and for ``run.only``'s selection, only when either is set). Prompt
+    + decode positions beyond what the model holds (``position_limit``) are refused
+    (``check_positions``): exactly for prepared cases, else from a lower bound of the prompt."""
     from . import variants
     from .variants.base import CannotRunHere
 
@@ -348,6 +362,15 @@ def check_cases(cfg: HarnessConfig, cases: Optional[list] = None, device: Option
     if cases is None and (cfg.run.only is not None
                           or any(ex.static_cache_len is not None for _, _, ex in case_workloads(cfg))):
         cases, _ = prepare_cases(cfg)      # the cases run.only selects (and their lengths): no batch drawn
+    limit = position_limit(cfg.model)
+    if cases is None:
+        for name, w, _ in case_workloads(cfg):
+            prompt, exact = prompt_tokens(w, cfg.model)
+            check_positions(f"case {name}: " if cfg.cases else "", prompt, w.decode_tokens, limit, at_least=not exact)
+    else:
+        for c in cases:
+            check_positions(f"case {c.name}: " if cfg.cases else "", c.case.prefill_tokens, c.workload.decode_tokens,
+                            limit)
     entries = ([(c.name, c.execution, c.execution.positions(c.case.prefill_tokens, c.workload.decode_tokens),
                  c.case.batch) for c in cases] if cases is not None else
                [(name, ex, None, w.batch) for name, w, ex in case_workloads(cfg)])
@@ -366,6 +389,50 @@ def check_cases(cfg: HarnessConfig, cases: Optional[list] = None, device: Option
         name, exc = first
         raise HarnessError(f"no case of the run can run here; case {name}: {exc.problem}", exc.fix)
     return skipped
+
+
+def position_limit(mcfg: ModelConfig) -> tuple:
+    """(positions the model holds, where that figure comes from): ``max_position_embeddings`` of the
+    vendor directory's config.json for ``model=vendor`` (its code reads it there; the language
+    model's entry first), else ``model.llm.max_position_embeddings`` (8192, the vendor's)."""
+    if mcfg.name == "vendor" and mcfg.path:
+        path = Path(mcfg.path).expanduser() / "config.json"
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = None
+        for node, key in ((data or {}).get("language_config"), "language_config."), (data, ""):
+            value = node.get("max_position_embeddings") if isinstance(node, dict) else None
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value, f"{key}max_position_embeddings of {path}"
+    return mcfg.llm.max_position_embeddings, "model.llm.max_position_embeddings"
+
+
+def prompt_tokens(w: WorkloadConfig, mcfg: ModelConfig) -> tuple:
+    """(prompt tokens of ``w`` from its settings alone, no page drawn and no tokenizer loaded, exact?):
+    BOS + text tokens + image tokens. Exact for synthetic pages without ``model.path`` (their one
+    size gives the tile grid; ``workload.text_tokens`` filler tokens); a lower bound otherwise
+    (pages from files: the global view's image tokens alone; a tokenizer: no text tokens)."""
+    mode = wl.get_mode(w.mode)
+    grid = None if w.images else wl.tile_grid_for(*page_size(w), mode)
+    image = wl.image_token_count(mode, grid if grid and grid != (1, 1) else None)
+    return wl.BOS_TOKENS + image + (0 if mcfg.path else w.text_tokens), not (w.images or mcfg.path)
+
+
+def check_positions(where: str, prefill: int, decode: int, limit: tuple, at_least: bool = False) -> None:
+    """Refuse prompt (``prefill``) + ``decode`` tokens beyond the positions the model holds
+    (``limit``: ``position_limit``'s (positions, source)); ``at_least``: ``prefill`` is a lower bound.
+    The positions are ``ExecutionConfig.positions`` (prompt + decode tokens, at least one)."""
+    held, source = limit
+    need = ExecutionConfig.positions(prefill, decode)
+    if need <= held:
+        return
+    some = "at least " if at_least else ""
+    fix = (f"lower workload.decode_tokens to {held - prefill:,} or less" + (" (fewer with a longer prompt)" if at_least
+                                                                             else "")
+           if held - prefill >= 1 else "use a mode with fewer image tokens or a shorter prompt")
+    raise HarnessError(f"{where}{some}{need:,} positions (a prompt of {some}{prefill:,} tokens + {decode:,} decode "
+                       f"tokens) exceed the {held:,} the model holds ({source})", fix)
 
 
 # ------------------------------------------------------------------------------------ model
@@ -397,11 +464,45 @@ def load_adapter(mcfg: ModelConfig, device: torch.device, dtype: torch.dtype, se
         model.info.update(info)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    info["build_s"] = time.perf_counter() - t0
+    info["build_s"] = round(time.perf_counter() - t0, 3)
     info["attn_implementation_requested"] = mcfg.attn_implementation
+    info.update(model_name=model_name(mcfg), params=parameter_count(model, mcfg))
     return model, info
+
+
+#: the parts of a ``ModelConfig`` that make a ``conf/model`` option what it is (``model_name``)
+MODEL_IDENTITY = ("name", "llm", "sam", "clip", "projector")
+
+
+def model_name(mcfg: ModelConfig) -> str:
+    """The ``conf/model`` option (``tiny``, ``reference``, ``vendor``) whose model name and sizes
+    ``mcfg`` has, else ``<model.name> (custom sizes)``: what a report calls the model."""
+    from omegaconf import OmegaConf
+
+    from .cli import CONF_DIR
+    from .config import from_dict
+
+    for path in sorted((CONF_DIR / "model").glob("*.yaml")):
+        try:
+            option = from_dict(ModelConfig, OmegaConf.to_container(OmegaConf.load(path)) or {})
+        except Exception:  # noqa: BLE001 - an option that does not read as a ModelConfig names nothing
+            continue
+        if all(getattr(option, k) == getattr(mcfg, k) for k in MODEL_IDENTITY):
+            return path.stem
+    return f"{mcfg.name} (custom sizes)"
+
+
+def parameter_count(model, mcfg: ModelConfig) -> int:
+    """Parameters of the built ``model`` (each tensor once), or the analytic count of ``mcfg``
+    (``harness.analytic.component_params``) where the adapter is no ``nn.Module``."""
+    if isinstance(model, torch.nn.Module):
+        return sum(p.numel() for p in model.parameters())
+    from .analytic import component_params
+
+    return int(component_params(mcfg)["total"])
 
 
 __all__ = ["resolve_device", "resolve_dtype", "device_info", "CaseInputs", "WARMUP_STREAM", "distinct_pages",
            "page_size", "synthetic_pages", "page_source", "check_pages", "request_pages", "case_workloads", "prepare_cases",
-           "select_cases", "check_run_only", "check_cases", "load_adapter"]
+           "select_cases", "check_run_only", "check_cases", "position_limit", "prompt_tokens", "check_positions",
+           "unused_base_size", "load_adapter", "model_name", "parameter_count", "MODEL_IDENTITY"]

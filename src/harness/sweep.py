@@ -203,6 +203,28 @@ def write_job_record(job_dir: Path, fields: dict) -> Path | None:
     return None
 
 
+_JOB = {"started": 0, "at": None}    # jobs this process started (``job_started``), the last one's start not yet read
+
+
+def job_started() -> None:
+    """A job (one verb under Hydra, ``harness.cli``) starts now: where its own start-up begins."""
+    _JOB["started"] += 1
+    _JOB["at"] = time.perf_counter()
+
+
+def start_up_s() -> float | None:
+    """Seconds before a run's own clock that belong to its start-up (read once per job): the
+    seconds since ``job_started`` for a later job of this process (a multirun runs its jobs one
+    after another in one process, or reuses a worker: an earlier job's time is not this one's),
+    else the process's age (imports, Hydra, the config checks; None where it cannot be read)."""
+    at, _JOB["at"] = _JOB["at"], None
+    if at is not None and _JOB["started"] > 1:
+        return time.perf_counter() - at
+    from .timeline import process_age_s
+
+    return process_age_s()
+
+
 def job_environment() -> dict:
     """What placed this process: pid and the pinning/scheduler variables that are set (for the
     run manifest's ``launch`` block)."""
@@ -258,4 +280,4 @@ class GpuSlots(Callback):
 
 
 __all__ = ["GpuSlots", "pin_gpu_for_job", "visible_gpus", "parse_visible_devices", "claim_slot", "jobs_for",
-           "job_environment", "write_job_record", "lock_dir", "RECORD"]
+           "job_environment", "job_started", "start_up_s", "write_job_record", "lock_dir", "RECORD"]

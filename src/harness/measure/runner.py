@@ -190,7 +190,7 @@ def warm_up(model, make_request: Callable[[int], object], mcfg: MeasureConfig, c
         at(f"warmup={len(times)}")
         times.append(request_ms(model, unpack(make_request(-1 - len(times)))[0], cuda, clock=clock,
                                 max_new_tokens=mcfg.warmup_tokens))
-        say(f"{label}: warm-up {len(times)} {times[-1]:.1f} ms")
+        say(f"[harness] {label}: warmup={len(times) - 1}, {times[-1]:.1f} ms (untimed)")
     return {"warmup_ms": times, "steady": is_steady(times, mcfg.steady_pct) if want else None}
 
 
@@ -301,7 +301,7 @@ def _profiled_request(model, req, prep: dict, mcfg: MeasureConfig, case: dict, c
         t_trace = time.perf_counter()
         size = prof.save_trace(trace_path, ranges)
         trace = {"path": str(trace_path), "bytes": size, "seconds": time.perf_counter() - t_trace}
-        say(f"{case['case']}: trace {trace_path} ({size / 1e6:.1f} MB)")
+        say(f"[harness] {case['case']}: trace {trace_path} ({size / 1e6:.1f} MB)")
     n_steps = int((ranges["range"] == "decode_step").sum())
     rows = []
     for row in stage_rows(ranges, kern, req.batch):
@@ -351,8 +351,8 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
                 req, prep = unpack(make_request(r if mcfg.fresh_inputs else 0))
                 done.append(_timed_repeat(model, req, prep, r, mcfg, case, cuda, wbytes, note))   # whole or not
                 req_row = done[-1].rows[-1]
-                say(f"{case['case']}: repeat {r + 1}/{mcfg.repeats} request {req_row['e2e_ms']:.1f} ms "
-                    f"({req_row['timer']})")
+                say(f"[harness] {case['case']}: repeat={r} ({r + 1} of {mcfg.repeats}), request "
+                    f"{req_row['e2e_ms']:.1f} ms ({req_row['timer']})")
         _sync(cuda)
         wall_ms = (time.perf_counter() - t_run) * 1e3
     except BaseException as exc:
@@ -362,7 +362,7 @@ def measure_case(model, make_request: Callable[[int], object], mcfg: MeasureConf
     rows = [row for rep in done for row in rep.rows]
     kern, trace, profiled = pd.DataFrame(columns=KERNEL_COLUMNS + ["case"]), None, (False if mcfg.kernels else None)
     if mcfg.kernels and stopped is None:
-        say(f"{case['case']}: profiled request (kernel capture"
+        say(f"[harness] {case['case']}: profiled request (kernel capture"
             + (f", first {mcfg.profile_steps} decode steps)" if mcfg.profile_steps else ")"))
         try:
             at("repeat=profiled")

@@ -9,15 +9,25 @@ step index), the KV cache size and the request's host time come back in a ``Gene
 The counter is planned with the request (its decode steps and ``workload.routing``) before the
 adapter sets the request up. An adapter that owns its loop (``generate_own``,
 ``harness.models.adapter.own_loop``) runs the request itself instead.
+
+Progress inside a request: where ``DECODE_WATCH`` holds a watcher (the run verb sets
+``harness.report.progress.DecodeProgress``), the loop tells it the decode steps planned
+(``begin(steps, batch)``) and, after each step, the steps its host loop has issued
+(``step(done)``: a host integer; on CUDA the device may still be running the last ones). The
+watcher reads its own clock and decides when to say something: nothing here waits for the device.
 """
 from __future__ import annotations
 
+import contextvars
 import time
 from typing import Optional
 
 import torch
 
 from .adapter import GenerationResult, ModelAdapter, StageFn, greedy, no_stage, own_loop
+
+#: who watches the decode loop's progress (module docstring); None: nobody
+DECODE_WATCH: contextvars.ContextVar = contextvars.ContextVar("decode_watch", default=None)
 
 
 def generate(adapter: ModelAdapter, request, stage: StageFn = no_stage,
@@ -47,12 +57,17 @@ def _loop(adapter: ModelAdapter, request, stage: StageFn, n_new: int) -> Generat
         token = adapter.first_token(request, cache, stage, greedy)
         counter.phase("decode")
         out.append(token)
+        watch = DECODE_WATCH.get()
+        if watch is not None:
+            watch.begin(steps, request.batch)
         with stage("decode"):
             for step in range(steps):
                 counter.step(step)
                 with stage("decode_step", step=step):
                     token = adapter.next_token(token, cache, greedy)
                 out.append(token)
+                if watch is not None:
+                    watch.step(step + 1)
         counter.step(None)
         counter.phase(None)
         host_ms = (time.perf_counter() - t0) * 1e3

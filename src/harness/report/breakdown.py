@@ -4,8 +4,10 @@ One panel per case; one horizontal bar per stage, in percent of the stage's medi
 events, or the host clock on a CPU run): kernel busy time (measured in the profiled request,
 solid) and idle time (span - busy, hatched). A black tick marks the median host span in the same
 percent (beyond 100%: the host took longer than the GPU span, see the report's span notes). The
-stage's span in ms and its share of the stage sum label each bar; panel titles carry the median
-request's end-to-end time and pages per second (batch / end-to-end).
+stage's span in ms and its share of the stage sum label each bar. Each stage's bar is its own
+median over the timed repeats (the stages' medians may come from different repeats), so a panel's
+title says so and gives, apart, the median request's end-to-end time and pages per second
+(batch / end-to-end: one request, ``harness.measure.summary``'s headline).
 """
 from __future__ import annotations
 
@@ -69,16 +71,27 @@ def plot_time_breakdown(measured: pd.DataFrame, headline: pd.DataFrame, path, ti
         ax.grid(True, axis="x", lw=0.3, alpha=0.5)
         h = head.loc[case] if case in head.index else {}
         e2e, pps = (_f(h.get("e2e_ms")), _f(h.get("pages_s"))) if len(h) else (None, None)
-        ax.set_title(f"{case}: median request {e2e:,.1f} ms, {pps:,.3g} pages/s" if e2e and pps else case,
-                     fontsize=9, loc="left")
+        ax.set_title(panel_title(case, h.get("repeats") if len(h) else None, h.get("repeat") if len(h) else None,
+                                 e2e, pps), fontsize=9, loc="left")
         ax.set_xlabel(f"% of the stage's median span ({timer}); label: span and share of the stage sum", fontsize=8)
     fig.suptitle((title + "\n" if title else "") + "solid: kernel busy (profiled request); hatched: idle "
                  "(span - busy); black tick: host span", fontsize=8)
     return save_figure(fig, path)
 
 
+def panel_title(case: str, repeats, repeat, e2e_ms, pages_s) -> str:
+    """A panel's title: what its bars are (each stage's median over the timed repeats) and, apart,
+    the median request (``repeat``, its end-to-end ms and pages/s) where the headline has it."""
+    n = _f(repeats)
+    title = f"{case}: each stage's median over {int(n)} timed repeat(s)" if n else f"{case}: each stage's median"
+    if e2e_ms and pages_s:
+        which = f" (repeat={int(repeat)})" if _f(repeat) is not None else ""
+        title += f";\nthe median request{which}: {e2e_ms:,.1f} ms end to end, {pages_s:,.3g} pages/s"
+    return title
+
+
 def _ms(v: float) -> str:
     return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
 
 
-__all__ = ["plot_time_breakdown"]
+__all__ = ["plot_time_breakdown", "panel_title"]

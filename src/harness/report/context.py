@@ -20,6 +20,37 @@ from .columns import fixed, pct
 CV_LIMIT = 0.02
 
 
+#: what a report says where a GPU run's says "GPU" / "gpu", when the run measured a CPU
+CPU_DEVICE = "device: cpu (host clocks)"
+#: the report's first line under its title on a CPU run
+CPU_NOTE = (f"> **{CPU_DEVICE}.** This run measured a CPU with host clocks: its times say little about a GPU "
+            "(no CUDA events, no GPU kernels, the host's own speed and load). Use it to check a set-up, not to judge "
+            "the model's speed.")
+
+
+def on_cpu(man: dict, measured: Optional[pd.DataFrame] = None) -> bool:
+    """Whether the run measured a CPU: its manifest's device type, else (an older manifest) host
+    timers in its measured stages."""
+    kind = (man.get("device") or {}).get("type")
+    if kind:
+        return kind == "cpu"
+    return measured is not None and len(measured) > 0 and "timer" in measured and (measured["timer"] == "host").all()
+
+
+def model_line(man: dict) -> str:
+    """'model `tiny` (reference, 16,867,744 parameters) with random weights': the ``conf/model``
+    option the model came from and its parameters (``harness.setup.model_name`` /
+    ``parameter_count``, recorded in the manifest's ``model``); a run that recorded neither is
+    named by its adapter."""
+    model = man.get("model") or {}
+    cfg = man.get("config") or {}
+    adapter = model.get("adapter", (cfg.get("model") or {}).get("name", "?"))
+    name, params = model.get("model_name"), model.get("params")
+    about = ", ".join(p for p in ((adapter if name and name != adapter else None),
+                                  (f"{params:,} parameters" if isinstance(params, int) else None)) if p)
+    return f"model `{name or adapter}`" + (f" ({about})" if about else "") + f" with {weights_of(man) or '?'} weights"
+
+
 def case_info(man: dict) -> dict:
     """{case name: its manifest entry}."""
     return {c.get("name"): c for c in man.get("cases") or []}
@@ -48,7 +79,9 @@ def calibration_line(man: dict, p: Peaks) -> str:
     entry = man.get("calibration") or {}
     status = entry.get("status")
     if status == "measured":
-        return f"measured by this run on first use ({fixed('{:.1f}')(entry.get('seconds'))} s), cached at {entry.get('path')}"
+        cached = (f"cached at {entry['path']}" if entry.get("path") else
+                  entry.get("cache_error") or "not cached (the record could not be written)")
+        return f"measured by this run on first use ({fixed('{:.1f}')(entry.get('seconds'))} s), {cached}"
     if status == "cached":
         return f"cached record of this device ({entry.get('measured') or 'date not recorded'}): {entry.get('path')}"
     if status:
@@ -208,5 +241,5 @@ def files_section(run: RunData) -> list:
     return L + [""]
 
 
-__all__ = ["case_info", "warmup_counts", "weights_of", "calibration_line", "merged_line", "ceilings_section",
+__all__ = ["CPU_DEVICE", "CPU_NOTE", "on_cpu", "model_line", "case_info", "warmup_counts", "weights_of", "calibration_line", "merged_line", "ceilings_section",
            "environment_section", "caveats_section", "files_section", "CV_LIMIT"]

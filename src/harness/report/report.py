@@ -53,8 +53,8 @@ from ..roofline.table import roofline_table
 from ..rundir import RunData, RunDir, load_run
 from . import ladder, routing, step_modules, steps
 from .breakdown import plot_time_breakdown
-from .context import (calibration_line, caveats_section, ceilings_section, environment_section, files_section,
-                      merged_line, warmup_counts, weights_of)
+from .context import (CPU_NOTE, calibration_line, caveats_section, ceilings_section, environment_section,
+                      files_section, merged_line, model_line, on_cpu, warmup_counts, weights_of)
 from .sections import charts_section, headline_section, op_section, stage_section, top_kernels_section
 
 log = logging.getLogger("harness.report")
@@ -148,13 +148,14 @@ def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFra
     cfg = man.get("config") or {}
     summary = summary or summarize(run.stages, warmup_counts(man))
     L = [f"# Run report: {run.path.name}", ""]
+    if on_cpu(man, run.stages):
+        L += [CPU_NOTE, ""]
     status = man.get("status", "?")
     L.append(f"Status **{status}**; experiment `{cfg.get('experiment_name', (cfg.get('run') or {}).get('name', '-'))}`; "
              f"{len(man.get('cases') or [])} case(s); started {man.get('started', '?')}, finished "
              f"{man.get('finished') or '-'}.")
-    L.append(f"Device {peaks.device_name} ({peaks.spec_name or 'unknown device'}), dtype {peaks.dtype}; model "
-             f"`{(man.get('model') or {}).get('adapter', (cfg.get('model') or {}).get('name', '?'))}` with "
-             f"{weights_of(man) or '?'} weights.")
+    L.append(f"Device {peaks.device_name} ({peaks.spec_name or 'unknown device'}), dtype {peaks.dtype}; "
+             f"{model_line(man)}.")
     L += merged_line(man)
     L += ["", PROVENANCE, ""]
     st = table[table["level"] == "stage"] if len(table) else table

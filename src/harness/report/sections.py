@@ -7,6 +7,8 @@ its tables are records keyed by the column names of ``harness.report.columns``.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 
 from ..floats import finite as _f
@@ -15,8 +17,8 @@ from ..measure.summary import Summary
 from ..roofline.join import OP_GROUPS, expected_routing
 from ..rundir import RunData
 from ..anatomy.stages import PREPROCESS, STAGES
-from .columns import fixed, pct, table
-from .context import case_info, no_kernels_text
+from .columns import COLUMNS, fixed, pct, table
+from .context import CPU_DEVICE, case_info, no_kernels_text, on_cpu
 
 TOP_KERNELS = 5
 
@@ -43,6 +45,7 @@ def headline_section(run: RunData, st: pd.DataFrame, summary: Summary) -> list:
         return L + ["_No stage measurements yet._", ""]
     info = case_info(run.manifest)
     timer = "host" if (measured["timer"] == "host").any() else "GPU"
+    cpu = on_cpu(run.manifest, measured)
     rows, stage_rows = [], []
     for h in head.to_dict("records"):
         case = h["case"]
@@ -55,7 +58,7 @@ def headline_section(run: RunData, st: pd.DataFrame, summary: Summary) -> list:
                      "tokens": f"{ci.get('image_tokens', '?')} / {ci.get('prefill_tokens', '?')} / "
                                f"{ci.get('decode_tokens', '?')}",
                      "requests": f"{'?' if warm is None else int(warm)} + {int(h['repeats'])}",
-                     "median_request": f"#{h['repeat']}",
+                     "median_request": f"repeat={h['repeat']}",
                      **{k: (h.get(c), h.get(f"{c}_min"), h.get(f"{c}_max"))
                         for k, c in (("e2e", "e2e_ms"), ("ttft", "ttft_ms"), ("ttft_e2e", "ttft_e2e_ms"))},
                      "pages_s": h.get("pages_s"),
@@ -63,7 +66,7 @@ def headline_section(run: RunData, st: pd.DataFrame, summary: Summary) -> list:
                      "tok_s_head": h.get("decode_tok_s"),
                      "request_eff": _pair(rq.iloc[0], "efficiency") if len(rq) else None,
                      "dominant": _dominant(s[s["stage"].isin(STAGES)]),
-                     "bound_by": (h.get("bound_by"), h.get("prep_ms"), h.get("h2d_ms"), h.get("e2e_ms"))})
+                     "bound_by": bound_by_cell(h, cpu)})
         total, e2e = _f(h.get("stage_sum_ms")), _f(h.get("e2e_ms"))
         stage_rows.append({"case": case, **{f"{x}_ms": h.get(f"{x}_ms") for x in STAGES}, "stage_sum": total,
                            "between": e2e - total if e2e is not None and total is not None else None,
@@ -71,18 +74,20 @@ def headline_section(run: RunData, st: pd.DataFrame, summary: Summary) -> list:
                            "ttft_share": h["ttft_stage_sum_ms"] / h["ttft_ms"] if _f(h.get("ttft_ms")) else None})
     L += table(["case", "mode", "grid", "batch", "tokens", "requests", "median_request", "e2e", "pages_s", "ttft",
                 "ttft_e2e", "tpot_pcts", "tok_s_head", "request_eff", "dominant", "bound_by"], rows)
+    device = CPU_DEVICE if cpu else "gpu"
     L += ["", f"One row per case: the **median request**, the timed repeat whose end-to-end time is the median "
-          f"(with an even count the lower middle), every value from that one request; [min–max] over the timed "
+          f"(with an even count the lower middle; `repeat=R` counts the timed repeats from 0, as stages.csv and the "
+          f"run's progress lines do), every value from that one request; [min–max] over the timed "
           f"repeats (`headline.csv` also has the seeded bootstrap 95% interval of the median). Times: {timer} clock "
           f"({'CUDA events' if timer == 'GPU' else 'host wall clock, no CUDA'}). TTFT runs from the request's "
           "start to the first token (vision + prefill) and excludes building the request (preprocessing) and its "
           "copy to the device, which *TTFT + prep + copy* adds. TPOT percentiles and tok/s come from the same "
           "per-step distribution: tok/s = batch x 1000 / mean decode-step ms. pages/s = batch x 1000 / e2e ms "
           "(the request range alone: what a user waits for follows). *bound by*: preprocessing or copy when that "
-          "part of the median request took longer than its request range (e2e, the GPU time of the batch), else "
-          "gpu.", ""]
+          f"part of the median request took longer than its request range (e2e, the {'device' if cpu else 'GPU'} "
+          f"time of the batch), else {device}.", ""]
     L += partial_lines(info)
-    L += user_wait_section(head)
+    L += user_wait_section(head, cpu)
     L += ["### Stage times of the median request", ""]
     L += table(["case", *[f"{x}_ms" for x in STAGES], "stage_sum", "between", "stage_share", "ttft_share"], stage_rows)
     L += ["", "The stages are disjoint: their sum falls short of the end-to-end time by the host time between "
@@ -108,9 +113,17 @@ def partial_lines(info: dict) -> list:
     return out + [""] if out else []
 
 
-def user_wait_section(head: pd.DataFrame) -> list:
+def bound_by_cell(h: dict, cpu: bool = False) -> tuple:
+    """The ``bound_by`` cell of a headline row ``h``: (label, prep ms, copy ms, e2e ms); on a CPU
+    run (``cpu``) the label ``gpu`` (the request range bounds) reads ``CPU_DEVICE``."""
+    label = h.get("bound_by")
+    return (CPU_DEVICE if cpu and label == "gpu" else label), h.get("prep_ms"), h.get("h2d_ms"), h.get("e2e_ms")
+
+
+def user_wait_section(head: pd.DataFrame, cpu: bool = False) -> list:
     """What a user waits for beside the request range: the whole generate() call, its set-up and
-    collection, preprocessing and copy per page, pages/s back to back (``harness.measure.summary``)."""
+    collection, preprocessing and copy per page, pages/s back to back (``harness.measure.summary``);
+    ``cpu``: the run measured a CPU (the device's columns say ``CPU_DEVICE``, not GPU)."""
     if not len(head) or head["call_ms"].isna().all():
         return []
     rows = [{"case": h["case"], "batch": h["batch"],
@@ -118,16 +131,18 @@ def user_wait_section(head: pd.DataFrame) -> list:
                 for k, c in (("e2e", "e2e_ms"), ("call", "call_ms"), ("setup_collect", "setup_collect_ms"),
                              ("prep_page", "prep_page_ms"), ("h2d_page", "h2d_page_ms"))},
              "pages_s": h.get("pages_s"), "pages_s_gpu": h.get("pages_s_gpu"), "pages_s_e2e": h.get("pages_s_e2e"),
-             "bound_by": (h.get("bound_by"), h.get("prep_ms"), h.get("h2d_ms"), h.get("e2e_ms"))}
+             "bound_by": bound_by_cell(h, cpu)}
             for h in head.to_dict("records")]
+    device = f"{CPU_DEVICE} pages/s" if cpu else "GPU pages/s"
+    columns = {"pages_s_gpu": dataclasses.replace(COLUMNS["pages_s_gpu"], header=device)} if cpu else None
     L = ["### What a user waits for", ""]
     L += table(["case", "batch", "e2e", "call", "setup_collect", "prep_page", "h2d_page", "pages_s", "pages_s_gpu",
-                "pages_s_e2e", "bound_by"], rows)
+                "pages_s_e2e", "bound_by"], rows, columns)
     return L + ["", "The *generate() call* is the wall time of the whole call (host clock, the device synchronised "
                 "before and after), the request range (e2e) inside it; *set-up + collection* = call - e2e: the "
                 "call's own work before the request range opens and after it closes (caches, routing counts, "
                 "collecting the tokens), in no stage column. *prep* builds the request from its loaded pages "
-                "(preprocessing, token layout), *copy* moves it to the device; both per page. *GPU pages/s*: the "
+                f"(preprocessing, token layout), *copy* moves it to the device; both per page. *{device}*: the "
                 "timed repeats' generate() calls back to back (requests already built and on the device: "
                 "preprocessing and copy outside); *end-to-end pages/s*: each request built, copied and generated "
                 "in turn (preprocessing and copy inside, serial: nothing overlaps); both = batch x repeats / the "
@@ -250,5 +265,5 @@ def top_kernels_section(run: RunData, summary: Summary | None = None) -> list:
     return L
 
 
-__all__ = ["headline_section", "user_wait_section", "partial_lines", "stage_section", "op_section", "charts_section",
+__all__ = ["headline_section", "user_wait_section", "bound_by_cell", "partial_lines", "stage_section", "op_section", "charts_section",
            "top_kernels_section", "OP_GROUP_TEXT", "TOP_KERNELS"]

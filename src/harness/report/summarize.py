@@ -20,7 +20,8 @@ Output (``<SWEEP_DIR>/summary/``, rewritten by each summarize; for run directori
   swept key (its value as given), ``case``, ``timer`` (cuda_event | host), ``decode_tok_s``,
   ``ttft_ms``, ``ttft_e2e_ms`` (with preprocessing and copy), ``tpot_p50_ms``, ``e2e_ms``,
   ``request_ms`` and ``<stage>_ms`` for sam, clip, projector, prefill, decode (medians of the timed
-  repeats, measured), ``kernels_per_step`` / ``syncs_per_step`` (decode, the profiled request,
+  repeats, measured), ``preprocess_ms`` (``model.vendor_entry=infer``: the vendor's own preprocessing,
+  inside the request and so inside its TTFT, measured), ``kernels_per_step`` / ``syncs_per_step`` (decode, the profiled request,
   measured), ``pages_s_e2e`` (the run report's end-to-end pages/s, derived), ``eff_request`` /
   ``eff_request_cal`` (request floor / measured time against datasheet / calibrated ceilings,
   derived; empty without ceilings; a value above 1.0 is left empty and kept in the row's
@@ -249,6 +250,7 @@ def job_rows(job: dict, swept: list[str], base: Path | None) -> list[dict]:
         row.update({c: (_f(req[c]) if req is not None and c in req else None) for c in REQUEST_COLS})
         row["request_ms"] = _f(req["time_ms"]) if req is not None else None
         row.update({f"{s}_ms": (_f(g.loc[s, "time_ms"]) if s in g.index else None) for s in STAGES})
+        row["preprocess_ms"] = _f(g.loc["preprocess", "time_ms"]) if "preprocess" in g.index else None
         dec = g.loc["decode"] if "decode" in g.index else None
         row.update({out: (_f(dec[c]) if dec is not None and c in dec else None) for c, out in STEP_COLS.items()})
         row["pages_s_e2e"] = _f(e2e.get(case))
@@ -270,7 +272,7 @@ def summarize(paths) -> tuple[pd.DataFrame, dict]:
     swept, fixed = swept_keys(jobs)
     rows = [r for j in jobs for r in job_rows(j, swept, sweep)]
     cols = (["job", "run_dir", "status", *swept, "case", "timer", *REQUEST_COLS, "request_ms", *STAGE_COLS,
-             *STEP_COLS.values(), "pages_s_e2e", "eff_request", "eff_request_cal", "mbu_decode", "mbu_decode_cal", "device", "gpu", "pid", "start_unix", "end_unix", "wall_s", "note"])
+             "preprocess_ms", *STEP_COLS.values(), "pages_s_e2e", "eff_request", "eff_request_cal", "mbu_decode", "mbu_decode_cal", "device", "gpu", "pid", "start_unix", "end_unix", "wall_s", "note"])
     df = pd.DataFrame(rows).reindex(columns=cols)
     return df, {"sweep": sweep, "swept": swept, "fixed": fixed, "notes": notes, "jobs": len(jobs)}
 

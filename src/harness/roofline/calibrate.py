@@ -202,7 +202,7 @@ def measure(device, s: dict, progress=print) -> dict:
     a = torch.randn(n, n, device=device, dtype=torch_dtype(gdt), generator=gen)
     b = torch.randn(n, n, device=device, dtype=torch_dtype(gdt), generator=gen)
     c = torch.empty(n, n, device=device, dtype=torch_dtype(gdt))
-    progress(f"[calibrate] GEMM {n}x{n}x{n} {gdt} on {device}: {warmup} warm-up + {iters} timed")
+    progress(f"[harness] calibrate: GEMM {n}x{n}x{n} {gdt} on {device}: {warmup} warm-up + {iters} timed")
     gemm = timer(lambda: torch.mm(a, b, out=c), warmup, iters)
     flops = 2 * n ** 3
     del a, b, c
@@ -210,13 +210,13 @@ def measure(device, s: dict, progress=print) -> dict:
     src = torch.empty(numel, dtype=torch.uint8, device=device).fill_(1)
     dst = torch.empty_like(src)
     what = "device-to-device copy" if cuda else "host memcpy"
-    progress(f"[calibrate] {what} of {mib} MiB: {warmup} warm-up + {iters} timed")
+    progress(f"[harness] calibrate: {what} of {mib} MiB: {warmup} warm-up + {iters} timed")
     copy = timer(lambda: dst.copy_(src), warmup, iters)
     del src, dst
     rmib, rwhy = read_mib_for(device, s.get("read_mib"))
     buf = torch.ones(rmib * (1 << 20) // 4, dtype=torch.float32, device=device)
     total = torch.empty((), dtype=torch.float32, device=device)
-    progress(f"[calibrate] read stream (sum) over {rmib} MiB ({rwhy}): {warmup} warm-up + {iters} timed")
+    progress(f"[harness] calibrate: read stream (sum) over {rmib} MiB ({rwhy}): {warmup} warm-up + {iters} timed")
     read = timer(lambda: torch.sum(buf, dim=0, out=total), warmup, iters)
     read_bytes = buf.numel() * buf.element_size()
     del buf, total
@@ -253,7 +253,7 @@ def calibrate(device, hardware=None, progress=print, write_cache: bool = True) -
                    checks={"band": list(rules.BAND), "cv_limit": rules.CV_LIMIT[rec["timer"]]})
         if not found:
             break
-        progress(f"[calibrate] check failed ({'; '.join(found)})"
+        progress(f"[harness] calibrate: check failed ({'; '.join(found)})"
                  + (": measuring once more" if attempt == 1 else ": rejected, not cached and not used"))
     if write_cache and rec["status"] == "accepted":
         path = cache_path(name, hw)
@@ -267,8 +267,8 @@ def calibrate(device, hardware=None, progress=print, write_cache: bool = True) -
                 tmp.unlink(missing_ok=True)
             rec["path"] = str(path)
         except OSError as exc:
-            rec["cache_error"] = f"not cached at {path} ({exc.strerror or exc})"
-            progress(f"[calibrate] {rec['cache_error']}")
+            rec["cache_error"] = f"not cached: cannot write {path} ({exc.strerror or exc})"
+            progress(f"[harness] calibrate: {rec['cache_error']}")
     return rec
 
 
@@ -309,8 +309,8 @@ def ensure_calibration(device, hardware=None, progress=print) -> dict:
                 "reason": f"measured twice, failed the calibration checks both times: {'; '.join(rec['problems'])}",
                 "rejected": {k: rec.get(k) for k in MANIFEST_KEYS if k != "path"}}
     progress(f"[harness] calibrated in {seconds:.1f} s: GEMM {rec['gemm_tflops']:,.4g} TFLOP/s "
-             f"({rec['gemm_dtype']}), copy {rec['copy_gbs']:,.4g} GB/s, read {rec['read_gbs']:,.4g} GB/s -> "
-             f"{rec.get('path') or rec.get('cache_error')}")
+             f"({rec['gemm_dtype']}), copy {rec['copy_gbs']:,.4g} GB/s, read {rec['read_gbs']:,.4g} GB/s; "
+             + (f"cached at {rec['path']}" if rec.get("path") else rec.get("cache_error") or "not cached"))
     extra = {"cache_error": rec["cache_error"]} if rec.get("cache_error") else {}
     return {"status": "measured", "seconds": seconds, **{k: rec.get(k) for k in MANIFEST_KEYS}, **extra}
 
@@ -345,7 +345,7 @@ def summary_lines(rec: dict) -> list:
     lines.append(f"checks        {verdict} (within {lo:.0%}-{hi:.0%} of the datasheet where there is one, "
                  f"CV <= {limit:.0%}; {rec.get('attempts', 1)} measurement(s))")
     if rec.get("path") or rec.get("cache_error"):
-        lines.append(f"cached        {rec.get('path') or rec.get('cache_error')}")
+        lines.append(f"cache         {'cached at ' + rec['path'] if rec.get('path') else rec['cache_error']}")
     return lines
 
 
@@ -370,7 +370,7 @@ def calibrate_from_config(cfg, out_dir: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "calibration.json").write_text(json.dumps(rec, indent=2, default=str) + "\n")
     for line in summary_lines(rec):
-        print(f"[calibrate] {line}")
+        print(f"[harness] calibrate: {line}")
     if rec["status"] == "rejected":
         raise HarnessError(f"the calibration of {rec['device_name']} failed its checks twice "
                            f"({'; '.join(rec['problems'])}); nothing was cached (record: {out / 'calibration.json'})",
