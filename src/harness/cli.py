@@ -32,11 +32,9 @@ import os
 import sys
 from pathlib import Path
 
+from .conf_tree import CONF_DIR
 from .errors import HarnessError, RunStopped
 
-# The Hydra tree ships inside the package (src/harness/conf; `conf/` at the repo root links to it),
-# so wheels and editable installs find it alike; HARNESS_CONF points elsewhere.
-CONF_DIR = Path(os.environ.get("HARNESS_CONF", Path(__file__).resolve().parent / "conf"))
 HYDRA_VERBS = ("run", "analyze", "graph", "calibrate", "profile", "bench")
 #: verbs over run directories (argparse, no Hydra)
 RUN_DIR_VERBS = ("compare", "summarize", "merge")

@@ -117,11 +117,11 @@ def page_bytes(inputs, requests: int) -> int:
 def stage_peaks(model_cfg, execution, case, dtype_bytes: int) -> dict:
     """{"vision", "prefill", "decode": bytes}: the largest single module call's activation writes
     in each part of one request of ``case`` under ``execution`` (one decode step, the first)."""
-    from . import variants
     from .analytic.compose import case_items
     from .config import cost_config
+    from .knobs import cost_knobs
 
-    cfg = cost_config(model_cfg, variants.cost_knobs(execution))
+    cfg = cost_config(model_cfg, cost_knobs(execution))
     short = dataclasses.replace(case, decode_tokens=min(case.decode_tokens, 2))   # one decode step is enough
     _, items = case_items(short, cfg, dtype_bytes)
     peaks = {"vision": 0, "prefill": 0, "decode": 0}

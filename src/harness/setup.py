@@ -479,7 +479,7 @@ def model_name(mcfg: ModelConfig) -> str:
     ``mcfg`` has, else ``<model.name> (custom sizes)``: what a report calls the model."""
     from omegaconf import OmegaConf
 
-    from .cli import CONF_DIR
+    from .conf_tree import CONF_DIR
     from .config import from_dict
 
     for path in sorted((CONF_DIR / "model").glob("*.yaml")):
