@@ -11,10 +11,10 @@ dirty flag) and which commit's code ran:
 committed names the commit that committed it, and the paragraph says so. ``provenance(folder)``
 reads the paragraph back (``tests/test_evidence.py`` checks it against the manifests).
 
-README.md's generated tables (``<!-- generated: KIND FOLDER ... -->``, ``scripts/readme_tables.py``)
-show the figures of one folder each. Those figures are stale when a commit after the folder's code
-changed what produced them: a file under ``PRODUCERS`` (the Triton kernels, the execution variants),
-by ``git log CODE..HEAD -- PATH``. A stale table is followed, on the line after its
+The generated tables of README.md's pages (``<!-- generated: KIND FOLDER ... -->`` in the files of
+``readme_tables.FILES``, ``scripts/readme_tables.py``) show the figures of one folder each. Those
+figures are stale when a commit after the folder's code changed what produced them: a file under
+``PRODUCERS`` (the Triton kernels, the execution variants), by ``git log CODE..HEAD -- PATH``. A stale table is followed, on the line after its
 ``<!-- end generated -->``, by its label (``stale_label``)
 
     *Stale: evidence from f4e3eba; kernels and variants changed since.*
@@ -23,6 +23,7 @@ and a table that is not stale has none, so no figure is presented as today's whe
 
     python scripts/provenance.py            # exit 1, naming each table whose label is missing or wrong
     python scripts/provenance.py --write    # put the labels in (and take the wrong ones out)
+    python scripts/provenance.py --file docs/throughput.md    # only this file (repeatable)
 
 It needs the repository's history: in a shallow clone, or outside a git checkout, it says why and
 checks nothing (``history_missing``; exit 0).
@@ -171,9 +172,12 @@ def write(text: str, examples: Path, repo: Path) -> str:
 
 
 def main(argv=None) -> int:
+    from readme_tables import FILES
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--write", action="store_true", help="put the labels into README.md")
-    ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    ap.add_argument("--write", action="store_true", help="put the labels into the files")
+    ap.add_argument("--file", "--readme", dest="files", type=Path, action="append",
+                    help="a file with generated tables (repeatable; default: every file of readme_tables.FILES)")
     ap.add_argument("--examples", type=Path, default=ROOT / "runs" / "examples")
     ap.add_argument("--repo", type=Path, default=ROOT)
     args = ap.parse_args(argv)
@@ -181,17 +185,20 @@ def main(argv=None) -> int:
     if missing:
         print(f"provenance: not checked: {missing}")
         return 0
-    text = args.readme.read_text()
-    if args.write:
-        new = write(text, args.examples, args.repo)
-        if new != text:
-            args.readme.write_text(new)
-        print(f"{args.readme}: labels {'rewritten' if new != text else 'up to date'}")
-        return 0
-    problems = check(text, args.examples, args.repo)
-    for p in problems:
-        print(f"{args.readme}: {p}; run python scripts/provenance.py --write", file=sys.stderr)
-    return 1 if problems else 0
+    failed = False
+    for path in args.files or [args.repo / name for name in FILES]:
+        text = path.read_text()
+        if args.write:
+            new = write(text, args.examples, args.repo)
+            if new != text:
+                path.write_text(new)
+            print(f"{path}: labels {'rewritten' if new != text else 'up to date'}")
+            continue
+        problems = check(text, args.examples, args.repo)
+        for p in problems:
+            print(f"{path}: {p}; run python scripts/provenance.py --write", file=sys.stderr)
+        failed = failed or bool(problems)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""README.md's result tables, generated from the committed evidence under runs/examples/.
+"""The result tables of README.md's pages (``FILES``), generated from the committed evidence under runs/examples/.
 
-    python scripts/readme_tables.py            # rewrite README.md's generated blocks
-    python scripts/readme_tables.py --check    # exit 1, naming each block, when README.md differs
+    python scripts/readme_tables.py            # rewrite the generated blocks of every file in FILES
+    python scripts/readme_tables.py --check    # exit 1, naming each file and block, when one differs
+    python scripts/readme_tables.py --file docs/throughput.md    # only this file (repeatable)
 
-A generated block in README.md is
+A generated block (in a file of ``FILES``) is
 
     <!-- generated: KIND FOLDER [CASE ...] -->
     (written by this script)
@@ -43,6 +44,10 @@ BLOCK = re.compile(r"<!-- generated: (?P<spec>[^>]*?) -->\n(?P<body>.*?)<!-- end
 OVERHEAD = re.compile(r"nvtx\+events\s+request\s+ratio median\s+(?P<ratio>[\d.]+)\s+95% CI \[(?P<lo>[\d.]+), "
                       r"(?P<hi>[\d.]+)\]\s+\(rounds (?P<rounds>\d+)")
 FLAGGED = "flagged: above 100%"
+#: the files that hold generated blocks, from the repository root: the docs/ pages that README.md's
+#: sections moved to (``--check`` and ``scripts/provenance.py`` read these; tests/test_readme.py checks
+#: that no other page of README.md or docs/ holds a block)
+FILES = ("docs/execution-variants.md", "docs/throughput.md", "docs/vendor-model.md")
 
 
 # ------------------------------------------------------------------------------ reading
@@ -247,7 +252,7 @@ def render(spec: str, examples: Path) -> str:
 
 
 def generate(text: str, examples: Path) -> tuple:
-    """(README text with every generated block rewritten, [specs of the blocks that changed])."""
+    """(text with every generated block rewritten, [specs of the blocks that changed])."""
     changed = []
 
     def one(m):
@@ -261,21 +266,25 @@ def generate(text: str, examples: Path) -> tuple:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 when README.md differs from what would be written")
-    ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a file differs from what would be written")
+    ap.add_argument("--file", "--readme", dest="files", type=Path, action="append",
+                    help="a file with generated blocks (repeatable; default: every file of FILES)")
     ap.add_argument("--examples", type=Path, default=ROOT / "runs" / "examples")
     args = ap.parse_args(argv)
-    text = args.readme.read_text()
-    new, changed = generate(text, args.examples)
-    if args.check:
-        for spec in changed:
-            print(f"{args.readme}: generated block '{spec}' differs from its evidence; "
-                  "run python scripts/readme_tables.py", file=sys.stderr)
-        return 1 if changed else 0
-    if new != text:
-        args.readme.write_text(new)
-    print(f"{args.readme}: {len(changed)} block(s) rewritten" if changed else f"{args.readme}: up to date")
-    return 0
+    stale = False
+    for path in args.files or [ROOT / name for name in FILES]:
+        text = path.read_text()
+        new, changed = generate(text, args.examples)
+        stale = stale or bool(changed)
+        if args.check:
+            for spec in changed:
+                print(f"{path}: generated block '{spec}' differs from its evidence; "
+                      "run python scripts/readme_tables.py", file=sys.stderr)
+            continue
+        if new != text:
+            path.write_text(new)
+        print(f"{path}: {len(changed)} block(s) rewritten" if changed else f"{path}: up to date")
+    return 1 if args.check and stale else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
-"""README.md's result tables come from the committed evidence (issue 22 item 8): ``scripts/readme_tables.py
---check`` passes on the repository and fails when a README figure or an evidence file changes; batches
-of copies are marked superseded and an efficiency above 100% is flagged, never printed."""
+"""README.md and its docs/ pages (issue 38: a README that fits on a page, its sections in docs/).
+
+The result tables come from the committed evidence (issue 22 item 8): ``scripts/readme_tables.py --check``
+passes on the repository and fails when a figure of a page or an evidence file changes; only the pages it
+lists (``FILES``) hold generated tables; batches of copies are marked superseded and an efficiency above
+100% is flagged, never printed."""
 from __future__ import annotations
 
 import importlib.util
@@ -13,6 +16,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "runs" / "examples"
+README = ROOT / "README.md"
+#: README.md and every page under docs/: where generated blocks are looked for
+PAGES = [README] + sorted((ROOT / "docs").rglob("*.md"))
 
 
 @pytest.fixture(scope="module")
@@ -39,18 +45,26 @@ def test_readme_matches_its_evidence(tables, capsys):
     assert tables.main(["--check"]) == 0, capsys.readouterr().err
 
 
-def test_a_readme_figure_that_differs_fails_the_check(tables, tmp_path, capsys):
+def test_only_the_listed_pages_hold_generated_tables(tables):
+    holding = {p.relative_to(ROOT).as_posix() for p in PAGES if "<!-- generated: " in p.read_text()}
+    assert holding == set(tables.FILES) == {"docs/execution-variants.md", "docs/throughput.md",
+                                            "docs/vendor-model.md"}
+
+
+def test_a_figure_that_differs_fails_the_check(tables, tmp_path, capsys):
     best = pd.read_csv(EXAMPLES / "h200-optimize" / "headline.csv").set_index("case").loc["best", "decode_tok_s"]
-    shown = f"| best | 1 | 1 page | weights | {best:,.1f} |"    # the best row as the README prints it
-    text = (ROOT / "README.md").read_text()
+    shown = f"| best | 1 | 1 page | weights | {best:,.1f} |"    # the best row as the page prints it
+    text = (ROOT / "docs" / "execution-variants.md").read_text()
     assert shown == "| best | 1 | 1 page | weights | 1,555.7 |" and text.count(shown) == 1
-    readme = tmp_path / "README.md"
-    readme.write_text(text.replace(shown, "| best | 1 | 1 page | weights | 1,234.7 |"))   # the stale figure of issue 22
-    assert tables.main(["--check", "--readme", str(readme)]) == 1
-    assert capsys.readouterr().err.splitlines() == [
-        f"{readme}: generated block 'ladder h200-optimize' differs from its evidence; run python "
+    page = tmp_path / "execution-variants.md"
+    page.write_text(text.replace(shown, "| best | 1 | 1 page | weights | 1,234.7 |"))   # the stale figure of issue 22
+    other = tmp_path / "throughput.md"
+    other.write_text((ROOT / "docs" / "throughput.md").read_text())
+    assert tables.main(["--check", "--file", str(other), "--file", str(page)]) == 1
+    assert capsys.readouterr().err.splitlines() == [                          # the page that differs, not the other
+        f"{page}: generated block 'ladder h200-optimize' differs from its evidence; run python "
         "scripts/readme_tables.py"]
-    assert tables.main(["--readme", str(readme)]) == 0 and readme.read_text() == text     # rewritten from evidence
+    assert tables.main(["--file", str(page)]) == 0 and page.read_text() == text     # rewritten from evidence
 
 
 def test_an_evidence_file_that_differs_fails_the_check(tables, tmp_path, capsys):
@@ -88,3 +102,4 @@ def test_batches_of_copies_are_superseded_and_above_100_percent_is_flagged(table
     row = next(ln for ln in tables.render("ladder h100-optimize", examples).splitlines() if ln.startswith("| best-b32"))
     assert row.startswith("| best-b32 | 32 | batch of 32 distinct pages | weights | 17,480.3 |")
     assert row.endswith("| 98.4% / flagged: above 100% |") and "109.7" not in row
+
