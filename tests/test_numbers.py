@@ -128,7 +128,7 @@ def test_idle_from_timed_repeats_and_bound_from_the_same_idle(tmp_path, cache):
     assert "| large | clip | 2.57 [2.39–3.87] | 7.37 | 1.63 | 36.3% |" in md
     assert "GPU span ms (measured, CUDA events)" in md and "TFLOP/s (derived, analytic / measured)" in md
     assert (run / "headline.csv").is_file() and (run / "time_breakdown.png").stat().st_size > 0
-    assert "| gundam-2x3 | gundam | 2x3 | 1 | 903 / 916 / 128 | ? + 5 | #0 | 3,034 [3,008–3,485] |" in md
+    assert "| gundam-2x3 | gundam | 2x3 | 1 | 903 / 916 / 128 | ? + 5 | repeat=0 | 3,034 [3,008–3,485] |" in md
 
 
 # --------------------------------------------------------------------- module attribution
