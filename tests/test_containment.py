@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import os
 import re
 import shutil
@@ -161,7 +160,7 @@ def test_vendor_run_without_the_setting_is_one_line_before_any_run_directory(tmp
     assert not root.exists() and not (d / MARKER).exists()
 
 
-def test_vendor_code_allowed_says_whose_code_runs(tmp_path, monkeypatch, caplog):
+def test_vendor_code_allowed_says_whose_code_runs(tmp_path, monkeypatch, capsys):
     """Allowed, the gate lets the load go on (here to the missing transformers, which it names) and
     one warning line says whose code runs, from where."""
     from harness import hub
@@ -170,11 +169,11 @@ def test_vendor_code_allowed_says_whose_code_runs(tmp_path, monkeypatch, caplog)
     d = vendor_code_dir(tmp_path / "vendor")
     monkeypatch.setitem(sys.modules, "transformers", None)
     monkeypatch.setattr(hub, "_ANNOUNCED", set())
-    with caplog.at_level(logging.WARNING, logger="harness.hub"), pytest.raises(HarnessError, match="transformers"):
+    with pytest.raises(HarnessError, match="transformers"):
         V.load_vendor(d, "cpu", "fp32", trust_remote_code=True)
-    assert [r.getMessage() for r in caplog.records if r.name == "harness.hub"] == [
-        f"model=vendor runs the Python code in {d} ({', '.join(VENDOR_PY)}): the model directory's own code, not "
-        "the harness's, allowed by model.trust_remote_code=true"]
+    assert capsys.readouterr().err.splitlines() == [
+        f"[harness] model=vendor runs the Python code in {d} ({', '.join(VENDOR_PY)}): the model directory's own "
+        "code, not the harness's, allowed by model.trust_remote_code=true"]
 
 
 def test_trust_remote_code_applies_to_the_vendor_model_only():

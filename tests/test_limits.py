@@ -229,3 +229,21 @@ def test_a_cpu_report_says_cpu_where_a_gpu_report_says_gpu(tiny_run, tiny_cfg):
     head = pd.read_csv(path / "headline.csv")
     assert "GPU pages/s" in "\n".join(user_wait_section(head))                  # the same table of a GPU run
     assert "GPU pages/s" not in "\n".join(user_wait_section(head, cpu=True))
+
+
+def test_torch_cpu_allocator_running_out_is_one_line():
+    """torch's CPU allocator raises a RuntimeError, not a MemoryError, when it cannot allocate (seen with
+    ``ulimit -v``: 'DefaultCPUAllocator: can't allocate memory: you tried to allocate 805306368 bytes'):
+    it is the same one-line error as a MemoryError; another RuntimeError stays what it is."""
+    from harness.errors import HarnessError
+    from harness.memory_check import out_of_memory
+
+    oom = RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                       "you tried to allocate 805306368 bytes. Error code 12 (Cannot allocate memory)")
+    err = out_of_memory(oom, "case base-b64 (1 of 1), repeat=0")
+    assert isinstance(err, HarnessError)
+    assert err.problem == "out of memory (torch's CPU allocator) during case base-b64 (1 of 1), repeat=0"
+    assert "workload.batch" in err.fix
+    other = RuntimeError("shape mismatch")
+    assert out_of_memory(other, "x") is other
+    assert isinstance(out_of_memory(MemoryError(), "x"), HarnessError)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import sys
 from pathlib import Path
@@ -41,7 +40,6 @@ OFFLINE_FLAGS = (("huggingface_hub.constants", "HF_HUB_OFFLINE"), ("transformers
 AUTO_MAP_FILES = ("config.json", "tokenizer_config.json")
 #: the setting that lets ``model=vendor`` run its directory's code
 ALLOW_CODE = "model.trust_remote_code=true"
-log = logging.getLogger("harness.hub")
 _ANNOUNCED: set = set()   # directories whose "code runs" line this process has printed
 
 
@@ -65,7 +63,7 @@ def allow_directory_code(directory, allowed: bool) -> str:
             f"not the harness's, allowed by {ALLOW_CODE}")
     if str(directory) not in _ANNOUNCED:
         _ANNOUNCED.add(str(directory))
-        log.warning(line)
+        print(f"[harness] {line}", file=sys.stderr, flush=True)   # the run's own line style (stderr: a notice)
     return line
 
 

@@ -275,16 +275,23 @@ def check_memory(model_cfg, device, dtype, cases: list, free: Optional[tuple] = 
     return entry
 
 
+#: what torch's CPU allocator says when it cannot allocate (a RuntimeError, not a MemoryError)
+CPU_ALLOCATOR_OOM = "DefaultCPUAllocator: can't allocate memory"
+
+
 def out_of_memory(exc: BaseException, during: str) -> BaseException:
     """``exc`` as the one-line HarnessError of running out of memory (``MemoryError`` on the host,
-    torch's ``OutOfMemoryError`` on a GPU) ``during`` what; any other exception unchanged."""
+    torch's CPU allocator's RuntimeError (``CPU_ALLOCATOR_OOM``), torch's ``OutOfMemoryError`` on a
+    GPU) ``during`` what; any other exception unchanged."""
     import sys
 
     torch = sys.modules.get("torch")
     gpu = torch is not None and isinstance(exc, getattr(torch, "OutOfMemoryError", ()))
-    if not (gpu or isinstance(exc, MemoryError)):
+    cpu_torch = isinstance(exc, RuntimeError) and CPU_ALLOCATOR_OOM in str(exc)
+    if not (gpu or cpu_torch or isinstance(exc, MemoryError)):
         return exc
-    return HarnessError(f"out of {'GPU memory' if gpu else 'memory (MemoryError)'} during {during}",
+    what = "GPU memory" if gpu else "memory (torch's CPU allocator)" if cpu_torch else "memory (MemoryError)"
+    return HarnessError(f"out of {what} during {during}",
                         "lower workload.batch or workload.decode_tokens, or use model=tiny or a machine with more free "
                         "memory (the check before the run counts pages, preprocessed tensors, weights, caches and "
                         "the largest activations, not every tensor)")
