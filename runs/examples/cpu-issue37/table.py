@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "runs" / "examples" / "cpu-cli-retries"))   # cli_retries.py lives with its evidence
 from cli_retries import seed_cache  # noqa: E402  ($TMP/cache seeded with the user's default calibration record)
 
 MODE = "workload.mode={name: t, base_size: 128, image_size: 64, crop: true}"
