@@ -3,7 +3,7 @@
 ``flash_attention_2`` calls flash-attn's CUDA kernels (the vendor's ``LlamaFlashAttention2``, or the
 reference model's ``flash_attn_func``): on a CPU it is refused, and where flash-attn is not importable
 the one-line error names the set-up step that builds it for the local GPU (``FLASH_ATTN_SETUP``:
-``scripts/flash_attn_wheel.py``, the README's CUDA set-up). Imports no torch: the CLI's config check
+``scripts/flash_attn_wheel.py``, docs/vendor-model.md, CUDA set-up). Imports no torch: the CLI's config check
 uses it too.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from .errors import HarnessError
 
 FLASH_ATTN = "flash_attention_2"
-#: the set-up step that builds and installs flash-attn's kernels for this GPU (README: CUDA set-up)
+#: the set-up step that builds and installs flash-attn's kernels for this GPU (docs/vendor-model.md: CUDA set-up)
 FLASH_ATTN_SETUP = "python scripts/flash_attn_wheel.py"
 
 
@@ -29,8 +29,8 @@ def check_flash_attn(attn_implementation: str, device_type: str) -> None:
     except Exception as exc:  # ImportError, or an undefined symbol / CUDA mismatch in the extension
         raise HarnessError(f"model.attn_implementation={FLASH_ATTN} needs the flash-attn package, which is not "
                            f"importable ({exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
-                           f"build and install it for this GPU with `{FLASH_ATTN_SETUP}` (README: CUDA set-up), or "
-                           "use model.attn_implementation=eager") from None
+                           f"build and install it for this GPU with `{FLASH_ATTN_SETUP}` (docs/vendor-model.md: CUDA "
+                           "set-up), or use model.attn_implementation=eager") from None
 
 
 __all__ = ["FLASH_ATTN", "FLASH_ATTN_SETUP", "check_flash_attn"]

@@ -79,7 +79,7 @@ def flash_attn_func_or_error():
         raise HarnessError(
             "attn_implementation=flash_attention_2 needs the flash-attn package, which is not importable "
             f"({exc.__class__.__name__}: {exc})",
-            f"build and install it with `{FLASH_ATTN_SETUP}` (README: CUDA set-up), or use "
+            f"build and install it with `{FLASH_ATTN_SETUP}` (docs/vendor-model.md: CUDA set-up), or use "
             "model.attn_implementation=sdpa_flash (torch SDPA pinned to its FlashAttention kernel)") from None
     return flash_attn_func
 
