@@ -134,3 +134,24 @@ def test_vendor_flash_attention_bf16_teacher_forced():
               f"first greedy divergence: {_first_divergence(runs[a], runs[b])}")
     A, B = torch.cat(runs["flash_attention_2"], 1), torch.cat(runs["eager"], 1)
     assert B.abs().max() > 0 and _rel(A, B) < 5e-2     # bf16 rounding of one attention kernel, not another function
+
+
+def test_infer_without_a_tokenizer_is_refused_before_any_run_directory(tmp_path):
+    """model=vendor model.vendor_entry=infer on a vendor directory without tokenizer.json, on a CPU:
+    one `error:` line naming the rebuild step, exit 2, no run directory (so no model either)."""
+    from harness.models.vendor.loader import VENDOR_CODE_FILES
+
+    vdir = tmp_path / "vendor"
+    vdir.mkdir()
+    for f in VENDOR_CODE_FILES:
+        (vdir / f).write_text("{}")
+    runs = tmp_path / "runs"
+    res = subprocess.run([sys.executable, "-m", "harness", "run", "model=vendor", f"model.path={vdir}",
+                          "model.trust_remote_code=true", "model.vendor_entry=infer", "device=cpu",
+                          f"run.root={runs}"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip() and not ln.startswith("[harness] model=vendor runs")]
+    assert len(lines) == 1 and lines[0].startswith("error: model.vendor_entry=infer calls the vendor's infer(), which "
+                                                   "needs the snapshot's tokenizer, but there is none")
+    assert "python -m harness.models.vendor.tokenizer_rebuild --out" in lines[0]
+    assert not runs.exists()

@@ -373,10 +373,13 @@ def test_vendor_loops_choose_the_driver_and_check_infer_first(standin, tmp_path,
     with pytest.raises(HarnessError, match="is not one of"):
         L.load(tmp_path, loop="bogus", trust_remote_code=True)
     monkeypatch.setattr(L, "ensure_torchvision", lambda: "stub")
+    with pytest.raises(HarnessError, match="no tokenizer files"):     # named first: its check imports nothing
+        L.load(tmp_path, entry="infer", trust_remote_code=True)
+    (tmp_path / "tokenizer.json").write_text("")                      # present, but not a tokenizer
     with pytest.raises(HarnessError, match="torchvision"):
         L.load(tmp_path, entry="infer", trust_remote_code=True)
     monkeypatch.setattr(L, "ensure_torchvision", lambda: "0.0-test")
-    with pytest.raises(HarnessError, match="no tokenizer files"):
+    with pytest.raises(HarnessError, match="needs the snapshot's tokenizer"):
         L.load(tmp_path, entry="infer", trust_remote_code=True)
     assert len(built) == 2   # refused before building
     monkeypatch.setattr("harness.workload.tokenizer_or_reason", lambda p: (_Tok(), f"tokenizer from {p}"))

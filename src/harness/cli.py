@@ -409,9 +409,9 @@ def _main(argv: list[str] | None = None) -> int:
             from .bench.config import bench_args
             rest = bench_args(rest)
         first, dirs = _compose_checked(rest, verb)
-        if verb in MODEL_VERBS and first.model.name == "vendor":   # code the user did not allow: no run directory
+        if verb in MODEL_VERBS and first.model.name == "vendor":   # code not allowed, no tokenizer: no run directory
             from .models.vendor.loops import refuse_code_early
-            refuse_code_early(first.model.path, first.model.trust_remote_code)
+            refuse_code_early(first.model.path, first.model.trust_remote_code, first.model.vendor_entry)
         rest, claimed = claim_output_dir(rest, dirs)
         prepared = claimed if (verb == "run" and claimed is not None and not _multirun(rest)) else None
         if prepared is not None:

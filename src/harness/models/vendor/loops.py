@@ -37,17 +37,19 @@ def check_code_allowed(path, trust_remote_code: bool) -> Path:
     return path
 
 
-def refuse_code_early(path, trust_remote_code: bool) -> None:
-    """``check_code_allowed``'s refusal, for the CLI before any run directory exists. A directory that
+def refuse_code_early(path, trust_remote_code: bool, entry: str = "generate") -> None:
+    """``check_code_allowed``'s refusal and, for ``entry=infer``, a missing tokenizer file
+    (``require_tokenizer_file``), for the CLI before any run directory exists. A directory that
     ``check_vendor_dir`` refuses (missing, empty, no code, hub code) is left to the load, whose run
     directory records why, as for any other model that cannot be built."""
-    if trust_remote_code:
-        return
     try:
         path = check_vendor_dir(path)
     except HarnessError:
         return
-    allow_directory_code(path, False)
+    if not trust_remote_code:
+        allow_directory_code(path, False)
+    if entry == "infer":
+        require_tokenizer_file(path)
 
 
 def load(path, device="cpu", dtype=torch.bfloat16, attn_implementation: str = "eager", seed: int = 0,
@@ -76,6 +78,7 @@ def infer_prerequisites(path) -> tuple:
     """(tokenizer, where from) for ``entry=infer``, or a one-line HarnessError naming what is missing:
     the snapshot's tokenizer, or torchvision (``infer()`` builds torchvision transforms)."""
     path = check_vendor_dir(path)
+    require_tokenizer_file(path)          # first: it needs no import, and it names the set-up step
     require_transformers()
     if ensure_torchvision() == "stub":
         raise HarnessError("model.vendor_entry=infer runs the vendor's infer(), whose preprocessing needs "
@@ -85,21 +88,37 @@ def infer_prerequisites(path) -> tuple:
     return tokenizer_for_infer(path)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+
+
+def _no_tokenizer(path, reason: str) -> HarnessError:
+    from .tokenizer_rebuild import PIP_INSTALL, rebuild_command
+
+    return HarnessError(f"model.vendor_entry=infer calls the vendor's infer(), which needs the snapshot's "
+                        f"tokenizer, but there is none: {reason}",
+                        f"rebuild tokenizer.json there: {rebuild_command(path)} (after {PIP_INSTALL}), "
+                        "or use model.vendor_entry=generate")
+
+
+def require_tokenizer_file(path: Path) -> None:
+    """The one-line error of a vendor directory with no tokenizer file (``TOKENIZER_FILES``), naming
+    the rebuild; imports nothing (transformers may be missing too: the tokenizer is named first)."""
+    if not any((Path(path) / f).is_file() for f in TOKENIZER_FILES):
+        raise _no_tokenizer(path, f"no tokenizer files in {path}")
+
+
 def tokenizer_for_infer(path: Path) -> tuple:
     """(tokenizer, where from) from ``path``, or the HarnessError that says it is missing; where from
     adds ``tokenizer_rebuild.source_note`` ("rebuilt (sha256 ...)") when the rebuild's record is there."""
     from ...workload import tokenizer_or_reason
-    from .tokenizer_rebuild import PIP_INSTALL, rebuild_command, source_note
+    from .tokenizer_rebuild import source_note
 
     tok, reason = tokenizer_or_reason(path)
     if tok is None:
-        raise HarnessError(f"model.vendor_entry=infer calls the vendor's infer(), which needs the snapshot's "
-                           f"tokenizer, but there is none: {reason}",
-                           f"rebuild tokenizer.json there: {rebuild_command(path)} (after {PIP_INSTALL}), "
-                           "or use model.vendor_entry=generate")
+        raise _no_tokenizer(path, reason)
     note = source_note(path)
     return tok, f"{reason}: {note}" if note else reason
 
 
 __all__ = ["VENDOR_LOOPS", "VENDOR_ENTRIES", "check_code_allowed", "refuse_code_early", "load", "infer_prerequisites",
-           "tokenizer_for_infer"]
+           "tokenizer_for_infer", "require_tokenizer_file", "TOKENIZER_FILES"]
