@@ -106,5 +106,9 @@ def test_annotation_times_on_the_clock_kineto_writes(tmp_path, tiny_cfg, tiny_mo
     kineto = sorted((e for e in trace["traceEvents"] if e.get("cat") == "user_annotation"), key=lambda e: e["ts"])
     ours = sorted(annotation_events(ranges, int(trace["baseTimeNanoseconds"])), key=lambda e: e["ts"])
     assert len(ours) == len(ranges) == len(kineto)     # the projector's layout glue is a second projector#0
-    for e, k in zip(ours, kineto):
-        assert e["name"] == k["name"] and abs(e["ts"] - k["ts"]) < 1000 and abs(e["dur"] - k["dur"]) < 1000, e
+    assert [e["name"] for e in ours] == [k["name"] for k in kineto]
+    # within the 1 ms a range's bookkeeping takes, typically; a process descheduled between the recorder's
+    # clock read and the profiler's exit (a loaded 2-core machine: 4 ms seen) moves one range, not most
+    for key in ("ts", "dur"):
+        gaps = sorted(abs(e[key] - k[key]) for e, k in zip(ours, kineto))
+        assert gaps[len(gaps) // 2] < 1000 and gaps[-1] < 20_000, (key, gaps[-3:])
