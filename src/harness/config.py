@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional
 from .attn_support import check_flash_attn
 from .bench.config import BenchConfig
 from .errors import HarnessError
+from .pdf_pages import VENDOR_PDF_DPI
 from .anatomy.stages import STAGES
 
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "sdpa_flash", "flash_attention_2")
@@ -257,7 +258,7 @@ class WorkloadConfig:
     """
 
     mode: Any = "base"                     # tiny | small | base | large | gundam | {name, base_size, image_size, crop}
-    images: Optional[str] = None           # image file or directory; None -> synthetic pages
+    images: Optional[str] = None           # image or PDF file (FILE.pdf#page=N: one page) or directory; None: synthetic
     pages: Optional[int] = _f(None, min=1)  # distinct synthetic pages requests cycle through; None: new per request
     page_size: Optional[List[int]] = None  # [width, height] of synthetic pages (pixels)
     batch: int = _f(1, min=1)              # pages decoded together in one request (same layout)
@@ -267,6 +268,9 @@ class WorkloadConfig:
     text_tokens: int = _f(12, min=0)       # prompt text tokens (BOS excluded) when there is no tokenizer
     seed: int = 0
     max_pixels: int = _f(60_000_000, min=1)  # larger pages are refused with a clear error
+    # dots per inch PDF pages are rasterised at (harness.pdf_pages: ceil(points x dpi / 72) pixels a side, on
+    # white): 144, what DeepSeek-OCR's own PDF script (run_dpsk_ocr_pdf.py) uses; an A4 page is then 1191 x 1684
+    pdf_dpi: float = _f(float(VENDOR_PDF_DPI), min=1)
     # MoE routing: weights (the checkpoint's own; parity depends on it) | balanced (each token's top-k drawn
     # uniformly without repeats per layer from routing_seed, its page and position; harness.models.routing)
     routing: str = _f("weights", choices=("weights", "balanced"))

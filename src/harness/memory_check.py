@@ -10,7 +10,9 @@ Host memory (RAM; on a CPU run the same memory as the device's):
 * pages: the synthetic pages the harness draws, decoded RGB images of W x H pixels x 3 channels
   x 1 byte (PIL's "RGB"): d = ``setup.distinct_pages`` distinct pages per request, d x W x H x 3,
   twice when the case builds more than one request (request 0's pages stay cached while another
-  request's are drawn). Pages from files are loaded before the check: already outside what is free.
+  request's are drawn). Pages from files are loaded before the check: already outside what is free;
+  but every request draws its PDF pages anew (``workload.rasterise``): one request's rows, each W x H
+  x 3 at the size its DPI gives (``harness.pdf_pages.pixel_size``), on top.
 * preprocessed tensors: 2 x B x px x 4 bytes (float32): each page's views and their stacked batch
   exist together while a request is built (``workload.build_request``).
 
@@ -104,10 +106,11 @@ def pixel_values(case) -> int:
 
 
 def page_bytes(inputs, requests: int) -> int:
-    """Bytes of the synthetic pages ``inputs`` (``setup.CaseInputs``) draws (module docstring);
-    0 for pages from files."""
+    """Bytes of the pages ``inputs`` (``setup.CaseInputs``) draws (module docstring): synthetic
+    pages, or the PDF pages of one request's rows drawn anew (their loaded size: the DPI's); 0 for
+    image files."""
     if inputs.files is not None:
-        return 0
+        return sum(p.image.size[0] * p.image.size[1] * PAGE_PIXEL_BYTES for p in inputs.files if p.pdf is not None)
     from .setup import page_size
 
     width, height = page_size(inputs.workload)

@@ -7,7 +7,8 @@
   page settings checked, pages loaded and the first request built, so bad input fails before any
   model is built. A batch holds distinct pages (``synthetic_pages``: new synthetic pages for every
   request; a folder, ``workload.images=DIR``, is a set of requests, one case each,
-  ``workload.batch_pages``: ``batch`` pages of one layout per request, named by their pages); a
+  ``workload.batch_pages``: ``batch`` pages of one layout per request, named by their pages; a PDF
+  of several pages likewise, its pages rasterised at ``workload.pdf_dpi`` anew for every request); a
   batch of copies only with ``workload.repeat_pages=true``.
 * ``check_cases``: every case's execution checked as a whole on the device (``harness.variants.check``)
   before any model is built: refused with one line, or, for a case of an experiment that only this
@@ -140,9 +141,13 @@ class CaseInputs:
         ``pages_label`` (``layout.batch_wording``) and ``page_source`` (where the pages come from)."""
         names = [p.name for p in self.pages]
         distinct = self.distinct_pages
+        source = page_source(self.workload)
+        if any(p.pdf is not None for p in self.pages):
+            source += (f"; PDF pages rasterised at workload.pdf_dpi={self.workload.pdf_dpi:g} (PDFium), anew for "
+                       "every request (raster_ms)")
         return {"pages": names if len(names) <= 16 else wl.names_text(names), "distinct_pages": distinct,
                 "copies": distinct < len(names), "pages_label": batch_wording(len(names), distinct),
-                "page_source": page_source(self.workload)}
+                "page_source": source}
 
     def routing_entry(self) -> dict:
         """The manifest case entry's routing fields: ``routing`` (workload.routing), ``routing_seed``
@@ -165,10 +170,11 @@ class CaseInputs:
                                 name=self.case.name, routing=w.routing, routing_seed=w.routing_seed)
 
     def timed_request(self, repeat: int, device: torch.device, dtype: torch.dtype) -> tuple:
-        """(request ``repeat`` on ``device``, {"prep_ms", "h2d_ms"}): host ms of building it from its
-        pages (``build``; drawing synthetic pages is not counted) and of copying it to ``device``
-        (``Request.to``, synchronised on CUDA)."""
-        pages = self.pages_of(repeat)
+        """(request ``repeat`` on ``device``, {"prep_ms", "h2d_ms"[, "raster_ms"]}): host ms of building
+        it from its pages (``build``; drawing synthetic pages is not counted) and of copying it to
+        ``device`` (``Request.to``, synchronised on CUDA); with PDF pages, ``raster_ms`` first: drawing
+        every row's page anew from its PDF (``workload.rasterise``)."""
+        pages, raster_ms = wl.rasterise(self.pages_of(repeat))
         t0 = time.perf_counter()
         req = self.build(pages)
         t1 = time.perf_counter()
@@ -176,7 +182,8 @@ class CaseInputs:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t2 = time.perf_counter()
-        return req, {"prep_ms": (t1 - t0) * 1e3, "h2d_ms": (t2 - t1) * 1e3}
+        times = {"prep_ms": (t1 - t0) * 1e3, "h2d_ms": (t2 - t1) * 1e3}
+        return req, times if raster_ms is None else {"raster_ms": raster_ms, **times}
 
 
 #: XOR'ed into workload.seed for the warm-up requests' own stream of synthetic pages
@@ -270,15 +277,16 @@ def case_workloads(cfg: HarnessConfig) -> list:
 
 def request_pages(w: WorkloadConfig) -> list:
     """[(label, pages)]: the requests of one case's workload. Synthetic pages make one request,
-    label "", pages None (drawn per request: ``synthetic_pages``); one image file makes one request,
-    label ""; a folder makes ``workload.batch_pages``' requests, labelled by their pages
-    (``p003+p004``). A page source with fewer distinct pages of one layout than ``w.batch`` is
-    refused unless ``w.repeat_pages`` (``workload.check_enough_pages``)."""
+    label "", pages None (drawn per request: ``synthetic_pages``); one page (an image file, a
+    one-page PDF, ``FILE.pdf#page=N``) makes one request, label ""; a folder or a PDF of several
+    pages makes ``workload.batch_pages``' requests, labelled by their pages (``p003+p004``). A page
+    source with fewer distinct pages of one layout than ``w.batch`` is refused unless
+    ``w.repeat_pages`` (``workload.check_enough_pages``)."""
     if not w.images:
         return [("", None)]
-    pages = wl.load_pages(w.images, seed=w.seed, max_pixels=w.max_pixels)
+    pages = wl.load_pages(w.images, seed=w.seed, max_pixels=w.max_pixels, pdf_dpi=w.pdf_dpi)
     where = f"workload.images={w.images}"
-    if Path(w.images).expanduser().is_dir():
+    if len(pages) > 1 or Path(w.images).expanduser().is_dir():
         return wl.batch_pages(pages, w.mode, w.batch, w.repeat_pages, where)
     wl.check_enough_pages(wl.layout_groups(pages, w.mode), w.batch, w.repeat_pages, where)
     return [("", pages * w.batch)]

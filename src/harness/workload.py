@@ -16,11 +16,13 @@ import random
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
+from . import pdf_pages
 from .errors import HarnessError
 from .hub import hub_offline, refuse_hub_code, tokenizer_code
 from .layout import (BOS_ID, BOS_TOKENS, IMAGE_TOKEN_ID, SYNTHETIC_SIZES, Case, CropMode, check_count, get_mode,
@@ -31,6 +33,8 @@ PAD_COLOR = (127, 127, 127)     # int(0.5 * 255): the normalisation mean as a pi
 NORM_MEAN = 0.5
 NORM_STD = 0.5
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+#: what a folder's pages are read from: image files and PDF files (each PDF page a page)
+PAGE_SUFFIXES = IMAGE_SUFFIXES + (pdf_pages.PDF_SUFFIX,)
 DEFAULT_PROMPT = "<image>\n<|grounding|>Convert the document to markdown. "
 
 
@@ -101,13 +105,15 @@ def preprocess(image: Image.Image, mode) -> PreparedImage:
 
 @dataclass
 class Page:
-    """One input page; ``source`` is the file path or ``synthetic:<seed>``; ``note`` says what was
-    done to it on loading, when that was more than decoding (a 16-bit page scaled to 8 bits)."""
+    """One input page; ``source`` is the file path, ``FILE.pdf#page=N`` or ``synthetic:<seed>``;
+    ``note`` says what was done to it on loading, when that was more than decoding (a 16-bit page
+    scaled to 8 bits); ``pdf``: the PDF page it was rasterised from (``rasterise`` draws it anew)."""
 
     name: str
     image: Image.Image
     source: str
     note: str = ""
+    pdf: Optional[pdf_pages.PdfPageRef] = None
 
 _SYLLABLES = ("ka", "lo", "mi", "re", "tan", "vo", "shi", "pe", "dor", "nu", "gal", "te", "rix",
               "ba", "on", "se", "qua", "lim", "zo", "der", "fa", "mor", "ti", "ul")
@@ -252,18 +258,23 @@ def to_8bit(image: Image.Image) -> tuple:
     return out, f"{image.mode} pixels (values {lo:g}..{hi:g}) scaled linearly to 8 bits"
 
 
-def _open_page(path: Path, max_pixels: int) -> tuple:
-    """Open, check (header size first, then verify and decode) and convert one image to RGB.
-    Returns (image, note): the note says how a page wider than 8 bits was converted, and that a
-    file of several frames (a multi-page TIFF) is measured by its first frame only."""
+def _check_not_empty(path: Path, kind: str) -> None:
+    """Refuse a page file that cannot be read or has 0 bytes (``kind``: 'image' or 'PDF')."""
     try:
         nbytes = path.stat().st_size
     except OSError as exc:
         raise HarnessError(f"cannot read {path}: {exc.strerror or exc}",
                            "check the path and its permissions") from None
     if nbytes == 0:
-        raise HarnessError(f"image file {path} is empty (0 bytes)",
-                           "replace it with a valid image or remove it from the directory")
+        raise HarnessError(f"{kind} file {path} is empty (0 bytes)",
+                           f"replace it with a valid {kind} or remove it from the directory")
+
+
+def _open_page(path: Path, max_pixels: int) -> tuple:
+    """Open, check (header size first, then verify and decode) and convert one image to RGB.
+    Returns (image, note): the note says how a page wider than 8 bits was converted, and that a
+    file of several frames (a multi-page TIFF) is measured by its first frame only."""
+    _check_not_empty(path, "image")
     with _no_pil_bomb_check():
         try:
             with Image.open(path) as probe:
@@ -294,14 +305,26 @@ def _open_page(path: Path, max_pixels: int) -> tuple:
                                "replace it with a valid image or remove it") from None
 
 
-def load_pages(images: str | os.PathLike | None, pages: int = 1, seed: int = 0,
-               max_pixels: int = 60_000_000) -> list[Page]:
-    """Pages to run: ``pages`` synthetic pages (images=None), one image file, or a directory.
+def _pdf_file_pages(path: Path, dpi: float, max_pixels: int, index: Optional[int] = None) -> list:
+    """The pages of the PDF ``path`` (page ``index`` alone when given), in order, rasterised at
+    ``dpi`` (``pdf_pages``: checked first, one-line errors)."""
+    _check_not_empty(path, "PDF")
+    refs = pdf_pages.page_refs(path, dpi, max_pixels, index)
+    images, _ = pdf_pages.render(refs)
+    return [Page(ref.name, image, ref.source, pdf=ref) for ref, image in zip(refs, images)]
 
-    A directory gives its image files (jpg/jpeg/png/bmp/tif/tiff/webp) sorted by name; other
-    files are ignored. Images over ``max_pixels`` pixels are refused from their header, before
-    decoding. Every page is RGB; a grayscale page wider than 8 bits is scaled from its own value
-    range (``to_8bit``; said in ``Page.note``).
+
+def load_pages(images: str | os.PathLike | None, pages: int = 1, seed: int = 0,
+               max_pixels: int = 60_000_000, pdf_dpi: float = pdf_pages.VENDOR_PDF_DPI) -> list[Page]:
+    """Pages to run: ``pages`` synthetic pages (images=None), one image file, one PDF file (each
+    of its pages), one page of a PDF (``FILE.pdf#page=N``), or a directory.
+
+    A directory gives its image files (jpg/jpeg/png/bmp/tif/tiff/webp) and PDF files sorted by
+    name, a PDF's pages in their order in its place; other files are ignored. A PDF page is
+    rasterised at ``pdf_dpi`` (``harness.pdf_pages``: ceil(points x dpi / 72) pixels a side).
+    Pages over ``max_pixels`` pixels are refused before decoding (an image from its header, a PDF
+    page from its size in points). Every page is RGB; a grayscale page wider than 8 bits is scaled
+    from its own value range (``to_8bit``; said in ``Page.note``).
     """
     if images is None or (isinstance(images, str) and not images.strip()):
         if isinstance(pages, bool) or not isinstance(pages, int) or pages < 1:
@@ -312,25 +335,46 @@ def load_pages(images: str | os.PathLike | None, pages: int = 1, seed: int = 0,
     if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
         raise HarnessError(f"workload.max_pixels={max_pixels!r} is not a positive pixel count",
                            "set workload.max_pixels to e.g. 60000000")
-    path = Path(images).expanduser()
+    if isinstance(pdf_dpi, bool) or not isinstance(pdf_dpi, (int, float)) or not pdf_dpi > 0:
+        raise HarnessError(f"workload.pdf_dpi={pdf_dpi!r} is not a positive resolution in dots per inch",
+                           f"set workload.pdf_dpi to e.g. {pdf_pages.VENDOR_PDF_DPI}")
+    path, index = pdf_pages.split_ref(str(images))
+    path = path.expanduser()
     if not path.exists():
         raise HarnessError(f"image path {path} does not exist",
-                           "point workload.images at an image file or a directory of images")
+                           "point workload.images at an image file, a PDF file or a directory of them")
     if path.is_dir():
         files = sorted((p for p in path.iterdir()
-                        if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES),
+                        if p.is_file() and p.suffix.lower() in PAGE_SUFFIXES),
                        key=lambda p: p.name)
         if not files:
-            raise HarnessError(f"directory {path} has no image files",
-                               f"add {'/'.join(s[1:] for s in IMAGE_SUFFIXES)} files or "
+            raise HarnessError(f"directory {path} has no image files or PDF files",
+                               f"add {'/'.join(s[1:] for s in PAGE_SUFFIXES)} files or "
                                "point workload.images elsewhere")
     else:
         files = [path]
-    pages = []
+    out = []
     for p in files:
-        image, note = _open_page(p, max_pixels)
-        pages.append(Page(p.name, image, str(p), note))
-    return pages
+        if pdf_pages.is_pdf(p):
+            out += _pdf_file_pages(p, pdf_dpi, max_pixels, index)
+        else:
+            image, note = _open_page(p, max_pixels)
+            out.append(Page(p.name, image, str(p), note))
+    return out
+
+
+def rasterise(pages: list) -> tuple:
+    """(``pages`` with every PDF page drawn anew from its file, ms it took or None without PDF pages):
+    what a request from PDF pages does before preprocessing (``pdf_pages.render``: each row rasterised,
+    copies too, each file opened once; host wall clock). Other pages are passed through as they are."""
+    rows = [k for k, p in enumerate(pages) if p.pdf is not None]
+    if not rows:
+        return list(pages), None
+    images, ms = pdf_pages.render([pages[k].pdf for k in rows])
+    out = list(pages)
+    for k, image in zip(rows, images):
+        out[k] = dataclasses.replace(pages[k], image=image)
+    return out, ms
 
 
 @dataclass
@@ -558,8 +602,9 @@ def describe(request: Request) -> dict:
 
 
 __all__ = [
-    "IMAGE_PLACEHOLDER", "PAD_COLOR", "NORM_MEAN", "NORM_STD", "IMAGE_SUFFIXES", "DEFAULT_PROMPT",
-    "PreparedImage", "to_tensor", "preprocess", "Page", "synthetic_page", "load_pages", "to_8bit", "batch_pages",
+    "IMAGE_PLACEHOLDER", "PAD_COLOR", "NORM_MEAN", "NORM_STD", "IMAGE_SUFFIXES", "PAGE_SUFFIXES", "DEFAULT_PROMPT",
+    "PreparedImage", "to_tensor", "preprocess", "Page", "synthetic_page", "load_pages", "rasterise", "to_8bit",
+    "batch_pages",
     "names_text", "layout_groups", "check_enough_pages", "Request", "build_request", "load_tokenizer",
     "tokenizer_or_reason", "describe",
 ]

@@ -16,8 +16,9 @@ events on the stream (the stage's GPU span); ``host_ms`` from the host clock (it
 
 Request row (``stage = request``): ``ttft_ms`` from the request's start to the end of prefill
 (the first token); ``prep_ms`` (building the request on the host: pages, preprocessing, token
-layout) and ``h2d_ms`` (copying it to the device) when the caller timed them, and
-``ttft_e2e_ms`` = prep + h2d + TTFT; ``call_ms`` (the wall time of the whole ``generate()`` call,
+layout) and ``h2d_ms`` (copying it to the device) when the caller timed them, ``raster_ms``
+(rasterising its PDF pages before that; empty for other pages), and ``ttft_e2e_ms`` = raster +
+prep + h2d + TTFT; ``call_ms`` (the wall time of the whole ``generate()`` call,
 host clock, the device synchronised before and after: what the caller waits for) and
 ``setup_collect_ms`` = ``call_ms`` - ``e2e_ms`` (the call's set-up before the request range opens
 and its collection after it closes: caches, routing counts, the tokens) in the timed repeats.
@@ -48,8 +49,8 @@ CALL_ALL = -1
 OBSERVATION_COLUMNS = [
     "case", "mode", "grid", "batch", "repeat", "profiled", "stage", "call", "calls", "timer",
     "gpu_ms", "host_ms", "kernels", "busy_ms", "idle_ms", "launches_per_step", "decode_steps", "peak_mem_bytes",
-    "ttft_ms", "prep_ms", "h2d_ms", "ttft_e2e_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "tpot_mean_ms",
-    "decode_tok_s", "e2e_ms", "call_ms", "setup_collect_ms",
+    "ttft_ms", "raster_ms", "prep_ms", "h2d_ms", "ttft_e2e_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms",
+    "tpot_mean_ms", "decode_tok_s", "e2e_ms", "call_ms", "setup_collect_ms",
     "stage_sum_ms", "unattributed_kernel_ms", "attributed_fraction", "weight_bytes", "kv_cache_bytes", "note",
     "host_syncs", "syncs_per_step",
 ]

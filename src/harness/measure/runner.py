@@ -23,8 +23,9 @@ summary pairs its busy time per decode step with the timed requests' steps
 ``trace_path`` the profiled request's trace is saved as a gzipped Chrome/Perfetto trace.
 
 ``make_request(i)`` returns the request of repeat ``i`` on the device, or ``(request, prep)`` where
-``prep`` = {"prep_ms": building it on the host, "h2d_ms": copying it to the device}: the request
-rows then carry them and ``ttft_e2e_ms`` = prep + h2d + TTFT.
+``prep`` = {"prep_ms": building it on the host, "h2d_ms": copying it to the device} and, for PDF
+pages, "raster_ms" (rasterising them first): the request rows then carry them and ``ttft_e2e_ms`` =
+raster + prep + h2d + TTFT.
 
 ``measure_case`` returns one ``CaseMeasurement``: the raw observations (``stages.csv`` rows,
 ``harness.measure.observations``), kernels, routing, decode steps, warm-up record and trace; a
@@ -127,19 +128,22 @@ def is_steady(ms: list[float], pct: float, last: int = 3) -> bool:
 
 
 def unpack(made) -> tuple:
-    """(request, prep timings {} or {"prep_ms", "h2d_ms"}) of what ``make_request`` returned."""
+    """(request, prep timings {} or {"prep_ms", "h2d_ms"[, "raster_ms"]}) of what ``make_request`` returned."""
     if isinstance(made, tuple):
         return made[0], dict(made[1] or {})
     return made, {}
 
 
 def prep_columns(prep: dict, ttft_ms) -> dict:
-    """prep_ms, h2d_ms and ttft_e2e_ms (= prep + h2d + TTFT) of one request row; {} without timings."""
+    """prep_ms, h2d_ms, raster_ms (PDF pages only) and ttft_e2e_ms (= raster + prep + h2d + TTFT) of
+    one request row; {} without timings."""
     if not prep:
         return {}
     out = {"prep_ms": prep.get("prep_ms"), "h2d_ms": prep.get("h2d_ms")}
+    if prep.get("raster_ms") is not None:
+        out["raster_ms"] = prep["raster_ms"]
     if ttft_ms is not None and out["prep_ms"] is not None and out["h2d_ms"] is not None:
-        out["ttft_e2e_ms"] = out["prep_ms"] + out["h2d_ms"] + ttft_ms
+        out["ttft_e2e_ms"] = out.get("raster_ms", 0.0) + out["prep_ms"] + out["h2d_ms"] + ttft_ms
     return out
 
 

@@ -24,14 +24,16 @@ execution ladder's ratios) goes through it, so each rule below exists once:
 * **what a user waits for** (``headline``): ``call_ms`` (the whole ``generate()`` call,
   synchronised before and after) and ``setup_collect_ms`` = call - e2e of the median request;
   preprocessing and copy per page (``prep_page_ms`` = prep / batch, ``h2d_page_ms`` = h2d /
-  batch); pages/s over the timed repeats back to back, serial: ``pages_s_gpu`` = batch x repeats
-  x 1000 / sum of their ``call_ms`` (requests already built and on the device) and
-  ``pages_s_e2e`` = batch x repeats x 1000 / sum of (prep + h2d + call) (each built, copied and
-  generated in turn); each request is synchronised at both ends, so the sum is the wall time of
-  those requests run back to back without overlap, the harness's own work between them (reading
-  CUDA events, writing rows) left out. ``bound_by`` (``bound_by``): ``preprocessing`` or
-  ``copy`` when that part of the median request took longer than its request range on the device
-  (``e2e_ms``, the GPU time of the batch), else ``gpu``.
+  batch) and, for PDF pages, rasterisation per page (``raster_page_ms`` = raster / batch: every
+  row is rasterised); pages/s over the timed repeats back to back, serial: ``pages_s_gpu`` = batch
+  x repeats x 1000 / sum of their ``call_ms`` (requests already built and on the device) and
+  ``pages_s_e2e`` = batch x repeats x 1000 / sum of (raster + prep + h2d + call) (each rasterised,
+  built, copied and generated in turn); each request is synchronised at both ends, so the sum is
+  the wall time of those requests run back to back without overlap, the harness's own work
+  between them (reading CUDA events, writing rows) left out. ``bound_by`` (``bound_by``):
+  ``preprocessing`` (raster + prep, the host's part) or ``copy`` when that part of the median
+  request took longer than its request range on the device (``e2e_ms``, the GPU time of the
+  batch), else ``gpu``.
 
 Outputs (DataFrames, built on first use):
 
@@ -66,9 +68,9 @@ from . import stats
 from .observations import CALL_ALL, NUMERIC, typed
 
 #: request metrics of the headline (their min/max over the timed repeats come as ``<col>_min``/``_max``)
-HEADLINE_METRICS = ["e2e_ms", "ttft_ms", "prep_ms", "h2d_ms", "ttft_e2e_ms", "tpot_p50_ms", "tpot_p90_ms",
-                    "tpot_p99_ms", "tpot_mean_ms", "decode_tok_s", "pages_s", "call_ms", "setup_collect_ms",
-                    "prep_page_ms", "h2d_page_ms"]
+HEADLINE_METRICS = ["e2e_ms", "ttft_ms", "raster_ms", "prep_ms", "h2d_ms", "ttft_e2e_ms", "tpot_p50_ms",
+                    "tpot_p90_ms", "tpot_p99_ms", "tpot_mean_ms", "decode_tok_s", "pages_s", "call_ms",
+                    "setup_collect_ms", "raster_page_ms", "prep_page_ms", "h2d_page_ms"]
 #: per case, over all its timed repeats (no min/max): pages/s back to back and what bounds a batch
 BACK_TO_BACK = ["pages_s_gpu", "pages_s_e2e", "bound_by"]
 HEADLINE_COLUMNS = (["case", "mode", "grid", "batch", "timer", "repeat", "repeats", "warmup"] + HEADLINE_METRICS
@@ -83,16 +85,16 @@ PROFILED_FIELDS = ("kernels", "busy_ms", "launches_per_step", "unattributed_kern
 MEASURED_COLUMNS = [
     "case", "mode", "grid", "batch", "stage", "timer", "time_ms", "gpu_ms", "host_ms", "time_min_ms", "time_max_ms",
     "time_ci_lo_ms", "time_ci_hi_ms", "host_min_ms", "host_max_ms", "kernels", "busy_ms", "idle_ms", "idle_fraction",
-    "idle_basis", "launches_per_step", "ttft_ms", "prep_ms", "h2d_ms", "ttft_e2e_ms", "tpot_p50_ms", "tpot_p90_ms",
-    "tpot_p99_ms", "tpot_mean_ms", "decode_tok_s", "e2e_ms", "call_ms", "setup_collect_ms", "peak_mem_bytes",
-    "weight_bytes", "kv_cache_bytes", "cv", "repeats", "statistic", "median_repeat", "host_syncs", "syncs_per_step",
-    "unattributed_kernel_ms", "attributed_fraction", "step_scale"]
+    "idle_basis", "launches_per_step", "ttft_ms", "raster_ms", "prep_ms", "h2d_ms", "ttft_e2e_ms", "tpot_p50_ms",
+    "tpot_p90_ms", "tpot_p99_ms", "tpot_mean_ms", "decode_tok_s", "e2e_ms", "call_ms", "setup_collect_ms",
+    "peak_mem_bytes", "weight_bytes", "kv_cache_bytes", "cv", "repeats", "statistic", "median_repeat", "host_syncs",
+    "syncs_per_step", "unattributed_kernel_ms", "attributed_fraction", "step_scale"]
 #: label columns of ``MEASURED_COLUMNS`` and ``HEADLINE_COLUMNS``; counts are integers, the rest floats
 LABELS = ("case", "mode", "grid", "stage", "timer", "idle_basis", "statistic", "bound_by")
 COUNTS = {"batch": "int64", "repeats": "int64", "repeat": "int64", "median_repeat": "Int64", "warmup": "Int64"}
-REQUEST_FIELDS = ("ttft_ms", "prep_ms", "h2d_ms", "ttft_e2e_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms",
-                  "tpot_mean_ms", "decode_tok_s", "e2e_ms", "call_ms", "setup_collect_ms", "peak_mem_bytes",
-                  "weight_bytes", "kv_cache_bytes")
+REQUEST_FIELDS = ("ttft_ms", "raster_ms", "prep_ms", "h2d_ms", "ttft_e2e_ms", "tpot_p50_ms", "tpot_p90_ms",
+                  "tpot_p99_ms", "tpot_mean_ms", "decode_tok_s", "e2e_ms", "call_ms", "setup_collect_ms",
+                  "peak_mem_bytes", "weight_bytes", "kv_cache_bytes")
 #: profiled fields that count the whole decode (scaled by ``step_scale``); per-step figures are not
 STEP_SCALED = ("busy_ms", "kernels")
 STATISTICS = ("mean", "std", "median", "cv", "min", "max", "ci95_lo", "ci95_hi")
@@ -110,10 +112,11 @@ def idle_of(span_ms, busy_ms) -> tuple:
 
 
 def bound_by(prep_ms, h2d_ms, gpu_ms) -> Optional[str]:
-    """Which part of a batch bounds it: ``preprocessing`` (building the request on the host) or
-    ``copy`` (to the device) when it took longer than ``gpu_ms`` (the request range on the device:
-    the GPU time of the batch) and than the other one, else ``gpu``; None without all three. A
-    pipeline that overlaps the parts cannot run faster than its longest one."""
+    """Which part of a batch bounds it: ``preprocessing`` (building the request on the host: with
+    PDF pages, the caller adds their rasterisation) or ``copy`` (to the device) when it took longer
+    than ``gpu_ms`` (the request range on the device: the GPU time of the batch) and than the other
+    one, else ``gpu``; None without all three. A pipeline that overlaps the parts cannot run faster
+    than its longest one."""
     prep, h2d, gpu = _f(prep_ms), _f(h2d_ms), _f(gpu_ms)
     if prep is None or h2d is None or gpu is None:
         return None
@@ -124,10 +127,18 @@ def bound_by(prep_ms, h2d_ms, gpu_ms) -> Optional[str]:
     return "gpu"
 
 
-def back_to_back_pages_s(batch: int, call_ms, prep_ms=None, h2d_ms=None) -> Optional[float]:
+def host_prep_ms(row: dict) -> Optional[float]:
+    """The host's part of a request row (a headline row): prep ms + raster ms (PDF pages; 0 for
+    other pages); None without prep ms."""
+    prep = _f(row.get("prep_ms"))
+    return None if prep is None else prep + (_f(row.get("raster_ms")) or 0.0)
+
+
+def back_to_back_pages_s(batch: int, call_ms, prep_ms=None, h2d_ms=None, raster_ms=None) -> Optional[float]:
     """Pages/s of requests run back to back, serially: batch x n x 1000 / sum over the n requests
-    of call ms (+ prep ms + h2d ms when given); None when any of them is missing or the sum is 0."""
-    parts = [np.asarray(call_ms, dtype=float)] + [np.asarray(p, dtype=float) for p in (prep_ms, h2d_ms)
+    of call ms (+ prep ms + h2d ms + raster ms when given); None when any of them is missing or the
+    sum is 0."""
+    parts = [np.asarray(call_ms, dtype=float)] + [np.asarray(p, dtype=float) for p in (prep_ms, h2d_ms, raster_ms)
                                                   if p is not None]
     if not len(parts[0]) or any(np.isnan(p).any() for p in parts):
         return None
@@ -267,6 +278,7 @@ class Summary:
             span = _span_column(g)
             wide = req[[c for c in HEADLINE_METRICS if c in req]].copy()
             wide["pages_s"] = req["batch"] * 1e3 / req["e2e_ms"]
+            wide["raster_page_ms"] = req["raster_ms"] / req["batch"]
             wide["prep_page_ms"] = req["prep_ms"] / req["batch"]
             wide["h2d_page_ms"] = req["h2d_ms"] / req["batch"]
             per_stage = g[g["stage"].isin(STAGES)].pivot_table(index="repeat", columns="stage", values=span,
@@ -288,8 +300,9 @@ class Summary:
             row["e2e_ms_ci_lo"], row["e2e_ms_ci_hi"] = stats.bootstrap_ci(req["e2e_ms"])
             batch = int(r0["batch"])
             row["pages_s_gpu"] = back_to_back_pages_s(batch, req["call_ms"])
-            row["pages_s_e2e"] = back_to_back_pages_s(batch, req["call_ms"], req["prep_ms"], req["h2d_ms"])
-            row["bound_by"] = bound_by(row.get("prep_ms"), row.get("h2d_ms"), row.get("e2e_ms"))
+            raster = req["raster_ms"] if req["raster_ms"].notna().any() else None     # PDF pages only
+            row["pages_s_e2e"] = back_to_back_pages_s(batch, req["call_ms"], req["prep_ms"], req["h2d_ms"], raster)
+            row["bound_by"] = bound_by(host_prep_ms(row), row.get("h2d_ms"), row.get("e2e_ms"))
             rows.append(row)
         return _typed(rows, HEADLINE_COLUMNS)
 
@@ -331,6 +344,6 @@ def summarize(observations: Optional[pd.DataFrame], warmups: Optional[dict] = No
     return Summary(observations, warmups)
 
 
-__all__ = ["Summary", "summarize", "idle_of", "bound_by", "back_to_back_pages_s", "HEADLINE_METRICS",
+__all__ = ["Summary", "summarize", "idle_of", "bound_by", "host_prep_ms", "back_to_back_pages_s", "HEADLINE_METRICS",
            "HEADLINE_COLUMNS", "BACK_TO_BACK", "BOUND_BY", "MEASURED_COLUMNS", "REQUEST_FIELDS", "PROFILED_FIELDS",
            "STEP_SCALED", "STATISTICS", "SUMMARY_COLUMNS"]

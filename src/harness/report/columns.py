@@ -141,19 +141,24 @@ def routed(fmt: Callable) -> Callable:
 
 
 def bound_cell(v) -> str:
-    """(label, prep ms, copy ms, request ms) -> 'preprocessing: 1,400 > 470 ms' (the bound part
-    against the request range) or 'gpu: 470 ms > prep 12 / copy 0.9 ms'; ``DASH`` without a label."""
+    """(label, prep ms, copy ms, request ms[, raster ms]) -> 'preprocessing: 1,400 > 470 ms' (the
+    bound part against the request range) or 'gpu: 470 ms > prep 12 / copy 0.9 ms'; with PDF pages
+    (raster ms) prep is their rasterisation + the request's build: 'prep 2.0 + raster 10.0';
+    ``DASH`` without a label."""
     if v is None or isinstance(v, str):
         return text(v)
-    label, prep, h2d, gpu = v
+    label, prep, h2d, gpu, *raster = v
     if not isinstance(label, str):
         return DASH
     ms = sig()
+    raster = _f(raster[0]) if raster else None
+    host = ms(prep) if raster is None else f"{ms(prep)} + raster {ms(raster)}"
     if label == "preprocessing":
-        return f"{label}: {ms(prep)} > {ms(gpu)} ms"
+        return f"{label}: {host} > {ms(gpu)} ms" if raster is None else \
+            f"{label}: {ms(_f(prep) + raster)} (prep {host}) > {ms(gpu)} ms"
     if label == "copy":
         return f"{label}: {ms(h2d)} > {ms(gpu)} ms"
-    return f"{label}: {ms(gpu)} ms > prep {ms(prep)} / copy {ms(h2d)} ms"
+    return f"{label}: {ms(gpu)} ms > prep {host} / copy {ms(h2d)} ms"
 
 
 def joined(fmt: Callable, sep: str = " / ") -> Callable:
@@ -301,6 +306,8 @@ _COLUMNS = [
     # what a user waits for (the median request; pages/s over the timed repeats back to back)
     Column("call", "generate() call", "ms", "measured", "host clock, synchronised", "[min–max]", fmt=spread()),
     Column("setup_collect", "set-up + collection", "ms", "derived", "call - e2e", "[min–max]", fmt=spread()),
+    Column("raster_page", "raster / page", "ms", "measured", "PDF pages, host clock, mean over the rows", "[min–max]",
+           fmt=spread()),
     Column("prep_page", "prep / page", "ms", "derived", "prep / batch", "[min–max]", fmt=spread()),
     Column("h2d_page", "copy / page", "ms", "derived", "copy / batch", "[min–max]", fmt=spread()),
     Column("pages_s_gpu", "GPU pages/s", "", "derived", "batch x repeats / sum of calls", fmt=fixed("{:,.3g}")),

@@ -114,31 +114,41 @@ def partial_lines(info: dict) -> list:
 
 
 def bound_by_cell(h: dict, cpu: bool = False) -> tuple:
-    """The ``bound_by`` cell of a headline row ``h``: (label, prep ms, copy ms, e2e ms); on a CPU
-    run (``cpu``) the label ``gpu`` (the request range bounds) reads ``CPU_DEVICE``."""
+    """The ``bound_by`` cell of a headline row ``h``: (label, prep ms, copy ms, e2e ms), and raster
+    ms where its pages are PDF pages (``columns.bound_cell``); on a CPU run (``cpu``) the label
+    ``gpu`` (the request range bounds) reads ``CPU_DEVICE``."""
     label = h.get("bound_by")
-    return (CPU_DEVICE if cpu and label == "gpu" else label), h.get("prep_ms"), h.get("h2d_ms"), h.get("e2e_ms")
+    raster = _f(h.get("raster_ms"))
+    return ((CPU_DEVICE if cpu and label == "gpu" else label), h.get("prep_ms"), h.get("h2d_ms"), h.get("e2e_ms")) \
+        + ((raster,) if raster is not None else ())
 
 
 def user_wait_section(head: pd.DataFrame, cpu: bool = False) -> list:
     """What a user waits for beside the request range: the whole generate() call, its set-up and
-    collection, preprocessing and copy per page, pages/s back to back (``harness.measure.summary``);
-    ``cpu``: the run measured a CPU (the device's columns say ``CPU_DEVICE``, not GPU)."""
+    collection, rasterisation (PDF pages: a column only where a case has them), preprocessing and copy
+    per page, pages/s back to back (``harness.measure.summary``); ``cpu``: the run measured a CPU (the
+    device's columns say ``CPU_DEVICE``, not GPU)."""
     if not len(head) or head["call_ms"].isna().all():
         return []
     rows = [{"case": h["case"], "batch": h["batch"],
              **{k: (h.get(c), h.get(f"{c}_min"), h.get(f"{c}_max"))
                 for k, c in (("e2e", "e2e_ms"), ("call", "call_ms"), ("setup_collect", "setup_collect_ms"),
-                             ("prep_page", "prep_page_ms"), ("h2d_page", "h2d_page_ms"))},
+                             ("raster_page", "raster_page_ms"), ("prep_page", "prep_page_ms"),
+                             ("h2d_page", "h2d_page_ms"))},
              "pages_s": h.get("pages_s"), "pages_s_gpu": h.get("pages_s_gpu"), "pages_s_e2e": h.get("pages_s_e2e"),
              "bound_by": bound_by_cell(h, cpu)}
             for h in head.to_dict("records")]
     device = f"{CPU_DEVICE} pages/s" if cpu else "GPU pages/s"
     columns = {"pages_s_gpu": dataclasses.replace(COLUMNS["pages_s_gpu"], header=device)} if cpu else None
+    pdf = "raster_page_ms" in head and head["raster_page_ms"].notna().any()
     L = ["### What a user waits for", ""]
-    L += table(["case", "batch", "e2e", "call", "setup_collect", "prep_page", "h2d_page", "pages_s", "pages_s_gpu",
-                "pages_s_e2e", "bound_by"], rows, columns)
-    return L + ["", "The *generate() call* is the wall time of the whole call (host clock, the device synchronised "
+    L += table(["case", "batch", "e2e", "call", "setup_collect"] + (["raster_page"] if pdf else [])
+               + ["prep_page", "h2d_page", "pages_s", "pages_s_gpu", "pages_s_e2e", "bound_by"], rows, columns)
+    raster = (["*raster* draws each row's PDF page anew from its file (PDFium at `workload.pdf_dpi`, host clock, "
+               "per page) before *prep*; it is in *TTFT + prep + copy*, in *end-to-end pages/s* and in *bound by*'s "
+               "preprocessing. "] if pdf else [])
+    return L + [""] + raster + [
+        "The *generate() call* is the wall time of the whole call (host clock, the device synchronised "
                 "before and after), the request range (e2e) inside it; *set-up + collection* = call - e2e: the "
                 "call's own work before the request range opens and after it closes (caches, routing counts, "
                 "collecting the tokens), in no stage column. *prep* builds the request from its loaded pages "

@@ -179,7 +179,7 @@ def start_pool(cfg: HarnessConfig, setup: Setup, stack: contextlib.ExitStack) ->
     """(pool, futures of the synthetic pages being written): ``workers`` spawned processes."""
     w = cfg.workload
     spec = prep.PrepSpec(tuple(src.path for src in setup.sources), setup.mode, w.prompt, w.text_tokens, w.seed,
-                         cfg.model.path, w.max_pixels, cfg.measure.nvtx)
+                         cfg.model.path, w.max_pixels, cfg.measure.nvtx, w.pdf_dpi)
     pool = ProcessPoolExecutor(setup.settings.workers, mp_context=multiprocessing.get_context("spawn"),
                                initializer=prep.init_worker, initargs=(spec,))
     stack.callback(pool.shutdown, wait=True, cancel_futures=True)

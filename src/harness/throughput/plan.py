@@ -27,6 +27,7 @@ from .. import workload as wl
 from ..layout import SYNTHETIC_SIZES, grid_text, tile_grid_for
 from ..config import ThroughputConfig, TokensConfig, WorkloadConfig
 from ..errors import HarnessError
+from ..pdf_pages import is_pdf
 
 #: device defaults of ``throughput.*`` (None in the config): CUDA, then the CPU
 DEFAULTS = {True: {"batches": (1, 8, 32, 64), "pages": 256, "window_s": 30.0, "window_pages": 0, "warmup_batches": 2},
@@ -118,21 +119,21 @@ def synthetic_sources(w: WorkloadConfig, n: int, folder: Path, budgets: list) ->
 
 
 def folder_sources(w: WorkloadConfig, fixed: int, tokens: Optional[TokensConfig]) -> list:
-    """The pages of ``workload.images=DIR`` in name order, each opened and checked once here (as the
-    workers will open it: ``workload.load_pages``); at least two pages."""
+    """The pages of ``workload.images=DIR`` (or of a PDF file) in name order, each opened and checked
+    once here (as the workers will open it: ``workload.load_pages``); at least two pages."""
     root = Path(w.images).expanduser()
-    if not root.is_dir():
-        raise HarnessError(f"workload.images={w.images}: a throughput run needs a folder of pages",
-                           "point workload.images at a folder of at least two pages, or leave it unset "
+    if not (root.is_dir() or is_pdf(root)):
+        raise HarnessError(f"workload.images={w.images}: a throughput run needs a folder of pages or a PDF",
+                           "point workload.images at a folder or a PDF of at least two pages, or leave it unset "
                            "for synthetic pages")
-    pages = wl.load_pages(str(root), seed=w.seed, max_pixels=w.max_pixels)
+    pages = wl.load_pages(str(root), seed=w.seed, max_pixels=w.max_pixels, pdf_dpi=w.pdf_dpi)
     if len(pages) < 2:
         raise HarnessError(f"workload.images={w.images} holds {len(pages)} page: a throughput window needs "
                            "distinct pages", "add pages to the folder (at least the largest batch), or leave "
                            "workload.images unset for synthetic pages")
     budgets = page_budgets(len(pages), fixed, tokens)
-    return [PageSource(i, Path(p.source).stem, p.source, p.image.size, tile_grid_for(*p.image.size, w.mode),
-                       budgets[i]) for i, p in enumerate(pages)]
+    return [PageSource(i, p.name if p.pdf else Path(p.source).stem, p.source, p.image.size,
+                       tile_grid_for(*p.image.size, w.mode), budgets[i]) for i, p in enumerate(pages)]
 
 
 def batch_groups(sources: list, batch: int) -> tuple:

@@ -1,14 +1,15 @@
 """The preprocessing workers: processes started with ``spawn`` (no CUDA state, no forked locks)
 that read a page file and build its one-page request the vendor's way (``workload.load_pages``:
-decode, EXIF rotation, 8-bit conversion; ``workload.build_request``: ``workload.preprocess``'s
-resize / pad / normalisation and tiles, the prompt's token layout).
+decode, EXIF rotation, 8-bit conversion, or a PDF page, ``FILE.pdf#page=N``, rasterised at
+``workload.pdf_dpi``; ``workload.build_request``: ``workload.preprocess``'s resize / pad /
+normalisation and tiles, the prompt's token layout).
 
 Everything here is a top-level function of an importable module, as ``spawn`` needs. A worker
 ignores SIGINT (the run's own process handles it and shuts the pool down), runs torch on one
 thread, and times each page with ``time.perf_counter_ns`` (CLOCK_MONOTONIC on Linux: the same
 clock in every process, so its intervals line up with the main process's). The interval covers
-reading, decoding, preprocessing and request building; handing the arrays back (a pickle, about
-one copy of the pixels) is outside it.
+reading, decoding (a PDF page: opening the file and rasterising the page), preprocessing and
+request building; handing the arrays back (a pickle, about one copy of the pixels) is outside it.
 """
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ _STATE: dict = {}
 
 @dataclass(frozen=True)
 class PrepSpec:
-    """What every worker needs: the page files (by page index), the crop mode, the prompt and its
-    tokenizer (a model directory, or None for ``text_tokens`` filler ids), ``max_pixels`` and NVTX."""
+    """What every worker needs: the page files (by page index; a PDF page as ``FILE.pdf#page=N``), the
+    crop mode, the prompt and its tokenizer (a model directory, or None for ``text_tokens`` filler
+    ids), ``max_pixels``, NVTX and the DPI PDF pages are rasterised at (``pdf_dpi``)."""
 
     paths: tuple
     mode: object
@@ -36,6 +38,7 @@ class PrepSpec:
     tokenizer_path: Optional[str]
     max_pixels: int
     nvtx: bool
+    pdf_dpi: float
 
 
 @dataclass
@@ -89,7 +92,8 @@ def prepare_page(index: int) -> PreparedPage:
     start = time.perf_counter_ns()
     nvtx.push("preprocess", index)
     try:
-        page = wl.load_pages(spec.paths[index], seed=spec.seed, max_pixels=spec.max_pixels)[0]
+        page = wl.load_pages(spec.paths[index], seed=spec.seed, max_pixels=spec.max_pixels,
+                             pdf_dpi=spec.pdf_dpi)[0]
         req = wl.build_request([page], spec.mode, decode_tokens=0, prompt=spec.prompt,
                                tokenizer=_STATE["tokenizer"], text_tokens=spec.text_tokens, seed=spec.seed)
         out = PreparedPage(index, os.getpid(), start, 0, req.global_views[0].numpy(),
