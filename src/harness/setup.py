@@ -505,7 +505,7 @@ def parameter_count(model, mcfg: ModelConfig) -> int:
     (``harness.analytic.component_params``) where the adapter is no ``nn.Module``."""
     if isinstance(model, torch.nn.Module):
         return sum(p.numel() for p in model.parameters())
-    from .analytic import component_params
+    from .analytic.compose import component_params
 
     return int(component_params(mcfg)["total"])
 
