@@ -197,8 +197,8 @@ def build(jobs: int | None = None) -> Path:
     return out / wheel.name
 
 
-def install(target: str | None = None) -> None:
-    wheel = build()
+def install(target: str | None = None, jobs: int | None = None) -> None:
+    wheel = build(jobs)
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--force-reinstall", str(wheel)]
     if target:
         cmd += ["--target", target, "--upgrade"]
@@ -220,7 +220,7 @@ def main(argv=None) -> None:
     if args.step == "build":
         build(args.jobs)
         return
-    install(args.target)
+    install(args.target, args.jobs)
 
 
 if __name__ == "__main__":
