@@ -160,6 +160,10 @@ class ExecutionConfig:
       decode_attention=triton and, on CUDA, cuda_graphs=decode (not compile).
     * ``pdl``: launch the fused step's kernels with programmatic dependent launch (each kernel's
       first weight loads overlap the previous kernel's tail); needs decode_step=fused and sm90+.
+    * ``preprocess``: where a page becomes the model's pixels. ``host``: the vendor's PIL resize,
+      pad, normalisation and tiles on the host, float32 copied to the device | ``device``: the page's
+      8-bit pixels copied, then resized, padded, normalised and tiled on the device with PIL's
+      arithmetic (``harness.preprocess_device``; a pixel may differ by a level or two of 255).
     """
 
     kv_cache: str = _f("growing", choices=("growing", "static"))
@@ -175,6 +179,7 @@ class ExecutionConfig:
     decode_attention: str = _f("sdpa", choices=("sdpa", "triton"))
     decode_step: str = _f("modules", choices=("modules", "fused"))
     pdl: bool = False
+    preprocess: str = _f("host", choices=("host", "device"))
 
     @staticmethod
     def positions(prefill_tokens: int, decode_tokens: int) -> int:

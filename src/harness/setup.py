@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 from PIL import Image
 
+from . import preprocess_device
 from . import workload as wl
 from .layout import Case, SYNTHETIC_SIZES, batch_wording
 from .config import CaseConfig, ExecutionConfig, HarnessConfig, ModelConfig, WorkloadConfig, case_execution, check_page_size
@@ -173,8 +174,17 @@ class CaseInputs:
         """(request ``repeat`` on ``device``, {"prep_ms", "h2d_ms"[, "raster_ms"]}): host ms of building
         it from its pages (``build``; drawing synthetic pages is not counted) and of copying it to
         ``device`` (``Request.to``, synchronised on CUDA); with PDF pages, ``raster_ms`` first: drawing
-        every row's page anew from its PDF (``workload.rasterise``)."""
+        every row's page anew from its PDF (``workload.rasterise``). Under ``execution.preprocess=device``
+        (``preprocess_device.timed_request``) ``prep_ms`` holds the host part and the device part, and
+        ``h2d_ms`` copies 8-bit pixels."""
         pages, raster_ms = wl.rasterise(self.pages_of(repeat))
+        if self.execution.preprocess == "device":
+            w = self.workload
+            req, times = preprocess_device.timed_request(
+                pages, w.mode, device, dtype, decode_tokens=w.decode_tokens, prompt=w.prompt, tokenizer=self.tokenizer,
+                text_tokens=w.text_tokens, seed=w.seed, name=self.case.name, routing=w.routing,
+                routing_seed=w.routing_seed)
+            return req, times if raster_ms is None else {"raster_ms": raster_ms, **times}
         t0 = time.perf_counter()
         req = self.build(pages)
         t1 = time.perf_counter()

@@ -72,6 +72,13 @@ def _tiles(image: Image.Image, grid: tuple[int, int], tile: int) -> list[Image.I
     return out
 
 
+def page_grid(width: int, height: int, mode) -> tuple[int, int] | None:
+    """The tile grid (cols, rows) a width x height page [px] is cut into in ``mode``, or None (no
+    tiles: a mode without crop, or a page that fits one tile: a 1 x 1 grid is no grid)."""
+    grid = tile_grid_for(width, height, get_mode(mode))
+    return grid if grid is not None and (grid[0] > 1 or grid[1] > 1) else None
+
+
 def preprocess(image: Image.Image, mode) -> PreparedImage:
     """Page -> global view (+ tiles in crop mode), as the vendor prepares it.
 
@@ -82,15 +89,10 @@ def preprocess(image: Image.Image, mode) -> PreparedImage:
     mode = get_mode(mode)
     if image.mode != "RGB":
         image = image.convert("RGB")
-    width, height = image.size
+    grid = page_grid(*image.size, mode)
     if mode.crop:
-        grid = tile_grid_for(width, height, mode)
         view = ImageOps.pad(image, (mode.base_size, mode.base_size), color=PAD_COLOR)
-        tiles = None
-        if grid is not None and (grid[0] > 1 or grid[1] > 1):
-            tiles = torch.stack([to_tensor(t) for t in _tiles(image, grid, mode.image_size)])
-        else:
-            grid = None
+        tiles = None if grid is None else torch.stack([to_tensor(t) for t in _tiles(image, grid, mode.image_size)])
     else:
         grid, tiles = None, None
         if mode.image_size <= 640:
@@ -531,7 +533,22 @@ def build_request(pages: list[Page], mode, decode_tokens: int = 128,
         raise HarnessError(f"pages in one batch have different tile grids ({found})",
                            "batch pages with the same tile grid (same size/aspect) or use batch=1")
     first = prepared[0]
+    ids, mask, before, after = token_layout(first.image_tokens, prompt, tokenizer, text_tokens, seed)
+    batch = len(pages)
+    input_ids = torch.tensor([ids] * batch, dtype=torch.long)
+    seq_mask = torch.tensor([mask] * batch, dtype=torch.bool)
+    views = torch.stack([pi.global_view for pi in prepared])
+    tiles = torch.cat([pi.tiles for pi in prepared]) if first.tiles is not None else None
+    case = Case(mode, first.grid, batch, before + after, decode_tokens, name)
+    assert case.image_tokens == first.image_tokens and case.prefill_tokens == len(ids)
+    return Request(case=case, input_ids=input_ids, images_seq_mask=seq_mask, global_views=views, tiles=tiles,
+                   pages=[p.name for p in pages], image_start=BOS_TOKENS + before, source_pages=list(pages),
+                   prompt=prompt, routing=routing, routing_seed=routing_seed)
 
+
+def token_layout(image_tokens: int, prompt: str, tokenizer=None, text_tokens: int = 12, seed: int = 0) -> tuple:
+    """(ids, image mask, text tokens before the image, text tokens after it) of one prompt row:
+    [BOS] + text before <image> + ``image_tokens`` placeholders + text after (see ``build_request``)."""
     before_text, after_text = prompt.strip().split(IMAGE_PLACEHOLDER)
     if tokenizer is not None:
         before = [int(t) for t in tokenizer.encode(before_text, add_special_tokens=False)]
@@ -541,19 +558,9 @@ def build_request(pages: list[Page], mode, decode_tokens: int = 128,
             raise HarnessError(f"text_tokens={text_tokens!r} is not a token count >= 0",
                                "set workload.text_tokens to e.g. 12")
         before, after = [], _filler_ids(text_tokens, seed)
-
-    ids = [BOS_ID] * BOS_TOKENS + before + [IMAGE_TOKEN_ID] * first.image_tokens + after
-    mask = [False] * (BOS_TOKENS + len(before)) + [True] * first.image_tokens + [False] * len(after)
-    batch = len(pages)
-    input_ids = torch.tensor([ids] * batch, dtype=torch.long)
-    seq_mask = torch.tensor([mask] * batch, dtype=torch.bool)
-    views = torch.stack([pi.global_view for pi in prepared])
-    tiles = torch.cat([pi.tiles for pi in prepared]) if first.tiles is not None else None
-    case = Case(mode, first.grid, batch, len(before) + len(after), decode_tokens, name)
-    assert case.image_tokens == first.image_tokens and case.prefill_tokens == len(ids)
-    return Request(case=case, input_ids=input_ids, images_seq_mask=seq_mask, global_views=views, tiles=tiles,
-                   pages=[p.name for p in pages], image_start=BOS_TOKENS + len(before), source_pages=list(pages),
-                   prompt=prompt, routing=routing, routing_seed=routing_seed)
+    ids = [BOS_ID] * BOS_TOKENS + before + [IMAGE_TOKEN_ID] * image_tokens + after
+    mask = [False] * (BOS_TOKENS + len(before)) + [True] * image_tokens + [False] * len(after)
+    return ids, mask, len(before), len(after)
 
 
 def load_tokenizer(path: str | os.PathLike | None, text_tokens: int = 12):
@@ -603,8 +610,8 @@ def describe(request: Request) -> dict:
 
 __all__ = [
     "IMAGE_PLACEHOLDER", "PAD_COLOR", "NORM_MEAN", "NORM_STD", "IMAGE_SUFFIXES", "PAGE_SUFFIXES", "DEFAULT_PROMPT",
-    "PreparedImage", "to_tensor", "preprocess", "Page", "synthetic_page", "load_pages", "rasterise", "to_8bit",
+    "PreparedImage", "to_tensor", "page_grid", "preprocess", "Page", "synthetic_page", "load_pages", "rasterise", "to_8bit",
     "batch_pages",
-    "names_text", "layout_groups", "check_enough_pages", "Request", "build_request", "load_tokenizer",
+    "names_text", "layout_groups", "check_enough_pages", "Request", "build_request", "token_layout", "load_tokenizer",
     "tokenizer_or_reason", "describe",
 ]

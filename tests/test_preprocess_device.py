@@ -1,0 +1,134 @@
+"""Preprocessing on the device (harness.preprocess_device) against the vendor's PIL path
+(workload.preprocess): geometry by hand, pixels within PIL's fixed-point rounding, the request's
+token layout unchanged, and the run verb's timing under execution.preprocess=device."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import main_lines
+from harness import preprocess_device as pd
+from harness import workload as wl
+
+LEVEL = 2.0 / 255.0   # one 8-bit level after (x / 255 - 0.5) / 0.5
+
+
+def _levels(a: torch.Tensor, b: torch.Tensor) -> tuple:
+    """(max difference in 8-bit levels, fraction of values that differ) of two normalised tensors."""
+    d = (a - b).abs()
+    return round(float(d.max()) / LEVEL, 3), float((d > 0).float().mean())
+
+
+def _page(size, index=1):
+    return wl.synthetic_page(index, seed=0, size=size)
+
+
+def test_pass_order_follows_pillow_13_rule():
+    # vertical first iff the height shrinks by more than twice as many pixels as the width
+    assert pd.pass_order((1240, 1754), (1024, 1024), (13, 0)) == "vh"   # 730 > 2 * 216
+    assert pd.pass_order((1240, 1754), (724, 1024), (13, 0)) == "hv"    # 730 <= 2 * 516
+    assert pd.pass_order((400, 600), (400, 300), (13, 0)) == "vh"       # 300 > 0
+    assert pd.pass_order((400, 300), (400, 600), (13, 0)) == "hv"       # the height grows
+    assert pd.pass_order((1240, 1754), (1024, 1024), (12, 1)) == "hv"   # older Pillow: always horizontal first
+
+
+def test_contain_size_by_hand():
+    assert pd.contain_size((1240, 1754), (1024, 1024)) == (724, 1024)   # round(1240 / 1754 * 1024) = round(723.9)
+    assert pd.contain_size((600, 400), (1024, 1024)) == (1024, 683)     # round(400 / 600 * 1024) = round(682.67)
+    assert pd.contain_size((500, 500), (640, 640)) == (640, 640)
+
+
+@pytest.mark.parametrize("size", [(1024, 1024), (724, 1024), (300, 500)])
+def test_resize_within_one_level_of_pil(size):
+    img = _page((620, 877))
+    want = torch.from_numpy(np.asarray(img.resize(size, Image.Resampling.BICUBIC)).astype(np.float32))
+    x = torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1)[None].float()
+    got = pd.resize(x, size)[0].permute(1, 2, 0)
+    d = (got - want).abs()
+    assert float(d.max()) <= 1.0
+    assert float((d > 0).float().mean()) < 1e-3
+
+
+def test_resize_in_the_wrong_order_is_far_from_pil():
+    """The pass order matters (the rounding between passes): a test that would catch a wrong order."""
+    img = _page((620, 877))
+    size = (512, 512)                       # 877 - 512 = 365 > 2 * (620 - 512): vertical first on Pillow 13
+    if pd.pass_order(img.size, size) != "vh":
+        pytest.skip("the installed Pillow resizes horizontally first")
+    want = torch.from_numpy(np.asarray(img.resize(size, Image.Resampling.BICUBIC)).astype(np.float32))
+    x = torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1)[None].float()
+    wrong = pd._round8(torch.nn.functional.interpolate(x, size=(877, 512), mode="bicubic", antialias=True))
+    wrong = pd._round8(torch.nn.functional.interpolate(wrong, size=(512, 512), mode="bicubic", antialias=True))
+    assert float((wrong[0].permute(1, 2, 0) - want).abs().max()) > 4.0
+
+
+@pytest.mark.parametrize("mode,size", [("base", (1240, 1754)), ("tiny", (600, 400)), ("gundam", (1275, 1650)),
+                                       ("small", (1754, 1240))])
+def test_views_and_tiles_match_the_vendor_path(mode, size):
+    pages = [_page(size, 1), _page(size, 2)]
+    ref = [wl.preprocess(p, mode) for p in pages]
+    views, tiles = pd.views_and_tiles([torch.from_numpy(np.asarray(p).copy()) for p in pages], mode)
+    assert views.dtype == torch.float32 and views.shape == (2, *ref[0].global_view.shape)
+    top, frac = _levels(views, torch.stack([r.global_view for r in ref]))
+    assert top <= 2 and frac < 1e-3
+    if ref[0].tiles is None:
+        assert tiles is None
+    else:
+        want = torch.cat([r.tiles for r in ref])
+        assert tiles.shape == want.shape
+        top, frac = _levels(tiles, want)
+        assert top <= 2 and frac < 1e-3
+
+
+def test_grey_padding_is_exact():
+    """A flat page: every pixel of the view is the page's colour or the pad colour, exactly."""
+    img = Image.new("RGB", (600, 400), (10, 200, 30))
+    ref = wl.preprocess(img, "base").global_view
+    got = pd.views_and_tiles([torch.from_numpy(np.asarray(img).copy())], "base")[0][0]
+    assert torch.equal(got, ref)
+    # pad rows: (1024 - 683) / 2 = 170.5 -> round = 170 rows above (Python's round: half to even)
+    grey = (127 / 255 - 0.5) / 0.5
+    assert torch.allclose(got[:, :170], torch.full_like(got[:, :170], grey))
+    assert not torch.allclose(got[:, 170], torch.full_like(got[:, 170], grey))
+
+
+def test_host_pages_keep_the_token_layout():
+    pages = [wl.Page(f"p{i}", _page((1275, 1650), i), "memory") for i in range(2)]
+    ref = wl.build_request(pages, "gundam", decode_tokens=7, text_tokens=5, seed=3, name="g")
+    host = pd.host_pages(pages, "gundam", decode_tokens=7, text_tokens=5, seed=3, name="g")
+    assert torch.equal(host.input_ids, ref.input_ids) and torch.equal(host.images_seq_mask, ref.images_seq_mask)
+    assert host.case == ref.case and host.image_start == ref.image_start
+    assert host.nbytes == 2 * 1275 * 1650 * 3
+
+
+def test_host_pages_refuse_mixed_grids():
+    pages = [wl.Page("a", _page((1275, 1650)), "memory"), wl.Page("b", _page((1754, 1240)), "memory")]
+    with pytest.raises(Exception, match="different tile grids"):
+        pd.host_pages(pages, "gundam")
+
+
+def test_timed_request_builds_the_same_request_on_cpu():
+    pages = [wl.Page("p", _page((1240, 1754)), "memory")]
+    req, times = pd.timed_request(pages, "base", torch.device("cpu"), torch.bfloat16, decode_tokens=3, text_tokens=4,
+                                  prompt=wl.DEFAULT_PROMPT, routing="balanced", routing_seed=5)
+    ref = wl.build_request(pages, "base", decode_tokens=3, text_tokens=4, routing="balanced", routing_seed=5)
+    assert set(times) == {"prep_ms", "h2d_ms"} and times["prep_ms"] > 0
+    assert req.global_views.dtype == torch.bfloat16 and req.routing == "balanced" and req.routing_seed == 5
+    assert torch.equal(req.input_ids, ref.input_ids) and req.case == ref.case
+    top, _ = _levels(req.global_views.float(), ref.global_views.to(torch.bfloat16).float())
+    assert top <= 4   # bf16 rounding of values that differ by <= 2 levels
+
+
+def test_run_verb_records_the_knob(tmp_path, capsys):
+    import json
+
+    rc, err = main_lines(capsys, ["run", "model=tiny", "execution.preprocess=device", "workload.decode_tokens=2",
+                                  "measure.repeats=1", f"run.root={tmp_path}", "hardware.calibrate=false"])
+    assert rc in (0, None), err
+    run = next(tmp_path.iterdir())
+    case = json.loads((run / "manifest.json").read_text())["cases"][0]
+    assert case["execution"]["preprocess"] == "device"
+    assert case["execution"]["preprocess_is"].startswith("device:")
+    assert "device preprocessing" in (run / "report.md").read_text()
