@@ -132,3 +132,21 @@ def test_run_verb_records_the_knob(tmp_path, capsys):
     assert case["execution"]["preprocess"] == "device"
     assert case["execution"]["preprocess_is"].startswith("device:")
     assert "device preprocessing" in (run / "report.md").read_text()
+
+
+def test_bench_preprocess_on_cpu(tmp_path, capsys):
+    import pandas as pd_
+
+    rc, err = main_lines(capsys, ["bench", "preprocess", "bench.preprocess.pages=1", "bench.preprocess.warmup=0",
+                                  "bench.preprocess.modes=[gundam]", f"run.root={tmp_path}"])
+    assert rc in (0, None), err
+    run = next(tmp_path.iterdir())
+    times = pd_.read_csv(run / "preprocess_times.csv")
+    steps = list(times["step"])
+    # gundam on the A4 page cuts tiles: every host step, the build, and the device path's three parts
+    assert len(steps) == 9 and sum(s.startswith("host path") for s in steps) == 6
+    assert times.loc[times["step"].str.contains("whole request"), "share_pct"].item() == 100.0
+    assert times.loc[times["step"].str.contains("decode"), "share_pct"].isna().all()
+    parity = pd_.read_csv(run / "preprocess_parity.csv")
+    assert list(parity["workload"]) == ["global view", "tiles"]
+    assert (parity["levels_max"] <= 2).all() and (parity["differ_frac"] < 1e-3).all()

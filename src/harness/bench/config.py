@@ -27,6 +27,9 @@ Targets (``TARGETS``; which need a GPU: ``GPU_ONLY``):
 * ``overhead``: what the measurement adds to a request (NVTX + CUDA events, kernel capture, one range).
 * ``host_noise``: how steady the host is (Python loop, launch-bound loops, host-sync paths).
 * ``outside_tpot``: TPOT from outside the harness's timers (``generate()`` of 2 and of 130 tokens).
+* ``preprocess``: where the vendor's host preprocessing of a page goes (decode, resize + pad,
+  normalise, tiles, request build) beside ``execution.preprocess=device`` (host part, copy, device
+  part) and how close its pixels are (runs on the CPU too: its "device" is then the CPU).
 """
 from dataclasses import dataclass, field, fields
 from typing import List, Optional
@@ -154,12 +157,19 @@ class OutsideTpotBench:
     as_ladder: bool = False                   # keep the case's vision_compile
 
 
+@dataclass
+class PreprocessBench:
+    pages: int = _opt(16, min=1)              # distinct synthetic pages per mode (each timed once per step)
+    modes: List[str] = _opt(factory=lambda: ["base", "gundam"])   # crop modes (harness.layout)
+    warmup: int = _opt(2, min=0)              # untimed pages first (allocator, cuDNN / kernel caches)
+
+
 #: target -> its options
 TARGETS = {"decode_step": DecodeStepBench, "decode_step_diag": DecodeStepDiagBench,
            "decode_step_ablation": DecodeStepAblationBench, "decode_step_sm90": DecodeStepSm90Bench,
            "attention": AttentionBench, "moe": MoEBench, "sam_attention": SamAttentionBench,
            "linear": LinearBench, "overhead": OverheadBench, "host_noise": HostNoiseBench,
-           "outside_tpot": OutsideTpotBench}
+           "outside_tpot": OutsideTpotBench, "preprocess": PreprocessBench}
 #: targets that time GPU kernels and have no CPU mode (refused on a CPU)
 GPU_ONLY = ("decode_step", "decode_step_ablation", "attention", "moe", "linear", "host_noise", "outside_tpot")
 
@@ -180,6 +190,7 @@ class BenchConfig:
     overhead: Optional[OverheadBench] = None
     host_noise: Optional[HostNoiseBench] = None
     outside_tpot: Optional[OutsideTpotBench] = None
+    preprocess: Optional[PreprocessBench] = None
 
 
 assert {f.name for f in fields(BenchConfig)} == {"target", *TARGETS}, "one BenchConfig section per target"

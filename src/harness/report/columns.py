@@ -279,6 +279,12 @@ BENCH_COLUMNS = [
     Column("ms_min", "min", "ms", "measured", fmt=fixed("{:,.3f}")),
     Column("ms_max", "max", "ms", "measured", fmt=fixed("{:,.3f}")),
     Column("slow_calls", "calls > 1.2 x median", "", "measured", fmt=_COUNT),
+    # preprocessing (bench preprocess)
+    Column("share_pct", "share of the host path", "%", "derived", "median / median of the whole host request build",
+           fmt=fixed("{:,.1f}")),
+    Column("levels_max", "max |diff|", "8-bit levels", "measured", "device vs host pixels after normalisation, x 255 / 2",
+           fmt=fixed("{:,.0f}")),
+    Column("differ_frac", "values that differ", "", "measured", "fraction of all view / tile values", fmt=_REL),
     # TPOT from outside
     Column("tpot_ms", "TPOT", "ms", "measured", "(t130 - t2) / 128, median of pairs", fmt=_MS),
     Column("tpot_min", "min", "ms", "measured", fmt=_MS), Column("tpot_max", "max", "ms", "measured", fmt=_MS),
