@@ -186,6 +186,7 @@ def start_runs(tmp_path_factory, submit) -> dict:
     jobs = {
         "complete": (FAST, None),
         "balanced": ([*FAST, "workload.routing=balanced", "workload.routing_seed=3"], None),
+        "device-prep": ([*FAST, "execution.preprocess=device"], None),
         "sigint": (FAST, "signal:SIGINT@case=2,window"),
         "workers0": ([*TINY, "throughput.workers=0"], None),
         "batch-over-pages": ([*TINY, "throughput.pages=4", "throughput.batches=[1,8]"], None),
@@ -269,7 +270,7 @@ def test_staged_request_carries_the_routing():
     from harness.measure.nvtx_ranges import NvtxRanges
 
     class Host:   # the host buffers of one ready batch of 2 pages, 3 tokens (one image token)
-        views, tiles = torch.zeros(2, 3, 4, 4), None
+        views, tiles, pixels = torch.zeros(2, 3, 4, 4), None, None
         ids, mask = torch.zeros(2, 3, dtype=torch.long), torch.tensor([[False, True, False]] * 2)
         nbytes = 0
         layout = type("L", (), {"image_start": 1})()
@@ -294,3 +295,53 @@ def test_sigint_during_the_window_keeps_the_finished_configuration(runs):
     md = (d / "report.md").read_text()
     assert "Status **interrupted**" in md and "| b1 | 1 |" in md
     assert (d / "throughput.png").is_file()
+
+
+def test_device_preprocessing_runs_in_the_pipeline(runs):
+    res = runs["device-prep"].result()
+    assert res.rc == 0, res.describe()
+    d = res.only_dir()
+    table = pd.read_csv(d / "throughput.csv")
+    assert (table["dev_prep_ms"] > 0).all() and (table["window_pages"] >= 2).all()
+    spans = pd.read_csv(d / "throughput_spans.csv")
+    copies, preps = spans[spans["range"] == "copy"], spans[spans["range"] == "preprocess"]
+    assert len(preps) == len(copies) > 0
+    # each batch's device preprocessing starts where its copy ends (one mark), on the same stream
+    joined = copies.merge(preps, on=["config", "batch_no"], suffixes=("_copy", "_prep"))
+    assert (joined["start_s_prep"] == joined["end_s_copy"]).all() and (joined["end_s_prep"] >= joined["start_s_prep"]).all()
+    # 8-bit pages over the bus: a 160 x 240 page is 115,200 bytes (its float32 view alone, 3 x 128^2 x 4, is
+    # 196,608); the rest of a row is its prompt (int64 ids + bool mask: 9 bytes a token)
+    batches = pd.read_csv(d / "throughput_batches.csv")
+    per_row = (batches["copy_bytes"] / batches["size"]).unique()
+    assert len(per_row) == 1 and (per_row[0] - 160 * 240 * 3) % 9 == 0 and 0 < per_row[0] - 160 * 240 * 3 < 9 * 300
+    assert _manifest(d)["cases"][0]["execution"]["preprocess"] == "device"
+
+
+def test_staged_8bit_pages_match_the_host_path():
+    """A host batch of two 8-bit pages staged on the CPU gives the views the host path builds (<= 2 levels)."""
+    import dataclasses
+
+    from harness import workload as wl
+    from harness.measure.nvtx_ranges import NvtxRanges
+    from harness.preprocess_device import host_pages
+    from harness.throughput.clock import Marks
+    from harness.throughput.feeder import HostBatch, Layout
+    from harness.throughput.prep import PreparedPage
+    from harness.throughput.staging import Stager
+
+    pages = [wl.Page(f"p{i}", wl.synthetic_page(i, size=size), "memory") for i, size in enumerate([(600, 800), (500, 900)])]
+    ref = [wl.build_request([p], "tiny", decode_tokens=0) for p in pages]
+    lay = dataclasses.replace(Layout.of(ref[0]), page_bytes=3 * 600 * 800)   # the larger page
+    host = HostBatch(None, lay, 2, pin=False)
+    for j, p in enumerate(pages):
+        h = host_pages([p], "tiny", decode_tokens=0)
+        host.put(j, PreparedPage(j, 0, 0, 0, None, None, h.input_ids[0].numpy(), h.images_seq_mask[0].numpy(),
+                                 pixels=np.array(h.pixels[0])))
+    assert host.used == 3 * (600 * 800 + 500 * 900) == host.nbytes - 2 * lay.seq * (8 + 1)
+    ready = type("R", (), {"host": host, "number": 0, "pages": [0, 1]})()
+    case = layout.Case(layout.get_mode("tiny"), None, 2, ref[0].text_tokens, 1, "b2")
+    staged = Stager(torch.device("cpu"), torch.float32, Marks(False), NvtxRanges(False)).stage(ready, case, ["p0", "p1"], "")
+    assert staged.prep_end is not None and staged.prep_end >= staged.copy_end
+    want = torch.cat([r.global_views for r in ref])
+    assert float((staged.request.global_views - want).abs().max()) <= 2 * 2 / 255 + 1e-6
+    assert torch.equal(staged.request.input_ids, torch.cat([r.input_ids for r in ref]))

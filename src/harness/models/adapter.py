@@ -77,6 +77,8 @@ class GenerationResult:
     kv_cache_bytes: int = 0
     host_ms: dict = field(default_factory=dict)
     prompt_tokens: Optional[int] = None
+    #: ``generate(defer_routing=True)``: a function giving (routing, routing_steps) once read back
+    pending: Optional[Callable] = None
 
 
 class ModelAdapter(Protocol):

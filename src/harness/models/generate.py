@@ -31,19 +31,22 @@ DECODE_WATCH: contextvars.ContextVar = contextvars.ContextVar("decode_watch", de
 
 
 def generate(adapter: ModelAdapter, request, stage: StageFn = no_stage,
-             max_new_tokens: Optional[int] = None) -> GenerationResult:
+             max_new_tokens: Optional[int] = None, defer_routing: bool = False) -> GenerationResult:
     """Run one request end to end; ``max_new_tokens`` overrides ``request.decode_tokens`` (the
     tokens decoded; a static cache keeps the length of the longer of the two, so a shorter call
-    runs on the same cache and captured step as the request's full budget)."""
+    runs on the same cache and captured step as the request's full budget). ``defer_routing``: the
+    routing counts are not read back now (no host synchronisation at the request's end): the
+    result's ``routing`` / ``routing_steps`` stay empty and ``pending()`` gives them later
+    (``RoutingCounter.deferred``); an adapter that owns its loop reads them as it does."""
     n_new = request.decode_tokens if max_new_tokens is None else max_new_tokens
     own = own_loop(adapter)
     if own is not None:  # outside inference_mode: the owner decides (HF generate runs under no_grad)
         return own(request, stage, n_new)
-    return _loop(adapter, request, stage, n_new)
+    return _loop(adapter, request, stage, n_new, defer_routing)
 
 
 @torch.inference_mode()
-def _loop(adapter: ModelAdapter, request, stage: StageFn, n_new: int) -> GenerationResult:
+def _loop(adapter: ModelAdapter, request, stage: StageFn, n_new: int, defer: bool = False) -> GenerationResult:
     """The harness's greedy loop over ``first_token`` / ``next_token``."""
     counter = adapter.routing_counter()
     steps = max(n_new - 1, 0)
@@ -71,6 +74,9 @@ def _loop(adapter: ModelAdapter, request, stage: StageFn, n_new: int) -> Generat
         counter.step(None)
         counter.phase(None)
         host_ms = (time.perf_counter() - t0) * 1e3
-    return GenerationResult(tokens=torch.cat(out, dim=1)[:, :n_new], routing=counter.result(),
-                            routing_steps=counter.steps_result(),
+    tokens = torch.cat(out, dim=1)[:, :n_new]
+    if defer:
+        return GenerationResult(tokens=tokens, kv_cache_bytes=cache.nbytes(), host_ms={"request": host_ms},
+                                pending=counter.deferred())
+    return GenerationResult(tokens=tokens, routing=counter.result(), routing_steps=counter.steps_result(),
                             kv_cache_bytes=cache.nbytes(), host_ms={"request": host_ms})

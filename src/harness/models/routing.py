@@ -52,8 +52,9 @@ A compiled decode step takes the routing as a runtime input (``switch``): a devi
 weights' and the balanced routing share one compile and one capture (the weights' experts and
 weights are then exactly the top-k's: the same indices, ``scores.gather`` of the same values).
 
-Generator of ``balanced_table`` (reproducible, numpy only, the same table on every device: it is
-built on the host and copied): for the page of each row, ``key = zlib.crc32(page name, UTF-8)``
+Generator of ``balanced_table`` (reproducible, numpy only, the same table on every device: each
+page is drawn on the host once, and on CUDA copied to the device once, where the request's table is
+assembled from its pages' draws): for the page of each row, ``key = zlib.crc32(page name, UTF-8)``
 (a row of a batch of copies routes as its page does), ``rng =
 numpy.random.Generator(numpy.random.PCG64(numpy.random.SeedSequence([seed mod 2**32, key])))``,
 ``u = rng.random((positions, layers, top_k))`` (float64 in [0, 1), position-major: the table of P
@@ -64,6 +65,7 @@ set equally likely (sequential draws without replacement).
 """
 from __future__ import annotations
 
+import copy
 import zlib
 from typing import Optional
 
@@ -141,10 +143,50 @@ def experts_per_step(steps: Optional[np.ndarray]) -> np.ndarray:
     return routed_steps(steps)[1]
 
 
-def balanced_table(seed: int, pages: list, positions: int, layers: int, top_k: int, experts: int) -> torch.Tensor:
-    """CPU int64 [batch, positions, layers, top_k]: ``balanced_experts`` of each row's page (``page_experts``)."""
+#: pages' draws kept on a CUDA device (``balanced_table(device=...)``): (device, seed, page key, layers,
+#: top_k, experts) -> (device tensor of the draw, its pinned source, kept until the copy has run)
+_on_device: dict = {}
+
+
+def _device_rows(seed: int, page: str, positions: int, layers: int, top_k: int, experts: int, device) -> torch.Tensor:
+    """``page_experts`` of one page as a device tensor [positions, ...] (uint8 where the ids fit), copied
+    once per page (and again for a longer draw) from pinned memory without a host synchronisation."""
+    key = (str(device), int(seed), page_key(page), layers, top_k, experts)
+    kept = _on_device.get(key)
+    if kept is None or kept[0].shape[0] < positions:
+        if key not in _on_device and len(_on_device) >= DRAWN_PAGES:
+            _on_device.clear()
+        src = torch.from_numpy(np.array(page_experts(seed, page, positions, layers, top_k, experts))).pin_memory()
+        kept = _on_device[key] = (src.to(device, non_blocking=True), src)
+    return kept[0][:positions]
+
+
+def balanced_table(seed: int, pages: list, positions: int, layers: int, top_k: int, experts: int,
+                   device=None) -> torch.Tensor:
+    """int64 [batch, positions, layers, top_k]: ``balanced_experts`` of each row's page (``page_experts``).
+    On the CPU by default; with a CUDA ``device`` the table is assembled there from each page's draw,
+    copied to the device once per page (``_device_rows``): no per-request host work beyond the look-up,
+    no host synchronisation."""
+    if device is not None and torch.device(device).type == "cuda":
+        rows = [_device_rows(seed, p, positions, layers, top_k, experts, device) for p in pages]
+        return torch.stack(rows).to(torch.int64)
     rows = [page_experts(seed, p, positions, layers, top_k, experts) for p in pages]
     return torch.from_numpy(np.stack(rows).astype(np.int64))
+
+
+class PendingCounts:
+    """Device routing counts on their way to the host (``DeviceRouting.read_async``): ``get()`` ->
+    ``DeviceRouting.read``'s arrays once the copy has run (one event wait), or None on ``meta``."""
+
+    def __init__(self, parts: Optional[tuple], done=None):
+        self.parts, self.done = parts, done
+
+    def get(self) -> Optional[tuple]:
+        if self.parts is None:
+            return None
+        if self.done is not None:
+            self.done.synchronize()
+        return tuple(t.numpy().astype(np.int64) for t in self.parts)
 
 
 # ------------------------------------------------------------------------------ device side
@@ -298,10 +340,20 @@ class DeviceRouting:
     def read(self, steps: int) -> Optional[tuple]:
         """(prefill [layers, experts], decode per step [steps, layers, experts], decode outside the
         planned steps [layers, experts]) as int64 numpy arrays (one device read); None on ``meta``."""
+        return self.read_async(steps).get()
+
+    def read_async(self, steps: int) -> "PendingCounts":
+        """``read`` without waiting: on CUDA the counts are copied into pinned host memory on the
+        current stream (no host synchronisation); ``get()`` waits for that copy alone."""
         if self.device.type == "meta":
-            return None
+            return PendingCounts(None)
         parts = (self.prefill[0], self.decode[:steps], self.decode[steps:].sum(0))
-        return tuple(t.cpu().numpy().astype(np.int64) for t in parts)
+        if self.device.type != "cuda":
+            return PendingCounts(tuple(t.cpu() for t in parts))
+        host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True) for t in parts)
+        done = torch.cuda.Event()
+        done.record()
+        return PendingCounts(host, done)
 
     # -------------------------------------------------------------------- forced
     def _forcing(self) -> bool:
@@ -376,11 +428,12 @@ class RoutingCounter:
                                "use workload.routing=weights with it")
 
     def forced_table(self, positions: int) -> Optional[torch.Tensor]:
-        """The request's forced experts over ``positions`` positions (CPU int64 [batch, positions,
-        layers, top_k]; ``balanced_table``), or None for the weights' routing."""
+        """The request's forced experts over ``positions`` positions (int64 [batch, positions, layers,
+        top_k]; ``balanced_table``: on the request's CUDA device, else the CPU), or None for the
+        weights' routing."""
         if self.routing != "balanced":
             return None
-        return balanced_table(self.seed, self.pages, positions, self.layers, self.top_k, self.experts)
+        return balanced_table(self.seed, self.pages, positions, self.layers, self.top_k, self.experts, self._where)
 
     def target(self, shared: Optional[DeviceRouting] = None):
         """What the request's MoE layers report to: ``shared`` (begun for this request: zeroed, its
@@ -456,6 +509,21 @@ class RoutingCounter:
         return self.device.forced_inputs() if self.device is not None else None
 
     # ------------------------------------------------------------------- results
+    def deferred(self):
+        """A function giving (``result()``, ``steps_result()``) of this request later: the device counts'
+        copy starts now without a host synchronisation (``DeviceRouting.read_async``), the function
+        waits for that copy alone; what the host counted is kept as it is now."""
+        pending = self.device.read_async(self.steps) if self.device is not None and self._read is None else None
+        later = copy.copy(self)
+        later._host = {k: v.copy() for k, v in self._host.items()}
+        later._host_steps = None if self._host_steps is None else self._host_steps.copy()
+
+        def get() -> tuple:
+            if pending is not None:
+                later._read = pending.get()
+            return later.result(), later.steps_result()
+        return get
+
     def _device_read(self) -> Optional[tuple]:
         """``DeviceRouting.read`` once, after the request (``result`` and ``steps_result`` share it)."""
         if self.device is None:
@@ -488,5 +556,5 @@ class RoutingCounter:
         return out
 
 
-__all__ = ["ROUTINGS", "routing_label", "RoutingCounter", "DeviceRouting", "balanced_experts", "balanced_table",
+__all__ = ["ROUTINGS", "routing_label", "RoutingCounter", "DeviceRouting", "PendingCounts", "balanced_experts", "balanced_table",
            "experts_per_step", "page_experts", "page_key", "routed_steps"]

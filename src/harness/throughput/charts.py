@@ -53,7 +53,8 @@ def plot_throughput(table: pd.DataFrame, path, title: str = "") -> Path:
 
 
 def timeline_lanes(workers: int) -> list:
-    """Lane names from top to bottom: the workers, the copy, the five stages."""
+    """Lane names from top to bottom: the workers, the copy stream (copy, then device preprocessing),
+    the five stages."""
     return [f"worker {i}" for i in range(workers)] + ["copy", *STAGES]
 
 
@@ -73,9 +74,10 @@ def plot_timeline(panels: list, path, title: str = "") -> Path:
             lane = f"worker {int(r.worker)}"
             ax.broken_barh([(r.start_s * 1e3, (r.end_s - r.start_s) * 1e3)], (y[lane] - 0.4, 0.8),
                            facecolors="tab:gray", edgecolors="white", linewidth=0.3)
-        for r in spans[spans["range"].isin(["copy", *STAGES])].itertuples():
-            color = STAGE_COLORS.get(r.range, "tab:olive")
-            ax.broken_barh([(r.start_s * 1e3, (r.end_s - r.start_s) * 1e3)], (y[r.range] - 0.4, 0.8),
+        for r in spans[spans["range"].isin(["copy", "preprocess", *STAGES])].itertuples():
+            color = STAGE_COLORS.get(r.range, "tab:olive")   # device preprocessing: the copy lane, olive
+            lane = "copy" if r.range == "preprocess" else r.range
+            ax.broken_barh([(r.start_s * 1e3, (r.end_s - r.start_s) * 1e3)], (y[lane] - 0.4, 0.8),
                            facecolors=color, edgecolors="black", linewidth=0.2)
         for r in spans[spans["range"] == "request"].itertuples():
             ax.annotate(f"batch {int(r.batch_no)}", (r.start_s * 1e3, len(lanes) - 0.45), fontsize=7)

@@ -18,6 +18,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
+import numpy as np
 import torch
 
 from .prep import PreparedPage, prepare_page
@@ -28,7 +29,8 @@ POLL_S = 0.05   # how often a waiting feeder or main thread looks at the stop fl
 @dataclass(frozen=True)
 class Layout:
     """Shapes of one page of a layout: ``view`` (3, S, S), ``tiles`` (c*r, 3, T, T) or None, prompt
-    length ``seq`` [tokens]; ``grid``, ``image_start`` and ``text_tokens`` as ``workload.Request``."""
+    length ``seq`` [tokens]; ``grid``, ``image_start`` and ``text_tokens`` as ``workload.Request``;
+    ``page_bytes``: set when the device preprocesses (the host then holds 8-bit pages, not views)."""
 
     grid: Optional[tuple]
     view: tuple
@@ -36,6 +38,7 @@ class Layout:
     seq: int
     image_start: int
     text_tokens: int
+    page_bytes: Optional[int] = None   # execution.preprocess=device: the largest page's 8-bit pixels [B]
 
     @classmethod
     def of(cls, request) -> "Layout":
@@ -53,23 +56,37 @@ class HostBatch:
         def empty(shape, dtype):
             return torch.empty(shape, dtype=dtype, pin_memory=pin)
         self.key, self.layout, self.batch = key, layout, batch
-        self.views = empty((batch, *layout.view), torch.float32)
-        self.tiles = None if layout.tiles is None else empty((batch * layout.tiles[0], *layout.tiles[1:]),
-                                                             torch.float32)
+        device_prep = layout.page_bytes is not None
+        self.views = None if device_prep else empty((batch, *layout.view), torch.float32)
+        self.tiles = None if device_prep or layout.tiles is None else empty(
+            (batch * layout.tiles[0], *layout.tiles[1:]), torch.float32)
+        #: device preprocessing: the batch's 8-bit pages packed in page order, and each page's [H, W, 3]
+        self.pixels = empty((batch * layout.page_bytes,), torch.uint8) if device_prep else None
+        self.shapes: list = [None] * batch
+        self.used = 0
         self.ids = empty((batch, layout.seq), torch.long)
         self.mask = empty((batch, layout.seq), torch.bool)
 
     @property
     def nbytes(self) -> int:
         """Bytes copied to the device per batch."""
-        return sum(t.numel() * t.element_size() for t in (self.views, self.tiles, self.ids, self.mask) if t is not None)
+        pixels = [self.pixels[:self.used]] if self.pixels is not None else [self.views, self.tiles]
+        return sum(t.numel() * t.element_size() for t in (*pixels, self.ids, self.mask) if t is not None)
 
     def put(self, j: int, page: PreparedPage) -> None:
-        """Page ``j`` of the batch from a worker's arrays."""
-        self.views[j].copy_(torch.from_numpy(page.global_view))
-        if self.tiles is not None:
-            n = self.layout.tiles[0]
-            self.tiles[j * n:(j + 1) * n].copy_(torch.from_numpy(page.tiles))
+        """Page ``j`` of the batch from a worker's arrays (8-bit pages: in order, j = 0, 1, ...)."""
+        if self.pixels is not None:
+            if j == 0:
+                self.used = 0
+            flat = torch.from_numpy(np.ascontiguousarray(page.pixels).reshape(-1))
+            self.pixels[self.used:self.used + flat.numel()].copy_(flat)
+            self.shapes[j] = tuple(page.pixels.shape)
+            self.used += flat.numel()
+        else:
+            self.views[j].copy_(torch.from_numpy(page.global_view))
+            if self.tiles is not None:
+                n = self.layout.tiles[0]
+                self.tiles[j * n:(j + 1) * n].copy_(torch.from_numpy(page.tiles))
         self.ids[j].copy_(torch.from_numpy(page.input_ids))
         self.mask[j].copy_(torch.from_numpy(page.images_seq_mask))
 

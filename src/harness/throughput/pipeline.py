@@ -17,6 +17,7 @@ and closes the run directory (``harness.stopping``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing
 import tempfile
 import time
@@ -71,6 +72,7 @@ class Setup:
     cache_len: int
     execution_text: str
     notes: list = field(default_factory=list)
+    device_prep: bool = False    # execution.preprocess=device: workers hand back 8-bit pages
 
 
 class Outputs:
@@ -172,14 +174,19 @@ def prepare(cfg: HarnessConfig, cuda: bool, folder: Path) -> Setup:
     m = execution_for(cfg, s.best, cache_len, here, resolve_dtype(cfg.dtype, device))
     text = ("best: " if s.best else "execution.*: ") + (", ".join(f"{k}={v}" for k, v in changed_knobs(m).items())
                                                         or "vendor-style")
-    return Setup(s, mode, sources, groups, layouts, cache_len, text, notes)
+    device_prep = m.preprocess == "device"
+    if device_prep:     # host buffers of 8-bit pages: room for the largest page of each layout
+        layouts = {k: dataclasses.replace(lay, page_bytes=max(3 * src.size[0] * src.size[1] for src in sources
+                                                               if src.layout == k))
+                   for k, lay in layouts.items()}
+    return Setup(s, mode, sources, groups, layouts, cache_len, text, notes, device_prep)
 
 
 def start_pool(cfg: HarnessConfig, setup: Setup, stack: contextlib.ExitStack) -> tuple:
     """(pool, futures of the synthetic pages being written): ``workers`` spawned processes."""
     w = cfg.workload
     spec = prep.PrepSpec(tuple(src.path for src in setup.sources), setup.mode, w.prompt, w.text_tokens, w.seed,
-                         cfg.model.path, w.max_pixels, cfg.measure.nvtx, w.pdf_dpi)
+                         cfg.model.path, w.max_pixels, cfg.measure.nvtx, w.pdf_dpi, setup.device_prep)
     pool = ProcessPoolExecutor(setup.settings.workers, mp_context=multiprocessing.get_context("spawn"),
                                initializer=prep.init_worker, initargs=(spec,))
     stack.callback(pool.shutdown, wait=True, cancel_futures=True)
@@ -251,10 +258,22 @@ def _setup_s(model) -> dict:
 
 @dataclass
 class BatchRecord:
+    """One batch run: its staged request, clock and wait [ms]; its routing counts on their way back
+    (``pending``, read by ``settle`` once a later batch is launched: no host synchronisation per batch)."""
+
     staged: Staged
     clock: BatchClock
     wait_ms: float
-    experts_step: float    # median distinct experts per MoE layer per decode step (nan: no counts)
+    pending: Optional[object] = None
+    experts_step: float = float("nan")   # median distinct experts per MoE layer per decode step (nan: no counts)
+
+    def settle(self) -> None:
+        """Read the routing counts back (waits for this batch's copy of them alone) into ``experts_step``."""
+        if self.pending is not None:
+            _, steps = self.pending()
+            touched = experts_per_step(steps)
+            self.experts_step = float(np.median(touched)) if len(touched) else float("nan")
+            self.pending = None
 
 
 class ConfigRun:
@@ -273,6 +292,7 @@ class ConfigRun:
         self.staged: Optional[Staged] = None
         self.staged_wait_ms = 0.0
         self.last_case: Optional[Case] = None
+        self.unsettled: Optional[BatchRecord] = None
         self.feeder.start()
 
     def close(self) -> None:
@@ -292,7 +312,8 @@ class ConfigRun:
         return self.stager.stage(ready, case, [p.name for p in src], w.prompt, w.routing, w.routing_seed)
 
     def run_batch(self) -> BatchRecord:
-        """One batch: its copy waited for, the next batch's copy issued, the batch generated."""
+        """One batch: its copy waited for, the next batch's copy issued, the batch generated, the
+        batch before it settled (its routing counts read back): no host synchronisation of its own."""
         cur = self.staged or self._stage(block=True)
         wait_ms = self.staged_wait_ms if self.staged is None else 0.0
         self.stager.wait(cur)
@@ -300,14 +321,16 @@ class ConfigRun:
         clock = BatchClock(self.marks, self.nvtx)
         self.nvtx.push("batch", cur.ready.number)
         try:
-            result = generate(self.model, cur.request, clock)
+            result = generate(self.model, cur.request, clock, defer_routing=True)
         finally:
             self.nvtx.pop()
+        if self.unsettled is not None:       # the batch before: done, or running ahead of this one
+            self.unsettled.settle()
         self.marks.done(cur.copy_end)
         self.feeder.release(cur.ready.host)
         self.last_case = cur.request.case
-        touched = experts_per_step(result.routing_steps)
-        return BatchRecord(cur, clock, wait_ms, float(np.median(touched)) if len(touched) else float("nan"))
+        self.unsettled = BatchRecord(cur, clock, wait_ms, result.pending)
+        return self.unsettled
 
     def measure(self, where: Position, index: int, say) -> tuple:
         """(row, (batches, spans, prep) frames, timeline panel, warm-up seconds)."""
@@ -332,6 +355,7 @@ class ConfigRun:
             if elapsed >= s.window_s and pages >= s.window_pages:
                 break
         window_s = self.marks.finish()
+        self.unsettled.settle()
         peak = torch.cuda.max_memory_allocated() if cuda else None
         self.feeder.stop()
         batches, spans = self._frames(records)
@@ -354,6 +378,9 @@ class ConfigRun:
                           st.nbytes, r.wait_ms, r.experts_step])
             srows += [[self.name, n, rng, a, b] for rng, a, b in r.clock.spans()]
             srows.append([self.name, n, "copy", self.marks.seconds(st.copy_start), self.marks.seconds(st.copy_end)])
+            if st.prep_end is not None:
+                srows.append([self.name, n, "preprocess", self.marks.seconds(st.copy_end),
+                              self.marks.seconds(st.prep_end)])
         return pd.DataFrame(brows, columns=BATCH_COLUMNS), pd.DataFrame(srows, columns=SPAN_COLUMNS)
 
     def _prep(self, window_s: float) -> pd.DataFrame:

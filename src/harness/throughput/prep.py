@@ -9,7 +9,9 @@ ignores SIGINT (the run's own process handles it and shuts the pool down), runs 
 thread, and times each page with ``time.perf_counter_ns`` (CLOCK_MONOTONIC on Linux: the same
 clock in every process, so its intervals line up with the main process's). The interval covers
 reading, decoding (a PDF page: opening the file and rasterising the page), preprocessing and
-request building; handing the arrays back (a pickle, about one copy of the pixels) is outside it.
+request building (with ``device_prep``: reading, decoding and the prompt row only; the device
+preprocesses the 8-bit pixels); handing the arrays back (a pickle, about one copy of the pixels)
+is outside it.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ _STATE: dict = {}
 class PrepSpec:
     """What every worker needs: the page files (by page index; a PDF page as ``FILE.pdf#page=N``), the
     crop mode, the prompt and its tokenizer (a model directory, or None for ``text_tokens`` filler
-    ids), ``max_pixels``, NVTX and the DPI PDF pages are rasterised at (``pdf_dpi``)."""
+    ids), ``max_pixels``, NVTX, the DPI PDF pages are rasterised at (``pdf_dpi``) and whether the
+    device preprocesses (``device_prep``: the worker stops at the page's 8-bit pixels)."""
 
     paths: tuple
     mode: object
@@ -39,22 +42,25 @@ class PrepSpec:
     max_pixels: int
     nvtx: bool
     pdf_dpi: float
+    device_prep: bool = False   # execution.preprocess=device: hand back 8-bit pixels (preprocess_device)
 
 
 @dataclass
 class PreparedPage:
     """One page ready to batch: pixels as float32 arrays (``global_view`` [3, S, S], ``tiles``
-    [c*r, 3, T, T] or None), the prompt row (``input_ids`` [S] int64, ``images_seq_mask`` [S]
+    [c*r, 3, T, T] or None) or, with ``device_prep``, the page's 8-bit RGB pixels (``pixels`` [H, W,
+    3] uint8; the views None), the prompt row (``input_ids`` [S] int64, ``images_seq_mask`` [S]
     bool), and the worker's pid and interval [ns, perf_counter]."""
 
     index: int
     pid: int
     start_ns: int
     end_ns: int
-    global_view: np.ndarray
+    global_view: Optional[np.ndarray]
     tiles: Optional[np.ndarray]
     input_ids: np.ndarray
     images_seq_mask: np.ndarray
+    pixels: Optional[np.ndarray] = None
 
 
 def init_worker(spec: PrepSpec) -> None:
@@ -94,11 +100,19 @@ def prepare_page(index: int) -> PreparedPage:
     try:
         page = wl.load_pages(spec.paths[index], seed=spec.seed, max_pixels=spec.max_pixels,
                              pdf_dpi=spec.pdf_dpi)[0]
-        req = wl.build_request([page], spec.mode, decode_tokens=0, prompt=spec.prompt,
-                               tokenizer=_STATE["tokenizer"], text_tokens=spec.text_tokens, seed=spec.seed)
-        out = PreparedPage(index, os.getpid(), start, 0, req.global_views[0].numpy(),
-                           None if req.tiles is None else req.tiles.numpy(), req.input_ids[0].numpy(),
-                           req.images_seq_mask[0].numpy())
+        if spec.device_prep:
+            from ..preprocess_device import host_pages
+
+            host = host_pages([page], spec.mode, decode_tokens=0, prompt=spec.prompt, tokenizer=_STATE["tokenizer"],
+                              text_tokens=spec.text_tokens, seed=spec.seed)
+            out = PreparedPage(index, os.getpid(), start, 0, None, None, host.input_ids[0].numpy(),
+                               host.images_seq_mask[0].numpy(), pixels=host.pixels[0])
+        else:
+            req = wl.build_request([page], spec.mode, decode_tokens=0, prompt=spec.prompt,
+                                   tokenizer=_STATE["tokenizer"], text_tokens=spec.text_tokens, seed=spec.seed)
+            out = PreparedPage(index, os.getpid(), start, 0, req.global_views[0].numpy(),
+                               None if req.tiles is None else req.tiles.numpy(), req.input_ids[0].numpy(),
+                               req.images_seq_mask[0].numpy())
     finally:
         nvtx.pop()
     out.end_ns = time.perf_counter_ns()

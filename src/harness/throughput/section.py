@@ -29,6 +29,7 @@ TABLE = [("config", "config", "{}"), ("batch", "batch", "{:d}"), ("routing", "ro
          ("wasted_decode_slots", "wasted decode slots (derived)", "pct"), ("gpu_busy", "GPU busy (derived)", "pct"),
          ("prep_pages_s", "prep capacity pages/s (derived)", "{:,.1f}"), ("prep_busy", "prep busy (derived)", "pct"),
          ("h2d_gbs", "H2D GB/s (derived)", "{:,.2f}"), ("copy_busy", "copy busy (derived)", "pct"),
+         ("dev_prep_ms", "device prep ms/batch", "{:,.2f}"),
          ("sam_ms", "sam ms/batch", "{:,.2f}"), ("clip_ms", "clip ms/batch", "{:,.2f}"),
          ("projector_ms", "projector ms/batch", "{:,.2f}"), ("prefill_ms", "prefill ms/batch", "{:,.2f}"),
          ("decode_ms", "decode ms/batch", "{:,.1f}"), ("peak_mem_bytes", "peak mem GB (measured)", "gb"),

@@ -9,8 +9,8 @@ device-idle point; the window ends at ``window_s``, synchronised too):
   batch's pages before launching it [ms], and the median over its decode steps and MoE layers of the
   distinct experts the batch's rows touched (``models.routing.experts_per_step``; empty without counts);
 * spans (``SPAN_COLUMNS``): one row per timed range of a batch: ``request`` and the five stages
-  (marks on the compute stream: CUDA events, or the host clock on the CPU) and ``copy`` (marks on
-  the copy stream);
+  (marks on the compute stream: CUDA events, or the host clock on the CPU), ``copy`` (marks on
+  the copy stream) and, with device preprocessing, ``preprocess`` (after the copy, same stream);
 * prep (``PREP_COLUMNS``): one row per page a worker prepared around the window: worker lane and
   interval (host clock).
 
@@ -60,6 +60,8 @@ the pages finished inside the window
 prep_pages_s | pages/s | derived | workers x 1000 / prep_ms_page: what the pool sustains when never idle
 prep_busy | fraction | derived | worker busy time inside the window / (workers x window_s)
 h2d_ms | ms/batch | measured | copy span per batch (host to device, with the cast), mean
+dev_prep_ms | ms/batch | measured | device preprocessing span per batch (execution.preprocess=device: resize, \
+pad, normalise and tiles on the copy stream, after the copy), mean; empty when the host preprocesses
 h2d_gbs | GB/s | derived | sum of copy_bytes / sum of copy spans, 1e9 bytes
 copy_busy | fraction | derived | copy spans inside the window / window_s
 wait_s | s | measured | main thread waiting for preprocessed batches inside the window
@@ -124,6 +126,7 @@ def summarize(batches: pd.DataFrame, spans: pd.DataFrame, prep: pd.DataFrame, wi
     stage_ms = {s: stage_sum[s] * 1e3 / n if n else float("nan") for s in STAGES}
     req = spans[spans["range"] == "request"]
     copy = spans[spans["range"] == "copy"]
+    dev_prep = spans[spans["range"] == "preprocess"]
     copy_s = float((copy["end_s"] - copy["start_s"]).sum())
     done = prep[(prep["end_s"] >= 0) & (prep["end_s"] <= window_s)]
     prep_ms = float((done["end_s"] - done["start_s"]).mean() * 1e3) if len(done) else float("nan")
@@ -143,6 +146,7 @@ def summarize(batches: pd.DataFrame, spans: pd.DataFrame, prep: pd.DataFrame, wi
         "prep_pages_s": workers * 1e3 / prep_ms if prep_ms > 0 else float("nan"),
         "prep_busy": prep_busy,
         "h2d_ms": copy_s * 1e3 / len(copy) if len(copy) else float("nan"),
+        "dev_prep_ms": float((dev_prep["end_s"] - dev_prep["start_s"]).mean() * 1e3) if len(dev_prep) else float("nan"),
         "h2d_gbs": float(batches["copy_bytes"].sum()) / copy_s / 1e9 if copy_s > 0 else float("nan"),
         "copy_busy": copy_busy,
         "wait_s": float(batches["wait_ms"].sum()) / 1e3,
