@@ -249,7 +249,7 @@ def test_parent_adds_up_its_children(fake):
     assert "[alone-gpu0] [harness] fake child on GPU 0, alone, throughput.workers=2" in lines
     assert (rd.path / "together-gpu1.log").read_text() == "[harness] fake child on GPU 1, together, throughput.workers=2\n"
     md = (rd.path / "report.md").read_text()
-    assert "## Throughput over the GPUs of one host" in md and "| b2 | 2 | 10.00 (decode) | 14.00 | 1.40x |" in md
+    assert "## Throughput over the GPUs of one host" in md and "| b2 | 2 | 10.00 (decode) | 14.00 | 1.40x [1.40x, 1.40x] | 70.0% [70.0%, 70.0%] |" in md
 
 
 def test_a_failed_child_fails_the_parent_with_its_line(fake, monkeypatch):

@@ -161,18 +161,28 @@ def scaling_table(root, gpus, workers: int) -> pd.DataFrame:
     return pd.DataFrame(out, columns=SCALING_NAMES)
 
 
+def _interval(r: dict, scale: float, fmt: str) -> str:
+    """`` [lo, hi]`` of the efficiency's interval times ``scale``; empty without one."""
+    lo, hi = r.get("efficiency_lo"), r.get("efficiency_hi")
+    return f" [{fmt.format(lo * scale)}, {fmt.format(hi * scale)}]" if lo is not None and np.isfinite(lo) else ""
+
+
 def _efficiency(r: dict) -> str:
     e = r["efficiency"]
     text = f"{e:.1%}" if e <= 1.0 + 1e-9 else f"**{e:.1%}: above 100%** (the GPU alone ran slower than one of N)"
-    lo, hi = r.get("efficiency_lo"), r.get("efficiency_hi")
-    return text + (f" [{lo:.1%}, {hi:.1%}]" if lo is not None and np.isfinite(lo) else "")
+    return text + _interval(r, 1.0, "{:.1%}")
+
+
+def _speedup(r: dict) -> str:
+    """aggregate / one GPU = gpus x efficiency, with the efficiency's interval scaled alike."""
+    return f"{r['aggregate_pages_s'] / r['one_gpu_pages_s']:.2f}x" + _interval(r, r["gpus"], "{:.2f}x")
 
 
 #: (header, cell) of the scaling table
 _TABLE = [("config", lambda r: r["config"]), ("batch per GPU", lambda r: f"{int(r['batch'])}"),
           ("one GPU pages/s (derived)", lambda r: f"{r['one_gpu_pages_s']:,.2f} ({r['one_gpu_bound']})"),
           ("aggregate pages/s (derived)", lambda r: f"{r['aggregate_pages_s']:,.2f}"),
-          ("aggregate / one GPU (derived)", lambda r: f"{r['aggregate_pages_s'] / r['one_gpu_pages_s']:.2f}x"),
+          ("aggregate / one GPU [95% interval] (derived)", _speedup),
           ("scaling efficiency [95% interval] (derived)", _efficiency),
           ("per-GPU pages/s, min–max (derived)", lambda r: f"{r['gpu_pages_s_min']:,.2f}–{r['gpu_pages_s_max']:,.2f}"),
           ("bound per GPU (derived)", lambda r: r["bounds"]),
