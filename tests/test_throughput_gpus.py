@@ -200,6 +200,8 @@ FAKE_CHILD = textwrap.dedent('''
             time.sleep(0.01)
     if phase == "together" and gpu == os.environ.get("FAKE_FAIL_GPU"):
         sibling_waits()
+        if os.environ.get("FAKE_CRASH"):
+            os._exit(3)                     # no line: a crash
         print("error: a fake problem; fix: a fake fix")
         sys.exit(2)
     if phase == "together" and gpu == os.environ.get("FAKE_SIGNAL_GPU"):
@@ -252,13 +254,19 @@ def test_parent_adds_up_its_children(fake):
     assert "## Throughput over the GPUs of one host" in md and "| b2 | 2 | 10.00 (decode) | 14.00 | 1.40x [1.40x, 1.40x] | 70.0% [70.0%, 70.0%] |" in md
 
 
-def test_a_failed_child_fails_the_parent_with_its_line(fake, monkeypatch):
+@pytest.mark.parametrize("crash, line, code", [
+    ("", "error: GPU 1 (phase 2, all GPUs at once): a fake problem; fix: a fake fix", 2),
+    ("1", "error: GPU 1 (phase 2, all GPUs at once) stopped: exit status 3; fix: read together-gpu1.log in the run "
+     "directory", 1),
+])
+def test_a_failed_child_fails_the_parent_with_its_line(fake, monkeypatch, crash, line, code):
     run, tmp, _ = fake
     monkeypatch.setenv("FAKE_FAIL_GPU", "1")
+    monkeypatch.setenv("FAKE_CRASH", crash)
     with pytest.raises(RunStopped) as err:
         run()
-    assert err.value.line == "error: GPU 1 (phase 2, all GPUs at once): a fake problem; fix: a fake fix"
-    assert err.value.exit_code == 2
+    assert err.value.line == line
+    assert err.value.exit_code == code
     d = tmp / "run-failed"
     man = json.loads((d / "manifest.json").read_text())
     assert man["status"] == "failed" and man["cases"] == []

@@ -58,7 +58,7 @@ class ChildFailed(HarnessError):
             problem = f"{where}: {problem}"
         else:
             what = line or (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
-            problem, fix = f"{where} stopped: {what}", f"read its log, {child.log}"
+            problem, fix = f"{where} stopped: {what}", f"read {child.log.name} in the run directory"
         super().__init__(problem, fix or None)
         self.exit_code = code if code in (1, 2) else 1
 
