@@ -99,20 +99,39 @@ def test_windows_overlap_by_hand():
     assert np.isnan(scaling.windows_overlap([], []))
 
 
-def test_efficiency_interval_by_hand():
+def test_speedup_interval_by_hand():
     # phase 1's cycles 1 and 3 s: a resample's mean is 1, 2 or 3 with odds 1/4, 1/2, 1/4; one GPU in
-    # phase 2 with cycles of 2 s: efficiency = mean / 2 in {0.5, 1, 1.5}; the 95% tails are the extremes
-    assert scaling.efficiency_interval(np.array([1.0, 3.0]), [np.array([2.0, 2.0])]) == (0.5, 1.5)
-    # steady windows: the interval is the point, 2 s / (2 x 2.5 s) + 2 s / (2 x 2 s) = 0.4 + 0.5
-    lo, hi = scaling.efficiency_interval(np.full(4, 2.0), [np.full(3, 2.5), np.full(5, 2.0)])
-    assert lo == pytest.approx(0.9) and hi == pytest.approx(0.9)
-    assert scaling.efficiency_interval(np.array([1.0]), [np.array([1.0, 1.0])]) == (None, None)
+    # phase 2 with cycles of 2 s: speed-up = mean / 2 in {0.5, 1, 1.5}; the 95% tails are the extremes
+    assert scaling.speedup_interval(np.array([1.0, 3.0]), [np.array([2.0, 2.0])]) == (0.5, 1.5)
+    # steady windows: the interval is the point, 2 s / 2.5 s + 2 s / 2 s = 0.8 + 1
+    lo, hi = scaling.speedup_interval(np.full(4, 2.0), [np.full(3, 2.5), np.full(5, 2.0)])
+    assert lo == pytest.approx(1.8) and hi == pytest.approx(1.8)
+    assert scaling.speedup_interval(np.array([1.0]), [np.array([1.0, 1.0])]) == (None, None)
 
 
 def test_batch_cycles_add_up_to_the_window():
     spans = pd.DataFrame([["b2", 1, "request", 0.1, 0.9], ["b2", 1, "sam", 0.1, 0.2], ["b2", 2, "request", 1.0, 1.8],
                           ["b2", 3, "request", 2.5, 3.2], ["b4", 1, "request", 0.0, 5.0]], columns=SPAN_COLUMNS)
     assert np.allclose(scaling.batch_cycles(spans, "b2", 3.5), [1.0, 1.5, 1.0])
+
+
+def test_an_efficiency_above_one_is_a_flag_not_a_figure(tmp_path):
+    # the GPU alone at 10 pages/s, the two of phase 2 at 11 and 10.2: 21.2 / 20 = 106%
+    write_child(tmp_path, "alone-gpu0", [{"config": "b2", "batch": 2, "pages_s": 10.0, "window_s": 1.0, "bound": "decode"}],
+                {"b2": [0.0]})
+    for g, rate in (("0", 11.0), ("1", 10.2)):
+        write_child(tmp_path, f"together-gpu{g}", [{"config": "b2", "batch": 2, "pages_s": rate, "window_s": 1.0,
+                                                    "bound": "decode"}], {"b2": [0.0]})
+    table = scaling.scaling_table(tmp_path, ["0", "1"], workers=1)
+    r = table.iloc[0]
+    assert r["speedup"] == pytest.approx(2.12) and pd.isna(r["efficiency"])
+    assert r["above_ceiling"] == ("efficiency 106.0%: check that phase 1 had the host to itself (a GPU of phase 2 ran "
+                                  "faster than the GPU alone)")
+    assert pd.isna(r["speedup_lo"])                        # one batch a window: no interval
+    md = "\n".join(scaling.scaling_section(table, scaling.gpu_rows(tmp_path, ["0", "1"]), {}))
+    assert "| 2.12x | efficiency 106.0%: check that phase 1" in md
+    from test_evidence import unflagged_above_100
+    assert unflagged_above_100(md) == []
 
 
 def write_child(root: Path, name: str, rows: list, starts: dict) -> Path:
@@ -150,12 +169,13 @@ def test_scaling_table_from_child_directories(tmp_path):
     r = table.iloc[0]
     assert (r["batch"], r["gpus"], r["workers"], r["one_gpu_bound"]) == (2, 2, 3, "decode")
     assert r["aggregate_pages_s"] == pytest.approx(13.0)
-    assert r["efficiency"] == pytest.approx(13.0 / 20.0)
+    assert r["speedup"] == pytest.approx(1.3) and r["efficiency"] == pytest.approx(13.0 / 20.0)
+    assert pd.isna(r["above_ceiling"])
     assert (r["gpu_pages_s_min"], r["gpu_pages_s_max"]) == (5.0, 8.0)
     assert r["bounds"] == "0: decode; 1: vision"
     assert r["windows_overlap"] == pytest.approx((52.0 - 50.4) / 2.0)
-    # every window's cycles are equal (0.2 s; 0.25 s; 0.4 s): the interval is the point, 0.2 x (1/0.25 + 1/0.4) / 2
-    assert r["efficiency_lo"] == pytest.approx(0.65) and r["efficiency_hi"] == pytest.approx(0.65)
+    # every window's cycles are equal (0.2 s; 0.25 s; 0.4 s): the interval is the point, 0.2 x (1/0.25 + 1/0.4)
+    assert r["speedup_lo"] == pytest.approx(1.3) and r["speedup_hi"] == pytest.approx(1.3)
     rows = scaling.gpu_rows(tmp_path, ["0", "1"])
     assert list(zip(rows["phase"], rows["gpu"], rows["config"])) == [
         ("alone", "0", "b2"), ("alone", "0", "b4"), ("together", "0", "b2"), ("together", "0", "b4"),
@@ -246,12 +266,12 @@ def test_parent_adds_up_its_children(fake):
     assert [c["name"] for c in man["cases"]] == ["b2"]
     table = pd.read_csv(rd.path / "scaling.csv")
     assert table["aggregate_pages_s"].tolist() == [14.0]
-    assert table["efficiency"].tolist() == pytest.approx([14.0 / 20.0])
+    assert table["speedup"].tolist() == pytest.approx([1.4]) and table["efficiency"].tolist() == pytest.approx([0.7])
     assert 0.0 < table["windows_overlap"].iloc[0] <= 1.0          # the barrier released both at once
     assert "[alone-gpu0] [harness] fake child on GPU 0, alone, throughput.workers=2" in lines
     assert (rd.path / "together-gpu1.log").read_text() == "[harness] fake child on GPU 1, together, throughput.workers=2\n"
     md = (rd.path / "report.md").read_text()
-    assert "## Throughput over the GPUs of one host" in md and "| b2 | 2 | 10.00 (decode) | 14.00 | 1.40x [1.40x, 1.40x] | 70.0% [70.0%, 70.0%] |" in md
+    assert "## Throughput over the GPUs of one host" in md and "| b2 | 2 | 10.00 (decode) | 14.00 | 1.40x [1.40x, 1.40x] | 70.0% |" in md
 
 
 @pytest.mark.parametrize("crash, line, code", [

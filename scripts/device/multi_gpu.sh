@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 39 item 5 on a 2-GPU H200 host (nvidia-h200-x2; GPUS=all on x4): 620 +- 150 tokens per page,
 # balanced routing, batch 128; phase 1 one GPU alone, phase 2 every GPU at once; one run directory under
-# $OUT (about 6 minutes). Acceptance: its scaling.csv, aggregate_pages_s >= 1.8 x one_gpu_pages_s.
+# $OUT (about 6 minutes). Acceptance: its scaling.csv's speedup (aggregate / one GPU) >= 1.8.
 set -u
 source scripts/device_setup.sh
 OUT=${OUT:-device-out}; mkdir -p "$OUT"

@@ -10,8 +10,8 @@ From them:
 * ``gpu_rows``: every child's ``throughput.csv`` rows with ``phase``, ``gpu``, ``run`` in front
   (``throughput_gpus.csv``);
 * ``scaling_table``: one row per configuration that phase 1 and every GPU of phase 2 finished
-  (``SCALING_COLUMNS``: aggregate pages/s, the per-GPU spread, the scaling efficiency with its
-  interval, the windows' overlap) (``scaling.csv``);
+  (``SCALING_COLUMNS``: aggregate pages/s, the per-GPU spread, the speed-up over one GPU with its
+  interval, the scaling efficiency, the windows' overlap) (``scaling.csv``);
 * ``scaling_section``: the report section; ``write_scaling``: the parent's files.
 """
 from __future__ import annotations
@@ -41,11 +41,14 @@ one_gpu_bound | | derived | bound of phase 1
 aggregate_pages_s | pages/s | derived | sum over the GPUs of phase 2 of their pages_s
 gpu_pages_s_min | pages/s | derived | the slowest GPU's pages_s in phase 2
 gpu_pages_s_max | pages/s | derived | the fastest GPU's pages_s in phase 2
-efficiency | fraction | derived | aggregate_pages_s / (gpus x one_gpu_pages_s)
-efficiency_lo | fraction | derived | 95% percentile bootstrap interval of efficiency: each window's batch \
-cycles (one batch's start to the next's, the last to the window's end) resampled on their own, a GPU's \
-pages/s = pages / the resampled cycles' sum (2,000 draws, seed 0); empty with fewer than 2 batches in a window
-efficiency_hi | fraction | derived | upper end of that interval
+speedup | ratio | derived | aggregate_pages_s / one_gpu_pages_s: what N GPUs give over one, in the same run
+speedup_lo | ratio | derived | 95% percentile bootstrap interval of speedup: each window's batch cycles (one \
+batch's start to the next's, the last to the window's end) resampled on their own, a GPU's pages/s = pages / \
+the resampled cycles' sum (2,000 draws, seed 0); empty with fewer than 2 batches in a window
+speedup_hi | ratio | derived | upper end of that interval
+efficiency | fraction | derived | scaling efficiency, speedup / gpus; empty above 1.0 (kept in above_ceiling)
+above_ceiling | | derived | an efficiency above 1.0 and what to check (a GPU of phase 2 ran faster than the \
+GPU alone)
 bounds | | derived | each GPU's bound in phase 2 (gpu id: bound)
 windows_overlap | fraction | derived | phase 2's windows in common (latest start to earliest end, starts \
 from the barrier's release times) / the longest window; 1 = the windows ran at the same time
@@ -97,12 +100,12 @@ def batch_cycles(spans: pd.DataFrame, config: str, window_s: float) -> np.ndarra
     return np.diff(edges)
 
 
-def efficiency_interval(alone: np.ndarray, together: list, resamples: int = BOOTSTRAP_RESAMPLES,
-                        seed: int = BOOTSTRAP_SEED, level: float = CI_LEVEL) -> tuple:
-    """(lo, hi) of the scaling efficiency from batch cycles [s] of one batch size: ``alone`` (phase 1's
-    window) and ``together`` (one array per GPU of phase 2), each window resampled on its own; a
-    GPU's pages/s is proportional to 1 / its mean cycle, so efficiency = mean(alone) x
-    sum(1 / mean(together_i)) / N. (None, None) when a window has fewer than 2 batches."""
+def speedup_interval(alone: np.ndarray, together: list, resamples: int = BOOTSTRAP_RESAMPLES,
+                     seed: int = BOOTSTRAP_SEED, level: float = CI_LEVEL) -> tuple:
+    """(lo, hi) of the speed-up (aggregate / one GPU) from batch cycles [s] of one batch size: ``alone``
+    (phase 1's window) and ``together`` (one array per GPU of phase 2), each window resampled on its
+    own; a GPU's pages/s is proportional to 1 / its mean cycle, so speed-up = mean(alone) x
+    sum(1 / mean(together_i)). (None, None) when a window has fewer than 2 batches."""
     if len(alone) < 2 or any(len(t) < 2 for t in together):
         return None, None
     rng = np.random.default_rng(seed)
@@ -111,7 +114,7 @@ def efficiency_interval(alone: np.ndarray, together: list, resamples: int = BOOT
         return c[rng.integers(0, len(c), size=(resamples, len(c)))].mean(axis=1)
 
     m1 = means(np.asarray(alone, float))
-    draws = m1 * sum(1.0 / means(np.asarray(t, float)) for t in together) / len(together)
+    draws = m1 * sum(1.0 / means(np.asarray(t, float)) for t in together)
     tail = (1 - level) / 2 * 100
     return (float(np.percentile(draws, tail, method="lower")), float(np.percentile(draws, 100 - tail, method="higher")))
 
@@ -148,7 +151,9 @@ def scaling_table(root, gpus, workers: int) -> pd.DataFrame:
         n = len(gpus)
         aggregate = float(per["pages_s"].sum())
         cycles = [batch_cycles(spans[("together", g)], name, per.loc[g, "window_s"]) for g in gpus]
-        lo, hi = efficiency_interval(batch_cycles(spans[("alone", gpus[0])], name, one["window_s"]), cycles)
+        lo, hi = speedup_interval(batch_cycles(spans[("alone", gpus[0])], name, one["window_s"]), cycles)
+        speedup = aggregate / float(one["pages_s"])
+        efficiency = speedup / n
         released = [starts.get((name, i)) for i in range(n)]
         overlap = (windows_overlap(released, list(per["window_s"].astype(float))) if all(s is not None for s in released)
                    else float("nan"))
@@ -156,34 +161,35 @@ def scaling_table(root, gpus, workers: int) -> pd.DataFrame:
                     "one_gpu_pages_s": float(one["pages_s"]), "one_gpu_bound": one["bound"],
                     "aggregate_pages_s": aggregate, "gpu_pages_s_min": float(per["pages_s"].min()),
                     "gpu_pages_s_max": float(per["pages_s"].max()),
-                    "efficiency": aggregate / (n * float(one["pages_s"])), "efficiency_lo": lo, "efficiency_hi": hi,
+                    "speedup": speedup, "speedup_lo": lo, "speedup_hi": hi,
+                    "efficiency": efficiency if efficiency <= 1.0 else None,
+                    "above_ceiling": None if efficiency <= 1.0 else above_one(efficiency),
                     "bounds": "; ".join(f"{g}: {per.loc[g, 'bound']}" for g in gpus), "windows_overlap": overlap})
     return pd.DataFrame(out, columns=SCALING_NAMES)
 
 
-def _interval(r: dict, scale: float, fmt: str) -> str:
-    """`` [lo, hi]`` of the efficiency's interval times ``scale``; empty without one."""
-    lo, hi = r.get("efficiency_lo"), r.get("efficiency_hi")
-    return f" [{fmt.format(lo * scale)}, {fmt.format(hi * scale)}]" if lo is not None and np.isfinite(lo) else ""
-
-
-def _efficiency(r: dict) -> str:
-    e = r["efficiency"]
-    text = f"{e:.1%}" if e <= 1.0 + 1e-9 else f"**{e:.1%}: above 100%** (the GPU alone ran slower than one of N)"
-    return text + _interval(r, 1.0, "{:.1%}")
+def above_one(efficiency: float) -> str:
+    """The note of a scaling efficiency above 1.0 (the project's flag form: ``<column> x%: check ...``)."""
+    return (f"efficiency {efficiency:.1%}: check that phase 1 had the host to itself (a GPU of phase 2 ran "
+            "faster than the GPU alone)")
 
 
 def _speedup(r: dict) -> str:
-    """aggregate / one GPU = gpus x efficiency, with the efficiency's interval scaled alike."""
-    return f"{r['aggregate_pages_s'] / r['one_gpu_pages_s']:.2f}x" + _interval(r, r["gpus"], "{:.2f}x")
+    lo, hi = r.get("speedup_lo"), r.get("speedup_hi")
+    return f"{r['speedup']:.2f}x" + (f" [{lo:.2f}x, {hi:.2f}x]" if lo is not None and np.isfinite(lo) else "")
+
+
+def _efficiency(r: dict) -> str:
+    e = r.get("efficiency")
+    return f"{e:.1%}" if e is not None and np.isfinite(e) else (r.get("above_ceiling") or "–")
 
 
 #: (header, cell) of the scaling table
 _TABLE = [("config", lambda r: r["config"]), ("batch per GPU", lambda r: f"{int(r['batch'])}"),
           ("one GPU pages/s (derived)", lambda r: f"{r['one_gpu_pages_s']:,.2f} ({r['one_gpu_bound']})"),
           ("aggregate pages/s (derived)", lambda r: f"{r['aggregate_pages_s']:,.2f}"),
-          ("aggregate / one GPU [95% interval] (derived)", _speedup),
-          ("scaling efficiency [95% interval] (derived)", _efficiency),
+          ("speed-up: aggregate / one GPU [95% interval] (derived)", _speedup),
+          ("scaling efficiency (derived)", _efficiency),
           ("per-GPU pages/s, min–max (derived)", lambda r: f"{r['gpu_pages_s_min']:,.2f}–{r['gpu_pages_s_max']:,.2f}"),
           ("bound per GPU (derived)", lambda r: r["bounds"]),
           ("windows overlap (derived)", lambda r: _cell(r["windows_overlap"], "pct"))]
@@ -208,8 +214,8 @@ def scaling_section(scaling: pd.DataFrame, per_gpu: pd.DataFrame, manifest: dict
                f"execution `{info.get('execution_label', '?')}`. One process per GPU, each a whole throughput run (its "
                "own run directory below). Phase 1: the first GPU alone over every batch configuration; phase 2: all "
                "GPUs at once over the same configurations, each configuration's steady window started on every GPU "
-               "at the same moment (a barrier after the warm-up). Scaling efficiency = aggregate / (GPUs x the one-GPU "
-               "figure of phase 1).")
+               "at the same moment (a barrier after the warm-up). Speed-up = aggregate pages/s / the one-GPU pages/s "
+               "of phase 1; scaling efficiency = speed-up / GPUs.")
     out.append("")
     if len(scaling):
         rows = scaling.to_dict("records")
@@ -240,7 +246,7 @@ def write_scaling(rd, gpus, workers: int) -> dict:
     of ``scaling.csv`` (in memory: the caller saves the manifest)."""
     per_gpu = gpu_rows(rd.path, gpus)
     scaling = scaling_table(rd.path, gpus, workers)
-    rd.manifest["cases"] = [{"name": r["config"], "throughput": {k: r[k] for k in ("aggregate_pages_s", "efficiency")}}
+    rd.manifest["cases"] = [{"name": r["config"], "throughput": {k: r[k] for k in ("aggregate_pages_s", "speedup")}}
                             for r in scaling.to_dict("records")]
     paths = {"gpus": rd.write_csv("throughput_gpus.csv", per_gpu), "scaling": rd.write_csv("scaling.csv", scaling)}
     lines = scaling_section(scaling, per_gpu, rd.manifest)
@@ -250,5 +256,5 @@ def write_scaling(rd, gpus, workers: int) -> dict:
 
 
 __all__ = ["PHASES", "PHASE_TEXT", "SCALING_COLUMNS", "SCALING_NAMES", "child_name", "starts_folder", "find_child",
-           "gpu_rows", "batch_cycles", "efficiency_interval", "windows_overlap", "scaling_table", "scaling_section",
+           "gpu_rows", "batch_cycles", "speedup_interval", "above_one", "windows_overlap", "scaling_table", "scaling_section",
            "write_scaling"]
