@@ -25,7 +25,7 @@ import pandas as pd
 from ..markdown import LEFT, RIGHT, table as md_table
 from ..measure.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CI_LEVEL
 from .barrier import read_records
-from .section import _cell, column_lines, report_head
+from .section import _cell, column_lines, device_text, report_head
 from .window import _columns
 
 PHASES = ("alone", "together")
@@ -205,7 +205,7 @@ def scaling_section(scaling: pd.DataFrame, per_gpu: pd.DataFrame, manifest: dict
     """Markdown lines of the parent's section (module docstring)."""
     info = manifest.get("throughput") or {}
     hosts = manifest.get("throughput_gpus") or {}
-    device = (manifest.get("device") or {}).get("name", "?")
+    device = device_text(manifest)
     gpus = hosts.get("gpus") or []
     out = ["## Throughput over the GPUs of one host", ""]
     out.append(f"{len(gpus)} x {device} (CUDA_VISIBLE_DEVICES {','.join(map(str, gpus))}, from {hosts.get('source', '?')}), "

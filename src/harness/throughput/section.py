@@ -48,6 +48,12 @@ def _cell(value, fmt: str) -> str:
     return fmt.format(value)
 
 
+def device_text(manifest: dict) -> str:
+    """The run's device as the manifest names it (its GPU's name, else its type)."""
+    device = manifest.get("device") or {}
+    return device.get("name") or device.get("type", "?")
+
+
 def column_lines(file: str, columns: list) -> list:
     """Markdown lines listing a table's ``columns`` ((name, unit, provenance, what it is) rows)."""
     return ["", f"Columns of `{file}` (unit; measured, derived or setting):", ""] + [
@@ -57,7 +63,7 @@ def column_lines(file: str, columns: list) -> list:
 def throughput_section(table: pd.DataFrame, manifest: dict) -> list:
     """Markdown lines of the section (see the module docstring)."""
     info = manifest.get("throughput") or {}
-    device = (manifest.get("device") or {}).get("name") or (manifest.get("device") or {}).get("type", "?")
+    device = device_text(manifest)
     out = ["## Throughput (sustained pipeline)", ""]
     out.append(f"Device {device}, dtype {manifest.get('dtype', '?')}; mode `{info.get('mode', '?')}`, "
                f"{info.get('pages', '?')} distinct {info.get('page_kind', 'pages')}, decode budget per page "
@@ -128,4 +134,4 @@ def write_outputs(rd, table: pd.DataFrame, timeline: Optional[list], plot: bool 
     return paths
 
 
-__all__ = ["ANCHORS", "column_lines", "throughput_section", "report_head", "write_outputs"]
+__all__ = ["ANCHORS", "column_lines", "device_text", "throughput_section", "report_head", "write_outputs"]
