@@ -1,6 +1,7 @@
 """The committed evidence holds no efficiency above 100%: every CSV under runs/examples with an
-efficiency, MFU, MBU or request-efficiency column (roofline.csv, sweep summaries) has each value
-at or below 1.0; a value above it is left empty and kept in the row's ``above_ceiling`` note. No
+efficiency, MFU, MBU or request-efficiency column (roofline.csv, sweep summaries, a multi-GPU run's
+scaling.csv) has each value at or below 1.0; a value above it is left empty and kept in the row's
+``above_ceiling`` note. No
 committed report (``report.md`` and the source reports beside it) prints a percentage above 100%
 except inside a flag: ``above the ceiling (x%): ...`` (``harness.roofline.flags.ABOVE_CEILING``) or a
 caveat's ``<column> x%: check ...``. Every folder's README.md says which commit's code ran it and
@@ -37,7 +38,7 @@ def test_the_walk_finds_the_roofline_files():
         man = p.parent / "manifest.json"
         return man.is_file() and bool(json.loads(man.read_text()).get("bench"))
 
-    assert all(p.name in ("roofline.csv", "summary.csv") or bench_table(p) for p in _csvs())
+    assert all(p.name in ("roofline.csv", "summary.csv", "scaling.csv") or bench_table(p) for p in _csvs())
 
 
 @pytest.mark.parametrize("path", _csvs(), ids=lambda p: p.relative_to(EXAMPLES).as_posix())

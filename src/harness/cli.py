@@ -236,6 +236,9 @@ def _compose_checked(args: list[str], verb: str = "run") -> tuple:
             check_cases(hc)
         first = first or hc
     GlobalHydra.instance().clear()
+    if verb == "run" and first.throughput is not None:   # throughput.gpus: refused here, before any run directory
+        from .throughput.gpus import plan_for
+        plan_for(first, None if not _multirun(args) else "gpus" if "hydra/launcher=gpus" in args else "other")
     if verb == "bench":
         from .bench.verb import check_bench
         check_bench(first)
@@ -286,7 +289,14 @@ def _task(verb: str):
             from .sweep import pin_gpu_for_job
             pin_gpu_for_job(out)          # a sweep job's own GPU, before anything touches CUDA
             hc = to_config(cfg)
+            plan = None
             if verb == "run" and hc.throughput is not None:
+                from .throughput.gpus import plan_for
+                plan = plan_for(hc)
+            if plan is not None:          # throughput.gpus > 1: one child process per GPU
+                from .throughput.hosts import run_gpus
+                run_gpus(hc, out, plan, list(HydraConfig.get().overrides.task))
+            elif verb == "run" and hc.throughput is not None:
                 from .throughput.pipeline import run_throughput
                 run_throughput(hc, out)
             elif verb == "run":

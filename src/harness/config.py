@@ -419,6 +419,9 @@ class ThroughputConfig:
     * ``execution``: execution knobs over all of that (each None = as above), e.g. ``vision_compile: false``.
     * ``prefetch``: batches prepared ahead of the one running (at least 2 x workers pages).
     * ``timeline_batches``: batches of each configuration drawn in ``throughput_timeline.png``.
+    * ``gpus``: GPUs of this host measured at once, one process each (``harness.throughput.gpus``):
+      ``1`` (the default), a count, or ``all`` (every visible GPU); with more than one, ``workers`` is
+      per GPU (None: from the host's cores // gpus).
     """
 
     batches: Optional[List[int]] = None
@@ -432,6 +435,7 @@ class ThroughputConfig:
     execution: ExecutionOverrides = field(default_factory=ExecutionOverrides)
     prefetch: int = _f(2, min=1)
     timeline_batches: int = _f(3, min=1)
+    gpus: str = "1"
 
 
 @dataclass

@@ -43,6 +43,7 @@ from ..rundir import RunData, RunDir
 from ..setup import device_info, load_adapter, resolve_device, resolve_dtype
 from ..stopping import Position, close_run, log_errors_quiet
 from . import plan, prep
+from .barrier import window_barrier
 from .clock import BatchClock, Marks
 from .execution import apply_execution, changed_knobs, execution_for
 from .feeder import Feeder, HostBatch, Layout
@@ -342,6 +343,7 @@ class ConfigRun:
             self.run_batch()
         warm_s = time.perf_counter() - t0
         say(f"[harness] {self.name}: {s.warmup_batches} warm-up batch(es) in {warm_s:.1f} s; steady window")
+        window_barrier(self.name)     # over several GPUs (throughput.gpus): every GPU's window starts together
         self.marks.origin()
         cuda = self.stager.cuda
         if cuda:

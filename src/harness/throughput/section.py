@@ -49,10 +49,22 @@ def _cell(value, fmt: str) -> str:
     return fmt.format(value)
 
 
+def device_text(manifest: dict) -> str:
+    """The run's device as the manifest names it (its GPU's name, else its type)."""
+    device = manifest.get("device") or {}
+    return device.get("name") or device.get("type", "?")
+
+
+def column_lines(file: str, columns: list) -> list:
+    """Markdown lines listing a table's ``columns`` ((name, unit, provenance, what it is) rows)."""
+    return ["", f"Columns of `{file}` (unit; measured, derived or setting):", ""] + [
+        f"- `{c}` ({u or '-'}; {p}): {d}" for c, u, p, d in columns]
+
+
 def throughput_section(table: pd.DataFrame, manifest: dict) -> list:
     """Markdown lines of the section (see the module docstring)."""
     info = manifest.get("throughput") or {}
-    device = (manifest.get("device") or {}).get("name") or (manifest.get("device") or {}).get("type", "?")
+    device = device_text(manifest)
     out = ["## Throughput (sustained pipeline)", ""]
     out.append(f"Device {device}, dtype {manifest.get('dtype', '?')}; mode `{info.get('mode', '?')}`, "
                f"{info.get('pages', '?')} distinct {info.get('page_kind', 'pages')}, decode budget per page "
@@ -78,8 +90,7 @@ def throughput_section(table: pd.DataFrame, manifest: dict) -> list:
             "`harness.throughput.window.bound` holds the rule.", ""]
     out += ["Published figures (not measured here: other hardware, weights or prompts):", ""]
     out += md_table(["system", "hardware", "published figure"], ANCHORS, [LEFT] * 3)
-    out += ["", "Columns of `throughput.csv` (unit; measured, derived or setting):", ""]
-    out += [f"- `{c}` ({u or '-'}; {p}): {d}" for c, u, p, d in COLUMNS]
+    out += column_lines("throughput.csv", COLUMNS)
     out += ["", "Caveats: stage spans are marks on the compute stream: in a host-bound execution they include "
             "launch gaps, so `GPU busy` is the stream's occupancy, not kernel busy time. The generate loop reads "
             "the routing counts back at the end of every batch (one synchronisation per batch). A worker's time "
@@ -94,23 +105,29 @@ def throughput_section(table: pd.DataFrame, manifest: dict) -> list:
     return out
 
 
-def write_outputs(rd, table: pd.DataFrame, timeline: Optional[list], plot: bool = True) -> dict:
-    """throughput.md, report.md (status line + the section), and with ``plot`` the two charts."""
-    from .charts import plot_throughput, plot_timeline
-
+def report_head(rd, finished: int) -> list:
+    """report.md's first lines: the run's name, status, experiment and times; for a run that ended
+    early, how many configurations (``finished``) it kept and why; its warnings."""
     man = rd.manifest
-    lines = throughput_section(table, man)
-    paths = {"section": rd.write_text("throughput.md", "\n".join(lines))}
     status = man.get("status", "?")
     head = [f"# Throughput run {Path(rd.path).name}", "",
             f"Status **{status}**; experiment `{(man.get('config') or {}).get('experiment_name', '-')}`; "
             f"started {man.get('started')}, finished {man.get('finished') or '-'}.", ""]
     if status != "complete":
-        head += [f"Partial: the run {status} after {len(table)} finished configuration(s)"
+        head += [f"Partial: the run {status} after {finished} finished configuration(s)"
                  + (f": {man.get('error')}" if man.get("error") else "") + ".", ""]
     if man.get("warnings"):
         head += ["Warnings:", ""] + [f"- {w}" for w in man["warnings"]] + [""]
-    paths["report"] = rd.write_text("report.md", "\n".join(head + lines))
+    return head
+
+
+def write_outputs(rd, table: pd.DataFrame, timeline: Optional[list], plot: bool = True) -> dict:
+    """throughput.md, report.md (status line + the section), and with ``plot`` the two charts."""
+    from .charts import plot_throughput, plot_timeline
+
+    lines = throughput_section(table, rd.manifest)
+    paths = {"section": rd.write_text("throughput.md", "\n".join(lines))}
+    paths["report"] = rd.write_text("report.md", "\n".join(report_head(rd, len(table)) + lines))
     if plot and len(table):
         paths["chart"] = plot_throughput(table, rd.path / "throughput.png")
         if timeline:
@@ -118,4 +135,4 @@ def write_outputs(rd, table: pd.DataFrame, timeline: Optional[list], plot: bool 
     return paths
 
 
-__all__ = ["ANCHORS", "throughput_section", "write_outputs"]
+__all__ = ["ANCHORS", "column_lines", "device_text", "throughput_section", "report_head", "write_outputs"]
