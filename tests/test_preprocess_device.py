@@ -150,3 +150,30 @@ def test_bench_preprocess_on_cpu(tmp_path, capsys):
     parity = pd_.read_csv(run / "preprocess_parity.csv")
     assert list(parity["workload"]) == ["global view", "tiles"]
     assert (parity["levels_max"] <= 2).all() and (parity["differ_frac"] < 1e-3).all()
+
+
+@pytest.mark.gpu
+def test_gpu_fp32_tokens_of_16_pages_equal_the_host_path():
+    """16 distinct synthetic pages (the five A4/letter/landscape/narrow/small sizes in turn), base mode,
+    the full-size reference model (random weights, fp32, TF32 off) on a GPU, one batch of 16: greedy
+    tokens of 32 decode steps from device-made pixels equal those from the vendor's host path."""
+    from harness.config import ModelConfig
+    from harness.layout import SYNTHETIC_SIZES
+    from harness.models.build import build_model
+    from harness.models.generate import generate
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = torch.device("cuda")
+    model = build_model(ModelConfig(), dev, torch.float32, seed=0)
+    pages = [wl.Page(f"p{i:02d}", _page(SYNTHETIC_SIZES[i % len(SYNTHETIC_SIZES)], i), "memory") for i in range(16)]
+    host = wl.build_request(pages, "base", decode_tokens=32).to(dev, torch.float32)
+    device, _ = pd.timed_request(pages, "base", dev, torch.float32, decode_tokens=32)
+    top, frac = _levels(device.global_views.cpu(), host.global_views.cpu())
+    assert top <= 2 and frac < 1e-3
+    with torch.inference_mode():
+        want = generate(model, host).tokens.cpu()
+        got = generate(model, device).tokens.cpu()
+    print(f"device preprocessing, 16 pages: max {top} levels, {frac:.2e} of values differ; tokens equal "
+          f"{int((got == want).all(dim=1).sum())} of 16 pages")
+    assert torch.equal(got, want)
