@@ -5,23 +5,22 @@ page) and the prompt's token layout (``workload.token_layout``). The pixels go t
 uint8 (a quarter of the float32 bytes the host path copies), and there the page is resized, padded,
 normalised and tiled as ``workload.preprocess`` does with PIL:
 
-* resize: PIL's bicubic (a = -0.5) with its antialiasing support (scaled by the reduction), one
-  axis at a time with the 8-bit rounding PIL keeps between the two passes (round half up, clip to
-  0..255), in PIL's order (``pass_order``). ``torch.nn.functional.interpolate(mode="bicubic",
-  antialias=True)`` is that filter; PIL's coefficients are 22-bit fixed point, torch's float32, so
-  a pixel may differ by one level (2/255 after normalisation): ``bench preprocess`` measures how
-  many do.
+* resize: PIL's own arithmetic, bit for bit: its bicubic coefficients (a = -0.5, the support
+  stretched by the reduction) computed as ``Resample.c`` computes them in float64 and rounded to 22-bit
+  fixed point (``pil_coefficients``), one axis at a time in PIL's order (``pass_order``), each pass
+  a float64 matrix product (integer sums, exact) rounded and clipped to 8 bits as PIL does.
 * pad: ``ImageOps.pad``'s geometry (``contain_size``: the aspect kept, sides rounded; the page
   centred, offsets rounded) on a ``workload.PAD_COLOR`` fill.
 * normalise: (x / 255 - 0.5) / 0.5 in float32, the same operations as ``workload.to_tensor``.
 * tiles: the page resized to (tile x cols, tile x rows) and cut row-major (``workload._tiles``).
 
-Pages of one size are resized together (one call per size and pass). Everything is float32 until
+Pages of one size are stacked together; a resize runs page by page (float64 per page). The pixels are float32 until
 the request's pixels are cast to the model's dtype, as ``workload.Request.to`` does.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import warnings
 from dataclasses import dataclass
@@ -30,7 +29,6 @@ from typing import Optional
 import numpy as np
 import PIL
 import torch
-import torch.nn.functional as F
 
 from . import workload as wl
 from .layout import BOS_TOKENS, Case, get_mode, image_token_count
@@ -63,23 +61,94 @@ def contain_size(in_size: tuple, box: tuple) -> tuple:
     return (bw, bh)
 
 
-def _round8(x: torch.Tensor) -> torch.Tensor:
-    """PIL's 8-bit result of a pass: round half up, clipped to 0..255 (float32 holding integers)."""
-    return torch.floor(x + 0.5).clamp_(0.0, 255.0)
+#: PIL's fixed point: coefficients scaled by 2^22 (``PRECISION_BITS``), sums rounded by adding 2^21
+PRECISION_BITS = 22
+#: PIL's bicubic: a = -0.5, support 2 (``bicubic_filter`` in ``Resample.c``)
+BICUBIC_A, BICUBIC_SUPPORT = -0.5, 2.0
+
+
+def _bicubic(x: np.ndarray) -> np.ndarray:
+    """PIL's bicubic kernel at ``x`` (float64, the same operations in the same order)."""
+    a = BICUBIC_A
+    x = np.abs(x)
+    near = ((a + 2.0) * x - (a + 3.0)) * x * x + 1
+    far = (((x - 5) * x + 8) * x - 4) * a
+    return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
+
+
+@functools.lru_cache(maxsize=64)
+def pil_coefficients(in_size: int, out_size: int) -> np.ndarray:
+    """int64 [out_size, in_size]: PIL's 8-bit resampling coefficients from ``in_size`` to ``out_size``
+    pixels along one axis (``precompute_coeffs`` + ``normalize_coeffs_8bpc``: the filter stretched by
+    the reduction, each output's weights normalised to sum 1 in float64, summed left to right, then
+    scaled by 2^22 and rounded half away from zero), as a dense matrix (zero outside each window)."""
+    scale = float(in_size) / out_size
+    filterscale = max(scale, 1.0)
+    support = BICUBIC_SUPPORT * filterscale
+    ksize = int(np.ceil(support)) * 2 + 1
+    inv = 1.0 / filterscale
+    center = (np.arange(out_size) + 0.5) * scale
+    xmin = np.maximum(np.trunc(center - support + 0.5).astype(np.int64), 0)
+    xmax = np.minimum(np.trunc(center + support + 0.5).astype(np.int64), in_size) - xmin
+    taps = np.arange(ksize)
+    w = _bicubic(((taps[None, :] + xmin[:, None]) - center[:, None] + 0.5) * inv)
+    w = np.where(taps[None, :] < xmax[:, None], w, 0.0)
+    ww = np.zeros(out_size)
+    for t in range(ksize):          # left to right, as the C loop (numpy's sum would pair them)
+        ww = ww + w[:, t]
+    w = np.where(ww[:, None] != 0.0, w / np.where(ww == 0.0, 1.0, ww)[:, None], w)
+    one = float(1 << PRECISION_BITS)
+    k = np.where(w < 0, np.trunc(-0.5 + w * one), np.trunc(0.5 + w * one)).astype(np.int64)
+    out = np.zeros((out_size, in_size), dtype=np.int64)
+    rows = np.repeat(np.arange(out_size), ksize)
+    cols = (xmin[:, None] + taps[None, :]).reshape(-1)
+    keep = (taps[None, :] < xmax[:, None]).reshape(-1)
+    out[rows[keep], cols[keep]] = k.reshape(-1)[keep]
+    return out
+
+
+_MATRICES: dict = {}
+
+
+def _matrix(in_size: int, out_size: int, device) -> torch.Tensor:
+    """``pil_coefficients`` as a float64 [in_size, out_size] tensor on ``device`` (kept per device)."""
+    key = (in_size, out_size, str(device))
+    if key not in _MATRICES:
+        if len(_MATRICES) >= 64:
+            _MATRICES.clear()
+        _MATRICES[key] = torch.from_numpy(pil_coefficients(in_size, out_size).T.astype(np.float64)).to(device)
+    return _MATRICES[key]
+
+
+def _pass(x: torch.Tensor, axis: str, size: int) -> torch.Tensor:
+    """One PIL 8-bit pass of ``x`` [..., H, W] (float64 integers 0..255) along ``axis`` to ``size``
+    pixels: sums of pixel x coefficient (exact in float64: |sum| < 2^53), + 2^21, floor of / 2^22,
+    clipped to 0..255 (``clip8``)."""
+    if axis == "h":
+        acc = torch.matmul(x, _matrix(x.shape[-1], size, x.device))
+    else:
+        acc = torch.matmul(_matrix(x.shape[-2], size, x.device).T, x)
+    return torch.floor((acc + float(1 << (PRECISION_BITS - 1))) / float(1 << PRECISION_BITS)).clamp_(0.0, 255.0)
 
 
 def resize(x: torch.Tensor, size: tuple) -> torch.Tensor:
-    """``x`` [B, 3, H, W] float32 holding 8-bit values, resized to ``size`` = (w, h) [px] as PIL's
-    ``Image.resize(size)`` with BICUBIC (see the module docstring); the same tensor when the size
-    is already ``size``."""
+    """``x`` [B, 3, H, W] holding 8-bit values (any float dtype), resized to ``size`` = (w, h) [px]
+    exactly as PIL's ``Image.resize(size)`` with BICUBIC on an RGB page (see the module docstring):
+    float32 out; the same values when the size is already ``size``."""
     h0, w0 = x.shape[-2:]
     w1, h1 = size
-    for axis in pass_order((w0, h0), (w1, h1)):
-        if axis == "h" and x.shape[-1] != w1:
-            x = _round8(F.interpolate(x, size=(x.shape[-2], w1), mode="bicubic", antialias=True, align_corners=False))
-        elif axis == "v" and x.shape[-2] != h1:
-            x = _round8(F.interpolate(x, size=(h1, x.shape[-1]), mode="bicubic", antialias=True, align_corners=False))
-    return x
+    if (w0, h0) == (w1, h1):
+        return x.float()
+    out = []
+    for page in x:                  # one page at a time: float64 copies of a whole batch would not fit
+        y = page.double()
+        for axis in pass_order((w0, h0), (w1, h1)):
+            if axis == "h" and y.shape[-1] != w1:
+                y = _pass(y, "h", w1)
+            elif axis == "v" and y.shape[-2] != h1:
+                y = _pass(y, "v", h1)
+        out.append(y.float())
+    return torch.stack(out)
 
 
 def pad(x: torch.Tensor, side: int) -> torch.Tensor:
@@ -218,5 +287,5 @@ def timed_request(pages: list, mode, device: torch.device, dtype: torch.dtype, *
     return req, {"prep_ms": ((t1 - t0) + (t3 - t2)) * 1e3, "h2d_ms": (t2 - t1) * 1e3}
 
 
-__all__ = ["VERTICAL_FIRST_FROM", "pass_order", "contain_size", "resize", "pad", "normalise", "tiles",
+__all__ = ["VERTICAL_FIRST_FROM", "PRECISION_BITS", "pass_order", "contain_size", "pil_coefficients", "resize", "pad", "normalise", "tiles",
            "views_and_tiles", "HostPages", "host_pages", "to_device", "request", "timed_request"]
