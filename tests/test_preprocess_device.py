@@ -175,9 +175,17 @@ def test_gpu_fp32_tokens_of_16_pages_equal_the_host_path():
     host = wl.build_request(pages, "base", decode_tokens=32).to(dev, torch.float32)
     device, _ = pd.timed_request(pages, "base", dev, torch.float32, decode_tokens=32)
     top, frac = _levels(device.global_views.cpu(), host.global_views.cpu())
+    assert frac == 0.0    # bit for bit (PIL arithmetic, the host normalisation table)
     with torch.inference_mode():
         want = generate(model, host).tokens.cpu()
         got = generate(model, device).tokens.cpu()
     print(f"device preprocessing, 16 pages: max {top} levels, {frac:.2e} of values differ; tokens equal "
           f"{int((got == want).all(dim=1).sum())} of 16 pages")
     assert torch.equal(got, want)
+
+
+def test_normalise_is_the_host_arithmetic():
+    v = torch.arange(256, dtype=torch.float32).view(1, 1, 16, 16)
+    want = wl.to_tensor(Image.fromarray(np.repeat(np.arange(256, dtype=np.uint8).reshape(16, 16, 1), 3, axis=2)))
+    assert torch.equal(pd.normalise(v.expand(1, 3, 16, 16))[0], want)
+    assert float(pd.normalise(torch.tensor([0.0, 255.0]))[0]) == -1.0 and float(pd.normalise(torch.tensor([255.0]))[0]) == 1.0

@@ -11,7 +11,7 @@ normalised and tiled as ``workload.preprocess`` does with PIL:
   a float64 matrix product (integer sums, exact) rounded and clipped to 8 bits as PIL does.
 * pad: ``ImageOps.pad``'s geometry (``contain_size``: the aspect kept, sides rounded; the page
   centred, offsets rounded) on a ``workload.PAD_COLOR`` fill.
-* normalise: (x / 255 - 0.5) / 0.5 in float32, the same operations as ``workload.to_tensor``.
+* normalise: (x / 255 - 0.5) / 0.5 as ``workload.to_tensor`` computes it (a table of the 256 values).
 * tiles: the page resized to (tile x cols, tile x rows) and cut row-major (``workload._tiles``).
 
 Pages of one size are stacked together; a resize runs page by page (float64 per page). The pixels are float32 until
@@ -166,9 +166,17 @@ def pad(x: torch.Tensor, side: int) -> torch.Tensor:
     return out
 
 
+#: (v / 255 - 0.5) / 0.5 of every 8-bit value v, computed by numpy in float32 as ``workload.to_tensor``
+#: does: a device's own float division may round differently (CUDA divides by a scalar through its
+#: reciprocal), a table look-up cannot
+NORMALISED = ((np.arange(256, dtype=np.uint8).astype(np.float32) / np.float32(255.0) - np.float32(wl.NORM_MEAN))
+              / np.float32(wl.NORM_STD))
+
+
 def normalise(x: torch.Tensor) -> torch.Tensor:
-    """8-bit values (float32) -> (x / 255 - 0.5) / 0.5, as ``workload.to_tensor``."""
-    return (x / np.float32(255.0) - np.float32(wl.NORM_MEAN)) / np.float32(wl.NORM_STD)
+    """8-bit values (float32) -> (x / 255 - 0.5) / 0.5, the values ``workload.to_tensor`` gives (``NORMALISED``)."""
+    table = torch.from_numpy(NORMALISED).to(x.device)
+    return table[x.long()]
 
 
 def tiles(x: torch.Tensor, grid: tuple, tile: int) -> torch.Tensor:
