@@ -21,7 +21,8 @@ from harness.config import HarnessConfig, ThroughputConfig
 from harness.errors import HarnessError, RunStopped
 from harness.throughput import barrier, scaling
 from harness.throughput.gpus import GpuPlan, child_overrides, plan_gpus
-from harness.throughput.hosts import run_gpus
+from harness.lifecycle import run_experiment
+from harness.throughput.pipeline import Throughput
 from harness.throughput.window import COLUMN_NAMES, SPAN_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -250,9 +251,18 @@ def fake(tmp_path, monkeypatch):
     plan = GpuPlan(("0", "1"), "CUDA_VISIBLE_DEVICES", 8, 2)
     lines: list = []
 
+    class Hosts(Throughput):    # the throughput experiment over two fake GPUs, fake children
+        def gpu_plan(self):
+            return plan
+
+        def task(self):
+            return ["+experiment=throughput", "throughput.gpus=2"]
+
+        def command(self, overrides):
+            return [sys.executable, str(script), *overrides]
+
     def run():
-        return run_gpus(cfg, tmp_path / "run", plan, ["+experiment=throughput", "throughput.gpus=2"], say=lines.append,
-                        command=lambda ov: [sys.executable, str(script), *ov])
+        return run_experiment(cfg, tmp_path / "run", progress=lines.append, experiment=Hosts)
     return run, tmp_path, lines
 
 

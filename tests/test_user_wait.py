@@ -267,20 +267,6 @@ def test_top_kernels_say_the_profiled_steps(waits, tmp_path):
     assert not any(line.startswith("Decode:") for line in top_kernels_section(RunData(tmp_path, {}, kernels=k)))
 
 
-def test_report_rewrites_between_cases_are_paced():
-    from harness.run import ReportPacer
-
-    now = [100.0]
-    pace = ReportPacer(every_s=60.0, clock=lambda: now[0])
-    now[0] = 159.0
-    assert not pace.due()              # 59 s after the cases started
-    now[0] = 160.0
-    assert pace.due()                  # 60 s
-    pace.written()
-    now[0] = 219.5
-    assert not pace.due()              # 59.5 s after that rewrite
-
-
 def test_a_short_call_runs_on_the_cache_of_the_full_budget():
     """A short warm-up or profiled request (``max_new_tokens`` below the request's budget) uses the
     static cache, and the step set up for it, of the full budget: prompt 28 + 40 tokens = 68

@@ -201,8 +201,9 @@ MODEL_VERBS = ("run", "graph", "profile")
 
 def check_overrides(args: list[str], verb: str = "run"):
     """Compose the config with ``args``' overrides and validate it (every swept value too; for a
-    verb that runs the model, every case's execution on the device: ``setup.check_cases``);
-    returns the typed config of the first composition. Raises HarnessError."""
+    verb that runs the model, every case's execution on the device: ``setup.check_cases``; for
+    ``run``, the experiment's module and its check: ``lifecycle.experiment_class``); returns the
+    typed config of the first composition. Raises HarnessError."""
     return _compose_checked(args, verb)[0]
 
 
@@ -231,6 +232,9 @@ def _compose_checked(args: list[str], verb: str = "run") -> tuple:
         except Exception as exc:  # noqa: BLE001 - Hydra/OmegaConf composition errors
             raise config_error(exc) from None
         hc = to_config(cfg)
+        if verb == "run":         # the experiment's module is there and takes this config
+            from .lifecycle import experiment_class
+            experiment_class(hc)
         if verb in MODEL_VERBS:
             from .setup import check_cases
             check_cases(hc)
@@ -289,19 +293,9 @@ def _task(verb: str):
             from .sweep import pin_gpu_for_job
             pin_gpu_for_job(out)          # a sweep job's own GPU, before anything touches CUDA
             hc = to_config(cfg)
-            plan = None
-            if verb == "run" and hc.throughput is not None:
-                from .throughput.gpus import plan_for
-                plan = plan_for(hc)
-            if plan is not None:          # throughput.gpus > 1: one child process per GPU
-                from .throughput.hosts import run_gpus
-                run_gpus(hc, out, plan, list(HydraConfig.get().overrides.task))
-            elif verb == "run" and hc.throughput is not None:
-                from .throughput.pipeline import run_throughput
-                run_throughput(hc, out)
-            elif verb == "run":
-                from .run import run
-                run(hc, out)
+            if verb == "run":          # every experiment alike: its module (experiment_module) plugs into it
+                from .lifecycle import run_experiment
+                run_experiment(hc, out)
             elif verb == "analyze":
                 from .analytic import analyze_from_config
                 analyze_from_config(hc, out)

@@ -458,6 +458,7 @@ class HarnessConfig:
     tool: str = _f("ncu", choices=("ncu", "nsys"))                  # profile verb: which profiler
     stage: str = _f("decode", choices=STAGES)   # profile verb: the stage whose NVTX range is profiled
     experiment_name: str = "default"       # experiments set their own name; it names the run directory
+    experiment_module: str = "harness.run"   # the run verb's experiment: its module's EXPERIMENT (harness.lifecycle)
     throughput: Optional[ThroughputConfig] = None   # set: the run verb measures the pipeline (harness.throughput)
     bench: Optional[BenchConfig] = None   # the bench verb: its target and options (harness.bench.config)
 

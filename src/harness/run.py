@@ -1,4 +1,5 @@
-"""The ``run`` verb: build the model once, run every case, write the run directory.
+"""The ``run`` verb's default experiment (``Stages``, ``experiment_module: harness.run``): build the
+model once, run every case, write the run directory, through the run lifecycle of ``harness.lifecycle``.
 
 Steps: resolve device and dtype -> validate every case's pages and layout (before the model is
 built, so bad input fails fast) -> build the model -> make sure the device has calibrated ceilings
@@ -8,7 +9,7 @@ built, so bad input fails fast) -> build the model -> make sure the device has c
 timed repeats with the request's host preparation and copy timed, optional profiled request with
 its trace), compute its analytic frame with the measured routing (per decode step) -> append to
 stages.csv / kernels.csv / routing.csv / routing_steps.csv / steps.csv, update manifest.json and
-report.md (rewritten between cases at most every ``REPORT_EVERY_S``). Cases are written as they
+report.md (rewritten between cases at most every ``harness.lifecycle.REPORT_EVERY_S``). Cases are written as they
 finish, each one whole (a signal waits until its files are written); a signal inside a case after
 some of its timed repeats finished writes those repeats as a partial case (``partial: true``,
 ``repeats_done`` in its manifest entry) before the run closes; a signal or an error keeps what was
@@ -20,20 +21,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import time
 from pathlib import Path
 
 import pandas as pd
 
 from . import knobs, variants
-from .config import HarnessConfig, cost_config, to_dict
-from .interrupts import catch_signals
+from .config import HarnessConfig, cost_config
+from .errors import HarnessError
+from .lifecycle import Experiment, RunContext, run_experiment, setup_seconds
 from .measure import host
 from .measure.kernels import llm_attention_kernels
 from .measure.nvtx_ranges import NvtxRanges
 from .measure.observations import STEP_COLUMNS
 from .measure.runner import CaseMeasurement, measure_case
-from .memory_check import check_memory, out_of_memory
 from .models import attn_probe
 from .models.routing import routed_steps
 from .models.generate import DECODE_WATCH
@@ -43,9 +43,7 @@ from .roofline.calibrate import ensure_calibration
 from .roofline.join import analytic_for_case
 from .rundir import RunData, RunDir, trace_name
 from .setup import check_cases, device_info, load_adapter, prepare_cases, resolve_device, resolve_dtype
-from .stopping import Position, close_run, log_errors_quiet
-from .sweep import job_environment, start_up_s
-from .timeline import Timeline, phase_of
+from .timeline import phase_of
 
 
 def routing_rows(case: str, routing: dict) -> list:
@@ -68,26 +66,6 @@ def routing_step_rows(case: str, steps) -> list:
     return [{"case": case, "step": int(step), "layer": int(layer), "experts": int(n),
              **{f"e{j}": int(c) for j, c in enumerate(steps[step][layer])}}
             for (step, layer), n in zip(where, touched)]
-
-
-#: seconds between two rewrites of report.md while a run goes on (the final report is always written;
-#: a run that stops early rewrites it too): a short run writes none in between
-REPORT_EVERY_S = 60.0
-
-
-class ReportPacer:
-    """Whether report.md is due for a rewrite between cases: ``REPORT_EVERY_S`` after the run's cases
-    started or the last rewrite (``clock``: seconds, monotonic)."""
-
-    def __init__(self, every_s: float = REPORT_EVERY_S, clock=time.monotonic):
-        self.every_s, self._clock = every_s, clock
-        self._last = clock()
-
-    def due(self) -> bool:
-        return self._clock() - self._last >= self.every_s
-
-    def written(self) -> None:
-        self._last = self._clock()
 
 
 def _analytic(model, case, inputs, execution: dict, counts: dict, dtype_name: str) -> tuple:
@@ -115,12 +93,6 @@ def _kernels_from(mcfg) -> str | None:
     steps = (f", its first {mcfg.profile_steps} decode steps (busy per step x the timed steps)"
              if mcfg.profile_steps else "")
     return f"one extra profiled request per case{steps}"
-
-
-def _setup_of(model) -> dict:
-    """One-off set-up seconds (compile, graph capture) the adapter recorded so far."""
-    setup = (getattr(model, "info", None) or {}).get("setup_s") or {}
-    return {"setup_s": dict(setup)} if setup else {}
 
 
 class _CaseFrames:
@@ -215,45 +187,42 @@ class CaseTables:
 
 
 def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
-    """Execute the ``run`` verb for a validated config into ``run_path``.
+    """Execute the ``run`` verb's stage measurement (``Stages``) for a validated config into
+    ``run_path``, through ``harness.lifecycle.run_experiment``.
 
     SIGINT, SIGTERM and SIGHUP end the run as ``interrupted``, any error as ``failed``
     (``harness.stopping.close_run``): the finished cases stay in the CSVs and the manifest, the
     report is rewritten, and a ``RunStopped`` carries the one stderr line and the exit code.
     """
-    where, timeline = Position(cases=0), Timeline(before=start_up_s())
-    timeline.enter("set-up")
-    with catch_signals() as signals, log_errors_quiet():
-        with signals.deferred():
-            rd = RunDir(run_path, to_dict(cfg), launch=job_environment())
-            data = LiveRunData(rd.path, rd.manifest, analytic=pd.DataFrame())
-        try:
-            _measure(cfg, rd, data, where, signals, progress, timeline)
-            where.at("report")
-            timeline.enter("report")
-            rd.complete(save=False)   # report.md says so; the manifest is saved last
-            paths = write_report(rd, data, plot=True, strict=True)
-            timeline.stop()
-            with signals.deferred():
-                rd.update(timing=timeline.as_dict())
-        except BaseException as exc:
-            signals.stopping()
-            timeline.stop()
-            rd.manifest["timing"] = timeline.as_dict()
-            raise close_run(rd, data, out_of_memory(exc, where.describe()), where,
-                            lambda r, d, plot=True: write_report(r, d, plot=plot, strict=True)) from exc
-    say = progress or print
-    if paths.get("report"):
-        say(f"[harness] report: {paths['report']}")
-    say(f"[harness] {timeline.line()}")
-    say(f"[harness] wrote {rd.path}")
-    return rd
+    return run_experiment(cfg, run_path, progress, experiment=Stages)
 
 
-def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, signals, progress,
-             timeline: Timeline) -> None:
+class Stages(Experiment):
+    """The stage measurement (the module docstring): the default experiment (``experiment_module:
+    harness.run``). Its ``data`` grows case by case (``LiveRunData``); ``write`` is the run report."""
+
+    @classmethod
+    def check(cls, cfg: HarnessConfig) -> None:
+        if cfg.throughput is not None:
+            raise HarnessError("throughput.* is set, and experiment_module=harness.run measures stages, not the "
+                               "pipeline's pages/s", "run +experiment=throughput (experiment_module: "
+                               "harness.throughput.pipeline), or leave throughput unset")
+
+    def data(self, rd: RunDir) -> LiveRunData:
+        return LiveRunData(rd.path, rd.manifest, analytic=pd.DataFrame())
+
+    def write(self, run: RunContext, plot: bool = True, final: bool = True) -> dict:
+        """``write_report``; between cases (``final=False``) a reporting error is a manifest warning."""
+        return write_report(run.rd, run.data, plot=plot, strict=final)
+
+    def measure(self, run: RunContext) -> None:
+        _measure(self.cfg, run, run.progress)
+
+
+def _measure(cfg: HarnessConfig, run: RunContext, progress) -> None:
     """Set up, then measure and write every case (each case's results written whole: signals wait);
-    ``timeline`` follows where the time goes."""
+    ``run.timeline`` follows where the time goes."""
+    rd, data, where, timeline = run.rd, run.data, run.where, run.timeline
     bar = progress is None
     progress = progress or RunProgress()
     with contextlib.ExitStack() as stack:
@@ -280,10 +249,7 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
             progress(f"[harness] note: {note}")
         progress(f"[harness] device {device} dtype {dtype}; {len(cases)} case(s): {', '.join(c.name for c in cases)}")
         mcfg = cfg.measure.resolved(cuda)
-        if cfg.run.memory_check:   # before any page is drawn or the model built
-            timeline.enter("memory check")
-            rd.update(memory=check_memory(cfg.model, device, dtype, cases,
-                                          requests=mcfg.warmup + mcfg.repeats + int(mcfg.kernels)))
+        run.check_memory(cfg.model, device, dtype, cases, requests=mcfg.warmup + mcfg.repeats + int(mcfg.kernels))
         attn_probe.reset()
         timeline.enter("model build")
         with waiting(progress, f"building the {cfg.model.name} model ({dtype_name}, {cfg.model.weights} weights)"):
@@ -304,7 +270,8 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
         nv = NvtxRanges(mcfg.nvtx)
         if not nv.available:
             rd.warn(nv.reason)
-        tables, reports = CaseTables(rd, data), ReportPacer()
+        tables = CaseTables(rd, data)
+        run.begin_cases()
         watch = DecodeProgress(getattr(progress, "inside", progress), issued=cuda)
         stack.callback(DECODE_WATCH.reset, DECODE_WATCH.set(watch))
         for i, inputs in enumerate(cases):
@@ -333,17 +300,14 @@ def _measure(cfg: HarnessConfig, rd: RunDir, data: RunData, where: Position, sig
                 progress(f"[harness] {case.name}: interrupted after {measured.repeats_done} of "
                          f"{measured.repeats_planned} timed repeats; writing them (partial case)")
             timeline.carve((measured.trace or {}).get("seconds") or 0.0, "trace export", "profiled request")
-            with signals.deferred():   # a case is written whole: a signal waits for the end of the block
+            with run.case_written(i + 1, len(cases), stopped=measured.stopped):   # whole: a signal waits
                 analytic = _analytic(model, case, inputs, execution, measured.routing, dtype_name)
                 _warn_unsteady(rd, progress, case.name, measured.warmup, mcfg.steady_pct)
-                tables.add(inputs, measured, analytic, {**execution, **_setup_of(model)})
+                tables.add(inputs, measured, analytic, {**execution, **setup_seconds(model)})
                 rd.update(model={**info, **getattr(model, "info", {})})   # what the model learnt while running
-                if measured.stopped is not None:
-                    raise measured.stopped      # written: the run closes as interrupted (harness.stopping)
-                if i + 1 < len(cases) and reports.due():   # report.md so far (no plot); the final one follows
-                    write_report(rd, data, plot=False)
-                    reports.written()
-                where.request = "done"
             at("done")
         timeline.enter("host probe")
         rd.update(host_steadiness={**rd.manifest["host_steadiness"], "after": host.probe(cuda)})
+
+
+EXPERIMENT = Stages

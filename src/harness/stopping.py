@@ -112,8 +112,8 @@ def close_run(rd, data, exc: BaseException, where: Position, write_report) -> Ru
     if signal is not None:
         status, code = "interrupted", signal.exit_code
         error = f"interrupted by {signal.name} during {where.describe()}"
-    elif isinstance(exc, HarnessError):
-        status, code, error = "failed", 2, str(exc)
+    elif isinstance(exc, HarnessError):   # 2, or the code it carries (a failed child process's)
+        status, code, error = "failed", getattr(exc, "exit_code", 2), str(exc)
     else:
         status, code = "failed", 1
         error = failure_text(exc, f"during {where.describe()}")

@@ -28,15 +28,13 @@ import threading
 import time
 from pathlib import Path
 
-from ..config import HarnessConfig, to_dict
 from ..errors import HarnessError
 from ..faults import ENV as FAULT_ENV
-from ..interrupts import catch_signals, interrupted_by
-from ..rundir import RunData, RunDir
-from ..stopping import Position, close_run, log_errors_quiet
+from ..interrupts import interrupted_by
+from ..rundir import RunDir
 from . import barrier
 from .gpus import GpuPlan, child_overrides
-from .scaling import PHASE_TEXT, PHASES, child_name, starts_folder, write_scaling
+from .scaling import PHASE_TEXT, PHASES, child_name, starts_folder
 
 POLL_S = 0.2
 STOP_WAIT_S = 120.0   # a stopped child closes its run directory (report, charts) before it exits; then SIGKILL
@@ -150,44 +148,32 @@ def _adopt(rd: RunDir, child_dir: Path) -> None:
     rd.update(**{k: man.get(k) for k in ("device", "dtype", "model", "throughput")})
 
 
-def run_gpus(cfg: HarnessConfig, run_path: Path, plan: GpuPlan, task: list, say=print,
-             command=child_command) -> RunDir:
-    """Execute a throughput run over ``plan``'s GPUs into ``run_path`` (module docstring); ``task``: the
-    parent's overrides (Hydra's task overrides), ``command``: a child's argv from its overrides. As
-    ``harness.run.run``, a signal or an error closes the run directory and raises ``RunStopped``."""
-    where = Position(cases=len(PHASES))
-    with catch_signals() as signals, log_errors_quiet():
-        with signals.deferred():
-            rd = RunDir(run_path, to_dict(cfg))
-            data = RunData(rd.path, rd.manifest)
-            rd.update(throughput_gpus=plan.to_dict())
-        children: list = []
-        try:
-            for index, phase in enumerate(PHASES, 1):
-                where.at("case", phase, index)
-                gpus = plan.gpus[:1] if phase == "alone" else plan.gpus
-                say(f"[harness] throughput over {plan.n} GPUs: {PHASE_TEXT[phase]} (GPU {', '.join(gpus)}), "
-                    f"{plan.workers} worker(s) per GPU")
-                children = [Child(rd.path, phase, g, rank, len(gpus), plan, task, command, say)
-                            for rank, g in enumerate(gpus)]
-                run_phase(children)
-                if phase == "alone":
-                    _adopt(rd, rd.path / child_name(phase, gpus[0]))
-            where.at("report")
-            rd.complete(save=False)
-            write_scaling(rd, plan.gpus, plan.workers)
-            with signals.deferred():
-                rd.save()
-        except BaseException as exc:
-            signals.stopping()
-            got = interrupted_by(exc)
-            stop_children(children, got.signum if got else signal.SIGTERM)
-            stopped = close_run(rd, data, exc, where, lambda r, d, plot=True: write_scaling(r, plan.gpus, plan.workers))
-            if isinstance(exc, ChildFailed):
-                stopped.exit_code = exc.exit_code
-            raise stopped from exc
-    say(f"[harness] wrote {rd.path}")
-    return rd
+def measure_gpus(run, plan: GpuPlan, task: list, command=child_command) -> None:
+    """The measurement of a throughput run over ``plan``'s GPUs (module docstring) inside the run
+    lifecycle (``harness.lifecycle``: ``run`` is its ``RunContext``; the run directory, signals and
+    the close are its); ``task``: the parent's overrides (Hydra's task overrides), ``command``: a
+    child's argv from its overrides. Running children are stopped (with the signal that stopped the
+    run, else SIGTERM) before what stopped it goes on."""
+    rd, where, say = run.rd, run.where, run.say
+    rd.update(throughput_gpus=plan.to_dict())
+    where.cases = len(PHASES)
+    children: list = []
+    try:
+        for index, phase in enumerate(PHASES, 1):
+            where.at("case", phase, index)
+            gpus = plan.gpus[:1] if phase == "alone" else plan.gpus
+            say(f"[harness] throughput over {plan.n} GPUs: {PHASE_TEXT[phase]} (GPU {', '.join(gpus)}), "
+                f"{plan.workers} worker(s) per GPU")
+            children = [Child(rd.path, phase, g, rank, len(gpus), plan, task, command, say)
+                        for rank, g in enumerate(gpus)]
+            run_phase(children)
+            if phase == "alone":
+                _adopt(rd, rd.path / child_name(phase, gpus[0]))
+    except BaseException as exc:
+        run.signals.stopping()
+        got = interrupted_by(exc)
+        stop_children(children, got.signum if got else signal.SIGTERM)
+        raise
 
 
-__all__ = ["run_gpus", "run_phase", "stop_children", "Child", "ChildFailed", "child_command"]
+__all__ = ["measure_gpus", "run_phase", "stop_children", "Child", "ChildFailed", "child_command"]

@@ -12,7 +12,8 @@ run (compile, capture), then the steady window: batches run back to back until i
 (``Settings``), each batch's copy to the device issued before the previous batch is launched, so
 it overlaps it. Its raw tables (``window``) and its row are written as soon as it finishes, whole
 (a signal waits for the end of the write); a signal or an error keeps the finished configurations
-and closes the run directory (``harness.stopping``).
+and closes the run directory. The run directory, signals, timing phases, report pacing and the close
+are the run lifecycle's (``harness.lifecycle``): this module plugs into it as ``EXPERIMENT``.
 """
 from __future__ import annotations
 
@@ -33,15 +34,15 @@ from PIL import Image
 
 from .. import workload as wl
 from ..layout import Case, CropMode, get_mode
-from ..config import ExecutionConfig, HarnessConfig, to_dict
+from ..config import ExecutionConfig, HarnessConfig
 from ..errors import HarnessError
-from ..interrupts import catch_signals
 from ..measure.nvtx_ranges import NvtxRanges
 from ..models.generate import generate
 from ..models.routing import experts_per_step, routing_label
+from ..lifecycle import Experiment, RunContext, setup_seconds
 from ..rundir import RunData, RunDir
 from ..setup import device_info, load_adapter, resolve_device, resolve_dtype
-from ..stopping import Position, close_run, log_errors_quiet
+from ..stopping import Position
 from . import plan, prep
 from .barrier import window_barrier
 from .clock import BatchClock, Marks
@@ -111,29 +112,48 @@ class Outputs:
         return self.lanes.setdefault(pid, len(self.lanes))
 
 
-def run_throughput(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
-    """Execute a throughput run into ``run_path`` (see the module docstring); as ``harness.run.run``,
-    a signal or error closes the run directory and raises ``RunStopped``."""
-    say = progress or print
-    where = Position(cases=0)
-    with catch_signals() as signals, log_errors_quiet():
-        with signals.deferred():
-            rd = RunDir(run_path, to_dict(cfg))
-            data = RunData(rd.path, rd.manifest)
-        out = Outputs(rd)
-        try:
-            with contextlib.ExitStack() as stack:
-                _measure(cfg, rd, out, where, signals, say, stack)
-            where.at("report")
-            rd.complete(save=False)
-            out.write(plot=True)
-            with signals.deferred():
-                rd.save()
-        except BaseException as exc:
-            signals.stopping()
-            raise close_run(rd, data, exc, where, lambda r, d: out.write(plot=True)) from exc
-    say(f"[harness] wrote {rd.path}")
-    return rd
+class Throughput(Experiment):
+    """The throughput experiment (``experiment_module: harness.throughput.pipeline``, set by
+    ``conf/experiment/throughput.yaml``) in the run lifecycle (``harness.lifecycle``): its cases are
+    the batch sizes; ``write`` is throughput.md, report.md and the charts (``Outputs``)."""
+
+    @classmethod
+    def check(cls, cfg: HarnessConfig) -> None:
+        if cfg.throughput is None:
+            raise HarnessError("experiment_module=harness.throughput.pipeline needs the throughput settings, and "
+                               "throughput is unset", "run +experiment=throughput")
+
+    def data(self, rd: RunDir) -> RunData:
+        self.out, self.gpus = Outputs(rd), self.gpu_plan()
+        return RunData(rd.path, rd.manifest)
+
+    def gpu_plan(self):
+        """``throughput.gpus``'s plan (``gpus.plan_for``): over N GPUs (``hosts``), or None: this process."""
+        from .gpus import plan_for
+        return plan_for(self.cfg)
+
+    def task(self) -> list:
+        """The run's own overrides (Hydra's task overrides): what each GPU's child process runs."""
+        from hydra.core.hydra_config import HydraConfig
+        return list(HydraConfig.get().overrides.task)
+
+    def command(self, overrides: list) -> list:
+        """A child process's argv (``hosts.child_command``)."""
+        from .hosts import child_command
+        return child_command(overrides)
+
+    def measure(self, run: RunContext) -> None:
+        if self.gpus is None:
+            _measure(self.cfg, run, self.out)
+            return
+        from .hosts import measure_gpus
+        measure_gpus(run, self.gpus, self.task(), command=self.command)
+
+    def write(self, run: RunContext, plot: bool = True, final: bool = True) -> dict:
+        if self.gpus is None:
+            return self.out.write(plot=plot)
+        from .scaling import write_scaling
+        return write_scaling(run.rd, self.gpus.gpus, self.gpus.workers)
 
 
 # ------------------------------------------------------------------------------------ set-up
@@ -198,7 +218,8 @@ def start_pool(cfg: HarnessConfig, setup: Setup, stack: contextlib.ExitStack) ->
     return pool, draws
 
 
-def _measure(cfg: HarnessConfig, rd: RunDir, out: Outputs, where: Position, signals, say, stack) -> None:
+def _measure(cfg: HarnessConfig, ctx: RunContext, out: Outputs) -> None:
+    rd, where, say, stack, timeline = ctx.rd, ctx.where, ctx.say, ctx.stack, ctx.timeline
     where.at("setup")
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -213,8 +234,10 @@ def _measure(cfg: HarnessConfig, rd: RunDir, out: Outputs, where: Position, sign
     pool, draws = start_pool(cfg, setup, stack)
     say(f"[harness] throughput: device {device} dtype {dtype}; {len(setup.sources)} distinct pages, batches "
         f"{list(s.batches)}, {s.workers} worker(s); building the model")
+    timeline.enter("model build")
     model, info = load_adapter(cfg.model, device, dtype, cfg.seed)
     say(f"[harness] model {info.get('adapter')} built in {info['build_s']:.1f} s")
+    timeline.enter("set-up")
     for f in draws:
         f.result()
     rd.update(model=info, throughput={
@@ -226,11 +249,14 @@ def _measure(cfg: HarnessConfig, rd: RunDir, out: Outputs, where: Position, sign
     if not nvtx.available:
         rd.warn(nvtx.reason)
     marks = Marks(cuda)
+    ctx.begin_cases()
     for i, batch in enumerate(s.batches):
         name = f"b{batch}"
         where.at("case", name, i + 1)
+        timeline.enter("case set-up")
         execution = apply_execution(model, cfg, s.best, setup.cache_len)
         run = ConfigRun(cfg, setup, model, batch, name, pool, marks, Stager(device, dtype, marks, nvtx), nvtx, out.lane)
+        timeline.enter("warm-up + window")
         try:
             row, tables, panel, warm_s = run.measure(where, i + 1, say)
         finally:
@@ -239,20 +265,13 @@ def _measure(cfg: HarnessConfig, rd: RunDir, out: Outputs, where: Position, sign
                    tokens=plan.tokens_text(s.tokens, cfg.workload.decode_tokens),
                    routing=routing_label(cfg.workload.routing, cfg.workload.routing_seed))
         where.at("case", name, i + 1, "writing")
-        entry = {**run.last_case.to_dict(), "name": name, "execution": {**execution, **_setup_s(model)},
+        timeline.enter("writing")
+        entry = {**run.last_case.to_dict(), "name": name, "execution": {**execution, **setup_seconds(model)},
                  "warmup_s": round(warm_s, 3), "throughput": {k: row[k] for k in ("pages_s", "bound", "window_s")}}
-        with signals.deferred():
+        with ctx.case_written(i + 1, len(s.batches)):   # whole: a signal waits
             out.add(row, *tables, panel=panel, case_entry=entry)
-            if i + 1 < len(s.batches):
-                out.write(plot=False)
-            where.request = "done"
         say(f"[harness] {name}: {row['pages_s']:,.2f} pages/s, {row['decode_tok_s']:,.0f} tok/s over "
             f"{row['window_s']:.1f} s ({row['window_pages']} pages); bound {row['bound']}")
-
-
-def _setup_s(model) -> dict:
-    setup = (getattr(model, "info", None) or {}).get("setup_s") or {}
-    return {"setup_s": dict(setup)} if setup else {}
 
 
 # ------------------------------------------------------------------------------ one configuration
@@ -394,4 +413,6 @@ class ConfigRun:
                 rows.append([self.name, page, self.lane(pid), start, end])
         return pd.DataFrame(rows, columns=PREP_COLUMNS)
 
-__all__ = ["run_throughput", "prepare", "Setup", "ConfigRun", "Outputs"]
+EXPERIMENT = Throughput
+
+__all__ = ["EXPERIMENT", "Throughput", "prepare", "Setup", "ConfigRun", "Outputs"]
