@@ -168,7 +168,7 @@ def run(cfg, opts, device, report, model, pdl: bool) -> None:
     pages = synthetic_pages(cfg.workload, 0)                         # the ladder's first request's page
     request = wl.build_request(pages[:1], cfg.workload.mode, decode_tokens=cfg.workload.decode_tokens,
                                routing=cfg.workload.routing,
-                               routing_seed=cfg.workload.routing_seed).to(device, torch.bfloat16)
+                               routing_seed=cfg.workload.routing_seed).to(device, next(model.parameters()).dtype)
     ex = dataclasses.replace(ex, vision_compile=False,
                              static_cache_len=ex.cache_len(request.prefill_tokens, request.decode_tokens))
     state = run_state(model, request, ex)
