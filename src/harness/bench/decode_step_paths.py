@@ -6,8 +6,9 @@
 one: each configuration of ``bench.decode_step.configs`` (``DecodeStepConfig`` changes, ``''`` the
 defaults) timed as the bench's ``fused [PDL] (graph)`` row times it (``direct``), then with one
 factor of the run path (``harness run``'s decode, the ladder's ``best-fused`` row) at a time, then
-with all of them (``all``), then through the run path itself (``run``). A factor changes the direct
-step to do as the run path does:
+with all of them (``all``), then as the bench's ``best-fused (graph)`` row times the harness path
+(``harness``), then through the run path itself (``run``). A factor changes the direct step to do as
+the run path does:
 
 - ``cache_len``: the static cache has the request's length (prompt + ``workload.decode_tokens``
   rounded up to 64: 448 positions for the base page, against the bench's 512), so the attention
@@ -25,6 +26,12 @@ step to do as the run path does:
 - ``events``: each replay between its own CUDA events, with the stage recorder's host work between
   replays (NVTX range, events: ``measure.recorder.StageRecorder``), the median of the per-step spans
   (the ladder's TPOT p50), against one event pair around the round's back-to-back replays.
+
+``harness``: the bench's other row, on a decoder of its own per configuration built through the
+harness (``Engine.static_decoder`` of the bench's cache length, its ``FusedCore`` captured after the
+decoder's warm-ups at positions 0..3: cache K/V zero elsewhere), replayed from ``pos`` with the
+routing counts zeroed and the token carried over between rounds (not reset: each round decodes
+other tokens, so routes otherwise); its buffers are the decoder's, with a token history.
 
 ``run``: ``generate()`` of the request through ``variants.apply`` (``best-fused``'s decode knobs,
 vision not compiled), the decoder's ``FusedCore`` built with the configuration, the TPOT p50 of the
@@ -191,7 +198,10 @@ def run(cfg, opts, device, report, model, pdl: bool) -> None:
         checked({f"{method} {n}": b.step for n, b in zip(names, built)}, report)
         deltas[method] = add_rows(table, method, names, us)
         del graphs, built
-    deltas["run"] = add_rows(table, "run", names, run_path_us(model, request, configs, opts.rounds, ex.pdl))
+    deltas["harness"] = add_rows(table, "harness", names, harness_us(model, configs, opts.rounds, opts.cache_len,
+                                                                     opts.pos, opts.reps, ex.pdl))
+    deltas["run"] = add_rows(table, "run", names, run_path_us(model, request, configs, state.dec.cache.max_len,
+                                                             opts.rounds, ex.pdl))
     for line in flips(names, deltas):
         report.note(line)
     report.note(f"paths: {time.perf_counter() - t0:.0f} s")
@@ -221,26 +231,57 @@ def flips(names: list, deltas: dict) -> list:
     return out
 
 
-def run_path_us(model, request, configs: list, rounds: int, pdl: bool) -> list:
-    """[[TPOT p50 µs per round]] per configuration: ``generate()`` of ``request`` through the run
-    path already applied to ``model`` (``run_state``), its decoder's ``FusedCore`` built with each
-    configuration (each its own decoder, swapped in before its request; the requests alternate)."""
+def fused_decoders(model, configs: list, length: int, pdl: bool) -> list:
+    """One ``StaticDecoder`` of batch 1 and ``length`` positions per configuration, each built through
+    the harness already applied to ``model`` (``run_state``: ``Engine.static_decoder``, captured where
+    the execution has graphs) with its ``FusedCore`` of that configuration; none is left in the model."""
     import functools
 
-    from ..measure.recorder import StageRecorder
-    from ..models.generate import generate
     from ..variants.engine import attach
     from ..variants.fused_step import FusedCore
 
     plan = attach(model)
-    key = next(iter(model.static_decoders))
-    cuda = next(model.parameters()).device.type == "cuda"
-    decoders = []
+    out = []
     for config in configs:
-        model.static_decoders.clear()
         plan.decode_step = functools.partial(FusedCore, pdl=pdl, config=config)
-        generate(model, request)                                     # builds and captures its decoder
-        decoders.append(model.static_decoders[key])
+        model.static_decoders.pop((1, length), None)
+        out.append(model.static_decoder(1, length))
+    model.static_decoders.pop((1, length), None)
+    return out
+
+
+def harness_us(model, configs: list, rounds: int, length: int, pos: int, reps: int, pdl: bool) -> list:
+    """[[µs per step per round]] per configuration as the bench's ``best-fused (graph)`` row times the
+    harness path: a decoder of ``length`` positions (``fused_decoders``), its graph replayed ``reps``
+    times back to back from position ``pos`` with the routing counts zeroed before each round and the
+    token carried over from the previous round (not reset); the configurations' rounds alternate."""
+    decoders = fused_decoders(model, configs, length, pdl)
+    us = [[] for _ in configs]
+    for _ in range(rounds):
+        for i, dec in enumerate(decoders):
+            def reset(dec=dec):
+                dec.cache.position.fill_(pos)
+                dec.routing.zero()
+            us[i].append(per_step_us(dec.decode_graphs[dec._mode()][0].replay, reset, reps, 1)[0])
+    for dec in decoders:
+        dec.check()                                   # a timed-out spin: SpinTimeout
+    return us
+
+
+def run_path_us(model, request, configs: list, length: int, rounds: int, pdl: bool) -> list:
+    """[[TPOT p50 µs per round]] per configuration: ``generate()`` of ``request`` (its static cache
+    ``length`` positions) through the run path already applied to ``model`` (``run_state``) on a
+    decoder of its own per configuration (``fused_decoders``, swapped in before its request: one
+    untimed request each, then the timed requests alternate)."""
+    from ..measure.recorder import StageRecorder
+    from ..models.generate import generate
+
+    key = (1, length)
+    cuda = next(model.parameters()).device.type == "cuda"
+    decoders = fused_decoders(model, configs, key[1], pdl)
+    for dec in decoders:
+        model.static_decoders[key] = dec
+        generate(model, request)
     us = [[] for _ in configs]
     for _ in range(rounds):
         for i, dec in enumerate(decoders):
@@ -252,4 +293,4 @@ def run_path_us(model, request, configs: list, rounds: int, pdl: bool) -> list:
 
 
 __all__ = ["COLUMNS", "RunState", "FactorStep", "run_state", "factor_step", "recorded_step_us", "rows_of", "add_rows",
-           "flips", "run_path_us", "run"]
+           "flips", "fused_decoders", "harness_us", "run_path_us", "run"]
