@@ -2,11 +2,11 @@
 # Issue 40, "find what makes the two bench paths disagree": three configurations of the fused decode
 # step (the defaults; the previous defaults gate_up_chooses=False with router (2, 2); gate_up_chooses=False
 # alone, to tell the choice's placement from the router tile) timed as the bench times the step built
-# directly, then with each factor of the run path alone, with all, and through generate() as the
-# ladder times it (harness.bench.decode_step_paths). One GPU call from a fresh copy, ~3 min on an
-# H200 (Triton's cache cold); results under $OUT: paths.csv (µs per step, measured), report.md (the
-# table and the notes naming the rows under which each configuration's order against the defaults
-# reverses), manifest.json, paths.log.
+# directly, then with each factor of the run path alone, with all, as the bench's harness row times it,
+# and through generate() as the ladder times it (harness.bench.decode_step_paths). One GPU call from a
+# fresh copy (not yet timed on a GPU: the bench is cut at 225 s); results under $OUT: paths.csv (µs per
+# step, measured), report.md (the table and the notes naming the rows under which each configuration's
+# order against the defaults reverses), manifest.json, paths.log.
 set -o pipefail
 source scripts/device_setup.sh
 OUT=${OUT:-device-out}; mkdir -p "$OUT"
