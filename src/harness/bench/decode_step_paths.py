@@ -6,9 +6,9 @@
 one: each configuration of ``bench.decode_step.configs`` (``DecodeStepConfig`` changes, ``''`` the
 defaults) timed as the bench's ``fused [PDL] (graph)`` row times it (``direct``), then with one
 factor of the run path (``harness run``'s decode, the ladder's ``best-fused`` row) at a time, then
-with all of them (``all``), then as the bench's ``best-fused (graph)`` row times the harness path
-(``harness``), then through the run path itself (``run``). A factor changes the direct step to do as
-the run path does:
+with all of them (``all``); and as the bench's ``best-fused (graph)`` row times the harness path
+(``harness``) and through the run path itself (``run``), timed right after ``direct`` (a run cut short
+keeps the disagreement itself). A factor changes the direct step to do as the run path does:
 
 - ``cache_len``: the static cache has the request's length (prompt + ``workload.decode_tokens``
   rounded up to 64: 448 positions for the base page, against the bench's 512), so the attention
@@ -186,7 +186,8 @@ def run(cfg, opts, device, report, model, pdl: bool) -> None:
     table = report.table("paths", "the fused step's configurations under each factor of the run path (µs per step)",
                          COLUMNS)
     deltas = {}                                       # method -> [each configuration - the first, µs]
-    for method, factors in rows_of(list(opts.match)):
+
+    def time_row(method: str, factors: set) -> None:
         built = [factor_step(model, weights, state, factors, c, ex.pdl, opts.cache_len, opts.pos, opts.reps)
                  for c in configs]
         graphs = [capture_reset(b.step.run, b.reset) for b in built]
@@ -197,11 +198,15 @@ def run(cfg, opts, device, report, model, pdl: bool) -> None:
                              else per_step_us(g.replay, b.reset, b.reps, 1)[0])
         checked({f"{method} {n}": b.step for n, b in zip(names, built)}, report)
         deltas[method] = add_rows(table, method, names, us)
-        del graphs, built
+
+    rows = rows_of(list(opts.match))
+    time_row(*rows[0])                                # direct, harness and run first: the disagreement itself
     deltas["harness"] = add_rows(table, "harness", names, harness_us(model, configs, opts.rounds, opts.cache_len,
                                                                      opts.pos, opts.reps, ex.pdl))
     deltas["run"] = add_rows(table, "run", names, run_path_us(model, request, configs, state.dec.cache.max_len,
                                                              opts.rounds, ex.pdl))
+    for method, factors in rows[1:]:
+        time_row(method, factors)
     for line in flips(names, deltas):
         report.note(line)
     report.note(f"paths: {time.perf_counter() - t0:.0f} s")
