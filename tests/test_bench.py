@@ -206,7 +206,7 @@ def test_union_of_kernel_intervals():
 
 
 def test_named_executions_of_the_decode_step_rows():
-    from harness.bench.decode_step import decode_execution
+    from harness.bench.decode_step_state import decode_execution
     from harness.bench.verb import named_execution
     from harness.cli import check_overrides
 

@@ -137,6 +137,32 @@ def test_fused_step_decodes_the_reference_tokens_fp32(chooses):
     assert torch.equal(counts[:steps].cpu(), torch.from_numpy(ref_counts)) and int(counts[steps].sum()) == 0
     assert int(fused_cache.position) == PROMPT + steps and int(step_index) == steps
     assert int(ref_counts.sum()) == steps * 2 * L.num_experts_per_tok      # 2 MoE layers, k each
+    step.check()                                    # no down kernel gave up waiting for its expert ids
+    if chooses:
+        assert step.spin_failed.tolist() == [0, 0, 0]
+    else:
+        assert step.spin_failed is None
+
+
+def test_a_down_kernel_whose_ids_never_come_fails_loudly(monkeypatch):
+    """The gate/up launch of MoE layer 2 left out of the step: its expert ids stay -1 (o_proj set
+    them), so that layer's down kernel gives up after ``SPIN_LIMIT`` (here 2) reads and flags layer 2
+    only; ``check`` then raises naming the kernel and the layer."""
+    from harness.kernels import decode_step_triton
+    from harness.kernels.decode_step import FusedDecodeStep, SpinTimeout
+
+    monkeypatch.setattr(decode_step_triton, "SPIN_LIMIT", 2)
+    dt = torch.float32
+    model = tiny_model(dt)
+    cache, token = prefilled(model, dt)
+    step = FusedDecodeStep(weights(model), cache, cache.position, token=token.view(1).clone(), config=small_tiles())
+    step.calls = [c for c in step.calls if c[:2] != ("gate_up", 2)]
+    assert step.launches == 17
+    with torch.inference_mode():
+        step.run()
+    assert step.spin_failed.tolist() == [0, 0, 1]
+    with pytest.raises(SpinTimeout, match=r"_down_kernel\) of layer\(s\) \[2\] gave up .* after 2 reads"):
+        step.check()
 
 
 def test_fused_step_bf16_teacher_forced_logits():

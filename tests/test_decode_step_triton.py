@@ -360,7 +360,7 @@ def test_gate_up_makes_the_routers_choice(forced):
 def test_down_clears_then_reads_the_chosen_ids():
     """o_proj's ``clear`` sets the next router's ids to -1 (after its wait, program 0); the MoE down
     kernel with ``spin`` (ids stored by the gate/up kernel; read again until none is -1, the weights
-    after the wait) gives h exactly as without."""
+    after the wait) gives h exactly as without, and leaves its failure flag at 0."""
     k = kt()
     g = torch.Generator().manual_seed(29)
     H, I, E, top_k, P = 40, 24, 5, 3, 2
@@ -372,9 +372,36 @@ def test_down_clears_then_reads_the_chosen_ids():
     assert clear.tolist() == [-1] * top_k
     got, want = h.clone().to(DEV), h.clone().to(DEV)
     args = on(act, experts, shared, ids, wts)
-    k.down_residual(args[0], args[2], got, experts=args[1], ids=args[3], wts=args[4], spin=True, tile=(16, 4))
+    failed = torch.zeros(1, dtype=torch.int32, device=DEV)
+    k.down_residual(args[0], args[2], got, experts=args[1], ids=args[3], wts=args[4], spin=True, failed=failed,
+                    tile=(16, 4))
     k.down_residual(args[0], args[2], want, experts=args[1], ids=args[3], wts=args[4], tile=(16, 4))
-    assert torch.equal(got, want)
+    assert torch.equal(got, want) and int(failed) == 0
+
+
+def test_down_spin_gives_up_after_its_limit_and_sets_the_flag():
+    """Ids never stored (the second still -1, as o_proj left it): the spinning MoE down kernel stops
+    after ``spin_limit`` = 3 reads, sets its flag to 1 and reads expert 0 in the missing slot, so h
+    equals the kernel's result with ids [3, 0, 4] given; ids stored: the flag stays 0 at the same
+    limit. Without a flag, ``spin`` is refused."""
+    k = kt()
+    g = torch.Generator().manual_seed(31)
+    H, I, E, top_k, P = 40, 24, 5, 3, 2
+    act, experts, shared = on(grid((P + top_k, I), g, -16, 16, 16), grid((E, H, I), g), grid((H, P * I), g))
+    wts, h = grid((top_k,), g, 1, 16, 16).to(DEV), grid((H,), g, -64, 64, 16)
+    missing, stored = torch.tensor([3, -1, 4], device=DEV), torch.tensor([3, 0, 4], device=DEV)
+    got, want, ok = h.clone().to(DEV), h.clone().to(DEV), h.clone().to(DEV)
+    failed, fine = torch.zeros(1, dtype=torch.int32, device=DEV), torch.zeros(1, dtype=torch.int32, device=DEV)
+    k.down_residual(act, shared, got, experts=experts, ids=missing, wts=wts, spin=True, failed=failed, spin_limit=3,
+                    tile=(16, 4))
+    k.down_residual(act, shared, want, experts=experts, ids=stored, wts=wts, tile=(16, 4))
+    k.down_residual(act, shared, ok, experts=experts, ids=stored, wts=wts, spin=True, failed=fine, spin_limit=3,
+                    tile=(16, 4))
+    assert int(failed) == 1 and torch.equal(got, want)
+    assert int(fine) == 0 and torch.equal(ok, want)
+    assert missing.tolist() == [3, -1, 4]                     # the kernel never writes the ids
+    with pytest.raises(HarnessError, match="needs failed=int32"):
+        k.down_residual(act, shared, got, experts=experts, ids=stored, wts=wts, spin=True, tile=(16, 4))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -11,7 +11,8 @@ positions, ``reps`` / ``rounds`` / ``warmup`` are timed or untimed calls.
 Targets (``TARGETS``; which need a GPU: ``GPU_ONLY``):
 
 * ``decode_step``: batch-1 decode step: the best execution's graph against the fused step (PDL,
-  graph, eager), MBU, bf16 parity; ``sweep``: tiles of the fused step one field at a time.
+  graph, eager), MBU, bf16 parity; ``sweep``: tiles of the fused step one field at a time;
+  ``match``: configurations of the fused step under each factor of the run path (``PATH_FACTORS``).
 * ``decode_step_diag``: one fused step's numerics against the vendor-style step, every intermediate
   (on a CPU with ``model=tiny`` and ``TRITON_INTERPRET=1``).
 * ``decode_step_ablation``: the fused step taken apart: each kernel kind and boundary, each kind
@@ -55,6 +56,15 @@ class DecodeStepBench:
     eager: bool = True                        # the eager (uncaptured) fused rows
     sweep: bool = False                       # also time alternative tiles of the fused step
     only: Optional[List[str]] = None          # with sweep: only these DecodeStepConfig fields
+    match: List[str] = _opt(factory=list)     # only the paths table: the direct step matched to the run path
+    #                                           by each of these PATH_FACTORS alone, then all (harness.bench.decode_step_paths)
+    configs: List[str] = _opt(factory=lambda: ["", "gate_up_chooses=False;router=(2, 2)"])   # with match: the
+    #                                           DecodeStepConfig changes compared ('': the defaults)
+
+
+#: what the run path (``harness run``'s decode, the ladder) times differently from the bench's
+#: directly built fused step, one ``bench.decode_step.match`` factor each (``harness.bench.decode_step_paths``)
+PATH_FACTORS = ("cache_len", "positions", "prompt", "history", "buffers", "events")
 
 
 @dataclass
@@ -221,6 +231,14 @@ def check_options(bench: BenchConfig) -> None:
             if need > o.cache_len:
                 raise HarnessError(f"bench.decode_step.cache_len={o.cache_len} is shorter than {what} ({need})",
                                    f"raise bench.decode_step.cache_len to {need} or lower {what}")
+    if t == "decode_step" and o.match:
+        unknown = [f for f in o.match if f not in PATH_FACTORS]
+        if unknown or len(set(o.match)) != len(o.match):
+            raise HarnessError(f"bench.decode_step.match={list(o.match)}: {unknown or 'a factor twice'}",
+                               f"list each of {', '.join(PATH_FACTORS)} at most once")
+        if len(o.configs) < 2 or len(set(o.configs)) != len(o.configs):
+            raise HarnessError(f"bench.decode_step.configs={list(o.configs)}: the paths table compares two or more "
+                               "distinct configurations", "e.g. bench.decode_step.configs=\"['','router=(2, 2)']\"")
     if t in ("decode_step_ablation", "attention") and not o.pos < o.cache_len:
         raise HarnessError(f"bench.{t}.pos={o.pos} is outside the cache (0..{o.cache_len - 1})",
                            f"set bench.{t}.pos below bench.{t}.cache_len")
@@ -242,5 +260,5 @@ def check_options(bench: BenchConfig) -> None:
                                f"write it like bench.{t}.{name}=[1,8]")
 
 
-__all__ = ["BenchConfig", "TARGETS", "GPU_ONLY", "SAM_CASES", "bench_args", "options", "check_options",
+__all__ = ["BenchConfig", "TARGETS", "GPU_ONLY", "SAM_CASES", "PATH_FACTORS", "bench_args", "options", "check_options",
            *(c.__name__ for c in TARGETS.values())]

@@ -39,7 +39,9 @@ best step and each fused step from the same cache state: tokens equal before the
 and for the fused steps fed the reference's tokens (teacher forcing), the max |logit difference| and
 the steps whose greedy token differs. ``sweep``: one tile of the fused step changed at a time from
 the default (``DecodeStepConfig``), each captured and timed (3 rounds), the fastest choice of each
-field and a config combining them. A kernel that fails to compile is named (a failure of the bench:
+field and a config combining them. ``match`` (a list of ``harness.bench.config.PATH_FACTORS``): only the
+``paths`` table instead, the configurations of ``configs`` timed as the direct fused step, with each
+factor of the run path, with all of them and through the run path (``decode_step_paths``). A kernel that fails to compile is named (a failure of the bench:
 exit status 1) and its rows are skipped; the other rows still run, and what else fails is noted.
 """
 from __future__ import annotations
@@ -51,12 +53,8 @@ import traceback
 
 import torch
 
+from .decode_step_state import checked, decode_execution, fused_step_state
 from .timing import capture_reset, first_line, per_step_us
-from .verb import named_execution
-
-#: the knobs of a named execution set back to their defaults for the step table's harness rows: they
-#: change no decode step (and vision_compile would compile SAM and CLIP first)
-NOT_DECODE = ("prefill_graphs", "vision_impl", "vision_compile")
 
 #: the sweep: (field of DecodeStepConfig, values tried besides the default). The values of the H100
 #: sweep behind the defaults (``runs/examples/h100-decode-step-bench/bench_flat.log``, run around
@@ -73,21 +71,6 @@ SWEEP = (("qkv", [(2, 4), (8, 4), (4, 4), (4, 8)]),
          ("gate_up_norm", [True]),
          ("lm_head_stages", [0, 3]))
 STEP_COLUMNS = ["step", "us_step", "us_min", "us_max", "gbs", "mbu_sheet"]
-
-
-def fused_step_state(model, length: int, token_id: int = 0) -> tuple:
-    """What ``FusedDecodeStep`` reads besides its config: (weights, a static cache of one sequence and
-    ``length`` positions, the position (int64 [1], 0), the token (int64 [1], ``token_id``)), on the
-    model's device in its dtype."""
-    from ..variants.fused_step import weights_from_model
-    from ..variants.static_kv import StaticKVCache
-
-    L, p = model.cfg.llm, next(model.parameters())
-    cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, length, L.head_dim, p.dtype, p.device,
-                          query_heads=L.num_heads)
-    pos = torch.zeros(1, dtype=torch.int64, device=p.device)
-    token = torch.full((1,), token_id, dtype=torch.int64, device=p.device)
-    return weights_from_model(model), cache, pos, token
 
 
 def compile_check(step, report) -> bool:
@@ -156,15 +139,6 @@ def union_us(intervals) -> float:
     return busy_ms(pd.DataFrame({"start_ms": [a for a, _ in iv], "dur_ms": [b - a for a, b in iv]}))
 
 
-def decode_execution(cfg, name: str, pdl: bool):
-    """The named execution ``name``'s decode knobs (``NOT_DECODE`` at their defaults; ``pdl`` off
-    where the GPU has none)."""
-    from ..config import ExecutionConfig
-
-    ex, default = named_execution(cfg, name), ExecutionConfig()
-    return dataclasses.replace(ex, pdl=ex.pdl and pdl, **{k: getattr(default, k) for k in NOT_DECODE})
-
-
 def harness_decoder(model, execution, length: int, label: str, report):
     """The ``StaticDecoder`` of batch 1 and ``length`` positions of ``model`` run as ``execution``
     through ``variants.apply``; None on failure (noted)."""
@@ -209,6 +183,12 @@ def run(cfg, opts, device, report) -> None:
     L = cfg.model.llm
     model = build_model(cfg.model, device, torch.bfloat16, seed=cfg.seed)
     report.note(f"model built in {time.perf_counter() - t_start:.1f} s")
+    if opts.match:                                    # only the paths table (``decode_step_paths``)
+        from .decode_step_paths import run as paths
+
+        paths(cfg, opts, device, report, model, pdl_ok)
+        report.note(f"total {time.perf_counter() - t_start:.0f} s")
+        return
 
     decoders = {}                                     # label -> StaticDecoder (harness path)
     for name in ("best", "best-fused") if opts.best else ("best-fused",):
@@ -279,6 +259,7 @@ def run(cfg, opts, device, report) -> None:
         if opts.eager:
             row(f"{label} (eager)", step.run, reset_fused)
     kernel_tables(timed, report)
+    checked(steps, report)
     if opts.parity:
         try:
             parity(model, decoders, steps, graphs, opts, cache, pos, token, report)

@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from ..kernels.decode_step_triton import _pdl_wait, _tile_range
-from .decode_step import fused_step_state
+from .decode_step_state import fused_step_state
 from .timing import capture_reset, first_line, per_step_us
 
 

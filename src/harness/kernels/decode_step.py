@@ -23,6 +23,9 @@ layer] (and their softmax probabilities) instead of its top-k; it must hold a ro
 position the step runs at (the cache length). ``pdl``: programmatic dependent launch (Hopper;
 ``decode_step_triton.pdl_support``), refused where it cannot run.
 ``debug``: the q/k/v and lm_head kernels also write their RMSNorm output to ``norm_out`` [H].
+A MoE down kernel waiting on the gate/up kernel's expert ids gives up after
+``decode_step_triton.SPIN_LIMIT`` reads and flags its layer on the device; ``check()`` (after a
+request: one device read) raises ``SpinTimeout`` naming the kernel and the layers.
 """
 from __future__ import annotations
 
@@ -159,6 +162,11 @@ class DecodeWeights:
     scale: float
 
 
+class SpinTimeout(RuntimeError):
+    """A MoE down kernel gave up waiting for its expert ids (``FusedDecodeStep.check``): a kernel
+    bug, not a user's problem, so no fix line."""
+
+
 def _refuse(what: str, fix: str = "build the step from the reference model's weights (variants.fused_step)"):
     raise HarnessError(f"FusedDecodeStep: {what}", fix)
 
@@ -212,6 +220,8 @@ class FusedDecodeStep:
             self.ids = zeros(len(w.layers), w.top_k, dtype=torch.int64)     # the rows of MoE layers are used
             self.wts = zeros(len(w.layers), w.top_k, dtype=f32)
             self.moe_act = zeros(parts + w.top_k, inter)        # rows: the shared parts, then the routed slots
+        # per layer: 1 once its MoE down kernel gave up waiting for the expert ids (``check``)
+        self.spin_failed = zeros(len(w.layers), dtype=i32) if moe and config.gate_up_chooses else None
         if dense:
             self.dense_act = zeros(1, dense[0].down.shape[1])
         self.sms = config.sms or (torch.cuda.get_device_properties(dev).multi_processor_count
@@ -327,7 +337,8 @@ class FusedDecodeStep:
                                      ln=lw.ln_post if norm else None, eps=w.eps, experts_gate_up=lw.experts_gate_up,
                                      ids=self.ids[i], choose=choose, tile=cfg.gate_up, pdl=pdl)),
                     ("down", i, p(k.down_residual, self.moe_act, lw.down, self.h, experts=lw.experts_down,
-                                  ids=self.ids[i], wts=self.wts[i], spin=chooses, tile=cfg.down, pdl=pdl))]
+                                  ids=self.ids[i], wts=self.wts[i], spin=chooses,
+                                  failed=self.spin_failed[i:i + 1] if chooses else None, tile=cfg.down, pdl=pdl))]
             else:
                 calls += [
                     ("gate_up", i, p(k.gate_up, self.h, lw.gate_up, self.dense_act, ln=lw.ln_post, eps=w.eps,
@@ -357,6 +368,19 @@ class FusedDecodeStep:
             else:
                 with scope(label, layer):
                     call()
+
+    def check(self) -> None:
+        """Raise ``SpinTimeout`` if a MoE down kernel of any step run so far gave up waiting for its
+        expert ids (``decode_step_triton.SPIN_LIMIT``): one device read (a sync), so call it after a
+        request or a timed loop, never between a step's launches or inside a graph capture."""
+        if self.spin_failed is None:
+            return
+        layers = self.spin_failed.nonzero().flatten().tolist()
+        if layers:
+            raise SpinTimeout(f"FusedDecodeStep: the MoE down kernel (_down_kernel) of layer(s) {layers} gave up "
+                              f"waiting for its expert ids after {k.SPIN_LIMIT:,} reads: the gate/up kernel "
+                              "(_gate_up_kernel) never stored them, so those steps read expert 0 and their "
+                              "tokens are wrong")
 
     # ------------------------------------------------------------------------------- accounting
     def weight_bytes(self) -> dict:

@@ -43,7 +43,15 @@ except ImportError:                         # pragma: no cover - older Triton
 
 LOG2E = 1.4426950408889634
 
-__all__ = ["HAS_GDC", "INTERPRETED", "k_parts", "pdl_support", "check_runnable", "tiles", "attention_splits", "Choice"]
+#: reads of the expert ids after which a spinning MoE down kernel gives up (``down_residual(spin=True)``).
+#: A healthy wait ends within the MoE gate/up kernel that stores the ids (the down kernel launches once
+#: every gate/up program has passed its wait, the storing one included): 14.3 µs per launch on an H200
+#: (measured: ``runs/examples/h200-decode-choose/step_kernels.txt``). Each read is a dependent load from
+#: L2, at least 100 ns (about 200 cycles at 2 GHz), so a healthy wait takes at most ~143 reads, and
+#: 2^20 reads take at least 0.1 s: 7,000x the longest healthy wait, 240x a whole step (0.44 ms).
+SPIN_LIMIT = 1 << 20
+
+__all__ = ["HAS_GDC", "INTERPRETED", "SPIN_LIMIT", "k_parts", "pdl_support", "check_runnable", "tiles", "attention_splits", "Choice"]
 
 
 def k_parts(k: int, pieces: int = 2) -> tuple:
@@ -415,8 +423,8 @@ def _pair_dot_f32(w2, x_lo, x_hi):
 
 
 @triton.jit
-def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, clear_ptr, stride_ar, stride_we, stride_wn,
-                 stride_sn, CLEAR: tl.constexpr, SPIN: tl.constexpr, H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, IC: tl.constexpr,
+def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, clear_ptr, failed_ptr, stride_ar, stride_we,
+                 stride_wn, stride_sn, spin_limit, CLEAR: tl.constexpr, SPIN: tl.constexpr, H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, IC: tl.constexpr,
                  TOP_K: tl.constexpr, PARTS: tl.constexpr, SP2: tl.constexpr, BLOCK_N: tl.constexpr,
                  ALIGNED: tl.constexpr, PACKED: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
     # slot s < TOP_K: routed row s (act row PARTS + s); TOP_K <= s < TOP_K + PARTS: shared (dense,
@@ -432,8 +440,14 @@ def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, clear_ptr, st
         is_r = slot < TOP_K
         expert = tl.load(ids_ptr + slot, mask=is_r, other=0, cache_modifier=".cg")
         if SPIN:            # the gate/up kernel (the previous one) stores them; -1 until then (o_proj's CLEAR)
-            while tl.min(expert, axis=0) < 0:
+            reads = 1       # bounded (``SPIN_LIMIT``): a counter and a compare per read
+            while (tl.min(expert, axis=0) < 0) & (reads < spin_limit):
                 expert = tl.load(ids_ptr + slot, mask=is_r, other=0, volatile=True)
+                reads += 1
+            if reads >= spin_limit:
+                if tl.min(expert, axis=0) < 0:     # never stored: flag it for the host, read expert 0's rows
+                    tl.store(failed_ptr, 1)
+                    expert = tl.maximum(expert, 0)
         else:
             gate_w = tl.load(wts_ptr + slot, mask=is_r, other=0.0, cache_modifier=".cg")
         expert = expert.to(tl.int64)
@@ -801,8 +815,8 @@ def attention(q, k_cache, v_cache, pos, out, acc, m, ls, sem, *, tile=(32, 4), p
             SPLITS_P2=triton.next_power_of_2(splits), USE_PDL=pdl, EMU=emulates_bf16_rne(q.dtype))
 
 
-def down_residual(act, w, h, *, experts=None, ids=None, wts=None, clear=None, spin: bool = False, tile=(4, 4),
-                  pdl: bool = False) -> None:
+def down_residual(act, w, h, *, experts=None, ids=None, wts=None, clear=None, spin: bool = False, failed=None,
+                  spin_limit: Optional[int] = None, tile=(4, 4), pdl: bool = False) -> None:
     """h [H] <- h + y, y the vendor's rounding of a down projection whose input is cut into the
     rows of ``act`` [P + k, I]: rows p < P are parts of one input times ``w`` [H, P*I] (columns
     [p*I, (p+1)*I): o_proj, a dense or the shared down_proj), summed in fp32 and rounded once; with
@@ -812,8 +826,17 @@ def down_residual(act, w, h, *, experts=None, ids=None, wts=None, clear=None, sp
     holding all P + k slots of its rows (no scratch). ``clear`` (int64 [n]): set to -1 by program 0
     after its wait (o_proj: the next router's ids, for ``spin``). ``spin``: the ids are the gate/up
     kernel's (``gate_up(choose=...)``, the previous launch), -1 until it stores them: each program
-    reads them again until none is negative before its wait, and ``wts`` after it."""
+    reads them again until none is negative before its wait, and ``wts`` after it; after
+    ``spin_limit`` reads (default ``SPIN_LIMIT``, read at the call) it gives up, sets ``failed``
+    (int32 [1], required with ``spin``; left as it is otherwise) to 1 and reads expert 0 for the
+    missing ids (h is then wrong: the host reads ``failed`` after the step, ``FusedDecodeStep.check``)."""
     top_k = ids.numel() if experts is not None else 0
+    spin = bool(spin and top_k)
+    if spin and (failed is None or failed.dtype != torch.int32 or failed.numel() != 1):
+        raise HarnessError("down_residual(spin=True) needs failed=int32 [1] (the flag a timed-out wait sets)")
+    spin_limit = SPIN_LIMIT if spin_limit is None else int(spin_limit)
+    if spin_limit < 1:
+        raise HarnessError(f"down_residual: spin_limit={spin_limit} must be >= 1")
     inter = act.shape[1]
     parts = w.shape[1] // inter
     ia, ib, ic = k_parts(inter, 3)
@@ -823,8 +846,8 @@ def down_residual(act, w, h, *, experts=None, ids=None, wts=None, clear=None, sp
     stride_we, stride_wn = (ew.stride(0), ew.stride(1)) if experts is not None else (0, 0)
     _launch(_down_kernel, (tiles(H, block_n),), warps, pdl,
             act, ew, w, ids if ids is not None else act, wts if wts is not None else act, h,
-            clear if clear is not None else h, act.stride(0), stride_we, stride_wn, w.stride(0),
-            CLEAR=clear.numel() if clear is not None else 0, SPIN=bool(spin and top_k),
+            clear if clear is not None else h, failed if spin else h, act.stride(0), stride_we, stride_wn, w.stride(0),
+            spin_limit, CLEAR=clear.numel() if clear is not None else 0, SPIN=spin,
             H=H, INTER=inter, IA=ia, IB=ib, IC=ic, TOP_K=top_k, PARTS=parts,
             SP2=triton.next_power_of_2(top_k + parts), BLOCK_N=block_n,
             ALIGNED=top_k > 0 and aligned16((ew, w), (ew.stride(0), ew.stride(1), w.stride(0), inter)),

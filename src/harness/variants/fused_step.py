@@ -116,6 +116,12 @@ class FusedCore:
                                                  history=self.history)
         return self.steps[forced]
 
+    def check(self) -> None:
+        """``FusedDecodeStep.check`` of each step built (a device read each; ``StaticDecoder.check``
+        calls it after a request): raises if a MoE down kernel gave up waiting for its expert ids."""
+        for step in self.steps.values():
+            step.check()
+
     @property
     def step(self) -> FusedDecodeStep:
         """The step of the weights' routing (diagnostics, benchmarks)."""

@@ -169,6 +169,13 @@ class StaticDecoder:
         with self._decoding():
             return self.core(self.token_in, self.cache, self.select, self.routing)
 
+    def check(self) -> None:
+        """After a request (``Engine.running``; never inside a step): the step function's check of what
+        its kernels flagged on the device, if it has one (``FusedCore.check``: one device read)."""
+        check = getattr(self.core, "check", None)
+        if check is not None:
+            check()
+
     def step(self, token: torch.Tensor) -> torch.Tensor:
         if self.use_graphs:
             graph, out = self.decode_graphs[self._mode()]
