@@ -155,7 +155,8 @@ def test_a_down_kernel_whose_ids_never_come_fails_loudly(monkeypatch):
     dt = torch.float32
     model = tiny_model(dt)
     cache, token = prefilled(model, dt)
-    step = FusedDecodeStep(weights(model), cache, cache.position, token=token.view(1).clone(), config=small_tiles())
+    step = FusedDecodeStep(weights(model), cache, cache.position, token=token.view(1).clone(),
+                           config=small_tiles(gate_up_chooses=True))
     step.calls = [c for c in step.calls if c[:2] != ("gate_up", 2)]
     assert step.launches == 17
     with torch.inference_mode():

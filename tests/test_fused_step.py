@@ -95,6 +95,12 @@ def test_generate_raises_once_a_down_kernel_gave_up(monkeypatch):
     from harness.kernels import decode_step_triton
     from harness.kernels.decode_step import SpinTimeout
 
+    from harness.kernels.decode_step import default_config
+    from harness.variants import fused_step
+
+    # the waiting placement (gate_up_chooses=True; the default is the router's choice, no wait)
+    monkeypatch.setattr(fused_step, "default_config",
+                        lambda device: dataclasses.replace(default_config(device), gate_up_chooses=True))
     model, req = tiny_model_and_request("cpu", torch.float32, 2)
     variants.apply(model, ExecutionConfig(**FUSED))
     try:

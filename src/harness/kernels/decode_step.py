@@ -61,8 +61,10 @@ class DecodeStepConfig:
     0, each lm_head program holds its next tile in registers; 2-6, its tiles stream through Triton's
     software pipeline with that many stages (``decode_step_triton.lm_head_argmax``).
     ``gate_up_chooses``: the MoE gate/up kernel makes the router's choice from its logits (the router
-    stores the logits only, the down kernel waits on the stored ids); False, the router's last
-    program makes it. How each default was measured and chosen: ``docs/kernels/decode_step.md``."""
+    stores the logits only, the down kernel waits on the stored ids, a bounded spin); False (the
+    default since the bounded spin: on an H200 the waiting placement then took 465-471 µs per step
+    against 437-445 µs under every timing path, ``bench decode_step`` with ``match``), the router's
+    last program makes it. How each default was measured and chosen: ``docs/kernels/decode_step.md``."""
     qkv: tuple = (4, 2)
     attention: tuple = (32, 2)
     o_proj: tuple = (4, 4, 1)
@@ -75,7 +77,7 @@ class DecodeStepConfig:
     sms: Optional[int] = None
     gate_up_norm: bool = False
     lm_head_stages: int = 4
-    gate_up_chooses: bool = True
+    gate_up_chooses: bool = False
 
     def check(self) -> None:
         for name in _TILES:
