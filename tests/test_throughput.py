@@ -345,3 +345,27 @@ def test_staged_8bit_pages_match_the_host_path():
     want = torch.cat([r.global_views for r in ref])
     assert torch.equal(staged.request.global_views, want)
     assert torch.equal(staged.request.input_ids, torch.cat([r.input_ids for r in ref]))
+
+
+def test_sam_mfu_by_hand(monkeypatch):
+    """SAM's MFU = the cost model's useful SAM FLOPs of the batch / the sam span / the datasheet peak:
+    with a cost model that says 5e11 FLOPs per page, batch 2, 100 ms per batch on an H200 in bf16
+    (datasheet dense peak 989.4 TFLOP/s, roofline.specs): 1e12 / 0.1 s / 989.4e12 = 1.0107%."""
+    from types import SimpleNamespace
+
+    import harness.analytic as analytic
+    from harness.config import ModelConfig
+    from harness.throughput.pipeline import sam_mfu
+
+    def costs(case, cfg, dtype):
+        return pd.DataFrame([{"family": "TOTAL", "stage": "sam", "flops_useful": 5e11 * case.batch},
+                             {"family": "TOTAL", "stage": "clip", "flops_useful": 7e11 * case.batch}])
+    monkeypatch.setattr(analytic, "workload_costs", costs)
+    setup = SimpleNamespace(mode=layout.get_mode("base"), layouts={None: SimpleNamespace(grid=None)})
+    model = SimpleNamespace(cfg=ModelConfig())
+    got = sam_mfu(model, setup, 2, 100.0, {"name": "NVIDIA H200"}, torch.bfloat16)
+    assert got == pytest.approx(1e12 / 0.1 / 989.4e12, rel=1e-12)
+    assert sam_mfu(model, setup, 2, 100.0, {"name": "cpu"}, torch.bfloat16) is None   # no datasheet peak
+    two = SimpleNamespace(mode=layout.get_mode("gundam"), layouts={(2, 3): SimpleNamespace(grid=(2, 3)),
+                                                                   (3, 2): SimpleNamespace(grid=(3, 2))})
+    assert sam_mfu(model, two, 2, 100.0, {"name": "NVIDIA H200"}, torch.bfloat16) is None   # two layouts

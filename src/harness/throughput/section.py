@@ -30,7 +30,7 @@ TABLE = [("config", "config", "{}"), ("batch", "batch", "{:d}"), ("routing", "ro
          ("prep_pages_s", "prep capacity pages/s (derived)", "{:,.1f}"), ("prep_busy", "prep busy (derived)", "pct"),
          ("h2d_gbs", "H2D GB/s (derived)", "{:,.2f}"), ("copy_busy", "copy busy (derived)", "pct"),
          ("dev_prep_ms", "device prep ms/batch", "{:,.2f}"),
-         ("sam_ms", "sam ms/batch", "{:,.2f}"), ("clip_ms", "clip ms/batch", "{:,.2f}"),
+         ("sam_ms", "sam ms/batch", "{:,.2f}"), ("sam_mfu", "SAM MFU (derived, datasheet)", "pct"), ("clip_ms", "clip ms/batch", "{:,.2f}"),
          ("projector_ms", "projector ms/batch", "{:,.2f}"), ("prefill_ms", "prefill ms/batch", "{:,.2f}"),
          ("decode_ms", "decode ms/batch", "{:,.1f}"), ("peak_mem_bytes", "peak mem GB (measured)", "gb"),
          ("experts_step", "experts per MoE layer per step (measured, median)", "{:,.0f}"),

@@ -50,6 +50,8 @@ wasted_decode_slots | fraction | derived | sum(B x max budget - sum of budgets) 
 window's batches: decode slots spent on pages already finished (what continuous batching would win back)
 gpu_busy | fraction | derived | sum of the five stages' spans / window_s (compute stream; host clock on the CPU)
 sam_ms | ms/batch | measured | sam span per batch, mean over the window's batches
+sam_mfu | fraction | derived | SAM's analytic useful FLOPs of a batch (harness.analytic) / sam_ms / the \
+device's dense datasheet peak in the run's dtype; empty with pages of several layouts
 clip_ms | ms/batch | measured | clip span per batch, mean
 projector_ms | ms/batch | measured | projector span per batch (with its glue), mean
 prefill_ms | ms/batch | measured | prefill span per batch, mean
