@@ -1,4 +1,4 @@
-"""The one summarizer of a run's observations (``harness.measure.observations``).
+"""The one summarizer of a run's observations (``harness.schema.stages``).
 
 ``summarize(observations)`` returns a ``Summary``; every reader of measured stage times (the
 report's headline and tables, the roofline join, ``compare``, the ``summarize`` verb, the
@@ -65,7 +65,7 @@ import pandas as pd
 from ..floats import finite as _f
 from ..anatomy.stages import STAGES
 from . import stats
-from .observations import CALL_ALL, NUMERIC, typed
+from ..schema.stages import CALL_ALL, NUMERIC, typed
 
 #: request metrics of the headline (their min/max over the timed repeats come as ``<col>_min``/``_max``)
 HEADLINE_METRICS = ["e2e_ms", "ttft_ms", "raster_ms", "prep_ms", "h2d_ms", "ttft_e2e_ms", "tpot_p50_ms",

@@ -51,6 +51,7 @@ from ..roofline.plot import plot_ladder, plot_roofline
 from ..roofline.specs import Peaks
 from ..roofline.table import roofline_table
 from ..rundir import RunData, RunDir, load_run
+from ..schema.manifest import Manifest
 from . import ladder, routing, step_modules, steps
 from .breakdown import plot_time_breakdown
 from .context import (CPU_NOTE, calibration_line, caveats_section, ceilings_section, environment_section,
@@ -98,8 +99,7 @@ def _write(rd: RunDir, run: RunData, hardware: Optional[dict], plot: bool) -> di
     paths["stages_summary"] = rd.write_csv("stages_summary.csv", summary.aggregates)
     paths["roofline"] = rd.write_csv("roofline.csv", flags.for_csv(table))
     if plot:
-        cfg = rd.manifest.get("config") or {}
-        exp = cfg.get("experiment_name") or (cfg.get("run") or {}).get("name")
+        exp = Manifest.of(rd.manifest).experiment
         title = f"{exp}: {rd.path.name}" if exp and exp not in rd.path.name else rd.path.name
         _draw(paths, notes, "plot", rd.path / "roofline.png", lambda p: plot_roofline(table, peaks, p, title))
         _draw(paths, notes, "breakdown", rd.path / "time_breakdown.png",
@@ -144,16 +144,15 @@ def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFra
     """report.md of a run: its sections in order (``sections``, ``ladder``, ``steps``, ``context``);
     ``ladder_rows`` (``ladder.execution_rows``) and ``routing_facts`` (``routing.routing_facts``) when
     the caller already has them (else derived here)."""
-    man = run.manifest
-    cfg = man.get("config") or {}
+    man = Manifest.of(run.manifest)
     summary = summary or summarize(run.stages, warmup_counts(man))
     L = [f"# Run report: {run.path.name}", ""]
     if on_cpu(man, run.stages):
         L += [CPU_NOTE, ""]
-    status = man.get("status", "?")
-    L.append(f"Status **{status}**; experiment `{cfg.get('experiment_name', (cfg.get('run') or {}).get('name', '-'))}`; "
-             f"{len(man.get('cases') or [])} case(s); started {man.get('started', '?')}, finished "
-             f"{man.get('finished') or '-'}.")
+    status = man.status or "?"
+    L.append(f"Status **{status}**; experiment `{man.experiment or '-'}`; "
+             f"{len(man.cases)} case(s); started {man.started or '?'}, finished "
+             f"{man.finished or '-'}.")
     L.append(f"Device {peaks.device_name} ({peaks.spec_name or 'unknown device'}), dtype {peaks.dtype}; "
              f"{model_line(man)}.")
     L += merged_line(man)

@@ -4,15 +4,18 @@ caveats). ``write_outputs`` writes ``throughput.md`` (the section), a ``report.m
 ``throughput.png`` and ``throughput_timeline.png`` into a run directory."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Optional
 
 import pandas as pd
 
-from ..markdown import LEFT, RIGHT, table as md_table
+from ..markdown import LEFT, table as md_table
+from ..report.columns import Column, fixed, occupancy, text
+from ..report.columns import table as columns_table
+from ..schema.manifest import Manifest
+from ..schema.throughput import THROUGHPUT_CSV
 from .charts import DEEPSEEK_CLAIM_PAGES_S, JINA_C16_PAGES_S
-from .window import COLUMNS, SATURATED
+from .window import SATURATED
 
 #: figures published by others (as issue 25 and the design notes quote them), shown beside ours and
 #: never mixed with them: (system, hardware, published figure)
@@ -23,37 +26,34 @@ ANCHORS = [
     ("SGLang serving DeepSeek-OCR-2", "H200", "12,739 tok/s at 100 concurrent requests (text-only prompts)"),
 ]
 
-#: (column, header, format) of the section's table
-TABLE = [("config", "config", "{}"), ("batch", "batch", "{:d}"), ("routing", "routing", "{}"),
-         ("pages_s", "pages/s (derived)", "{:,.2f}"), ("decode_tok_s", "decode tok/s (derived)", "{:,.0f}"),
-         ("wasted_decode_slots", "wasted decode slots (derived)", "pct"), ("gpu_busy", "GPU busy (derived)", "pct"),
-         ("prep_pages_s", "prep capacity pages/s (derived)", "{:,.1f}"), ("prep_busy", "prep busy (derived)", "pct"),
-         ("h2d_gbs", "H2D GB/s (derived)", "{:,.2f}"), ("copy_busy", "copy busy (derived)", "pct"),
-         ("sam_ms", "sam ms/batch", "{:,.2f}"), ("clip_ms", "clip ms/batch", "{:,.2f}"),
-         ("projector_ms", "projector ms/batch", "{:,.2f}"), ("prefill_ms", "prefill ms/batch", "{:,.2f}"),
-         ("decode_ms", "decode ms/batch", "{:,.1f}"), ("peak_mem_bytes", "peak mem GB (measured)", "gb"),
-         ("experts_step", "experts per MoE layer per step (measured, median)", "{:,.0f}"),
-         ("window_s", "window s (measured)", "{:,.1f}"), ("bound", "bound (derived)", "{}")]
+_PCT, _MS, _F2 = occupancy, fixed("{:,.2f}"), fixed("{:,.2f}")
+#: the section's table: throughput.csv's columns (``harness.schema.throughput``) as written in the report
+TABLE = {c.name: c for c in [
+    Column("config", "config", align=LEFT), Column("batch", "batch", fmt=fixed("{:.0f}")),
+    Column("routing", "routing", align=LEFT),
+    Column("pages_s", "pages/s", "", "derived", fmt=_F2), Column("decode_tok_s", "decode tok/s", "", "derived",
+                                                                  fmt=fixed("{:,.0f}")),
+    Column("wasted_decode_slots", "wasted decode slots", "", "derived", fmt=_PCT),
+    Column("gpu_busy", "GPU busy", "", "derived", fmt=_PCT),
+    Column("prep_pages_s", "prep capacity pages/s", "", "derived", fmt=fixed("{:,.1f}")),
+    Column("prep_busy", "prep busy", "", "derived", fmt=_PCT),
+    Column("h2d_gbs", "H2D GB/s", "", "derived", fmt=_F2), Column("copy_busy", "copy busy", "", "derived", fmt=_PCT),
+    *[Column(f"{s}_ms", s, "ms/batch", "measured", fmt=_MS) for s in ("sam", "clip", "projector", "prefill")],
+    Column("decode_ms", "decode", "ms/batch", "measured", fmt=fixed("{:,.1f}")),
+    Column("peak_mem_bytes", "peak mem", "GB", "measured", fmt=fixed("{:,.2f}", 1e9)),
+    Column("experts_step", "experts per MoE layer per step", "", "measured", "median", fmt=fixed("{:,.0f}")),
+    Column("window_s", "window", "s", "measured", fmt=fixed("{:,.1f}")),
+    Column("bound", "bound", "", "derived", fmt=text, align=LEFT)]}
 
 
-def _cell(value, fmt: str) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "–"
-    if fmt == "pct":
-        return f"{value:.1%}" if value <= 1.0 + 1e-9 else f"**{value:.1%}: over 100%, a bug (overlapping spans)**"
-    if fmt == "gb":
-        return f"{value / 1e9:,.2f}"
-    if fmt == "{:d}":
-        return f"{int(value):d}"
-    return fmt.format(value)
-
-
-def throughput_section(table: pd.DataFrame, manifest: dict) -> list:
-    """Markdown lines of the section (see the module docstring)."""
-    info = manifest.get("throughput") or {}
-    device = (manifest.get("device") or {}).get("name") or (manifest.get("device") or {}).get("type", "?")
+def throughput_section(table: pd.DataFrame, manifest) -> list:
+    """Markdown lines of the section (see the module docstring); ``manifest``: the run's (a dict or a
+    ``harness.schema.manifest.Manifest``)."""
+    manifest = Manifest.of(manifest)
+    info = manifest.throughput
+    device = manifest.device_name or manifest.device.get("type", "?")
     out = ["## Throughput (sustained pipeline)", ""]
-    out.append(f"Device {device}, dtype {manifest.get('dtype', '?')}; mode `{info.get('mode', '?')}`, "
+    out.append(f"Device {device}, dtype {manifest.dtype or '?'}; mode `{info.get('mode', '?')}`, "
                f"{info.get('pages', '?')} distinct {info.get('page_kind', 'pages')}, decode budget per page "
                f"{info.get('tokens', '?')}; {info.get('workers', '?')} preprocessing worker process(es); execution "
                f"`{info.get('execution_label', '?')}`. Each configuration: {info.get('warmup_batches', '?')} warm-up "
@@ -64,9 +64,7 @@ def throughput_section(table: pd.DataFrame, manifest: dict) -> list:
                "runs (CPU: plain copies). Random weights decode every page's full budget.")
     out.append("")
     if len(table):
-        out += md_table([h for _, h, _ in TABLE],
-                        [[_cell(r.get(c), f) for c, _, f in TABLE] for r in table.to_dict("records")],
-                        [LEFT if c in ("config", "routing", "bound") else RIGHT for c, _, _ in TABLE])
+        out += columns_table(list(TABLE), table.to_dict("records"), TABLE)
     else:
         out.append("No configuration finished.")
     out += ["", f"**Bound**: the resource whose busy fraction of the window is highest, when it is at least "
@@ -78,7 +76,7 @@ def throughput_section(table: pd.DataFrame, manifest: dict) -> list:
     out += ["Published figures (not measured here: other hardware, weights or prompts):", ""]
     out += md_table(["system", "hardware", "published figure"], ANCHORS, [LEFT] * 3)
     out += ["", "Columns of `throughput.csv` (unit; measured, derived or setting):", ""]
-    out += [f"- `{c}` ({u or '-'}; {p}): {d}" for c, u, p, d in COLUMNS]
+    out += [f"- `{f.name}` ({f.unit or '-'}; {f.provenance}): {f.what}" for f in THROUGHPUT_CSV.fields]
     out += ["", "Caveats: stage spans are marks on the compute stream: in a host-bound execution they include "
             "launch gaps, so `GPU busy` is the stream's occupancy, not kernel busy time. The generate loop reads "
             "the routing counts back at the end of every batch (one synchronisation per batch). A worker's time "
@@ -97,18 +95,18 @@ def write_outputs(rd, table: pd.DataFrame, timeline: Optional[list], plot: bool 
     """throughput.md, report.md (status line + the section), and with ``plot`` the two charts."""
     from .charts import plot_throughput, plot_timeline
 
-    man = rd.manifest
+    man = Manifest.of(rd.manifest)
     lines = throughput_section(table, man)
     paths = {"section": rd.write_text("throughput.md", "\n".join(lines))}
-    status = man.get("status", "?")
+    status = man.status or "?"
     head = [f"# Throughput run {Path(rd.path).name}", "",
-            f"Status **{status}**; experiment `{(man.get('config') or {}).get('experiment_name', '-')}`; "
-            f"started {man.get('started')}, finished {man.get('finished') or '-'}.", ""]
+            f"Status **{status}**; experiment `{man.config.get('experiment_name', '-')}`; "
+            f"started {man.started}, finished {man.finished or '-'}.", ""]
     if status != "complete":
         head += [f"Partial: the run {status} after {len(table)} finished configuration(s)"
-                 + (f": {man.get('error')}" if man.get("error") else "") + ".", ""]
-    if man.get("warnings"):
-        head += ["Warnings:", ""] + [f"- {w}" for w in man["warnings"]] + [""]
+                 + (f": {man.error}" if man.error else "") + ".", ""]
+    if man.warnings:
+        head += ["Warnings:", ""] + [f"- {w}" for w in man.warnings] + [""]
     paths["report"] = rd.write_text("report.md", "\n".join(head + lines))
     if plot and len(table):
         paths["chart"] = plot_throughput(table, rd.path / "throughput.png")
