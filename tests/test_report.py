@@ -10,7 +10,7 @@ import pytest
 
 from harness.errors import HarnessError
 from harness.report.compare import compare_main, compare_runs
-from harness.measure.observations import NotObservations
+from harness.schema.stages import NotObservations
 from harness.report.report import write_report
 from harness.roofline.join import ROOFLINE_COLUMNS, STAGES
 
