@@ -14,8 +14,10 @@ import pytest
 from harness.report.columns import occupancy
 from harness.rundir import RunDir, load_run
 from harness.schema import CASE_FILES, CASE_TABLES
+from harness.schema.headline import HEADLINE_CSV, STAGES_SUMMARY_CSV
 from harness.schema.kernels import KERNEL_COLUMNS, KERNELS_CSV
 from harness.schema.manifest import Manifest
+from harness.schema.roofline import ROOFLINE_CSV
 from harness.schema.routing import (ROUTING_CSV, ROUTING_STEPS_CSV, routing_arrays, routing_rows, routing_step_array,
                                     routing_step_rows)
 from harness.schema.stages import STAGES_CSV, frame, read_observations
@@ -24,7 +26,8 @@ from harness.schema.table import PROVENANCES, Table, fields
 from harness.schema.throughput import BATCHES_CSV, THROUGHPUT_CSV, read_throughput
 
 ROOT = Path(__file__).resolve().parents[1]
-TABLES = [STAGES_CSV, STEPS_CSV, KERNELS_CSV, ROUTING_CSV, ROUTING_STEPS_CSV, THROUGHPUT_CSV, BATCHES_CSV]
+TABLES = [STAGES_CSV, STEPS_CSV, KERNELS_CSV, ROUTING_CSV, ROUTING_STEPS_CSV, THROUGHPUT_CSV, BATCHES_CSV, HEADLINE_CSV,
+          STAGES_SUMMARY_CSV, ROOFLINE_CSV]
 
 
 @pytest.fixture
@@ -147,3 +150,16 @@ def test_a_committed_manifest_reads_typed():
 def test_rows_as_tuples_follow_the_fixed_columns():
     got = STEPS_CSV.frame([("c", 0, 2, 9, None, 1.5)])
     assert got.loc[0, ["case", "step", "kv_len", "host_ms"]].tolist() == ["c", 2, 9, 1.5]
+
+
+def test_the_report_files_declare_units_from_what_they_derive_and_read_back(rd):
+    assert [(f.unit, f.provenance) for f in map(HEADLINE_CSV.field, ("e2e_ms", "e2e_ms_min", "pages_s", "bound_by"))] \
+        == [("ms", "measured"), ("ms", "measured"), ("pages/s", "derived"), ("", "derived")]
+    assert (STAGES_SUMMARY_CSV.field("tpot_p50_ms").unit, STAGES_SUMMARY_CSV.field("tpot_p50_ms").provenance) == \
+        ("ms", "derived")
+    assert (ROOFLINE_CSV.field("mbu").unit, ROOFLINE_CSV.field("bytes").provenance) == ("fraction", "analytic")
+    HEADLINE_CSV.write(rd, pd.DataFrame([{"case": "g", "grid": "2", "e2e_ms": 80.0, "pages_s": 25.0}]))
+    back = HEADLINE_CSV.read(rd.path)
+    assert back.loc[0, "grid"] == "2" and back.loc[0, ["e2e_ms", "pages_s"]].tolist() == [80.0, 25.0]
+    with pytest.raises(ValueError, match="not in its schema"):
+        ROOFLINE_CSV.write(rd, pd.DataFrame({"case": ["g"], "speed": [1.0]}))

@@ -9,7 +9,8 @@ import pytest
 
 from harness.schema.stages import (CALL_ALL, LEGACY_AGGREGATES, NotObservations, OBSERVATION_COLUMNS, read_observations,
                                    typed)
-from harness.measure.summary import HEADLINE_COLUMNS, MEASURED_COLUMNS, SUMMARY_COLUMNS, summarize
+from harness.measure.summary import MEASURED_COLUMNS, summarize
+from harness.schema.headline import HEADLINE_COLUMNS, SUMMARY_COLUMNS
 from harness.rundir import load_run
 
 DATA = Path(__file__).resolve().parent / "data"

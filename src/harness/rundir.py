@@ -97,18 +97,6 @@ def checkout_revision(root: Path | None = None) -> dict:
         return {"revision": None, "dirty": None, "reason": str(exc)}
 
 
-CSV_DTYPES = {"grid": str, "module": str, "family": str, "op_group": str}   # labels that may look like numbers
-
-
-def read_table(src) -> pd.DataFrame:
-    """A CSV the report derives (headline.csv, roofline.csv; path or buffer): label columns as
-    text; an empty frame for a missing or empty file. The measured files have their own readers
-    (``harness.schema``)."""
-    if isinstance(src, Path) and (not src.is_file() or src.stat().st_size == 0):
-        return pd.DataFrame()
-    return pd.read_csv(src, dtype=CSV_DTYPES)
-
-
 @dataclass
 class RunData:
     """What one run measured: its manifest and tables (empty frames where nothing was written).

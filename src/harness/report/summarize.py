@@ -49,8 +49,10 @@ from ..markdown import LEFT
 from ..schema.stages import read_observations
 from ..measure.summary import summarize as summarize_observations
 from ..roofline import flags
-from ..rundir import claim, read_table
+from ..rundir import claim
+from ..schema.headline import HEADLINE_CSV
 from ..schema.manifest import Manifest
+from ..schema.roofline import ROOFLINE_CSV
 from .columns import Column, efficiency, fixed
 from .columns import table as columns_table
 from ..anatomy.stages import STAGES
@@ -192,7 +194,7 @@ def _json(path: Path) -> dict:
 def _efficiency(job_dir: Path) -> dict:
     """{case: (request efficiency, calibrated, decode MBU, calibrated)} from roofline.csv (derived;
     a value above 1.0 is None, ``flags.value_of``)."""
-    t = read_table(job_dir / "roofline.csv")
+    t = ROOFLINE_CSV.read(job_dir)
     if not len(t) or "level" not in t:
         return {}
     t = t[t["level"] == "stage"]
@@ -209,7 +211,7 @@ def _efficiency(job_dir: Path) -> dict:
 def _pages_s_e2e(job_dir: Path) -> dict:
     """{case: end-to-end pages/s} of the run's report (headline.csv: batch x repeats / the summed
     preprocessing + copy + generate() wall time, derived), where the report wrote it."""
-    h = read_table(job_dir / "headline.csv")
+    h = HEADLINE_CSV.read(job_dir)
     return dict(zip(h["case"], h["pages_s_e2e"])) if len(h) and "pages_s_e2e" in h else {}
 
 

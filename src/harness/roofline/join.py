@@ -24,7 +24,7 @@ families book to ``kv_cache``. ``harness.roofline.table.roofline_table`` puts th
 the op-family rows (``ops``) together: a pure function of the measured tables, the analytic
 frames and the ceilings.
 
-Conventions of every roofline column (``ROOFLINE_COLUMNS``; math in ``roofline.point``)
+Conventions of every roofline column (``harness.schema.roofline``; math in ``roofline.point``)
 ------------------------------------------------------------------------------------
 * ``tensor_flops`` (FLOP, analytic): matmul / conv / attention FLOPs the chosen attention kernel
   executes (fused kernels: causal half in prefill). This is the FLOP count of
@@ -63,6 +63,7 @@ from ..anatomy.registry import OP_GROUP_NAMES, op_group_families
 from ..config import CostModelConfig, from_dict
 from ..errors import HarnessError
 from ..rundir import RunData
+from ..schema.roofline import ROOFLINE_COLUMNS, ROOFLINE_TEXT
 from ..schema.routing import routing_arrays, routing_step_array
 from ..schema.manifest import Manifest
 from ..anatomy.stages import STAGES, VISION_STAGES as VISION
@@ -84,19 +85,6 @@ OP_GROUPS = OrderedDict((g, (_CATEGORIES.get(g, ()), op_group_families(g))) for 
 CATEGORY_GROUP = {c: g for g, (cats, _) in OP_GROUPS.items() for c in cats}
 FAMILY_GROUP = {f: g for g, (_, fams) in OP_GROUPS.items() for f in fams}
 
-ROOFLINE_COLUMNS = [
-    "case", "stage", "level", "op_family", "kernel_categories", "analytic_families", "attribution", "timer",
-    "measured_ms", "gpu_ms", "host_ms", "measured_min_ms", "measured_max_ms", "cv", "repeats",
-    "kernel_busy_ms", "idle_ms", "idle_fraction", "idle_basis", "kernels",
-    "tensor_flops", "flops_useful", "flops_counted", "vector_flops", "bytes", "bytes_weights", "bytes_kv_read",
-    "bytes_kv_write", "intensity", "achieved_tflops", "achieved_gbs",
-    "peak_tflops", "mem_bw_gbs", "ridge", "floor_ms", "efficiency", "efficiency_busy",
-    "cal_tflops", "cal_gbs", "cal_ridge", "floor_ms_cal", "efficiency_cal", "efficiency_busy_cal",
-    "bound", "bound_basis", "mfu", "mfu_cal", "mbu", "mbu_cal", "mbu_bytes", "routing", "note", "above_ceiling",
-]
-#: label columns of the roofline table; every other column is a float (NaN where not defined)
-ROOFLINE_TEXT = ("case", "stage", "level", "op_family", "kernel_categories", "analytic_families", "attribution",
-                 "timer", "idle_basis", "bound", "bound_basis", "routing", "note", "above_ceiling")
 SUM_COLS = ("tensor_flops", "flops_useful", "flops_counted", "vector_flops", "bytes", "bytes_weights", "bytes_kv_read",
             "bytes_kv_write")
 
@@ -316,6 +304,6 @@ def join_stages(measured: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks,
     return roofline_frame(rows)
 
 
-__all__ = ["ROOFLINE_COLUMNS", "ROOFLINE_TEXT", "roofline_frame", "OP_GROUPS", "CATEGORY_GROUP", "FAMILY_GROUP", "SUM_COLS",
+__all__ = ["roofline_frame", "OP_GROUPS", "CATEGORY_GROUP", "FAMILY_GROUP", "SUM_COLS",
            "KV_COPY_COLUMNS", "LAUNCH_BOUND_IDLE", "roofline_point", "floor_ms", "classify", "mfu", "mbu", "span_note", "run_cases", "analytic_for_case", "analytic_for_run",
            "join_stages", "model_config", "ROUTING_SOURCES", "EXPECTED_ROUTING", "expected_routing"]
