@@ -7,11 +7,11 @@ reader and writer of a run directory.
 * ``kernels``: kernels.csv, every kernel of the profiled request;
 * ``routing``: routing.csv and routing_steps.csv, the measured MoE routing;
 * ``throughput``: throughput.csv and its raw tables (throughput_batches/_spans/_prep.csv);
+* ``headline``: headline.csv and stages_summary.csv, what the report derives from stages.csv;
+* ``roofline``: roofline.csv, the roofline join;
 * ``manifest``: manifest.json read once into a typed ``Manifest``.
 
-The report's own files (headline.csv, stages_summary.csv, analytic.csv, roofline.csv) are derived
-from these and declared where they are computed (``harness.measure.summary``, ``harness.analytic``,
-``harness.roofline.join``).
+analytic.csv keeps the cost model's own columns (``harness.analytic.compose.COLUMNS``).
 """
 from __future__ import annotations
 
