@@ -14,6 +14,7 @@ import pytest
 from harness.report.columns import occupancy
 from harness.rundir import RunDir, load_run
 from harness.schema import CASE_FILES, CASE_TABLES
+from harness.schema.analytic import ANALYTIC_CSV, COST_COLUMNS
 from harness.schema.headline import HEADLINE_CSV, STAGES_SUMMARY_CSV
 from harness.schema.kernels import KERNEL_COLUMNS, KERNELS_CSV
 from harness.schema.manifest import Manifest
@@ -27,7 +28,7 @@ from harness.schema.throughput import BATCHES_CSV, THROUGHPUT_CSV, read_throughp
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = [STAGES_CSV, STEPS_CSV, KERNELS_CSV, ROUTING_CSV, ROUTING_STEPS_CSV, THROUGHPUT_CSV, BATCHES_CSV, HEADLINE_CSV,
-          STAGES_SUMMARY_CSV, ROOFLINE_CSV]
+          STAGES_SUMMARY_CSV, ROOFLINE_CSV, ANALYTIC_CSV]
 
 
 @pytest.fixture
@@ -158,6 +159,9 @@ def test_the_report_files_declare_units_from_what_they_derive_and_read_back(rd):
     assert (STAGES_SUMMARY_CSV.field("tpot_p50_ms").unit, STAGES_SUMMARY_CSV.field("tpot_p50_ms").provenance) == \
         ("ms", "derived")
     assert (ROOFLINE_CSV.field("mbu").unit, ROOFLINE_CSV.field("bytes").provenance) == ("fraction", "analytic")
+    assert (ANALYTIC_CSV.field("tensor_flops").unit, ANALYTIC_CSV.field("bytes_kv_copy_read").unit) == ("FLOP", "B")
+    assert COST_COLUMNS[-1] == "intensity" and ANALYTIC_CSV.columns[len(COST_COLUMNS):] == [
+        "routing", "bytes_kv_copy_read", "bytes_kv_copy_write"]
     HEADLINE_CSV.write(rd, pd.DataFrame([{"case": "g", "grid": "2", "e2e_ms": 80.0, "pages_s": 25.0}]))
     back = HEADLINE_CSV.read(rd.path)
     assert back.loc[0, "grid"] == "2" and back.loc[0, ["e2e_ms", "pages_s"]].tolist() == [80.0, 25.0]

@@ -49,7 +49,7 @@ else:
     import harness.run   # the running side, as in the process that writes a run's report
 import importlib, pkgutil
 import harness.analytic, harness.report, harness.roofline, harness.schema
-for package in (harness.analytic, harness.report, harness.roofline, harness.schema):   # every reader module, not only these verbs
+for package in (harness.analytic, harness.report, harness.roofline, harness.schema):   # every reader module
     for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
         if module.name != "harness.analytic.check" and not module.name.endswith(".__main__"):
             importlib.import_module(module.name)

@@ -102,7 +102,8 @@ class RunData:
     """What one run measured: its manifest and tables (empty frames where nothing was written).
 
     ``stages`` (the typed observations), ``kernels``, ``routing``, ``routing_steps`` (decode counts
-    per step), ``steps`` (every decode step of the timed repeats): ``harness.schema.CASE_TABLES``; ``analytic`` the analytic frames of its cases
+    per step), ``steps`` (every decode step of the timed repeats): ``harness.schema.CASE_TABLES``;
+    ``analytic`` the analytic frames of its cases
     (``harness.analytic`` COLUMNS + ``routing``) and ``mbu_bytes`` {case: decode bytes that must
     move}, filled by the run as each case finishes, None when the run directory was read back
     (the report then derives them); ``notes`` for the report's caveats.

@@ -6,8 +6,8 @@ via the cached ``python -m harness calibrate`` record, ``hardware.*`` overrides)
 analytic costs of every measured case (``harness.analytic``), joins them
 (``harness.roofline.join``) and writes, through the ``RunDir`` helper:
 
-* ``analytic.csv``: ``harness.analytic.compose.COLUMNS`` + ``routing`` (where the MoE bytes' experts
-  come from: ``harness.roofline.join.ROUTING_SOURCES``) +
+* ``analytic.csv`` (``harness.schema.analytic.ANALYTIC_CSV``): the cost columns + ``routing`` (where
+  the MoE bytes' experts come from: ``harness.roofline.join.ROUTING_SOURCES``) +
   ``bytes_kv_copy_read/write`` for every case x stage x family, TOTAL rows per stage;
 * ``headline.csv``: ``harness.schema.headline.HEADLINE_CSV``, one row per case: the
   median request with its stage times and the min/max of every value over the timed repeats;
@@ -51,6 +51,7 @@ from ..roofline.plot import plot_ladder, plot_roofline
 from ..roofline.specs import Peaks
 from ..roofline.table import roofline_table
 from ..rundir import RunData, RunDir, load_run
+from ..schema.analytic import ANALYTIC_CSV
 from ..schema.headline import HEADLINE_CSV, STAGES_SUMMARY_CSV
 from ..schema.manifest import Manifest
 from ..schema.roofline import ROOFLINE_CSV
@@ -96,7 +97,7 @@ def _write(rd: RunDir, run: RunData, hardware: Optional[dict], plot: bool) -> di
     table, analytic, measured, notes = roofline_table(run, peaks, summary)
     head = summary.headline
     if len(analytic):
-        paths["analytic"] = rd.write_csv("analytic.csv", analytic)
+        paths["analytic"] = ANALYTIC_CSV.write(rd, analytic)
     paths["headline"] = HEADLINE_CSV.write(rd, head)
     paths["stages_summary"] = STAGES_SUMMARY_CSV.write(rd, summary.aggregates)
     paths["roofline"] = ROOFLINE_CSV.write(rd, flags.for_csv(table))

@@ -294,7 +294,8 @@ TABLE = {c.name: c for c in [
     *[Column(f"{s}_ms", s, "ms", fmt=_F2, **_L) for s in STAGES],
     Column("kernels_per_step", "kernels / step", fmt=fixed("{:,.0f}"), **_L),
     Column("syncs_per_step", "syncs / step", fmt=fixed("{:,.0f}"), **_L),
-    Column("mbu_decode", "decode MBU", fmt=efficiency, **_L), Column("mbu_decode_cal", "decode MBU cal", fmt=efficiency, **_L),
+    Column("mbu_decode", "decode MBU", fmt=efficiency, **_L),
+    Column("mbu_decode_cal", "decode MBU cal", fmt=efficiency, **_L),
     Column("eff_request", "eff", fmt=efficiency, **_L), Column("eff_request_cal", "eff cal", fmt=efficiency, **_L),
     Column("gpu", "gpu", **_L)]}
 

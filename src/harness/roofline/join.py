@@ -8,10 +8,11 @@ Inputs (``harness.rundir.RunData``: what a run measured, in memory or read back 
   max(span - busy, 0) (``idle_basis`` says so); the ``request`` row carries the median request's
   TTFT/TPOT/tok/s.
 * ``kernels.csv`` (``harness.schema.kernels``): kernel busy ms per op family (``ops``).
-* ``routing.csv`` and ``routing_steps.csv`` (``harness.schema.routing``): measured MoE routing; it sets the experts touched in the analytic MoE weight
-  bytes (prefill per layer; decode per layer and step: the union over the batch's rows of each step,
-  summed over the steps, from the per-step file, which every execution writes; without it exact for
-  batch 1 and the uniform expectation per step for batch > 1). The ``routing`` column names the
+* ``routing.csv`` and ``routing_steps.csv`` (``harness.schema.routing``): measured MoE routing; it
+  sets the experts touched in the analytic MoE weight bytes (prefill per layer; decode per layer
+  and step: the union over the batch's rows of each step, summed over the steps, from the per-step
+  file, which every execution writes; without it exact for batch 1 and the uniform expectation per
+  step for batch > 1). The ``routing`` column names the
   source (``ROUTING_SOURCES``); where decode used the expectation, the MBU cell says
   "expected routing" (``expected_routing``).
 * ``manifest.json``: model config, dtype, cases (``layout.Case.to_dict``), device.
@@ -63,6 +64,7 @@ from ..anatomy.registry import OP_GROUP_NAMES, op_group_families
 from ..config import CostModelConfig, from_dict
 from ..errors import HarnessError
 from ..rundir import RunData
+from ..schema.analytic import KV_COPY_COLUMNS
 from ..schema.roofline import ROOFLINE_COLUMNS, ROOFLINE_TEXT
 from ..schema.routing import routing_arrays, routing_step_array
 from ..schema.manifest import Manifest
@@ -106,7 +108,6 @@ def model_config(manifest: dict):
         return from_dict(CostModelConfig, raw, strict=False), f"model config: {exc}"
 
 
-KV_COPY_COLUMNS = ("bytes_kv_copy_read", "bytes_kv_copy_write")
 
 #: the analytic frame's (and roofline row's) ``routing``: where the MoE weight bytes' experts come from
 ROUTING_SOURCES = {
@@ -305,5 +306,6 @@ def join_stages(measured: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks,
 
 
 __all__ = ["roofline_frame", "OP_GROUPS", "CATEGORY_GROUP", "FAMILY_GROUP", "SUM_COLS",
-           "KV_COPY_COLUMNS", "LAUNCH_BOUND_IDLE", "roofline_point", "floor_ms", "classify", "mfu", "mbu", "span_note", "run_cases", "analytic_for_case", "analytic_for_run",
+           "LAUNCH_BOUND_IDLE", "roofline_point", "floor_ms", "classify", "mfu", "mbu", "span_note", "run_cases",
+           "analytic_for_case", "analytic_for_run",
            "join_stages", "model_config", "ROUTING_SOURCES", "EXPECTED_ROUTING", "expected_routing"]

@@ -9,9 +9,8 @@ reader and writer of a run directory.
 * ``throughput``: throughput.csv and its raw tables (throughput_batches/_spans/_prep.csv);
 * ``headline``: headline.csv and stages_summary.csv, what the report derives from stages.csv;
 * ``roofline``: roofline.csv, the roofline join;
+* ``analytic``: analytic.csv, the cost model's FLOPs and bytes of the measured cases;
 * ``manifest``: manifest.json read once into a typed ``Manifest``.
-
-analytic.csv keeps the cost model's own columns (``harness.analytic.compose.COLUMNS``).
 """
 from __future__ import annotations
 
