@@ -67,10 +67,6 @@ class Manifest:
         got.update({k: raw.get(k) for k in VALUES})
         return cls(raw=raw, **got)
 
-    def section(self, name: str) -> dict:
-        """A section of the manifest by name ({} when missing): one of ``SECTIONS``."""
-        return getattr(self, name) if name in SECTIONS else _dict(self.raw.get(name))
-
     # ------------------------------------------------------------------ typed accessors
     @property
     def experiment(self) -> Optional[str]:
