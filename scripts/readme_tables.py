@@ -65,7 +65,7 @@ def evidence(folder: Path) -> dict:
     ``<stage>_mfu_cal``, ``mbu``, ``mbu_cal`` (roofline.csv: stage rows, median span over the
     repeats); ``rows``, ``distinct_pages`` (manifest.json's case entry: the page of each row).
     """
-    from harness.measure.observations import read_observations
+    from harness.schema.stages import read_observations
     from harness.measure.summary import summarize
     from harness.report.steps import tpot_edges
 

@@ -17,7 +17,7 @@ def _case(i: int, with_kernels: bool):
     [[0, i, 1], [0, 0, 0]]."""
     name = f"c{i}"
     stages = pd.DataFrame({"case": [name, name], "stage": ["sam", "decode"], "repeat": [0, 0], "gpu_ms": [1.5, 2.0 + i]})
-    kernels = pd.DataFrame({"case": [name], "kernel": [f"k{i}"], "gpu_us": [10 * (i + 1)]}) if with_kernels \
+    kernels = pd.DataFrame({"case": [name], "name": [f"k{i}"], "dur_ms": [0.01 * (i + 1)]}) if with_kernels \
         else pd.DataFrame()
     routing = {"prefill": np.array([[i + 1, 0, 2], [0, 0, 0]]), "decode_steps": np.array([[[0, i, 1], [0, 0, 0]]])}
     measured = SimpleNamespace(observations=stages, kernels=kernels, routing=routing,
@@ -49,7 +49,7 @@ def test_n_cases_give_exactly_their_rows_in_order_and_no_table_is_rebuilt_per_ca
 
     stages = pd.DataFrame({"case": ["c0", "c0", "c1", "c1", "c2", "c2"], "stage": ["sam", "decode"] * 3,
                            "repeat": [0] * 6, "gpu_ms": [1.5, 2.0, 1.5, 3.0, 1.5, 4.0]})
-    kernels = pd.DataFrame({"case": ["c0", "c2"], "kernel": ["k0", "k2"], "gpu_us": [10, 30]})   # c1 had none
+    kernels = pd.DataFrame({"case": ["c0", "c2"], "name": ["k0", "k2"], "dur_ms": [0.01, 0.03]})   # c1 had none
     steps = pd.DataFrame({"case": ["c0", "c1", "c2"], "repeat": [0, 0, 0], "step": [0, 0, 0],
                           "kv_len": [100, 101, 102], "gpu_ms": [0.5] * 3, "host_ms": [0.75] * 3})
     # one prefill row per case (layer 0; layer 1 routed nothing): e0 = i + 1, e1 = 0, e2 = 2
@@ -80,5 +80,5 @@ def test_a_case_whose_manifest_write_fails_is_not_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(rd, "save", real_save)
     assert {p.name: p.read_text() for p in rd.path.glob("*.csv")} == before
     assert [c["name"] for c in rd.manifest["cases"]] == ["c0"]
-    assert list(data.stages["case"]) == ["c0", "c0"] and list(data.kernels["kernel"]) == ["k0"]
+    assert list(data.stages["case"]) == ["c0", "c0"] and list(data.kernels["name"]) == ["k0"]
     assert list(data.analytic["case"]) == ["c0"] and list(data.mbu_bytes) == ["c0"] and data.notes == ["note 0"]

@@ -22,7 +22,8 @@ def tiny_model_cfg():
 @pytest.fixture
 def tiny_mode():
     return {"name": "t", "base_size": 128, "image_size": 64, "crop": True}
-from harness.measure.observations import CALL_ALL, DTYPES, OBSERVATION_COLUMNS, busy_ms, frame, stage_rows
+from harness.measure.observations import busy_ms, stage_rows
+from harness.schema.stages import CALL_ALL, DTYPES, OBSERVATION_COLUMNS, frame
 from harness.measure.summary import summarize
 
 
@@ -53,7 +54,8 @@ def test_categorize(name, cat):
 def test_gemms_of_the_moe_container_are_the_routed_experts():
     """Grouped MoE launches the experts' GEMVs from the MoE container (its experts' modules are not
     called): those kernels count as moe_routed / matmul, the container's routing kernels stay routing."""
-    from harness.measure.kernels import KERNEL_COLUMNS, categorize, routed_expert_gemms
+    from harness.measure.kernels import categorize, routed_expert_gemms
+    from harness.schema.kernels import KERNEL_COLUMNS
 
     names = ["_gate_up_silu_kernel", "void at::native::index_elementwise_kernel<128, 4>", "_down_weighted_kernel",
              "gemv_in_a_dense_mlp"]

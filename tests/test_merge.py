@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.rundir import CASE_FILES
+from harness.schema import CASE_FILES
 
 ROOT = Path(__file__).resolve().parents[1]
 KNOBS = "{kv_cache: static, moe_impl: grouped}"

@@ -15,7 +15,7 @@ import pytest
 from harness.errors import HarnessError
 from harness.external import nsys as N
 from harness.external import nsys_session as S
-from harness.measure.observations import read_observations
+from harness.schema.stages import read_observations
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "nsys"

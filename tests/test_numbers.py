@@ -420,8 +420,8 @@ def test_routing_counter_per_decode_step():
 def test_batch_decode_bytes_use_measured_experts_per_step(tiny_cfg, tiny_mode):
     """Batch 2, two decode steps: 2 + 4 and 3 + 2 experts touched in MoE layers 1 and 2."""
     from harness.config import cost_config
-    from harness.roofline.join import analytic_for_case, routing_step_array
-    from harness.run import routing_step_rows
+    from harness.roofline.join import analytic_for_case
+    from harness.schema.routing import routing_step_array, routing_step_rows
     from harness.layout import Case
 
     case = Case(tiny_mode, None, batch=2, decode_tokens=3, name="b2")

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from harness.measure import stats
-from harness.measure.observations import CALL_ALL, frame
+from harness.schema.stages import CALL_ALL, frame
 from harness.measure.summary import summarize
 from harness.report import ladder
 from harness.roofline.join import roofline_frame

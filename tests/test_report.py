@@ -10,9 +10,10 @@ import pytest
 
 from harness.errors import HarnessError
 from harness.report.compare import compare_main, compare_runs
-from harness.measure.observations import NotObservations
+from harness.schema.stages import NotObservations
 from harness.report.report import write_report
-from harness.roofline.join import ROOFLINE_COLUMNS, STAGES
+from harness.roofline.join import STAGES
+from harness.schema.roofline import ROOFLINE_COLUMNS
 
 DATA = Path(__file__).resolve().parent / "data" / "runs"
 H100_CAL = {"device_name": "NVIDIA H100 80GB HBM3", "gemm_tflops": 790.0, "copy_gbs": 3000.0, "gemm_dtype": "bf16"}

@@ -11,8 +11,9 @@ from harness.roofline import calibrate as cal
 from harness.measure.observations import busy_ms
 from harness.measure.summary import summarize
 from harness.roofline.join import (FAMILY_GROUP, OP_GROUPS, CATEGORY_GROUP, classify, floor_ms, join_stages, mbu, mfu,
-                                   roofline_point, routing_arrays, run_cases)
+                                   roofline_point, run_cases)
 from harness.rundir import load_run
+from harness.schema.routing import routing_arrays
 from harness.roofline.specs import SPECS, match_device, norm_dtype, resolve_peaks, slug
 
 DATA = Path(__file__).resolve().parent / "data" / "runs"

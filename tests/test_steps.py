@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from harness.measure.observations import STEP_COLUMNS, stage_rows, step_rows
+from harness.measure.observations import stage_rows, step_rows
+from harness.schema.steps import STEP_COLUMNS
 from harness.report import steps as S
 
 ROOT = Path(__file__).resolve().parents[1]

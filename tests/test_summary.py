@@ -1,15 +1,16 @@
 """The one summarizer (``harness.measure.summary``) on checked-in observations, every expected value
 derived by hand below; the old stages.csv layout (aggregate rows beside the repeats) converted on
-read (``harness.measure.observations.typed``), checked on the fixture runs."""
+read (``harness.schema.stages.typed``), checked on the fixture runs."""
 import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from harness.measure.observations import (CALL_ALL, LEGACY_AGGREGATES, NotObservations, OBSERVATION_COLUMNS,
-                                          read_observations, typed)
-from harness.measure.summary import HEADLINE_COLUMNS, MEASURED_COLUMNS, SUMMARY_COLUMNS, summarize
+from harness.schema.stages import (CALL_ALL, LEGACY_AGGREGATES, NotObservations, OBSERVATION_COLUMNS, read_observations,
+                                   typed)
+from harness.measure.summary import MEASURED_COLUMNS, summarize
+from harness.schema.headline import HEADLINE_COLUMNS, SUMMARY_COLUMNS
 from harness.rundir import load_run
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -1,6 +1,6 @@
 """The data side needs no torch (DESIGN.md, "Two sides"): with torch and triton unimportable, a
 process imports every reader of a run directory (every module of ``harness.report``,
-``harness.roofline`` and ``harness.analytic``, the cost model, but ``analytic.check``, which counts
+``harness.roofline``, ``harness.schema`` and ``harness.analytic``, the cost model, but ``analytic.check``, which counts
 the model's FLOPs under torch, and the CLI that dispatches the verbs) and runs ``report``, ``compare``,
 ``merge`` and ``summarize`` on copies of committed H200 run directories, and the README's table
 writer on one of them; a second process, with the running side loaded (``harness.run``: torch,
@@ -48,8 +48,8 @@ if sys.argv[1] == "blocked":
 else:
     import harness.run   # the running side, as in the process that writes a run's report
 import importlib, pkgutil
-import harness.analytic, harness.report, harness.roofline
-for package in (harness.analytic, harness.report, harness.roofline):   # every reader module, not only these verbs
+import harness.analytic, harness.report, harness.roofline, harness.schema
+for package in (harness.analytic, harness.report, harness.roofline, harness.schema):   # every reader module
     for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
         if module.name != "harness.analytic.check" and not module.name.endswith(".__main__"):
             importlib.import_module(module.name)

@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 import torch
 
-from harness.measure.observations import read_observations
+from harness.schema.stages import read_observations
 from harness.measure.summary import back_to_back_pages_s, bound_by, summarize
 from harness.report.columns import COLUMNS, bound_cell
 from harness.report.sections import partial_lines, user_wait_section

@@ -3,7 +3,7 @@ host steadiness and warm-up times of one run directory."""
 import sys
 
 from harness.measure import host
-from harness.measure.observations import CALL_ALL
+from harness.schema.stages import CALL_ALL
 from harness.measure.summary import summarize
 from harness.rundir import load_run
 

@@ -32,40 +32,20 @@ from .lifecycle import Experiment, RunContext, run_experiment, setup_seconds
 from .measure import host
 from .measure.kernels import llm_attention_kernels
 from .measure.nvtx_ranges import NvtxRanges
-from .measure.observations import STEP_COLUMNS
 from .measure.runner import CaseMeasurement, measure_case
 from .models import attn_probe
-from .models.routing import routed_steps
 from .models.generate import DECODE_WATCH
 from .report.progress import DecodeProgress, RunProgress, waiting
 from .report.report import write_report
 from .roofline.calibrate import ensure_calibration
 from .roofline.join import analytic_for_case
 from .rundir import RunData, RunDir, trace_name
+from .schema import CASE_TABLES
+from .schema.routing import routing_rows, routing_step_rows
 from .setup import check_cases, device_info, load_adapter, prepare_cases, resolve_device, resolve_dtype
 from .timeline import phase_of
 
 
-def routing_rows(case: str, routing: dict) -> list:
-    """routing.csv rows (case, phase, layer, e0..eN) of one case's ``GenerationResult.routing``."""
-    rows = []
-    for phase, arr in routing.items():
-        if phase == "decode_steps":
-            continue
-        for layer, counts in enumerate(arr):
-            if counts.sum():
-                rows.append({"case": case, "phase": phase, "layer": layer,
-                             **{f"e{j}": int(c) for j, c in enumerate(counts)}})
-    return rows
-
-
-def routing_step_rows(case: str, steps) -> list:
-    """routing_steps.csv rows (case, step, layer, experts = distinct experts touched, e0..eN) of a
-    [steps, layers, experts] decode count array; layers that routed nothing are left out."""
-    where, touched = routed_steps(steps)
-    return [{"case": case, "step": int(step), "layer": int(layer), "experts": int(n),
-             **{f"e{j}": int(c) for j, c in enumerate(steps[step][layer])}}
-            for (step, layer), n in zip(where, touched)]
 
 
 def _analytic(model, case, inputs, execution: dict, counts: dict, dtype_name: str) -> tuple:
@@ -155,9 +135,9 @@ class CaseTables:
         per_step = routing_step_rows(case.name, counts.get("decode_steps"))
         rows = routing_rows(case.name, counts)
         tables = {"stages": measured.observations, "kernels": kernels if len(kernels) else None,
-                  "steps": pd.DataFrame(list(steps), columns=STEP_COLUMNS) if steps else None,
-                  "routing_steps": pd.DataFrame(per_step) if per_step else None,
-                  "routing": pd.DataFrame(rows) if rows else None}
+                  "steps": CASE_TABLES["steps"].frame(steps) if steps else None,
+                  "routing_steps": CASE_TABLES["routing_steps"].frame(per_step) if per_step else None,
+                  "routing": CASE_TABLES["routing"].frame(rows) if rows else None}
         entry = {**case.to_dict(), **inputs.pages_entry(), **inputs.routing_entry(),
                  "execution": execution,
                  "warmup_ms": [round(t, 3) for t in warm.get("warmup_ms", [])], "warmup_steady": warm.get("steady"),
@@ -166,7 +146,7 @@ class CaseTables:
         with rd.case_files():   # every table has fixed columns: each case's rows are appended
             for name, frame in tables.items():
                 if frame is not None:
-                    rd.append_csv(f"{name}.csv", frame)
+                    CASE_TABLES[name].append(rd, frame)
             rd.manifest["cases"].append(entry)
             seen = rd.manifest.get("attention") or {}
             rd.manifest["attention"] = {**seen, **{k: list(v) for k, v in attn_probe.SEEN.items()}}

@@ -25,7 +25,7 @@ Writes never follow a symbolic link (``harness.containment``): a link where a fi
 written is refused with one line. The checkout's revision is read with ``git --no-optional-locks``,
 so a run never takes ``.git/index.lock`` in the user's checkout.
 This module sits near the bottom of the package: it imports nothing from it but ``errors``,
-``containment``, ``faults`` (the test-only write hook) and the observation schema (``measure.observations``).
+``containment``, ``faults`` (the test-only write hook) and the run directory's schema (``harness.schema``).
 """
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ import pandas as pd
 from . import faults
 from .containment import refuse_links
 from .errors import HarnessError
-from .measure.observations import NotObservations, read_observations
+from .schema import CASE_TABLES
+from .schema.stages import NotObservations, read_observations
 
 PACKAGES = ("torch", "transformers", "tokenizers", "hydra-core", "omegaconf", "nvtx", "torchlens", "pandas",
             "numpy", "pillow", "safetensors", "flash-attn", "triton", "matplotlib")
@@ -96,28 +97,13 @@ def checkout_revision(root: Path | None = None) -> dict:
         return {"revision": None, "dirty": None, "reason": str(exc)}
 
 
-#: the observation files a run appends each finished case's rows to (``harness.run.CaseTables``),
-#: read back by ``load_run``; every other file of a run directory is derived from them and the manifest
-CASE_FILES = ("stages.csv", "kernels.csv", "steps.csv", "routing_steps.csv", "routing.csv")
-CSV_DTYPES = {"grid": str, "module": str, "family": str, "op_group": str}   # labels that may look like numbers
-
-
-def read_table(src) -> pd.DataFrame:
-    """A run CSV (path or buffer) other than stages.csv (``read_observations``): label columns as
-    text; an empty frame for a missing or empty file."""
-    if isinstance(src, Path) and (not src.is_file() or src.stat().st_size == 0):
-        return pd.DataFrame()
-    return pd.read_csv(src, dtype=CSV_DTYPES)
-
-
 @dataclass
 class RunData:
     """What one run measured: its manifest and tables (empty frames where nothing was written).
 
-    ``stages`` (the typed observations, ``harness.measure.observations``), ``kernels`` (``KERNEL_COLUMNS`` +
-    ``case``), ``routing`` (case, phase, layer, e0..eN), ``routing_steps`` (case, step, layer,
-    experts, e0..eN: decode counts per step), ``steps`` (``STEP_COLUMNS``: every decode step of the
-    timed repeats); ``analytic`` the analytic frames of its cases
+    ``stages`` (the typed observations), ``kernels``, ``routing``, ``routing_steps`` (decode counts
+    per step), ``steps`` (every decode step of the timed repeats): ``harness.schema.CASE_TABLES``;
+    ``analytic`` the analytic frames of its cases
     (``harness.analytic`` COLUMNS + ``routing``) and ``mbu_bytes`` {case: decode bytes that must
     move}, filled by the run as each case finishes, None when the run directory was read back
     (the report then derives them); ``notes`` for the report's caveats.
@@ -149,8 +135,9 @@ def load_run(path, manifest: Optional[dict] = None, tables: bool = True) -> RunD
     stages = read_observations(path / "stages.csv")
     if not tables:
         return RunData(path, manifest, stages)
-    return RunData(path, manifest, stages, read_table(path / "kernels.csv"), read_table(path / "routing.csv"),
-                   read_table(path / "routing_steps.csv"), steps=read_table(path / "steps.csv"))
+    kernels, routing, routing_steps, steps = (CASE_TABLES[n].read(path) for n in ("kernels", "routing", "routing_steps",
+                                                                              "steps"))
+    return RunData(path, manifest, stages, kernels, routing, routing_steps, steps=steps)
 
 
 def open_run(path, fix: str, missing_fix: str, tables: bool = True) -> RunData:

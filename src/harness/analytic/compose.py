@@ -12,30 +12,7 @@ then the global view) SAM -> CLIP -> projector; the newline/separator layout (pr
 lm_head on every position when ``lm_head_all_positions``); then ``decode_tokens - 1`` decode steps
 (the first new token comes from prefill) against caches of length S, S+1, ..., S+decode_tokens-2.
 
-DataFrame columns (``COLUMNS``; units in brackets)
--------------------------------------------------
-case            case name (``base``, ``gundam-2x3``, ...)
-stage           sam | clip | projector | prefill | decode
-family          cost-family key (``families.FAMILY_BY_NAME``) or ``TOTAL`` for a stage total row
-variant         sub-kind of a family within a stage ('window' / 'global' SAM attention, 'neck' /
-                'downsample' convolutions), '' otherwise
-step            decode step index (0 = first decode step) on per-step rows, -1 otherwise
-cache_len       KV-cache length n [tokens] before the forward: 0 for prefill, n for a decode step,
-                -1 for rows aggregated over steps and for vision stages
-count           module invocations in the row [calls] (layers x views x steps)
-tensor_flops    matmul/conv/attention FLOPs the chosen attention kernel executes [FLOP]
-vector_flops    elementwise/norm/softmax FLOPs (convention in families.py) [FLOP]
-flops_counted   FlopCounterMode convention: full S x T attention, padded SAM windows [FLOP]
-flops_useful    causal-half prefill attention, unpadded SAM windows [FLOP]
-bytes_weights   parameter bytes read (once per call; MoE: experts touched) [B]
-bytes_act_read  activation bytes read [B]
-bytes_act_write activation bytes written [B]
-bytes_kv_read   KV-cache bytes read (attention, and the growing-cache copy) [B]
-bytes_kv_write  KV-cache bytes written [B]
-bytes           sum of the five byte columns [B]
-params          parameters held by the row's modules (counted once per stage, not per call)
-params_active   parameters one token's computation uses (MoE: top-k experts; no embedding)
-intensity       tensor_flops / bytes [FLOP/B] (0 when bytes is 0)
+DataFrame columns (``COLUMNS``): ``harness.schema.analytic.COST_COLUMNS``, each with its unit there.
 
 Stage totals sum the family rows; ``params`` of a stage total equals the parameters of the
 modules the stage runs (sam 95,569,152; clip 303,177,728; projector 2,625,280 with the two
@@ -54,12 +31,10 @@ from ..dtypes import nbytes as dtype_bytes
 from ..errors import HarnessError
 from ..anatomy.stages import STAGES
 from ..layout import MODES, Case, as_case, parse_grid
+from ..schema.analytic import COST_COLUMNS as COLUMNS
 from . import families as F
 from .families import Cost
 
-COLUMNS = ["case", "stage", "family", "variant", "step", "cache_len", "count", "tensor_flops", "vector_flops",
-           "flops_counted", "flops_useful", "bytes_weights", "bytes_act_read", "bytes_act_write", "bytes_kv_read",
-           "bytes_kv_write", "bytes", "params", "params_active", "intensity"]
 INT_COLUMNS = ["step", "cache_len", "count", "tensor_flops", "vector_flops", "flops_counted", "flops_useful",
                "params", "params_active"]
 

@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..errors import HarnessError
 from ..markdown import table
-from ..measure.observations import CALL_ALL, read_observations
+from ..schema.stages import CALL_ALL, read_observations
 from .hta import TOLERANCE, caveats, compare
 
 

@@ -30,9 +30,11 @@ import pandas as pd
 
 from ..analytic.compose import stage_totals
 from ..errors import HarnessError
-from ..markdown import table
+from ..markdown import LEFT, table
 from ..measure.kernels import categorize
 from ..roofline.ceilings import ceilings
+from ..report.columns import Column, fixed
+from ..report.columns import table as columns_table
 from ..report.routing import routing_facts
 from ..roofline.join import analytic_for_run, expected_routing
 from ..rundir import RunData, load_run
@@ -153,10 +155,16 @@ def run_logged_capture(cmd: list[str]) -> str:
     return proc.stdout
 
 
-def _fmt(v, scale=1.0, unit=""):
-    if v is None or (isinstance(v, float) and v != v):
-        return "–"
-    return f"{v / scale:,.3f}{unit}"
+def _fmt(scale: float = 1.0):
+    """Three decimals of a value / ``scale`` (the report's formatter, ``harness.report.columns.fixed``)."""
+    return fixed("{:,.3f}", scale)
+
+
+#: the per-category and per-kernel tables: ncu's counters summed, in MB, GFLOP and µs
+TABLE = {c.name: c for c in [
+    Column("category", "category", align=LEFT), Column("kernel", "kernel", align=LEFT), Column("kernels", "kernels"),
+    Column("dram_bytes", "MB", fmt=_fmt(1e6)), Column("tensor_flops", "tensor GFLOP", fmt=_fmt(1e9)),
+    Column("vector_flops", "vector GFLOP", fmt=_fmt(1e9)), Column("duration_ns", "µs", fmt=_fmt(1e3))]}
 
 
 TOLERANCE = {"tensor": 0.05, "bytes": 0.15, "vector": 0.15, "reads": 0.15, "writes": 0.15}
@@ -241,7 +249,7 @@ def render(cmp_df: pd.DataFrame, kern: pd.DataFrame, stage: str, peaks=None, png
                   ("DRAM bytes (MB), read + write", "measured_dram_bytes", "analytic_bytes", "bytes_ratio", 1e6))
     lines = [f"# Nsight Compute: stage `{stage}` ({r['case']})", "",
              *table(["quantity", "measured (ncu)", "analytic", "measured / analytic"],
-                    [[q, _fmt(r.get(m), scale), _fmt(r.get(a), scale), _fmt(r.get(ratio))]
+                    [[q, _fmt(scale)(r.get(m)), _fmt(scale)(r.get(a)), _fmt()(r.get(ratio))]
                      for q, m, a, ratio, scale in quantities]),
              "", f"{int(r['kernels'])} kernels; sum of ncu kernel durations {r['kernel_time_ms']:.3f} ms "
                  "(replayed one by one, caches flushed: not the request timeline)."
@@ -262,16 +270,14 @@ def render(cmp_df: pd.DataFrame, kern: pd.DataFrame, stage: str, peaks=None, png
         cat["kernels"] = kern.groupby("category").size().to_numpy()
         cat = cat.sort_values("dram_bytes", ascending=False)
         lines += ["", "## By kernel category", ""]
-        lines += table(["category", "kernels", "MB", "tensor GFLOP", "vector GFLOP", "µs"],
-                       [[t.category, t.kernels, _fmt(t.dram_bytes, 1e6), _fmt(t.tensor_flops, 1e9),
-                         _fmt(t.vector_flops, 1e9), _fmt(t.duration_ns, 1e3)] for t in cat.itertuples()])
+        lines += columns_table(["category", "kernels", "dram_bytes", "tensor_flops", "vector_flops", "duration_ns"],
+                               cat.to_dict("records"), TABLE)
     top = kern.groupby("kernel", as_index=False)[["dram_bytes", "tensor_flops", "vector_flops",
                                                    "duration_ns"]].sum(min_count=1)
     top = top.sort_values("dram_bytes", ascending=False).head(12)
     lines += ["", "## Kernels moving the most DRAM bytes", ""]
-    lines += table(["kernel", "MB", "tensor GFLOP", "vector GFLOP", "µs"],
-                   [[f"`{t.kernel[:90]}`", _fmt(t.dram_bytes, 1e6), _fmt(t.tensor_flops, 1e9), _fmt(t.vector_flops, 1e9),
-                     _fmt(t.duration_ns, 1e3)] for t in top.itertuples()])
+    lines += columns_table(["kernel", "dram_bytes", "tensor_flops", "vector_flops", "duration_ns"],
+                           [{**t, "kernel": f"`{t['kernel'][:90]}`"} for t in top.to_dict("records")], TABLE)
     if png:
         lines += ["", f"![empirical roofline]({Path(png).name})"]
     else:

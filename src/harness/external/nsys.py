@@ -29,7 +29,7 @@ import pandas as pd
 from ..errors import HarnessError
 from ..floats import finite as _f
 from ..markdown import LEFT, RIGHT, table
-from ..measure.observations import CALL_ALL
+from ..schema.stages import CALL_ALL
 from ..anatomy.stages import STAGES
 from .ncu import NVTX_DOMAIN
 

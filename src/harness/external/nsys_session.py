@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import HarnessError
-from ..measure.observations import read_observations
+from ..schema.stages import read_observations
 from .ncu import shell
 from .tools import run_logged
 from .nsys import (IMPORTER_LIBS, LIBS_DEFAULT, LIBS_ENV, PROFILE_OPTIONS, REPORTS, compare_stages, find_importer,

@@ -1,8 +1,8 @@
 """Measurement: NVTX ranges, CUDA-event stage times, kernel capture and attribution.
 
 Facade: ``measure_case`` runs warm-up, timed repeats and the profiled request of one case and
-returns a ``CaseMeasurement``: its observations (``observations.OBSERVATION_COLUMNS``, the typed
-rows of stages.csv), kernels (``kernels.KERNEL_COLUMNS``), routing and decode steps.
+returns a ``CaseMeasurement``: its observations (``harness.schema.stages``, the typed
+rows of stages.csv), kernels (``harness.schema.kernels``), routing and decode steps.
 ``summary.summarize`` is the one summarizer of observations.
 
 The facade is lazy (PEP 562): importing a light submodule (``summary``, ``observations``, ``stats``,

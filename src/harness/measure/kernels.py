@@ -30,10 +30,9 @@ import pandas as pd
 import torch
 
 from ..anatomy.stages import RECORDED_STAGES
+from ..schema.kernels import KERNEL_COLUMNS
 from .recorder import annotation_name
 
-KERNEL_COLUMNS = ["device", "name", "category", "range", "stage", "call", "step", "start_ms", "dur_ms",
-                  "stream", "module", "family", "op_group", "attribution"]
 #: how a kernel's ``module`` / ``family`` / ``op_group`` were found (``attribution``): ``hooks`` (forward
 #: hooks of the profiled request), ``aligned`` (a replayed or compiled decode step's kernel matched to one
 #: eager, hooked step of the same execution, ``harness.measure.alignment``), ``unattributed`` (such a step's

@@ -50,12 +50,14 @@ from ..floats import finite as _f
 from ..interrupts import interrupted_by
 from ..models.generate import generate
 from .alignment import attribute_replay
-from .kernels import KERNEL_COLUMNS, KernelCapture, kernel_table
+from ..schema.kernels import KERNEL_COLUMNS
+from .kernels import KernelCapture, kernel_table
 from .modules import ModuleTracker
 from .nvtx_ranges import NvtxRanges
 from .recorder import StageRecorder
 from .stats import median_low
-from .observations import frame, stage_rows, step_rows
+from ..schema.stages import frame
+from .observations import stage_rows, step_rows
 from .syncs import SyncCounter
 
 log = logging.getLogger("harness.measure")

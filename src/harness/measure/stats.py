@@ -16,7 +16,7 @@ timed repeat is the median request.
 * ``ratio_ci``: the ratio of two rows' medians with its seeded bootstrap interval (each row's
   values resampled on their own): what a speed-up between two measured cases is.
 
-Pure functions on lists and DataFrames (the typed observations of ``harness.measure.observations``);
+Pure functions on lists and DataFrames (the typed observations of ``harness.schema.stages``);
 units are whatever the values carry (ms here).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The one summarizer of a run's observations (``harness.measure.observations``).
+"""The one summarizer of a run's observations (``harness.schema.stages``).
 
 ``summarize(observations)`` returns a ``Summary``; every reader of measured stage times (the
 report's headline and tables, the roofline join, ``compare``, the ``summarize`` verb, the
@@ -43,11 +43,13 @@ Outputs (DataFrames, built on first use):
   ``host_ms`` both kept) with its min / max / bootstrap interval / CV, the profiled request's
   kernels, busy time, host syncs and attribution, idle from both (``idle_basis`` says so). The
   ``request`` row carries the median request's TTFT / TPOT / tok/s (``REQUEST_FIELDS``).
-* ``headline`` (``HEADLINE_COLUMNS``): one row per case, every value from the median request,
+* ``headline`` (``HEADLINE_COLUMNS``, written as ``headline.csv``: ``harness.schema.headline``): one
+  row per case, every value from the median request,
   ``<column>_min`` / ``_max`` over the timed repeats, the bootstrap interval of its end-to-end
   time, ``pages_s`` = batch x 1000 / e2e ms (the request range alone), ``stage_sum_ms``,
   ``ttft_stage_sum_ms`` and what a user waits for (above).
-* ``aggregates`` (``SUMMARY_COLUMNS``, written as ``stages_summary.csv``): per case x stage x
+* ``aggregates`` (``SUMMARY_COLUMNS``, written as ``stages_summary.csv``: ``harness.schema.headline``):
+  per case x stage x
   call and ``statistic`` (``STATISTICS``: mean, std (ddof 1), median, cv, min, max, ci95_lo,
   ci95_hi) every numeric column over the timed repeats; the mean and median rows carry the
   profiled request's kernel columns and idle = max(that statistic's span - busy, 0).
@@ -65,18 +67,9 @@ import pandas as pd
 from ..floats import finite as _f
 from ..anatomy.stages import STAGES
 from . import stats
-from .observations import CALL_ALL, NUMERIC, typed
+from ..schema.headline import HEADLINE_COLUMNS, HEADLINE_METRICS, STATISTICS, SUMMARY_COLUMNS
+from ..schema.stages import CALL_ALL, NUMERIC, typed
 
-#: request metrics of the headline (their min/max over the timed repeats come as ``<col>_min``/``_max``)
-HEADLINE_METRICS = ["e2e_ms", "ttft_ms", "raster_ms", "prep_ms", "h2d_ms", "ttft_e2e_ms", "tpot_p50_ms",
-                    "tpot_p90_ms", "tpot_p99_ms", "tpot_mean_ms", "decode_tok_s", "pages_s", "call_ms",
-                    "setup_collect_ms", "raster_page_ms", "prep_page_ms", "h2d_page_ms"]
-#: per case, over all its timed repeats (no min/max): pages/s back to back and what bounds a batch
-BACK_TO_BACK = ["pages_s_gpu", "pages_s_e2e", "bound_by"]
-HEADLINE_COLUMNS = (["case", "mode", "grid", "batch", "timer", "repeat", "repeats", "warmup"] + HEADLINE_METRICS
-                    + [f"{s}_ms" for s in STAGES] + ["stage_sum_ms", "ttft_stage_sum_ms", "e2e_ms_ci_lo", "e2e_ms_ci_hi"]
-                    + BACK_TO_BACK
-                    + [f"{c}_{x}" for c in HEADLINE_METRICS + [f"{s}_ms" for s in STAGES] for x in ("min", "max")])
 #: ``bound_by`` labels: the part of a batch that takes longest (``bound_by``)
 BOUND_BY = ("preprocessing", "copy", "gpu")
 #: columns the profiled request gives a stage (kernel capture, sync counting)
@@ -97,8 +90,6 @@ REQUEST_FIELDS = ("ttft_ms", "raster_ms", "prep_ms", "h2d_ms", "ttft_e2e_ms", "t
                   "peak_mem_bytes", "weight_bytes", "kv_cache_bytes")
 #: profiled fields that count the whole decode (scaled by ``step_scale``); per-step figures are not
 STEP_SCALED = ("busy_ms", "kernels")
-STATISTICS = ("mean", "std", "median", "cv", "min", "max", "ci95_lo", "ci95_hi")
-SUMMARY_COLUMNS = ["case", "mode", "grid", "batch", "stage", "call", "calls", "timer", "statistic", "repeats"] + NUMERIC
 
 
 def idle_of(span_ms, busy_ms) -> tuple:
@@ -344,6 +335,5 @@ def summarize(observations: Optional[pd.DataFrame], warmups: Optional[dict] = No
     return Summary(observations, warmups)
 
 
-__all__ = ["Summary", "summarize", "idle_of", "bound_by", "host_prep_ms", "back_to_back_pages_s", "HEADLINE_METRICS",
-           "HEADLINE_COLUMNS", "BACK_TO_BACK", "BOUND_BY", "MEASURED_COLUMNS", "REQUEST_FIELDS", "PROFILED_FIELDS",
-           "STEP_SCALED", "STATISTICS", "SUMMARY_COLUMNS"]
+__all__ = ["Summary", "summarize", "idle_of", "bound_by", "host_prep_ms", "back_to_back_pages_s", "BOUND_BY",
+           "MEASURED_COLUMNS", "REQUEST_FIELDS", "PROFILED_FIELDS", "STEP_SCALED"]

@@ -23,7 +23,8 @@ import numpy as np
 import pandas as pd
 
 from .kernels import _Spans
-from .observations import CALL_ALL, stage_rows
+from ..schema.stages import CALL_ALL
+from .observations import stage_rows
 from .recorder import RANGE_COLUMNS, parse_annotation
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")

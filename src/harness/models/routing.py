@@ -73,6 +73,7 @@ import numpy as np
 import torch
 
 from ..errors import HarnessError
+from ..schema.routing import routed_steps
 
 #: workload.routing values: the checkpoint's own routing, or seeded uniform top-k per token
 ROUTINGS = ("weights", "balanced")
@@ -125,17 +126,6 @@ def page_experts(seed: int, page: str, positions: int, layers: int, top_k: int, 
             _drawn.clear()
         _drawn[key] = kept
     return kept[:positions]
-
-
-def routed_steps(steps: Optional[np.ndarray]) -> tuple:
-    """(where int64 [n, 2]: the (decode step, layer) of every layer that routed anything, step-major;
-    distinct experts touched [n] there) of a [steps, layers, experts] count array
-    (``RoutingCounter.steps_result``); both empty without counts."""
-    if steps is None or not len(steps):
-        return np.zeros((0, 2), dtype=np.int64), np.zeros(0, dtype=np.int64)
-    counts = np.asarray(steps)
-    routed = counts.sum(axis=-1) > 0
-    return np.argwhere(routed), (counts > 0).sum(axis=-1)[routed]
 
 
 def experts_per_step(steps: Optional[np.ndarray]) -> np.ndarray:
@@ -556,5 +546,5 @@ class RoutingCounter:
         return out
 
 
-__all__ = ["ROUTINGS", "routing_label", "RoutingCounter", "DeviceRouting", "PendingCounts", "balanced_experts", "balanced_table",
-           "experts_per_step", "page_experts", "page_key", "routed_steps"]
+__all__ = ["ROUTINGS", "routing_label", "RoutingCounter", "DeviceRouting", "PendingCounts", "balanced_experts",
+           "balanced_table", "experts_per_step", "page_experts", "page_key"]

@@ -30,14 +30,20 @@ DASH = "–"
 
 # ------------------------------------------------------------------------------- formatters
 
-def fixed(fmt: str = "{:,.2f}") -> Callable:
-    """A number through ``fmt`` (``DASH`` when missing)."""
+def numeric(body: Callable) -> Callable:
+    """A formatter that writes a number as ``body(x)``; a string is a finished cell, written as given;
+    a missing value (None, NaN, inf) is ``DASH``."""
     def write(v) -> str:
         if isinstance(v, str):
             return v
         x = _f(v)
-        return DASH if x is None else fmt.format(x)
+        return DASH if x is None else body(x)
     return write
+
+
+def fixed(fmt: str = "{:,.2f}", scale: float = 1.0) -> Callable:
+    """A number / ``scale`` through ``fmt`` (``DASH`` when missing)."""
+    return numeric(lambda x: fmt.format(x / scale if scale != 1.0 else x))
 
 
 def sig(scale: float = 1.0) -> Callable:
@@ -59,6 +65,10 @@ def sig(scale: float = 1.0) -> Callable:
     return write
 
 
+#: a number with three decimals below 100, one from 100 on ('0.438', '1,234.5')
+magnitude = numeric(lambda x: f"{x:,.3f}" if abs(x) < 100 else f"{x:,.1f}")
+
+
 def pct(v) -> str:
     """A fraction as a percentage with one decimal."""
     if isinstance(v, str):
@@ -74,6 +84,19 @@ def efficiency(v) -> str:
     x = _f(v) if not isinstance(v, str) else None
     if x is not None and x > 1.0:
         return ABOVE_CEILING.format(pct=100 * x)
+    return pct(v)
+
+
+#: an occupancy cell above 100%: spans that overlap where they cannot (``occupancy``)
+OVER_FULL = "**{pct:.1f}%: over 100%, a bug (overlapping spans)**"
+
+
+def occupancy(v) -> str:
+    """A busy fraction of a window as a percentage; above 1.0 never as a figure alone: ``OVER_FULL``
+    (the spans overlap, which a busy fraction cannot)."""
+    x = _f(v) if not isinstance(v, str) else None
+    if x is not None and x > 1.0 + 1e-9:
+        return OVER_FULL.format(pct=100 * x)
     return pct(v)
 
 
@@ -413,4 +436,5 @@ def table(names: list, records: list, columns: Optional[dict] = None) -> list:
 
 
 __all__ = ["Column", "COLUMNS", "BENCH_COLUMNS", "column", "table", "DASH", "fixed", "sig", "pct", "efficiency", "text",
+           "occupancy", "OVER_FULL", "magnitude", "numeric",
            "spread", "pair", "joined", "utilisation", "interval", "routed", "EXPECTED_ROUTING_NOTE", "bound_cell"]

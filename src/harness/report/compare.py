@@ -19,7 +19,7 @@ the repeats it kept and marked ``partial`` (``partial``: which run holds it part
 tables and in the notes.
 
 A folder without ``manifest.json`` or ``stages.csv``, or whose stages.csv cannot be read or lacks
-the columns a run writes (``harness.measure.observations.REQUIRED_COLUMNS`` and a time column), is refused with a one-line
+the columns a run writes (``harness.schema.stages.REQUIRED_COLUMNS`` and a time column), is refused with a one-line
 error. A run that did not complete (``failed``, ``interrupted``, still ``running``) or measured
 nothing is compared as far as it goes and flagged first in the notes.
 
@@ -35,17 +35,20 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 from pathlib import Path
+from typing import Optional
 
 import pandas as pd
 
 from ..containment import refuse_out_links
 from ..floats import finite as _f
-from ..markdown import LEFT, RIGHT, table
+from ..markdown import LEFT
 from ..measure import stats
 from ..measure.summary import Summary, summarize
 from ..roofline import flags
 from ..rundir import RunData, claim, open_run
-from .columns import efficiency, interval
+from ..schema.manifest import Manifest
+from .columns import Column, efficiency, interval, magnitude
+from .columns import table as columns_table
 from .merge import check_out
 from ..anatomy.stages import STAGES
 
@@ -66,7 +69,7 @@ def _load(path) -> RunData:
 def partial_cases(run: RunData) -> dict:
     """{case: 'R of N timed repeats'} of the cases a signal stopped early (manifest ``partial``)."""
     return {c.get("name"): f"{c.get('repeats_done')} of {c.get('repeats_planned')} timed repeats"
-            for c in run.manifest.get("cases") or [] if c.get("partial")}
+            for c in Manifest.of(run.manifest).cases if c.get("partial")}
 
 
 def state_notes(label: str, run: RunData) -> list:
@@ -134,7 +137,7 @@ def compare_runs(run_a, run_b) -> tuple:
     if ta != tb and ta and tb:
         notes.append(f"timers differ (A: {', '.join(sorted(ta))}; B: {', '.join(sorted(tb))}): host and CUDA-event "
                      "times are not comparable")
-    da, db = (A.manifest.get("device") or {}).get("name"), (B.manifest.get("device") or {}).get("name")
+    da, db = Manifest.of(A.manifest).device_name, Manifest.of(B.manifest).device_name
     if da != db:
         notes.append(f"devices differ (A: {da or 'cpu'}; B: {db or 'cpu'})")
     cases = list(dict.fromkeys(list(mb["case"]) + list(ma["case"])))
@@ -174,13 +177,15 @@ def compare_runs(run_a, run_b) -> tuple:
     return pd.DataFrame(rows, columns=COLUMNS), notes
 
 
-def _fmt(v, unit="") -> str:
-    x = _f(v)
-    if x is None:
-        return "–"
-    if unit == "fraction":
-        return efficiency(x)
-    return f"{x:,.3f}" if abs(x) < 100 else f"{x:,.1f}"
+#: the columns of compare.md's tables (``harness.report.columns``): A and B are medians of the timed repeats
+TABLE = {c.name: c for c in [
+    Column("case", "case", align=LEFT), Column("stage", "stage", align=LEFT), Column("metric", "metric", align=LEFT),
+    Column("a_ms", "A", "ms", fmt=magnitude), Column("b_ms", "B", "ms", fmt=magnitude),
+    Column("delta_ms", "delta", "ms", fmt=magnitude),
+    Column("a", "A", fmt=magnitude), Column("b", "B", fmt=magnitude), Column("delta", "delta", fmt=magnitude),
+    Column("ratio", "B/A", suffix="[95% interval]", fmt=interval), Column("repeats", "repeats A / B"),
+    Column("noise", "within noise", align=LEFT),
+    Column("eff_a", "eff A", fmt=efficiency), Column("eff_b", "eff B", fmt=efficiency)]}
 
 
 def _case(r) -> str:
@@ -188,9 +193,9 @@ def _case(r) -> str:
     return f"{r.case} (partial in {r.partial})" if isinstance(r.partial, str) and r.partial else r.case
 
 
-def _ratio(r) -> str:
-    """B / A with its 95% interval ('0.80x [0.71–0.91]'; the ratio alone without one)."""
-    return interval((r.ratio, r.ratio_lo, r.ratio_hi, False) if _f(r.ratio) is not None else None)
+def _ratio(r) -> Optional[tuple]:
+    """B / A with its 95% interval, the ``interval`` cell's value (None without a ratio)."""
+    return (r.ratio, r.ratio_lo, r.ratio_hi, False) if _f(r.ratio) is not None else None
 
 
 def _repeats(r) -> str:
@@ -218,19 +223,20 @@ def render(df: pd.DataFrame, run_a: Path, run_b: Path, notes: list) -> str:
         L += ["## Stage time", ""]
         rows = []
         for r in st.itertuples():
-            e = eff.loc[(r.case, r.stage)] if (r.case, r.stage) in eff.index else None
-            rows.append([_case(r), r.stage, _fmt(r.a), _fmt(r.b), _fmt(r.delta), _ratio(r), _repeats(r), _noise(r),
-                         _fmt(e["a"], "fraction") if e is not None else "–",
-                         _fmt(e["b"], "fraction") if e is not None else "–"])
-        L += table(["case", "stage", "A ms", "B ms", "delta ms", "B/A [95% interval]", "repeats A / B",
-                    "within noise", "eff A", "eff B"], rows, [LEFT, LEFT] + [RIGHT] * 5 + [LEFT] + [RIGHT] * 2)
+            e = eff.loc[(r.case, r.stage)] if (r.case, r.stage) in eff.index else {}
+            rows.append({"case": _case(r), "stage": r.stage, "a_ms": r.a, "b_ms": r.b, "delta_ms": r.delta,
+                         "ratio": _ratio(r), "repeats": _repeats(r), "noise": _noise(r), "eff_a": _f(e.get("a")),
+                         "eff_b": _f(e.get("b"))})
+        L += columns_table(["case", "stage", "a_ms", "b_ms", "delta_ms", "ratio", "repeats", "noise", "eff_a", "eff_b"],
+                           rows, TABLE)
         L.append("")
     rq = df[~df["metric"].isin(["time", "efficiency"])]
     if len(rq):
         L += ["## Request", ""]
-        L += table(["case", "metric", "A", "B", "delta", "B/A [95% interval]", "repeats A / B", "within noise"],
-                   [[_case(r), f"{r.metric} ({r.unit})", _fmt(r.a), _fmt(r.b), _fmt(r.delta), _ratio(r), _repeats(r),
-                     _noise(r)] for r in rq.itertuples()], [LEFT, LEFT] + [RIGHT] * 5 + [LEFT])
+        L += columns_table(["case", "metric", "a", "b", "delta", "ratio", "repeats", "noise"],
+                           [{"case": _case(r), "metric": f"{r.metric} ({r.unit})", "a": r.a, "b": r.b, "delta": r.delta,
+                             "ratio": _ratio(r), "repeats": _repeats(r), "noise": _noise(r)} for r in rq.itertuples()],
+                           TABLE)
         L.append("")
     if notes:
         L += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]

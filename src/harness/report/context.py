@@ -14,6 +14,7 @@ from ..markdown import LEFT, table
 from ..measure import host
 from ..roofline.specs import Peaks
 from ..rundir import RunData
+from ..schema.manifest import Manifest
 from ..stopping import kept_text
 from .columns import fixed, pct
 
@@ -28,55 +29,56 @@ CPU_NOTE = (f"> **{CPU_DEVICE}.** This run measured a CPU with host clocks: its 
             "the model's speed.")
 
 
-def on_cpu(man: dict, measured: Optional[pd.DataFrame] = None) -> bool:
+def on_cpu(man, measured: Optional[pd.DataFrame] = None) -> bool:
     """Whether the run measured a CPU: its manifest's device type, else (an older manifest) host
     timers in its measured stages."""
-    kind = (man.get("device") or {}).get("type")
+    kind = Manifest.of(man).device_type
     if kind:
         return kind == "cpu"
     return measured is not None and len(measured) > 0 and "timer" in measured and (measured["timer"] == "host").all()
 
 
-def model_line(man: dict) -> str:
+def model_line(man) -> str:
     """'model `tiny` (reference, 16,867,744 parameters) with random weights': the ``conf/model``
     option the model came from and its parameters (``harness.setup.model_name`` /
     ``parameter_count``, recorded in the manifest's ``model``); a run that recorded neither is
     named by its adapter."""
-    model = man.get("model") or {}
-    cfg = man.get("config") or {}
-    adapter = model.get("adapter", (cfg.get("model") or {}).get("name", "?"))
+    man = Manifest.of(man)
+    model = man.model
+    adapter = model.get("adapter", man.model_config.get("name", "?"))
     name, params = model.get("model_name"), model.get("params")
     about = ", ".join(p for p in ((adapter if name and name != adapter else None),
                                   (f"{params:,} parameters" if isinstance(params, int) else None)) if p)
     return f"model `{name or adapter}`" + (f" ({about})" if about else "") + f" with {weights_of(man) or '?'} weights"
 
 
-def case_info(man: dict) -> dict:
+def case_info(man) -> dict:
     """{case name: its manifest entry}."""
-    return {c.get("name"): c for c in man.get("cases") or []}
+    return Manifest.of(man).case_entries
 
 
-def warmup_counts(manifest: dict) -> dict:
+def warmup_counts(manifest) -> dict:
     """{case: untimed warm-up requests} from the manifest's case entries (else its resolved ``measure``
     section; None where neither recorded it)."""
-    default = (manifest.get("measure") or {}).get("warmup")
+    man = Manifest.of(manifest)
+    default = man.warmup_default
     return {c.get("name"): (len(c["warmup_ms"]) if isinstance(c.get("warmup_ms"), list) else default)
-            for c in manifest.get("cases") or []}
+            for c in man.cases}
 
 
-def weights_of(man: dict) -> Optional[str]:
+def weights_of(man) -> Optional[str]:
     """'random' / 'path' / 'safetensors' of the model that ran (None: not recorded): the reference
     adapter records a string, the vendor adapter a dict ({'source': 'random' | 'safetensors', ...})."""
-    model = man.get("model") or {}
-    w = model.get("weights", ((man.get("config") or {}).get("model") or {}).get("weights"))
+    man = Manifest.of(man)
+    w = man.model.get("weights", man.model_config.get("weights"))
     if isinstance(w, dict):
         return str(w["source"]) if w.get("source") else None
     return None if w is None else str(w)
 
 
-def calibration_line(man: dict, p: Peaks) -> str:
+def calibration_line(man, p: Peaks) -> str:
     """How this run got its calibrated ceilings (the manifest's ``calibration`` entry)."""
-    entry = man.get("calibration") or {}
+    entry = Manifest.of(man).calibration
     status = entry.get("status")
     if status == "measured":
         cached = (f"cached at {entry['path']}" if entry.get("path") else
@@ -89,11 +91,11 @@ def calibration_line(man: dict, p: Peaks) -> str:
     return p.cal_source or "not calibrated"
 
 
-def merged_line(man: dict) -> list:
+def merged_line(man) -> list:
     """'Merged from N runs on one machine: A, B (interrupted), ...' for a run ``python -m harness merge``
     wrote (its manifest's ``merged_from``, each source with its status where it did not complete); []
     for any other run."""
-    sources = man.get("merged_from") or []
+    sources = Manifest.of(man).merged_from
     if not sources:
         return []
     names = [f"{s.get('run')}" + (f" ({s.get('status')})" if s.get("status") != "complete" else "") for s in sources]
@@ -106,7 +108,8 @@ def _pairs(rows: list) -> list:
     return table(["", ""], rows, [LEFT, LEFT])
 
 
-def ceilings_section(p: Peaks, man: Optional[dict] = None) -> list:
+def ceilings_section(p: Peaks, man=None) -> list:
+    man = Manifest.of(man)
     L = ["## Device ceilings", ""]
     rows = [["device (reported)", p.device_name],
             ["datasheet entry", p.spec_name or "unknown (no datasheet peak)"],
@@ -116,7 +119,7 @@ def ceilings_section(p: Peaks, man: Optional[dict] = None) -> list:
             ["calibrated GEMM", fixed("{:,.4g} TFLOP/s")(p.cal_tflops) + (f" ({p.cal_dtype})" if p.cal_dtype else "")],
             ["calibrated copy", fixed("{:,.4g} GB/s")(p.cal_gbs)],
             ["ridge (calibrated)", fixed("{:,.1f} FLOP/B")(p.cal_ridge)],
-            ["calibration", calibration_line(man or {}, p) if p.cal_source or (man or {}).get("calibration")
+            ["calibration", calibration_line(man, p) if p.cal_source or man.calibration
              else "not calibrated"],
             ["source", p.source]]
     L += _pairs(rows)
@@ -125,32 +128,29 @@ def ceilings_section(p: Peaks, man: Optional[dict] = None) -> list:
     return L + [""]
 
 
-def environment_section(man: dict) -> list:
+def environment_section(man) -> list:
     L = ["## Environment", ""]
-    dev = man.get("device") or {}
-    ver = man.get("versions") or {}
-    git = man.get("git") or {}
-    model = man.get("model") or {}
+    man = Manifest.of(man)
+    dev, ver, git, model = man.device, man.versions, man.git, man.model
     rows = [["device", ", ".join(f"{k}={v}" for k, v in dev.items() if k != "nvidia_smi") or "-"]]
     smi = dev.get("nvidia_smi")
     if smi:
         rows.append(["nvidia-smi", ", ".join(f"{k}={v}" for k, v in smi.items()) if isinstance(smi, dict) else str(smi)])
-    rows += [["dtype", man.get("dtype", "-")],
+    rows += [["dtype", man.dtype or "-"],
              ["model", ", ".join(f"{k}={v}" for k, v in model.items() if not isinstance(v, (dict, list))) or "-"],
-             ["decode loop", ", ".join(f"{k}={v}" for k, v in (model.get("loop") or {}).items()) or "-"],
-             ["attention kernels used", "; ".join(f"{k}: {', '.join(v)}" for k, v in (man.get("attention") or {}).items())
-              or "-"],
+             ["decode loop", ", ".join(f"{k}={v}" for k, v in man.loop.items()) or "-"],
+             ["attention kernels used", "; ".join(f"{k}: {', '.join(v)}" for k, v in man.attention.items()) or "-"],
              ["versions", ", ".join(f"{k} {v}" for k, v in ver.items() if v)],
              ["git", f"{git.get('revision') or 'no revision'}" + (" (dirty)" if git.get("dirty") else "")
               + (f" ({git.get('reason')[:80]})" if git.get("reason") else "")],
-             ["command", " ".join(map(str, man.get("argv") or []))]]
+             ["command", " ".join(map(str, man.argv))]]
     L += _pairs(rows)
     return L + [""]
 
 
 def kernels_captured(run: RunData) -> bool:
     """Whether the run captured kernels (``measure.kernels``), whether or not kernels.csv is still beside it."""
-    return bool((run.manifest.get("measure") or {}).get("kernels"))
+    return Manifest.of(run.manifest).kernels_captured
 
 
 def no_kernels_text(run: RunData, caveat: bool = False) -> str:
@@ -168,7 +168,7 @@ def no_kernels_text(run: RunData, caveat: bool = False) -> str:
 
 def caveats_section(run: RunData, p: Peaks, measured: pd.DataFrame, notes: list,
                     head: Optional[pd.DataFrame] = None) -> list:
-    man = run.manifest
+    man = Manifest.of(run.manifest)
     out = []
     weights = weights_of(man)
     if weights in (None, "random"):
@@ -184,12 +184,11 @@ def caveats_section(run: RunData, p: Peaks, measured: pd.DataFrame, notes: list,
                    "calibrates on first use unless hardware.calibrate=false).")
     if not len(run.kernels):
         out.append(no_kernels_text(run, caveat=True))
-    if man.get("status") == "running":
-        out.append(f"Partial: the run is still going (or was interrupted) after {len(man.get('cases') or [])} case(s).")
-    elif man.get("status") in ("failed", "interrupted"):
-        cases = man.get("cases") or []
-        kept = kept_text(len(cases), [c for c in cases if c.get("partial")])
-        out.append(f"Partial: the run {man['status']} after {kept}: {man.get('error')}.")
+    if man.status == "running":
+        out.append(f"Partial: the run is still going (or was interrupted) after {len(man.cases)} case(s).")
+    elif man.status in ("failed", "interrupted"):
+        kept = kept_text(len(man.cases), [c for c in man.cases if c.get("partial")])
+        out.append(f"Partial: the run {man.status} after {kept}: {man.error}.")
     out.append("Measured vs analytic: TFLOP/s and GB/s are the analytic FLOPs and minimum DRAM bytes divided by the "
                "measured time; they are not measured FLOP rates or traffic (ncu measures those).")
     if head is not None and len(head):
@@ -208,7 +207,7 @@ def caveats_section(run: RunData, p: Peaks, measured: pd.DataFrame, notes: list,
         if len(noisy):
             out.append("Repeat CV above 2%: " + ", ".join(f"{r.case}/{r.stage} {100 * r.cv:.1f}%"
                                                            for r in noisy.itertuples()) + ".")
-        steady = man.get("host_steadiness") or {}
+        steady = man.host_steadiness
         if steady:
             out.append("Host steadiness (fixed host work, launch-bound stages cannot vary less): "
                        + "; ".join(f"{k} the cases, {host.describe(steady[k])}" for k in ("before", "after")
@@ -224,7 +223,7 @@ def caveats_section(run: RunData, p: Peaks, measured: pd.DataFrame, notes: list,
                    "and attention kernels are one `matmul` group because the analytic attention families include "
                    "their projection GEMMs; elementwise kernels have no analytic work, so their time is overhead.")
     out += notes
-    out += [f"Run warning: {w}" for w in man.get("warnings") or [] if not str(w).startswith("report not written")]
+    out += [f"Run warning: {w}" for w in man.warnings if not str(w).startswith("report not written")]
     return ["## Caveats", ""] + [f"- {c}" for c in out] + [""]
 
 

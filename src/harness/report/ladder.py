@@ -19,6 +19,7 @@ from ..floats import finite as _f
 from .. import knobs
 from ..measure.summary import Summary
 from ..rundir import RunData
+from ..schema.manifest import Manifest
 from .columns import table
 from .context import case_info
 from .ratios import UNSTABLE_CV, ladder_ratios
@@ -40,12 +41,12 @@ def execution_label(ex: dict) -> str:
 
 def has_variants(run: RunData) -> bool:
     """True when a case of the run executed otherwise than the vendor's way (an execution ladder)."""
-    return any(execution_label(c.get("execution") or {}) != "vendor-style" for c in run.manifest.get("cases") or [])
+    return any(execution_label(Manifest.execution_of(c)) != "vendor-style" for c in Manifest.of(run.manifest).cases)
 
 
 def _setup_s(ex: dict) -> float:
     """Compile + capture seconds a case's execution recorded (``setup_s``: {what: s or {part: s}})."""
-    setup = ex.get("setup_s") or {}
+    setup = ex.get("setup_s")
     return sum(v for d in (setup.values() if isinstance(setup, dict) else [])
                for v in (d.values() if isinstance(d, dict) else [d]) if _f(v) is not None)
 
@@ -65,7 +66,7 @@ def execution_rows(run: RunData, st: pd.DataFrame, summary: Summary, facts: Opti
         req, dec = m.loc["request"], m.loc["decode"]
         s = st[(st["case"] == case) & (st["stage"] == "decode")] if len(st) else st
         r = s.iloc[0] if len(s) else {}   # no decode roofline row: idle and MBU missing
-        ex = info.get(case, {}).get("execution") or {}
+        ex = Manifest.execution_of(info.get(case))
         fact = facts.get(case, {})
         rows.append({"case": case, "execution": execution_label(ex), "routing": fact.get("routing", "weights"),
                      "batch": info.get(case, {}).get("batch"),

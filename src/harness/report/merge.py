@@ -10,7 +10,7 @@ holds the sources' observations, and the report the one report writer
 Written into ``--out`` (a new directory; built in a temporary directory beside it and renamed into
 place at the end, so a failure leaves nothing):
 
-* the observation files (``harness.rundir.CASE_FILES``: stages.csv, kernels.csv, steps.csv,
+* the observation files (``harness.schema.CASE_FILES``: stages.csv, kernels.csv, steps.csv,
   routing_steps.csv, routing.csv): each source's rows, in the order the runs are given, as the
   source wrote them (one header: the sources' headers must agree), and each case's trace directory
   (``traces/<case>/``);
@@ -56,7 +56,9 @@ from ..containment import copy_tree, refuse_links, refuse_links_under
 from ..errors import HarnessError
 from ..floats import finite as _f
 from ..roofline.calibrate import MANIFEST_KEYS
-from ..rundir import CASE_FILES, RunData, open_run
+from ..rundir import RunData, open_run
+from ..schema.manifest import Manifest
+from ..schema import CASE_FILES
 from .report import write_report
 
 USAGE = "python -m harness merge RUN_A RUN_B [...] --out DIR"
@@ -100,7 +102,7 @@ def calibration_record(manifest: dict) -> Optional[dict]:
     its cache path: ``measured`` time, device, values, settings), or None when it used none (not
     calibrated, rejected). Measured on first use by one run and found cached by the next, it is the
     same record."""
-    entry = manifest.get("calibration") or {}
+    entry = Manifest.of(manifest).calibration
     if _f(entry.get("gemm_tflops")) is None:
         return None
     return {k: entry.get(k) for k in MANIFEST_KEYS if k != "path"}
@@ -119,7 +121,7 @@ def first_difference(a: dict, b: dict) -> Optional[tuple]:
         def used(record, manifest):
             if record is not None:
                 return f"the record measured {record.get('measured') or 'at a time it does not say'}"
-            return f"no record: {(manifest.get('calibration') or {}).get('status') or 'not recorded'}"
+            return f"no record: {Manifest.of(manifest).calibration.get('status') or 'not recorded'}"
         return "calibration", used(ra, a), used(rb, b)
     pairs = [(field, _get(a, field), _get(b, field)) for field in SAME] + [("calibration", ra, rb)]
     for field, va, vb in pairs:
@@ -141,8 +143,7 @@ def _header(path: Path) -> Optional[str]:
 
 def _trace_dirs(run: RunData) -> list:
     """The trace directories (relative, e.g. ``traces/best``) of the run's cases that exist."""
-    dirs = [Path((c.get("trace") or {}).get("file") or "").parent for c in run.manifest["cases"]
-            if (c.get("trace") or {}).get("file")]
+    dirs = [Path(Manifest.trace_file(c)).parent for c in run.manifest["cases"] if Manifest.trace_file(c)]
     return [d for d in dirs if (run.path / d).is_dir()]
 
 
@@ -253,7 +254,7 @@ def _concat_csv(runs: list, name: str, out: Path) -> None:
 
 def _source(r: RunData) -> dict:
     m = r.manifest
-    git = m.get("git") or {}
+    git = Manifest.of(m).git
     return {"run": r.path.name, "path": str(r.path), "status": m.get("status"),
             **{k: m[k] for k in STOP_FIELDS[:2] if m.get(k) is not None},
             "revision": git.get("revision"), "dirty": git.get("dirty"), "started": m.get("started"),
@@ -262,7 +263,7 @@ def _source(r: RunData) -> dict:
 
 def _dirty_warning(mans: list) -> list:
     """The warning for runs of a checkout with uncommitted changes (``check`` made the flags agree)."""
-    if not (mans[0][1].get("git") or {}).get("dirty"):
+    if not Manifest.of(mans[0][1]).git.get("dirty"):
         return []
     return ["the runs ran from a checkout with uncommitted changes (git dirty): their revision cannot show that "
             "they ran the same code"]
@@ -291,11 +292,11 @@ def merged_manifest(runs: list, argv: list) -> dict:
     man["finished"] = max(ends) if all(ends) else None
     attention = {}
     for _, m in mans:
-        for where, kinds in (m.get("attention") or {}).items():
+        for where, kinds in Manifest.of(m).attention.items():
             attention[where] = list(dict.fromkeys([*attention.get(where, []), *kinds]))
     man["attention"] = attention or base.get("attention")
-    first = min(mans, key=lambda nm: nm[1].get("started") or "")[1].get("host_steadiness") or {}
-    last = max(mans, key=lambda nm: nm[1].get("finished") or "")[1].get("host_steadiness") or {}
+    first = Manifest.of(min(mans, key=lambda nm: nm[1].get("started") or "")[1]).host_steadiness
+    last = Manifest.of(max(mans, key=lambda nm: nm[1].get("finished") or "")[1]).host_steadiness
     steady = {k: s[k] for k, s in (("before", first), ("after", last)) if k in s}
     if steady or "host_steadiness" in man:
         man["host_steadiness"] = steady

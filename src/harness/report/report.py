@@ -6,14 +6,14 @@ via the cached ``python -m harness calibrate`` record, ``hardware.*`` overrides)
 analytic costs of every measured case (``harness.analytic``), joins them
 (``harness.roofline.join``) and writes, through the ``RunDir`` helper:
 
-* ``analytic.csv``: ``harness.analytic.compose.COLUMNS`` + ``routing`` (where the MoE bytes' experts
-  come from: ``harness.roofline.join.ROUTING_SOURCES``) +
+* ``analytic.csv`` (``harness.schema.analytic.ANALYTIC_CSV``): the cost columns + ``routing`` (where
+  the MoE bytes' experts come from: ``harness.roofline.join.ROUTING_SOURCES``) +
   ``bytes_kv_copy_read/write`` for every case x stage x family, TOTAL rows per stage;
-* ``headline.csv``: ``harness.measure.summary.HEADLINE_COLUMNS``, one row per case: the
+* ``headline.csv``: ``harness.schema.headline.HEADLINE_CSV``, one row per case: the
   median request with its stage times and the min/max of every value over the timed repeats;
-* ``stages_summary.csv``: ``harness.measure.summary.SUMMARY_COLUMNS``, the aggregates of the
+* ``stages_summary.csv``: ``harness.schema.headline.STAGES_SUMMARY_CSV``, the aggregates of the
   timed repeats per case x stage x call and statistic (stages.csv holds the observations alone);
-* ``roofline.csv``: ``harness.roofline.join.ROOFLINE_COLUMNS``, ``level = stage`` rows (five
+* ``roofline.csv``: ``harness.schema.roofline.ROOFLINE_CSV``, ``level = stage`` rows (five
   stages + request per case) and ``level = op_family`` rows; an efficiency, MFU or MBU above 1.0
   is left empty there and kept in the row's ``above_ceiling`` note (``harness.roofline.flags``);
 * ``roofline.png``: log-log roofline, both ceilings, one point per case x stage;
@@ -51,6 +51,10 @@ from ..roofline.plot import plot_ladder, plot_roofline
 from ..roofline.specs import Peaks
 from ..roofline.table import roofline_table
 from ..rundir import RunData, RunDir, load_run
+from ..schema.analytic import ANALYTIC_CSV
+from ..schema.headline import HEADLINE_CSV, STAGES_SUMMARY_CSV
+from ..schema.manifest import Manifest
+from ..schema.roofline import ROOFLINE_CSV
 from . import ladder, routing, step_modules, steps
 from .breakdown import plot_time_breakdown
 from .context import (CPU_NOTE, calibration_line, caveats_section, ceilings_section, environment_section,
@@ -93,13 +97,12 @@ def _write(rd: RunDir, run: RunData, hardware: Optional[dict], plot: bool) -> di
     table, analytic, measured, notes = roofline_table(run, peaks, summary)
     head = summary.headline
     if len(analytic):
-        paths["analytic"] = rd.write_csv("analytic.csv", analytic)
-    paths["headline"] = rd.write_csv("headline.csv", head)
-    paths["stages_summary"] = rd.write_csv("stages_summary.csv", summary.aggregates)
-    paths["roofline"] = rd.write_csv("roofline.csv", flags.for_csv(table))
+        paths["analytic"] = ANALYTIC_CSV.write(rd, analytic)
+    paths["headline"] = HEADLINE_CSV.write(rd, head)
+    paths["stages_summary"] = STAGES_SUMMARY_CSV.write(rd, summary.aggregates)
+    paths["roofline"] = ROOFLINE_CSV.write(rd, flags.for_csv(table))
     if plot:
-        cfg = rd.manifest.get("config") or {}
-        exp = cfg.get("experiment_name") or (cfg.get("run") or {}).get("name")
+        exp = Manifest.of(rd.manifest).experiment
         title = f"{exp}: {rd.path.name}" if exp and exp not in rd.path.name else rd.path.name
         _draw(paths, notes, "plot", rd.path / "roofline.png", lambda p: plot_roofline(table, peaks, p, title))
         _draw(paths, notes, "breakdown", rd.path / "time_breakdown.png",
@@ -144,16 +147,15 @@ def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFra
     """report.md of a run: its sections in order (``sections``, ``ladder``, ``steps``, ``context``);
     ``ladder_rows`` (``ladder.execution_rows``) and ``routing_facts`` (``routing.routing_facts``) when
     the caller already has them (else derived here)."""
-    man = run.manifest
-    cfg = man.get("config") or {}
+    man = Manifest.of(run.manifest)
     summary = summary or summarize(run.stages, warmup_counts(man))
     L = [f"# Run report: {run.path.name}", ""]
     if on_cpu(man, run.stages):
         L += [CPU_NOTE, ""]
-    status = man.get("status", "?")
-    L.append(f"Status **{status}**; experiment `{cfg.get('experiment_name', (cfg.get('run') or {}).get('name', '-'))}`; "
-             f"{len(man.get('cases') or [])} case(s); started {man.get('started', '?')}, finished "
-             f"{man.get('finished') or '-'}.")
+    status = man.status or "?"
+    L.append(f"Status **{status}**; experiment `{man.experiment or '-'}`; "
+             f"{len(man.cases)} case(s); started {man.started or '?'}, finished "
+             f"{man.finished or '-'}.")
     L.append(f"Device {peaks.device_name} ({peaks.spec_name or 'unknown device'}), dtype {peaks.dtype}; "
              f"{model_line(man)}.")
     L += merged_line(man)

@@ -16,7 +16,9 @@ import pandas as pd
 
 from ..analytic.compose import routing_mismatch
 from ..measure.stats import median_low
-from ..roofline.join import expected_routing, expert_columns
+from ..roofline.join import expected_routing
+from ..schema.routing import expert_columns
+from ..schema.manifest import Manifest
 from ..rundir import RunData
 from .columns import table
 from .context import case_info
@@ -35,7 +37,7 @@ def _experts(frame: pd.DataFrame) -> pd.Series:
 
 def _top_k(manifest: dict) -> Optional[int]:
     """Experts each token picks (the run's model config), or None where the manifest does not say."""
-    k = (((manifest.get("config") or {}).get("model") or {}).get("llm") or {}).get("num_experts_per_tok")
+    k = Manifest.of(manifest).top_k
     return int(k) if k else None
 
 

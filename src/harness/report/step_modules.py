@@ -29,6 +29,7 @@ from ..anatomy.stages import DECODE_STEP
 from ..floats import finite as _f
 from ..measure.alignment import aligned_fraction
 from ..measure.observations import busy_ms
+from ..schema.manifest import Manifest
 from .columns import pct, table
 from .context import case_info
 
@@ -158,7 +159,7 @@ def section(run, analytic: Optional[pd.DataFrame], bandwidth_gbs: Optional[float
         decode_steps = max(int(ci.get("decode_tokens") or 0) - 1, 0)
         rows = step_module_rows(run.kernels, analytic, case, decode_steps, bandwidth_gbs)
         hit = aligned_fraction(run.kernels[run.kernels["case"] == case])
-        L += [f"### {case}: {execution_label(ci.get('execution') or {})}", ""]
+        L += [f"### {case}: {execution_label(Manifest.execution_of(ci))}", ""]
         L += table(["module_group", "attributed_by", "launches_step", "busy_us_step", "mb_step", "gbs_busy",
                     "bw_floor_us", "floor_share", "above_floor_us"], rows)
         total = rows[-1] if rows else {}

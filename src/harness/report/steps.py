@@ -1,6 +1,6 @@
 """TPOT against position: the decode steps of a run (``steps.csv``) per 128-step window.
 
-``steps`` is a run's ``RunData.steps`` (``harness.measure.observations.STEP_COLUMNS``: case,
+``steps`` is a run's ``RunData.steps`` (``harness.schema.steps.STEP_COLUMNS``: case,
 repeat, step, kv_len, gpu_ms, host_ms; one row per decode step of every timed repeat). A step's
 time is ``gpu_ms`` (CUDA events) where the run has them, else ``host_ms``. Window statistics pool
 the repeats: the median of every (repeat, step) time in the window, ms, by the harness's one

@@ -45,13 +45,16 @@ import pandas as pd
 from ..containment import refuse_links, refuse_out_links
 from ..errors import HarnessError
 from ..floats import finite as _f
-from ..markdown import LEFT, table
-from ..measure.observations import read_observations
+from ..markdown import LEFT
+from ..schema.stages import read_observations
 from ..measure.summary import summarize as summarize_observations
 from ..roofline import flags
-from ..rundir import claim, read_table
-from .columns import efficiency
-from .columns import text as _text
+from ..rundir import claim
+from ..schema.headline import HEADLINE_CSV
+from ..schema.manifest import Manifest
+from ..schema.roofline import ROOFLINE_CSV
+from .columns import Column, efficiency, fixed
+from .columns import table as columns_table
 from ..anatomy.stages import STAGES
 
 JOB_DIR = re.compile(r"^(\d+)(-failed)?$")
@@ -191,7 +194,7 @@ def _json(path: Path) -> dict:
 def _efficiency(job_dir: Path) -> dict:
     """{case: (request efficiency, calibrated, decode MBU, calibrated)} from roofline.csv (derived;
     a value above 1.0 is None, ``flags.value_of``)."""
-    t = read_table(job_dir / "roofline.csv")
+    t = ROOFLINE_CSV.read(job_dir)
     if not len(t) or "level" not in t:
         return {}
     t = t[t["level"] == "stage"]
@@ -208,7 +211,7 @@ def _efficiency(job_dir: Path) -> dict:
 def _pages_s_e2e(job_dir: Path) -> dict:
     """{case: end-to-end pages/s} of the run's report (headline.csv: batch x repeats / the summed
     preprocessing + copy + generate() wall time, derived), where the report wrote it."""
-    h = read_table(job_dir / "headline.csv")
+    h = HEADLINE_CSV.read(job_dir)
     return dict(zip(h["case"], h["pages_s_e2e"])) if len(h) and "pages_s_e2e" in h else {}
 
 
@@ -220,21 +223,21 @@ def job_rows(job: dict, swept: list[str], base: Path | None) -> list[dict]:
             **{k: ov.get(k) for k in swept}}
     if d is None:
         return [{**head, "status": "not started", "note": "no job directory (the sweep stopped before this job)"}]
-    man = _json(d / "manifest.json")
+    raw = _json(d / "manifest.json")
+    man = Manifest.of(raw)
     sj = _json(d / "sweep_job.json")
-    launch = man.get("launch") or {}
-    status = man.get("status") or "no manifest"
+    launch = man.launch
+    status = man.status or "no manifest"
     note = ""
-    if not man:
+    if not raw:
         note = "Hydra started the job but the run wrote no manifest.json (see the job's .log)"
     elif status == "running":
         note = "not finished: still running, or killed before the end"
     elif status == "failed":
-        note = str(man.get("error") or "").splitlines()[0][:300] if man.get("error") else "failed"
-    start = _f(sj.get("start_unix")) or _iso_unix(man.get("started"))
-    end = _f(sj.get("end_unix")) or _iso_unix(man.get("finished"))
-    device = man.get("device") or {}
-    common = {**head, "status": status, "device": device.get("name") or device.get("type"),
+        note = str(man.error).splitlines()[0][:300] if man.error else "failed"
+    start = _f(sj.get("start_unix")) or _iso_unix(man.started)
+    end = _f(sj.get("end_unix")) or _iso_unix(man.finished)
+    common = {**head, "status": status, "device": man.device_name or man.device_type,
               "gpu": sj.get("CUDA_VISIBLE_DEVICES", launch.get("CUDA_VISIBLE_DEVICES")),
               "pid": sj.get("pid", launch.get("pid")), "start_unix": start, "end_unix": end,
               "wall_s": (end - start) if start is not None and end is not None else None, "note": note}
@@ -279,9 +282,22 @@ def summarize(paths) -> tuple[pd.DataFrame, dict]:
 
 # ------------------------------------------------------------------------------------- output
 
-def _fmt(v, digits=2) -> str:
-    x = _f(v)
-    return _text(v) if x is None else f"{x:,.{digits}f}"
+_L = dict(align=LEFT)
+_F2 = fixed("{:,.2f}")
+#: summary.md's table (``harness.report.columns``), one row per job x case; the swept keys come before ``status``
+TABLE = {c.name: c for c in [
+    Column("job", "job", **_L), Column("status", "status", **_L), Column("case", "case", **_L),
+    Column("decode_tok_s", "tok/s", fmt=fixed("{:,.1f}"), **_L), Column("ttft_ms", "TTFT", "ms", fmt=_F2, **_L),
+    Column("ttft_e2e_ms", "TTFT + prep + copy", "ms", fmt=_F2, **_L),
+    Column("tpot_p50_ms", "TPOT p50", "ms", fmt=_F2, **_L), Column("e2e_ms", "e2e", "ms", fmt=fixed("{:,.1f}"), **_L),
+    Column("pages_s_e2e", "e2e pages/s", fmt=fixed("{:,.3f}"), **_L),
+    *[Column(f"{s}_ms", s, "ms", fmt=_F2, **_L) for s in STAGES],
+    Column("kernels_per_step", "kernels / step", fmt=fixed("{:,.0f}"), **_L),
+    Column("syncs_per_step", "syncs / step", fmt=fixed("{:,.0f}"), **_L),
+    Column("mbu_decode", "decode MBU", fmt=efficiency, **_L),
+    Column("mbu_decode_cal", "decode MBU cal", fmt=efficiency, **_L),
+    Column("eff_request", "eff", fmt=efficiency, **_L), Column("eff_request_cal", "eff cal", fmt=efficiency, **_L),
+    Column("gpu", "gpu", **_L)]}
 
 
 def render(df: pd.DataFrame, info: dict, png: Path | None) -> str:
@@ -306,16 +322,10 @@ def render(df: pd.DataFrame, info: dict, png: Path | None) -> str:
           "syncs per decode step: measured (profiled request). Decode MBU: analytic weight + KV bytes over the decode "
           "time (derived). Efficiency: the request's analytic floor over its measured time (datasheet / calibrated "
           "ceilings).", ""]
-    head = ["job", *swept, "status", "case", "tok/s", "TTFT ms", "TTFT + prep + copy ms", "TPOT p50 ms", "e2e ms",
-            "e2e pages/s", *[f"{s} ms" for s in STAGES], "kernels / step", "syncs / step", "decode MBU",
-            "decode MBU cal", "eff", "eff cal", "gpu"]
-    L += table(head, [[str(r["job"]), *[_text(r[k]) for k in swept], str(r["status"]), _text(r["case"]),
-                       _fmt(r["decode_tok_s"], 1), _fmt(r["ttft_ms"]), _fmt(r["ttft_e2e_ms"]), _fmt(r["tpot_p50_ms"]),
-                       _fmt(r["e2e_ms"], 1), _fmt(r["pages_s_e2e"], 3), *[_fmt(r[f"{s}_ms"]) for s in STAGES],
-                       _fmt(r["kernels_per_step"], 0), _fmt(r["syncs_per_step"], 0), efficiency(r["mbu_decode"]),
-                       efficiency(r["mbu_decode_cal"]), efficiency(r["eff_request"]),
-                       efficiency(r["eff_request_cal"]),
-                       _text(r["gpu"])] for _, r in df.iterrows()], [LEFT] * len(head))
+    names = ["job", *swept, *list(TABLE)[1:]]
+    columns = {**{k: Column(k, k, **_L) for k in swept}, **TABLE}   # a swept key is a label column of its own
+    L += columns_table(names, [{**r, "job": str(r["job"]), "status": str(r["status"])} for r in df.to_dict("records")],
+                       columns)
     bad = df[~df["status"].isin(["complete"])].drop_duplicates("job")
     if len(bad):
         L += ["", "## Not complete", ""] + [f"- job {r['job']} ({r['status']}): {r['note'] or '–'}"

@@ -14,7 +14,8 @@
 """
 from .ceilings import ceilings
 from .specs import SPECS, DeviceSpec, Peaks, match_device, resolve_peaks
-from .join import OP_GROUPS, ROOFLINE_COLUMNS, roofline_point
+from ..schema.roofline import ROOFLINE_COLUMNS
+from .join import OP_GROUPS, roofline_point
 from .table import roofline_table
 
 __all__ = ["ceilings", "SPECS", "DeviceSpec", "Peaks", "match_device", "resolve_peaks", "OP_GROUPS", "ROOFLINE_COLUMNS",

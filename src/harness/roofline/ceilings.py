@@ -13,16 +13,17 @@ from typing import Optional
 from ..floats import finite as _f
 from .calibrate import load_calibration
 from .specs import Peaks, device_name_of, hardware_config, resolve_peaks
+from ..schema.manifest import Manifest
 
 
 def ceilings(manifest: dict, hardware: Optional[dict] = None) -> Peaks:
     """Datasheet + calibrated ceilings for the run's device and dtype (the run's ``hardware``
     section, with ``hardware`` overriding keys of it)."""
-    config = manifest.get("config") or {}
-    hw = hardware_config({**(config.get("hardware") or {}), **(hardware or {})})
-    name = device_name_of(manifest.get("device"))
-    dtype = str(manifest.get("dtype") or "bf16").replace("torch.", "")
-    entry = manifest.get("calibration") or {}
+    man = Manifest.of(manifest)
+    hw = hardware_config({**man.section_of_config("hardware"), **(hardware or {})})
+    name = device_name_of(man.device)
+    dtype = str(man.dtype or "bf16").replace("torch.", "")
+    entry = man.calibration
     if _f(entry.get("gemm_tflops")) is not None and "calibration" not in (hardware or {}):
         cal = {**entry, "path": entry.get("path") or "run manifest"}
     elif entry.get("status") == "rejected" and "calibration" not in (hardware or {}):

@@ -7,12 +7,12 @@ Inputs (``harness.rundir.RunData``: what a run measured, in memory or read back 
   span on a CPU run) with its spread, kernel busy time from the profiled request and idle =
   max(span - busy, 0) (``idle_basis`` says so); the ``request`` row carries the median request's
   TTFT/TPOT/tok/s.
-* ``kernels.csv`` (``KERNEL_COLUMNS`` + ``case``): kernel busy ms per op family (``ops``).
-* ``routing.csv`` (case, phase, layer, e0..eN) and ``routing_steps.csv`` (case, step, layer,
-  experts, e0..eN): measured MoE routing; it sets the experts touched in the analytic MoE weight
-  bytes (prefill per layer; decode per layer and step: the union over the batch's rows of each step,
-  summed over the steps, from the per-step file, which every execution writes; without it exact for
-  batch 1 and the uniform expectation per step for batch > 1). The ``routing`` column names the
+* ``kernels.csv`` (``harness.schema.kernels``): kernel busy ms per op family (``ops``).
+* ``routing.csv`` and ``routing_steps.csv`` (``harness.schema.routing``): measured MoE routing; it
+  sets the experts touched in the analytic MoE weight bytes (prefill per layer; decode per layer
+  and step: the union over the batch's rows of each step, summed over the steps, from the per-step
+  file, which every execution writes; without it exact for batch 1 and the uniform expectation per
+  step for batch > 1). The ``routing`` column names the
   source (``ROUTING_SOURCES``); where decode used the expectation, the MBU cell says
   "expected routing" (``expected_routing``).
 * ``manifest.json``: model config, dtype, cases (``layout.Case.to_dict``), device.
@@ -25,7 +25,7 @@ families book to ``kv_cache``. ``harness.roofline.table.roofline_table`` puts th
 the op-family rows (``ops``) together: a pure function of the measured tables, the analytic
 frames and the ceilings.
 
-Conventions of every roofline column (``ROOFLINE_COLUMNS``; math in ``roofline.point``)
+Conventions of every roofline column (``harness.schema.roofline``; math in ``roofline.point``)
 ------------------------------------------------------------------------------------
 * ``tensor_flops`` (FLOP, analytic): matmul / conv / attention FLOPs the chosen attention kernel
   executes (fused kernels: causal half in prefill). This is the FLOP count of
@@ -57,7 +57,6 @@ import dataclasses
 from collections import OrderedDict
 from typing import Optional
 
-import numpy as np
 import pandas as pd
 
 from ..analytic import workload_costs
@@ -65,6 +64,10 @@ from ..anatomy.registry import OP_GROUP_NAMES, op_group_families
 from ..config import CostModelConfig, from_dict
 from ..errors import HarnessError
 from ..rundir import RunData
+from ..schema.analytic import KV_COPY_COLUMNS
+from ..schema.roofline import ROOFLINE_COLUMNS, ROOFLINE_TEXT
+from ..schema.routing import routing_arrays, routing_step_array
+from ..schema.manifest import Manifest
 from ..anatomy.stages import STAGES, VISION_STAGES as VISION
 from .point import LAUNCH_BOUND_IDLE, _f, classify, floor_ms, mbu, mfu, roofline_point
 from ..layout import Case
@@ -84,19 +87,6 @@ OP_GROUPS = OrderedDict((g, (_CATEGORIES.get(g, ()), op_group_families(g))) for 
 CATEGORY_GROUP = {c: g for g, (cats, _) in OP_GROUPS.items() for c in cats}
 FAMILY_GROUP = {f: g for g, (_, fams) in OP_GROUPS.items() for f in fams}
 
-ROOFLINE_COLUMNS = [
-    "case", "stage", "level", "op_family", "kernel_categories", "analytic_families", "attribution", "timer",
-    "measured_ms", "gpu_ms", "host_ms", "measured_min_ms", "measured_max_ms", "cv", "repeats",
-    "kernel_busy_ms", "idle_ms", "idle_fraction", "idle_basis", "kernels",
-    "tensor_flops", "flops_useful", "flops_counted", "vector_flops", "bytes", "bytes_weights", "bytes_kv_read",
-    "bytes_kv_write", "intensity", "achieved_tflops", "achieved_gbs",
-    "peak_tflops", "mem_bw_gbs", "ridge", "floor_ms", "efficiency", "efficiency_busy",
-    "cal_tflops", "cal_gbs", "cal_ridge", "floor_ms_cal", "efficiency_cal", "efficiency_busy_cal",
-    "bound", "bound_basis", "mfu", "mfu_cal", "mbu", "mbu_cal", "mbu_bytes", "routing", "note", "above_ceiling",
-]
-#: label columns of the roofline table; every other column is a float (NaN where not defined)
-ROOFLINE_TEXT = ("case", "stage", "level", "op_family", "kernel_categories", "analytic_families", "attribution",
-                 "timer", "idle_basis", "bound", "bound_basis", "routing", "note", "above_ceiling")
 SUM_COLS = ("tensor_flops", "flops_useful", "flops_counted", "vector_flops", "bytes", "bytes_weights", "bytes_kv_read",
             "bytes_kv_write")
 
@@ -104,57 +94,20 @@ SUM_COLS = ("tensor_flops", "flops_useful", "flops_counted", "vector_flops", "by
 
 def run_cases(manifest: dict) -> list:
     """The ``layout.Case`` of every case a run measured (its manifest entries, read back)."""
-    return [Case.from_dict(e) for e in manifest.get("cases") or []]
+    return [Case.from_dict(e) for e in Manifest.of(manifest).cases]
 
 
 def model_config(manifest: dict):
     """(CostModelConfig of the run: its ``model`` and ``execution``, note): keys this version does not
     know are dropped, with a note."""
-    config = manifest.get("config") or {}
-    raw = {**(config.get("model") or {}), **(config.get("execution") or {})}
+    man = Manifest.of(manifest)
+    raw = {**man.model_config, **man.execution_config}
     try:
         return from_dict(CostModelConfig, raw), None
     except HarnessError as exc:
         return from_dict(CostModelConfig, raw, strict=False), f"model config: {exc}"
 
 
-def expert_columns(df: pd.DataFrame) -> list:
-    """The expert count columns (e0..eN) of a routing table, in expert order."""
-    return sorted((c for c in df.columns if c.startswith("e") and c[1:].isdigit()), key=lambda c: int(c[1:]))
-
-
-def routing_arrays(routing: pd.DataFrame, case: str, num_layers: int) -> Optional[dict]:
-    """{'prefill': [layers, experts], 'decode': [layers, experts] (summed over steps)} or None."""
-    if routing is None or not len(routing) or case not in set(routing["case"]):
-        return None
-    r = routing[routing["case"] == case]
-    ecols = expert_columns(r)
-    out = {}
-    for phase, g in r.groupby("phase"):
-        arr = np.zeros((num_layers, len(ecols)), dtype=np.int64)
-        for _, row in g.iterrows():
-            layer = int(row["layer"])
-            if 0 <= layer < num_layers:
-                arr[layer] = [int(row[c]) if pd.notna(row[c]) else 0 for c in ecols]
-        out[str(phase)] = arr
-    return out or None
-
-
-def routing_step_array(routing_steps: pd.DataFrame, case: str, steps: int, num_layers: int) -> Optional[np.ndarray]:
-    """[steps, layers, experts] decode counts of ``case`` from routing_steps.csv, or None."""
-    if routing_steps is None or not len(routing_steps) or case not in set(routing_steps["case"]):
-        return None
-    r = routing_steps[routing_steps["case"] == case]
-    ecols = expert_columns(r)
-    arr = np.zeros((steps, num_layers, len(ecols)), dtype=np.int64)
-    vals = r[ecols].fillna(0).to_numpy(dtype=np.int64)
-    for (st, layer), v in zip(zip(r["step"].astype(int), r["layer"].astype(int)), vals):
-        if 0 <= st < steps and 0 <= layer < num_layers:
-            arr[st, layer] = v
-    return arr
-
-
-KV_COPY_COLUMNS = ("bytes_kv_copy_read", "bytes_kv_copy_write")
 
 #: the analytic frame's (and roofline row's) ``routing``: where the MoE weight bytes' experts come from
 ROUTING_SOURCES = {
@@ -221,7 +174,7 @@ def case_model_config(cfg, entry: dict):
     resolved MoE kernel included)."""
     from ..config import ExecutionConfig
 
-    ex = dict(entry.get("execution") or {})
+    ex = dict(Manifest.execution_of(entry))
     if ex.get("moe_kernel_resolved"):
         ex["moe_kernel"] = ex["moe_kernel_resolved"]
     known = {f.name for f in dataclasses.fields(ExecutionConfig)}
@@ -232,12 +185,12 @@ def analytic_for_run(run: RunData) -> tuple:
     """(analytic DataFrame, {case: MBU bytes}, notes) of a run read back from its directory: its
     cases (and each one's execution) from the manifest, MoE routing from routing.csv and
     routing_steps.csv."""
-    man = run.manifest
+    man = Manifest.of(run.manifest)
     cfg, note = model_config(man)
     notes = [note] if note else []
-    dtype = str(man.get("dtype") or "bf16")
+    dtype = str(man.dtype or "bf16")
     frames, mbu_bytes = [], {}
-    for case, entry in zip(run_cases(man), man.get("cases") or []):
+    for case, entry in zip(run_cases(man), man.cases):
         routing = routing_arrays(run.routing, case.name, cfg.llm.num_layers)
         steps = routing_step_array(run.routing_steps, case.name, case.decode_steps, cfg.llm.num_layers)
         if routing is not None and steps is not None:
@@ -352,7 +305,7 @@ def join_stages(measured: pd.DataFrame, analytic: pd.DataFrame, peaks: Peaks,
     return roofline_frame(rows)
 
 
-__all__ = ["ROOFLINE_COLUMNS", "ROOFLINE_TEXT", "roofline_frame", "OP_GROUPS", "CATEGORY_GROUP", "FAMILY_GROUP", "SUM_COLS",
-           "KV_COPY_COLUMNS", "LAUNCH_BOUND_IDLE", "roofline_point", "floor_ms", "classify", "mfu", "mbu", "span_note", "run_cases", "analytic_for_case", "analytic_for_run",
-           "join_stages", "routing_arrays", "routing_step_array", "model_config", "ROUTING_SOURCES",
-           "EXPECTED_ROUTING", "expected_routing", "expert_columns"]
+__all__ = ["roofline_frame", "OP_GROUPS", "CATEGORY_GROUP", "FAMILY_GROUP", "SUM_COLS",
+           "LAUNCH_BOUND_IDLE", "roofline_point", "floor_ms", "classify", "mfu", "mbu", "span_note", "run_cases",
+           "analytic_for_case", "analytic_for_run",
+           "join_stages", "model_config", "ROUTING_SOURCES", "EXPECTED_ROUTING", "expected_routing"]

@@ -60,7 +60,7 @@ def timeline_lanes(workers: int) -> list:
 
 def plot_timeline(panels: list, path, title: str = "") -> Path:
     """``panels``: [(config name, spans of its first batches, prep rows in that time, workers)]; spans
-    and prep as ``window.SPAN_COLUMNS`` / ``PREP_COLUMNS`` (seconds from the window start)."""
+    and prep as ``harness.schema.throughput`` SPANS_CSV / PREP_CSV (seconds from the window start)."""
     plt = _plt()
     heights = [len(timeline_lanes(w)) * 0.28 + 0.9 for _, _, _, w in panels] or [2.0]
     fig, axes = plt.subplots(len(heights), 1, figsize=(11, sum(heights) + 0.6), dpi=100, squeeze=False,

@@ -26,35 +26,14 @@ from ..markdown import LEFT, RIGHT, table as md_table
 from ..measure.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CI_LEVEL
 from .barrier import read_records
 from .section import _cell, column_lines, device_text, report_head
-from .window import _columns
+from ..schema.throughput import SCALING_CSV
 
 PHASES = ("alone", "together")
 PHASE_TEXT = {"alone": "phase 1, one GPU alone", "together": "phase 2, all GPUs at once"}
 
-_SCALING_TEXT = """
-config | | setting | configuration name (b<batch>)
-batch | pages | setting | pages decoded together on each GPU
-gpus | GPUs | setting | GPUs of phase 2 (throughput.gpus), one process each
-workers | processes | setting | preprocessing worker processes per GPU
-one_gpu_pages_s | pages/s | derived | pages_s of phase 1 (the first GPU alone, same settings, same run)
-one_gpu_bound | | derived | bound of phase 1
-aggregate_pages_s | pages/s | derived | sum over the GPUs of phase 2 of their pages_s
-gpu_pages_s_min | pages/s | derived | the slowest GPU's pages_s in phase 2
-gpu_pages_s_max | pages/s | derived | the fastest GPU's pages_s in phase 2
-speedup | ratio | derived | aggregate_pages_s / one_gpu_pages_s: what N GPUs give over one, in the same run
-speedup_lo | ratio | derived | 95% percentile bootstrap interval of speedup: each window's batch cycles (one \
-batch's start to the next's, the last to the window's end) resampled on their own, a GPU's pages/s = pages / \
-the resampled cycles' sum (2,000 draws, seed 0); empty with fewer than 2 batches in a window
-speedup_hi | ratio | derived | upper end of that interval
-efficiency | fraction | derived | scaling efficiency, speedup / gpus; empty above 1.0 (kept in above_ceiling)
-above_ceiling | | derived | an efficiency above 1.0 and what to check (a GPU of phase 2 ran faster than the \
-GPU alone)
-bounds | | derived | each GPU's bound in phase 2 (gpu id: bound)
-windows_overlap | fraction | derived | phase 2's windows in common (latest start to earliest end, starts \
-from the barrier's release times) / the longest window; 1 = the windows ran at the same time
-"""
-SCALING_COLUMNS = _columns(_SCALING_TEXT)
-SCALING_NAMES = [c[0] for c in SCALING_COLUMNS]
+#: scaling.csv's columns: (column, unit, provenance, what it is), declared in ``harness.schema.throughput``
+SCALING_COLUMNS = [(f.name, f.unit, f.provenance, f.what) for f in SCALING_CSV.fields]
+SCALING_NAMES = SCALING_CSV.columns
 
 
 def child_name(phase: str, gpu) -> str:

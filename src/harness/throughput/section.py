@@ -10,9 +10,13 @@ from typing import Optional
 
 import pandas as pd
 
-from ..markdown import LEFT, RIGHT, table as md_table
+from ..markdown import LEFT, table as md_table
+from ..report.columns import Column, fixed, occupancy, text
+from ..report.columns import table as columns_table
+from ..schema.manifest import Manifest
+from ..schema.throughput import THROUGHPUT_CSV
 from .charts import DEEPSEEK_CLAIM_PAGES_S, JINA_C16_PAGES_S
-from .window import COLUMNS, SATURATED
+from .window import SATURATED
 
 #: figures published by others (as issue 25 and the design notes quote them), shown beside ours and
 #: never mixed with them: (system, hardware, published figure)
@@ -23,21 +27,33 @@ ANCHORS = [
     ("SGLang serving DeepSeek-OCR-2", "H200", "12,739 tok/s at 100 concurrent requests (text-only prompts)"),
 ]
 
-#: (column, header, format) of the section's table
-TABLE = [("config", "config", "{}"), ("batch", "batch", "{:d}"), ("routing", "routing", "{}"),
-         ("pages_s", "pages/s (derived)", "{:,.2f}"), ("decode_tok_s", "decode tok/s (derived)", "{:,.0f}"),
-         ("wasted_decode_slots", "wasted decode slots (derived)", "pct"), ("gpu_busy", "GPU busy (derived)", "pct"),
-         ("prep_pages_s", "prep capacity pages/s (derived)", "{:,.1f}"), ("prep_busy", "prep busy (derived)", "pct"),
-         ("h2d_gbs", "H2D GB/s (derived)", "{:,.2f}"), ("copy_busy", "copy busy (derived)", "pct"),
-         ("dev_prep_ms", "device prep ms/batch", "{:,.2f}"),
-         ("sam_ms", "sam ms/batch", "{:,.2f}"), ("sam_mfu", "SAM MFU (derived, datasheet)", "pct"), ("clip_ms", "clip ms/batch", "{:,.2f}"),
-         ("projector_ms", "projector ms/batch", "{:,.2f}"), ("prefill_ms", "prefill ms/batch", "{:,.2f}"),
-         ("decode_ms", "decode ms/batch", "{:,.1f}"), ("peak_mem_bytes", "peak mem GB (measured)", "gb"),
-         ("experts_step", "experts per MoE layer per step (measured, median)", "{:,.0f}"),
-         ("window_s", "window s (measured)", "{:,.1f}"), ("bound", "bound (derived)", "{}")]
+_F2 = fixed("{:,.2f}")
+#: the section's table: throughput.csv's columns (``harness.schema.throughput``) as written in the report;
+#: a busy fraction (or an MFU) above 100% is flagged as the bug it is (``occupancy``)
+TABLE = {c.name: c for c in [
+    Column("config", "config", align=LEFT), Column("batch", "batch", fmt=fixed("{:.0f}")),
+    Column("routing", "routing", align=LEFT), Column("pages_s", "pages/s", "", "derived", fmt=_F2),
+    Column("decode_tok_s", "decode tok/s", "", "derived", fmt=fixed("{:,.0f}")),
+    Column("wasted_decode_slots", "wasted decode slots", "", "derived", fmt=occupancy),
+    Column("gpu_busy", "GPU busy", "", "derived", fmt=occupancy),
+    Column("prep_pages_s", "prep capacity pages/s", "", "derived", fmt=fixed("{:,.1f}")),
+    Column("prep_busy", "prep busy", "", "derived", fmt=occupancy),
+    Column("h2d_gbs", "H2D GB/s", "", "derived", fmt=_F2),
+    Column("copy_busy", "copy busy", "", "derived", fmt=occupancy),
+    Column("dev_prep_ms", "device prep", "ms/batch", "measured", fmt=_F2),
+    Column("sam_ms", "sam", "ms/batch", "measured", fmt=_F2),
+    Column("sam_mfu", "SAM MFU", "", "derived", "datasheet", fmt=occupancy),
+    *[Column(f"{s}_ms", s, "ms/batch", "measured", fmt=_F2) for s in ("clip", "projector", "prefill")],
+    Column("decode_ms", "decode", "ms/batch", "measured", fmt=fixed("{:,.1f}")),
+    Column("peak_mem_bytes", "peak mem", "GB", "measured", fmt=fixed("{:,.2f}", 1e9)),
+    Column("experts_step", "experts per MoE layer per step", "", "measured", "median", fmt=fixed("{:,.0f}")),
+    Column("window_s", "window", "s", "measured", fmt=fixed("{:,.1f}")),
+    Column("bound", "bound", "", "derived", fmt=text, align=LEFT)]}
 
 
 def _cell(value, fmt: str) -> str:
+    """One cell of the multi-GPU tables (``scaling``): a busy fraction (``pct``; above 100% flagged as a
+    bug), ``gb`` or a format string; missing values as a dash."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "–"
     if fmt == "pct":
@@ -49,10 +65,10 @@ def _cell(value, fmt: str) -> str:
     return fmt.format(value)
 
 
-def device_text(manifest: dict) -> str:
+def device_text(manifest) -> str:
     """The run's device as the manifest names it (its GPU's name, else its type)."""
-    device = manifest.get("device") or {}
-    return device.get("name") or device.get("type", "?")
+    m = Manifest.of(manifest)
+    return m.device_name or m.device.get("type", "?")
 
 
 def column_lines(file: str, columns: list) -> list:
@@ -61,25 +77,27 @@ def column_lines(file: str, columns: list) -> list:
         f"- `{c}` ({u or '-'}; {p}): {d}" for c, u, p, d in columns]
 
 
-def throughput_section(table: pd.DataFrame, manifest: dict) -> list:
-    """Markdown lines of the section (see the module docstring)."""
-    info = manifest.get("throughput") or {}
+def throughput_section(table: pd.DataFrame, manifest) -> list:
+    """Markdown lines of the section (see the module docstring); ``manifest``: the run's (a dict or a
+    ``harness.schema.manifest.Manifest``)."""
+    manifest = Manifest.of(manifest)
+    info = manifest.throughput
     device = device_text(manifest)
     out = ["## Throughput (sustained pipeline)", ""]
-    out.append(f"Device {device}, dtype {manifest.get('dtype', '?')}; mode `{info.get('mode', '?')}`, "
+    out.append(f"Device {device}, dtype {manifest.dtype or '?'}; mode `{info.get('mode', '?')}`, "
                f"{info.get('pages', '?')} distinct {info.get('page_kind', 'pages')}, decode budget per page "
                f"{info.get('tokens', '?')}; {info.get('workers', '?')} preprocessing worker process(es); execution "
                f"`{info.get('execution_label', '?')}`. Each configuration: {info.get('warmup_batches', '?')} warm-up "
                f"batch(es), then a steady window of at least {info.get('window_s', '?')} s and "
                f"{info.get('window_pages', '?')} pages, synchronised at both edges. Preprocessing (read, decode, "
                "the vendor's resize/pad/normalise, request building) runs in the worker processes ahead of the "
-               "device; batches are copied from pinned host buffers on their own stream while the previous batch "
-               "runs (CPU: plain copies). Random weights decode every page's full budget.")
+               "device (with `execution.preprocess=device` the workers stop at the page's 8-bit pixels, which the "
+               "copy stream resizes, pads and normalises after copying them); batches are copied from pinned host "
+               "buffers on their own stream while the previous batch runs (CPU: plain copies). Random weights "
+               "decode every page's full budget.")
     out.append("")
     if len(table):
-        out += md_table([h for _, h, _ in TABLE],
-                        [[_cell(r.get(c), f) for c, _, f in TABLE] for r in table.to_dict("records")],
-                        [LEFT if c in ("config", "routing", "bound") else RIGHT for c, _, _ in TABLE])
+        out += columns_table(list(TABLE), table.to_dict("records"), TABLE)
     else:
         out.append("No configuration finished.")
     out += ["", f"**Bound**: the resource whose busy fraction of the window is highest, when it is at least "
@@ -90,14 +108,15 @@ def throughput_section(table: pd.DataFrame, manifest: dict) -> list:
             "`harness.throughput.window.bound` holds the rule.", ""]
     out += ["Published figures (not measured here: other hardware, weights or prompts):", ""]
     out += md_table(["system", "hardware", "published figure"], ANCHORS, [LEFT] * 3)
-    out += column_lines("throughput.csv", COLUMNS)
+    out += column_lines("throughput.csv", [(f.name, f.unit, f.provenance, f.what) for f in THROUGHPUT_CSV.fields])
     out += ["", "Caveats: stage spans are marks on the compute stream: in a host-bound execution they include "
-            "launch gaps, so `GPU busy` is the stream's occupancy, not kernel busy time. The generate loop reads "
-            "the routing counts back at the end of every batch (one synchronisation per batch). A worker's time "
-            "per page leaves out handing its arrays back (about one copy of the pixels). Under "
-            "`workload.routing=balanced` every batch also builds its forced-routing table on the host "
-            "(`models.routing.balanced_table`: each page drawn once, then cut to the batch's positions) and "
-            "copies it to the device: harness work a trained model does not do, inside the window."]
+            "launch gaps, so `GPU busy` is the stream's occupancy, not kernel busy time; device preprocessing "
+            "(`execution.preprocess=device`) runs on the copy stream beside it and is not in it. Each batch's "
+            "routing counts are copied to pinned memory on the stream and read once the next batch is launched "
+            "(no host synchronisation per batch). A worker's time per page leaves out handing its arrays back "
+            "(about one copy of the pixels). Under `workload.routing=balanced` every batch assembles its "
+            "forced-routing table on the device from its pages' draws (`models.routing.balanced_table`: each "
+            "page drawn on the host and copied once): harness work a trained model does not do, inside the window."]
     notes = info.get("notes") or []
     if notes:
         out += ["", "Notes:", ""] + [f"- {n}" for n in notes]
@@ -108,16 +127,16 @@ def throughput_section(table: pd.DataFrame, manifest: dict) -> list:
 def report_head(rd, finished: int) -> list:
     """report.md's first lines: the run's name, status, experiment and times; for a run that ended
     early, how many configurations (``finished``) it kept and why; its warnings."""
-    man = rd.manifest
-    status = man.get("status", "?")
+    man = Manifest.of(rd.manifest)
+    status = man.status or "?"
     head = [f"# Throughput run {Path(rd.path).name}", "",
-            f"Status **{status}**; experiment `{(man.get('config') or {}).get('experiment_name', '-')}`; "
-            f"started {man.get('started')}, finished {man.get('finished') or '-'}.", ""]
+            f"Status **{status}**; experiment `{man.config.get('experiment_name', '-')}`; "
+            f"started {man.started}, finished {man.finished or '-'}.", ""]
     if status != "complete":
         head += [f"Partial: the run {status} after {finished} finished configuration(s)"
-                 + (f": {man.get('error')}" if man.get("error") else "") + ".", ""]
-    if man.get("warnings"):
-        head += ["Warnings:", ""] + [f"- {w}" for w in man["warnings"]] + [""]
+                 + (f": {man.error}" if man.error else "") + ".", ""]
+    if man.warnings:
+        head += ["Warnings:", ""] + [f"- {w}" for w in man.warnings] + [""]
     return head
 
 
