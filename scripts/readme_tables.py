@@ -236,11 +236,24 @@ def throughput(folder: Path, _ev: dict, _cases: list) -> list:
                  "wasted decode slots (derived)", "GPU busy (derived)", "prep capacity pages/s (derived)",
                  "experts per MoE layer per step (measured, median)", "bound (derived)"],
                 ["---", "---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---"], rows)
-    return out + ["", source(folder, ", ".join(dict.fromkeys(devices)), "each run's throughput.csv: a steady window "
-                                                                          "of at least 30 s per batch size")]
+    windows = " or ".join(sorted({f"{r['manifest'].get('throughput', {}).get('window_s'):g} s" for r in runs.values()}))
+    return out + ["", source(folder, ", ".join(dict.fromkeys(devices)), f"each run's throughput.csv: a steady window "
+                                                                          f"of at least {windows} per batch size")]
 
 
-KINDS = {"ladder": ladder, "vision": vision, "tpot": tpot, "overhead": overhead, "throughput": throughput}
+def scaling(folder: Path, _ev: dict, _cases: list) -> list:
+    """The scaling.csv of FOLDER's run over N GPUs (``throughput.gpus``): one row per batch size."""
+    sub = next(p for p in sorted(folder.iterdir()) if (p / "scaling.csv").exists())
+    rows = [[r["config"], str(int(r["gpus"])), number(r["one_gpu_pages_s"], "{:,.2f}"), r["one_gpu_bound"],
+             number(r["aggregate_pages_s"], "{:,.2f}"), f"{r['speedup']:.2f}x [{r['speedup_lo']:.2f}x, {r['speedup_hi']:.2f}x]",
+             share(r["efficiency"]), share(r["windows_overlap"])] for r in pd.read_csv(sub / "scaling.csv").to_dict("records")]
+    out = table(["config", "GPUs", "one GPU pages/s (derived)", "its bound", "aggregate pages/s (derived)",
+                 "speed-up, aggregate / one GPU of the same run [95%] (derived)", "scaling efficiency (derived)",
+                 "windows overlap (derived)"], ["---", "---:", "---:", "---", "---:", "---:", "---:", "---:"], rows)
+    return out + ["", source(folder, json.loads((sub / "manifest.json").read_text())["device"]["name"], f"{sub.name}/scaling.csv")]
+
+
+KINDS = {"ladder": ladder, "vision": vision, "tpot": tpot, "overhead": overhead, "throughput": throughput, "scaling": scaling}
 
 
 def render(spec: str, examples: Path) -> str:
