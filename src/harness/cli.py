@@ -234,15 +234,12 @@ def _compose_checked(args: list[str], verb: str = "run") -> tuple:
         hc = to_config(cfg)
         if verb == "run":         # the experiment's module is there and takes this config
             from .lifecycle import experiment_class
-            experiment_class(hc)
+            experiment_class(hc, None if not _multirun(args) else "gpus" if "hydra/launcher=gpus" in args else "other")
         if verb in MODEL_VERBS:
             from .setup import check_cases
             check_cases(hc)
         first = first or hc
     GlobalHydra.instance().clear()
-    if verb == "run" and first.throughput is not None:   # throughput.gpus: refused here, before any run directory
-        from .throughput.gpus import plan_for
-        plan_for(first, None if not _multirun(args) else "gpus" if "hydra/launcher=gpus" in args else "other")
     if verb == "bench":
         from .bench.verb import check_bench
         check_bench(first)

@@ -125,8 +125,10 @@ class Experiment:
         self.cfg = cfg
 
     @classmethod
-    def check(cls, cfg: HarnessConfig) -> None:
-        """Raise ``HarnessError`` for a config this experiment cannot run (before any run directory)."""
+    def check(cls, cfg: HarnessConfig, sweep: Optional[str] = None) -> None:
+        """Raise ``HarnessError`` for a config this experiment cannot run (before any run directory);
+        ``sweep``: None for one run, else the kind of multirun the CLI was given (``gpus``: Hydra's
+        one-GPU-per-job launcher, ``other``)."""
 
     def data(self, rd: RunDir) -> RunData:
         """What the run keeps in memory (handed to ``write`` and to the close); the default holds
@@ -146,9 +148,9 @@ class Experiment:
 FIX_MODULE = "name a module that defines EXPERIMENT, a harness.lifecycle.Experiment (e.g. harness.run), or drop it"
 
 
-def experiment_class(cfg: HarnessConfig) -> type:
+def experiment_class(cfg: HarnessConfig, sweep: Optional[str] = None) -> type:
     """The ``EXPERIMENT`` class of the module ``cfg.experiment_module`` names, checked against ``cfg``
-    (its ``check``). Raises HarnessError."""
+    (its ``check``; ``sweep`` as there). Raises HarnessError."""
     name = cfg.experiment_module
     try:
         module = importlib.import_module(name)
@@ -160,7 +162,7 @@ def experiment_class(cfg: HarnessConfig) -> type:
     if not (isinstance(kind, type) and issubclass(kind, Experiment)):
         raise HarnessError(f"experiment_module={name} defines no EXPERIMENT (a harness.lifecycle.Experiment)",
                            FIX_MODULE)
-    kind.check(cfg)
+    kind.check(cfg, sweep)
     return kind
 
 

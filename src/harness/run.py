@@ -182,7 +182,7 @@ class Stages(Experiment):
     harness.run``). Its ``data`` grows case by case (``LiveRunData``); ``write`` is the run report."""
 
     @classmethod
-    def check(cls, cfg: HarnessConfig) -> None:
+    def check(cls, cfg: HarnessConfig, sweep=None) -> None:
         if cfg.throughput is not None:
             raise HarnessError("throughput.* is set, and experiment_module=harness.run measures stages, not the "
                                "pipeline's pages/s", "run +experiment=throughput (experiment_module: "

@@ -118,10 +118,12 @@ class Throughput(Experiment):
     the batch sizes; ``write`` is throughput.md, report.md and the charts (``Outputs``)."""
 
     @classmethod
-    def check(cls, cfg: HarnessConfig) -> None:
+    def check(cls, cfg: HarnessConfig, sweep=None) -> None:
         if cfg.throughput is None:
             raise HarnessError("experiment_module=harness.throughput.pipeline needs the throughput settings, and "
                                "throughput is unset", "run +experiment=throughput")
+        from .gpus import plan_for
+        plan_for(cfg, sweep)         # throughput.gpus: more than visible, a CPU or a one-GPU-per-job sweep refused
 
     def data(self, rd: RunDir) -> RunData:
         self.out, self.gpus = Outputs(rd), self.gpu_plan()
