@@ -189,3 +189,26 @@ def test_normalise_is_the_host_arithmetic():
     want = wl.to_tensor(Image.fromarray(np.repeat(np.arange(256, dtype=np.uint8).reshape(16, 16, 1), 3, axis=2)))
     assert torch.equal(pd.normalise(v.expand(1, 3, 16, 16))[0], want)
     assert float(pd.normalise(torch.tensor([0.0, 255.0]))[0]) == -1.0 and float(pd.normalise(torch.tensor([255.0]))[0]) == 1.0
+
+
+def test_page_pixels_in_place_and_their_fallback(monkeypatch):
+    img = _page((300, 200))
+    got = pd.page_pixels(img)
+    assert got.shape[:2] == (200, 300) and got.shape[2] in (3, 4)
+    assert np.array_equal(got[..., :3], np.asarray(img))
+    if got.shape[2] == 4:      # PIL's own memory: a write to the page shows in the view
+        img.putpixel((0, 0), (1, 2, 3))
+        assert tuple(got[0, 0, :3]) == (1, 2, 3)
+    monkeypatch.setattr(type(img), "__arrow_c_array__", lambda self, *a: (_ for _ in ()).throw(ValueError("blocks")),
+                        raising=False)
+    fallback = pd.page_pixels(_page((300, 200)))
+    assert fallback.shape == (200, 300, 3)
+
+
+def test_rgbx_pages_give_the_same_views():
+    pages = [_page((620, 877), 1), _page((620, 877), 2)]
+    ref = torch.stack([wl.preprocess(p, "base").global_view for p in pages])
+    px = [torch.from_numpy(np.ascontiguousarray(np.dstack([np.asarray(p), np.full((877, 620), 77, np.uint8)])))
+          for p in pages]
+    views, tiles = pd.views_and_tiles(px, "base")
+    assert tiles is None and torch.equal(views, ref)

@@ -12,7 +12,7 @@ in the table:
   (``to_tensor``), tiles (resize to the grid and cut, crop modes with tiles), normalise the tiles, and
   the whole request build (``build_request``: all of the above but decode, plus the token layout and
   stacking) whose median the other rows are a share of;
-* ``preprocess=device``: the host part (8-bit arrays + token layout, ``preprocess_device.host_pages``),
+* ``preprocess=device``: the host part (PIL's pixels in place + token layout, ``preprocess_device.host_pages``),
   the copy of the 8-bit pixels (synchronised on CUDA) and the device part (resize, pad, normalise,
   tiles, synchronised on CUDA).
 
@@ -82,7 +82,8 @@ def page_steps(data: bytes, mode, device: torch.device, sync) -> tuple:
         _, ms["host path: normalise the tiles"] = _timed(lambda: torch.stack([wl.to_tensor(t) for t in cut]))
     page = wl.Page("p", image, "memory")
     ref, ms[WHOLE] = _timed(lambda: wl.build_request([page], mode, decode_tokens=0))
-    host, ms["device path: host part (8-bit arrays, token layout)"] = _timed(lambda: pd.host_pages([page], mode))
+    host, ms["device path: host part (PIL's pixels in place, token layout)"] = _timed(
+        lambda: pd.host_pages([page], mode, in_place=True))
     pixels, ms["device path: copy 8-bit pixels"] = _timed(lambda: pd.to_device(host, device), sync)
     (views, tiles), ms["device path: resize, pad, normalise, tiles"] = _timed(
         lambda: pd.views_and_tiles(pixels, mode), sync)
