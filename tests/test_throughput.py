@@ -21,7 +21,8 @@ from harness import layout
 from harness.config import ThroughputConfig, TokensConfig
 from harness.errors import HarnessError
 from harness.throughput import plan
-from harness.throughput.window import COLUMN_NAMES, bound, summarize, wasted_fraction
+from harness.schema.throughput import COLUMN_NAMES
+from harness.throughput.window import bound, summarize, wasted_fraction
 from test_faults import harness  # noqa: E402 - the CLI as a subprocess, with an optional injected fault
 
 ROOT = Path(__file__).resolve().parents[1]

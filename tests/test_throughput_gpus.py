@@ -23,7 +23,7 @@ from harness.throughput import barrier, scaling
 from harness.throughput.gpus import GpuPlan, child_overrides, plan_gpus
 from harness.lifecycle import run_experiment
 from harness.throughput.pipeline import Throughput
-from harness.throughput.window import COLUMN_NAMES, SPAN_COLUMNS
+from harness.schema.throughput import COLUMN_NAMES, SPAN_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -204,7 +204,7 @@ FAKE_CHILD = textwrap.dedent('''
     from pathlib import Path
     import pandas as pd
     from harness.throughput import barrier
-    from harness.throughput.window import COLUMN_NAMES, SPAN_COLUMNS
+    from harness.schema.throughput import COLUMN_NAMES, SPAN_COLUMNS
 
     def stopped(signum, frame):
         print(f"interrupted: {signal.Signals(signum).name} during case b2 (1 of 1); 0 finished case(s) kept")

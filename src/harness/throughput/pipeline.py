@@ -50,7 +50,8 @@ from .execution import apply_execution, changed_knobs, execution_for
 from .feeder import Feeder, HostBatch, Layout
 from .section import write_outputs
 from .staging import Staged, Stager
-from .window import BATCH_COLUMNS, COLUMN_NAMES, PREP_COLUMNS, SPAN_COLUMNS, summarize
+from ..schema.throughput import BATCHES_CSV, PREP_CSV, SPANS_CSV, THROUGHPUT_CSV
+from .window import summarize
 
 SPARE_BUFFERS = 2   # host buffers beyond those being filled: the batch running and the one staged
 
@@ -89,17 +90,19 @@ class Outputs:
 
     @property
     def table(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows, columns=COLUMN_NAMES)
+        return THROUGHPUT_CSV.frame(self.rows)
 
     def add(self, row: dict, batches: pd.DataFrame, spans: pd.DataFrame, prep_rows: pd.DataFrame, panel,
             case_entry: dict) -> None:
+        """One finished configuration into the run directory, through its files' schema
+        (``harness.schema.throughput``)."""
         rd = self.rd
-        rd.write_csv("throughput.csv", pd.DataFrame(self.rows + [row], columns=COLUMN_NAMES))
+        THROUGHPUT_CSV.write(rd, self.rows + [row])
         self.rows.append(row)
-        rd.append_csv("throughput_batches.csv", batches)
-        rd.append_csv("throughput_spans.csv", spans)
+        BATCHES_CSV.append(rd, batches)
+        SPANS_CSV.append(rd, spans)
         if len(prep_rows):
-            rd.append_csv("throughput_prep.csv", prep_rows)
+            PREP_CSV.append(rd, prep_rows)
         self.timeline.append(panel)
         rd.manifest["cases"].append(case_entry)
         rd.save()
@@ -425,7 +428,7 @@ class ConfigRun:
             if st.prep_end is not None:
                 srows.append([self.name, n, "preprocess", self.marks.seconds(st.copy_end),
                               self.marks.seconds(st.prep_end)])
-        return pd.DataFrame(brows, columns=BATCH_COLUMNS), pd.DataFrame(srows, columns=SPAN_COLUMNS)
+        return BATCHES_CSV.frame(brows), SPANS_CSV.frame(srows)
 
     def _prep(self, window_s: float) -> pd.DataFrame:
         """Pages the workers prepared that overlap the window, on the window's time axis."""
@@ -434,7 +437,7 @@ class ConfigRun:
             start, end = self.marks.host_seconds(a), self.marks.host_seconds(b)
             if end >= 0 and start <= window_s:
                 rows.append([self.name, page, self.lane(pid), start, end])
-        return pd.DataFrame(rows, columns=PREP_COLUMNS)
+        return PREP_CSV.frame(rows)
 
 EXPERIMENT = Throughput
 

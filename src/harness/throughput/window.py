@@ -5,14 +5,14 @@ Raw observations (one table each, declared in ``harness.schema.throughput`` with
 columns; times in seconds from the window start, which is a synchronised device-idle point; the
 window ends at ``window_s``, synchronised too):
 
-* batches (``BATCH_COLUMNS``): one row per batch of the window: its pages, their decode budgets'
+* batches (``harness.schema.throughput.BATCHES_CSV``): one row per batch of the window: its pages, their decode budgets'
   max and sum [tokens], the bytes copied to the device, how long the main thread waited for the
   batch's pages before launching it [ms], and the median over its decode steps and MoE layers of the
   distinct experts the batch's rows touched (``models.routing.experts_per_step``; empty without counts);
-* spans (``SPAN_COLUMNS``): one row per timed range of a batch: ``request`` and the five stages
+* spans (``SPANS_CSV``): one row per timed range of a batch: ``request`` and the five stages
   (marks on the compute stream: CUDA events, or the host clock on the CPU), ``copy`` (marks on
   the copy stream) and, with device preprocessing, ``preprocess`` (after the copy, same stream);
-* prep (``PREP_COLUMNS``): one row per page a worker prepared around the window: worker lane and
+* prep (``PREP_CSV``): one row per page a worker prepared around the window: worker lane and
   interval (host clock).
 
 Every number of throughput.csv (``harness.schema.throughput.THROUGHPUT_CSV``) comes from these by the
@@ -24,7 +24,6 @@ import numpy as np
 import pandas as pd
 
 from ..anatomy.stages import STAGES, VISION_STAGES
-from ..schema.throughput import BATCH_COLUMNS, COLUMN_NAMES, PREP_COLUMNS, SPAN_COLUMNS  # noqa: F401 (pipeline)
 
 
 #: a resource busy for at least this fraction of the window is saturated (see ``bound``)
