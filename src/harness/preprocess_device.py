@@ -39,15 +39,15 @@ from .layout import BOS_TOKENS, Case, get_mode, image_token_count
 VERTICAL_FIRST_FROM = (13, 0)
 
 
-def _pillow_version() -> tuple:
-    return tuple(int(p) for p in PIL.__version__.split(".")[:2])
+#: the installed Pillow's (major, minor)
+PILLOW = tuple(int(p) for p in PIL.__version__.split(".")[:2])
 
 
 def pass_order(in_size: tuple, out_size: tuple, pillow: Optional[tuple] = None) -> str:
     """``"hv"`` (horizontal pass first) or ``"vh"``: the order the installed Pillow (or ``pillow``,
     (major, minor)) resizes a (w, h) page to ``out_size`` [px]. Only a pass whose size changes runs."""
     (w0, h0), (w1, h1) = in_size, out_size
-    vertical_first = (pillow or _pillow_version()) >= VERTICAL_FIRST_FROM and 0 < h0 - h1 and h0 - h1 > 2 * (w0 - w1)
+    vertical_first = (pillow or PILLOW) >= VERTICAL_FIRST_FROM and 0 < h0 - h1 and h0 - h1 > 2 * (w0 - w1)
     return "vh" if vertical_first else "hv"
 
 
@@ -108,6 +108,8 @@ def pil_coefficients(in_size: int, out_size: int) -> np.ndarray:
     return out
 
 
+#: device copies of what the device part reads again and again: PIL's coefficient matrices per (in,
+#: out, device), the normalisation table per device
 _MATRICES: dict = {}
 
 
@@ -176,8 +178,10 @@ NORMALISED = ((np.arange(256, dtype=np.uint8).astype(np.float32) / np.float32(25
 
 def normalise(x: torch.Tensor) -> torch.Tensor:
     """8-bit values (float32) -> (x / 255 - 0.5) / 0.5, the values ``workload.to_tensor`` gives (``NORMALISED``)."""
-    table = torch.from_numpy(NORMALISED).to(x.device)
-    return table[x.long()]
+    key = ("normalised", str(x.device))
+    if key not in _MATRICES:      # copied to each device once (a copy per batch would wait on the stream)
+        _MATRICES[key] = torch.from_numpy(NORMALISED).to(x.device)
+    return _MATRICES[key][x.long()]
 
 
 def tiles(x: torch.Tensor, grid: tuple, tile: int) -> torch.Tensor:
@@ -239,10 +243,8 @@ _ArrowArray._fields_ = [("length", ctypes.c_int64), ("null_count", ctypes.c_int6
                         ("release", ctypes.c_void_p), ("private_data", ctypes.c_void_p)]
 
 
-def _capsule(capsule, name: bytes) -> int:
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    return get(capsule, name)
+_capsule = ctypes.pythonapi.PyCapsule_GetPointer      # (capsule, name) -> the address it holds
+_capsule.restype, _capsule.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
 
 
 def page_pixels(image) -> np.ndarray:
@@ -291,9 +293,7 @@ def host_pages(pages: list, mode, decode_tokens: int = 128, prompt: str = wl.DEF
     mode = get_mode(mode)
     images = [p.image if p.image.mode == "RGB" else p.image.convert("RGB") for p in pages]
     grids = [wl.page_grid(*im.size, mode) for im in images]
-    if len(set(grids)) > 1:
-        wl.build_request(pages, mode, decode_tokens=0, prompt=prompt, tokenizer=tokenizer, text_tokens=text_tokens,
-                         seed=seed)   # raises the refusal that names each page's grid
+    wl.check_one_grid(pages, grids)
     grid = grids[0]
     ids, mask, before, after = wl.token_layout(image_token_count(mode, grid), prompt, tokenizer, text_tokens, seed)
     batch = len(pages)

@@ -526,12 +526,7 @@ def build_request(pages: list[Page], mode, decode_tokens: int = 128,
              for i, p in enumerate(pages)]
 
     prepared = [preprocess(p.image, mode) for p in pages]
-    layouts = {(pi.grid, pi.image_tokens) for pi in prepared}
-    if len(layouts) > 1:
-        found = ", ".join(f"{p.name}: {'x'.join(map(str, pi.grid)) if pi.grid else 'no tiles'}"
-                          for p, pi in zip(pages, prepared))
-        raise HarnessError(f"pages in one batch have different tile grids ({found})",
-                           "batch pages with the same tile grid (same size/aspect) or use batch=1")
+    check_one_grid(pages, [pi.grid for pi in prepared])
     first = prepared[0]
     ids, mask, before, after = token_layout(first.image_tokens, prompt, tokenizer, text_tokens, seed)
     batch = len(pages)
@@ -544,6 +539,15 @@ def build_request(pages: list[Page], mode, decode_tokens: int = 128,
     return Request(case=case, input_ids=input_ids, images_seq_mask=seq_mask, global_views=views, tiles=tiles,
                    pages=[p.name for p in pages], image_start=BOS_TOKENS + before, source_pages=list(pages),
                    prompt=prompt, routing=routing, routing_seed=routing_seed)
+
+
+def check_one_grid(pages: list, grids: list) -> None:
+    """Refuse, naming each page's grid, pages of one batch (``Page``, with ``grids[k]`` the tile grid of
+    ``pages[k]``) whose tile grids differ."""
+    if len(set(grids)) > 1:
+        found = ", ".join(f"{p.name}: {'x'.join(map(str, g)) if g else 'no tiles'}" for p, g in zip(pages, grids))
+        raise HarnessError(f"pages in one batch have different tile grids ({found})",
+                           "batch pages with the same tile grid (same size/aspect) or use batch=1")
 
 
 def token_layout(image_tokens: int, prompt: str, tokenizer=None, text_tokens: int = 12, seed: int = 0) -> tuple:
@@ -612,6 +616,6 @@ __all__ = [
     "IMAGE_PLACEHOLDER", "PAD_COLOR", "NORM_MEAN", "NORM_STD", "IMAGE_SUFFIXES", "PAGE_SUFFIXES", "DEFAULT_PROMPT",
     "PreparedImage", "to_tensor", "page_grid", "preprocess", "Page", "synthetic_page", "load_pages", "rasterise", "to_8bit",
     "batch_pages",
-    "names_text", "layout_groups", "check_enough_pages", "Request", "build_request", "token_layout", "load_tokenizer",
+    "names_text", "layout_groups", "check_enough_pages", "Request", "build_request", "check_one_grid", "token_layout", "load_tokenizer",
     "tokenizer_or_reason", "describe",
 ]

@@ -68,7 +68,7 @@ def _cell(value, fmt: str) -> str:
 def device_text(manifest) -> str:
     """The run's device as the manifest names it (its GPU's name, else its type)."""
     m = Manifest.of(manifest)
-    return m.device_name or m.device.get("type", "?")
+    return m.device_name or m.device_type or "?"
 
 
 def column_lines(file: str, columns: list) -> list:
