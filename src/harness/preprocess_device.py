@@ -7,15 +7,20 @@ normalised and tiled as ``workload.preprocess`` does with PIL:
 
 * resize: PIL's own arithmetic, bit for bit: its bicubic coefficients (a = -0.5, the support
   stretched by the reduction) computed as ``Resample.c`` computes them in float64 and rounded to 22-bit
-  fixed point (``pil_coefficients``), one axis at a time in PIL's order (``pass_order``), each pass
-  a float64 matrix product (integer sums, exact) rounded and clipped to 8 bits as PIL does.
+  fixed point, as a band of taps per output pixel (``pil_taps``), one axis at a time in PIL's order
+  (``pass_order``), each output the integer sum of its taps x 8-bit pixels, + 2^21, shifted right by
+  22 and clipped to 0..255 as PIL does. The sums are integers, so any arithmetic that holds them
+  exactly gives PIL's bytes: on CUDA a Triton kernel in int32 (``kernels.pil_resample_triton``: one
+  launch per pass for the whole batch; exact because 255 x max sum |k| + 2^21 < 2^31, about 1.3e9
+  for bicubic, checked per pass, else the float64 path), elsewhere (the CPU: the reference) float64
+  matrix products with the dense coefficients (``pil_coefficients``; exact below 2^53), page by page.
 * pad: ``ImageOps.pad``'s geometry (``contain_size``: the aspect kept, sides rounded; the page
   centred, offsets rounded) on a ``workload.PAD_COLOR`` fill.
 * normalise: (x / 255 - 0.5) / 0.5 as ``workload.to_tensor`` computes it (a table of the 256 values).
 * tiles: the page resized to (tile x cols, tile x rows) and cut row-major (``workload._tiles``).
 
-Pages of one size are stacked together; a resize runs page by page (float64 per page). The pixels are float32 until
-the request's pixels are cast to the model's dtype, as ``workload.Request.to`` does.
+Pages of one size are stacked together. The pixels are float32 until the request's pixels are cast
+to the model's dtype, as ``workload.Request.to`` does.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ import PIL
 import torch
 
 from . import workload as wl
+from .kernels.availability import triton_available
 from .layout import BOS_TOKENS, Case, get_mode, image_token_count
 
 #: Pillow 13 resizes the vertical axis first when the height shrinks by more than twice as many
@@ -78,11 +84,13 @@ def _bicubic(x: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=64)
-def pil_coefficients(in_size: int, out_size: int) -> np.ndarray:
-    """int64 [out_size, in_size]: PIL's 8-bit resampling coefficients from ``in_size`` to ``out_size``
-    pixels along one axis (``precompute_coeffs`` + ``normalize_coeffs_8bpc``: the filter stretched by
-    the reduction, each output's weights normalised to sum 1 in float64, summed left to right, then
-    scaled by 2^22 and rounded half away from zero), as a dense matrix (zero outside each window)."""
+def pil_taps(in_size: int, out_size: int) -> tuple:
+    """(xmin int64 [out_size], k int64 [out_size, ksize]): PIL's 8-bit resampling coefficients from
+    ``in_size`` to ``out_size`` pixels along one axis as its band (``precompute_coeffs`` +
+    ``normalize_coeffs_8bpc``): output i reads input pixels xmin[i] + t with weight k[i, t] (22-bit
+    fixed point), t < ksize = 2 ceil(2 filterscale) + 1, k zero from t = xsize[i] on. The filter is
+    stretched by the reduction, each output's weights normalised to sum 1 in float64 (summed left to
+    right), then scaled by 2^22 and rounded half away from zero. Read-only arrays (cached)."""
     scale = float(in_size) / out_size
     filterscale = max(scale, 1.0)
     support = BICUBIC_SUPPORT * filterscale
@@ -90,26 +98,34 @@ def pil_coefficients(in_size: int, out_size: int) -> np.ndarray:
     inv = 1.0 / filterscale
     center = (np.arange(out_size) + 0.5) * scale
     xmin = np.maximum(np.trunc(center - support + 0.5).astype(np.int64), 0)
-    xmax = np.minimum(np.trunc(center + support + 0.5).astype(np.int64), in_size) - xmin
+    xsize = np.minimum(np.trunc(center + support + 0.5).astype(np.int64), in_size) - xmin
     taps = np.arange(ksize)
     w = _bicubic(((taps[None, :] + xmin[:, None]) - center[:, None] + 0.5) * inv)
-    w = np.where(taps[None, :] < xmax[:, None], w, 0.0)
+    w = np.where(taps[None, :] < xsize[:, None], w, 0.0)
     ww = np.zeros(out_size)
     for t in range(ksize):          # left to right, as the C loop (numpy's sum would pair them)
         ww = ww + w[:, t]
     w = np.where(ww[:, None] != 0.0, w / np.where(ww == 0.0, 1.0, ww)[:, None], w)
     one = float(1 << PRECISION_BITS)
     k = np.where(w < 0, np.trunc(-0.5 + w * one), np.trunc(0.5 + w * one)).astype(np.int64)
+    xmin.setflags(write=False)
+    k.setflags(write=False)
+    return xmin, k
+
+
+@functools.lru_cache(maxsize=64)
+def pil_coefficients(in_size: int, out_size: int) -> np.ndarray:
+    """int64 [out_size, in_size]: ``pil_taps`` as a dense matrix (zero outside each output's window)."""
+    xmin, k = pil_taps(in_size, out_size)
+    cols = xmin[:, None] + np.arange(k.shape[1])[None, :]
+    keep = cols < in_size           # beyond the page k is zero (t >= xsize)
     out = np.zeros((out_size, in_size), dtype=np.int64)
-    rows = np.repeat(np.arange(out_size), ksize)
-    cols = (xmin[:, None] + taps[None, :]).reshape(-1)
-    keep = (taps[None, :] < xmax[:, None]).reshape(-1)
-    out[rows[keep], cols[keep]] = k.reshape(-1)[keep]
+    out[np.nonzero(keep)[0], cols[keep]] = k[keep]
     return out
 
 
-#: device copies of what the device part reads again and again: PIL's coefficient matrices per (in,
-#: out, device), the normalisation table per device
+#: device copies of what the device part reads again and again: PIL's coefficient matrices and taps
+#: per (in, out, device), the normalisation table per device
 _MATRICES: dict = {}
 
 
@@ -134,14 +150,54 @@ def _pass(x: torch.Tensor, axis: str, size: int) -> torch.Tensor:
     return torch.floor((acc + float(1 << (PRECISION_BITS - 1))) / float(1 << PRECISION_BITS)).clamp_(0.0, 255.0)
 
 
+def _taps(in_size: int, out_size: int, device) -> Optional[tuple]:
+    """``pil_taps`` as int32 tensors (xmin [out], k [out, ksize]) on ``device`` (kept per device), or
+    None when their int32 sums could overflow (``pil_resample_triton.int32_exact``; never for bicubic)."""
+    from .kernels.pil_resample_triton import int32_exact
+
+    key = ("taps", in_size, out_size, str(device))
+    if key not in _MATRICES:
+        if len(_MATRICES) >= 64:
+            _MATRICES.clear()
+        xmin, k = pil_taps(in_size, out_size)
+        _MATRICES[key] = (tuple(torch.from_numpy(a.astype(np.int32)).to(device) for a in (xmin, k))
+                          if int32_exact(k, PRECISION_BITS) else None)
+    return _MATRICES[key]
+
+
+def resize_triton(x: torch.Tensor, size: tuple) -> Optional[torch.Tensor]:
+    """``resize`` by the Triton kernel (``kernels.pil_resample_triton``) on ``x``'s device (compiled on
+    CUDA; on the CPU only under ``TRITON_INTERPRET=1``): ``x`` [B, 3, H, W] (8-bit values, uint8 or
+    float32) resized to ``size`` = (w, h) [px], one launch per pass for the whole batch in PIL's order,
+    int32 sums, the page between the passes in uint8; float32 out. None when a pass's int32 sums could
+    overflow (never for bicubic)."""
+    from .kernels.pil_resample_triton import pil_pass
+
+    h0, w0 = x.shape[-2:]
+    w1, h1 = size
+    axes = [a for a in pass_order((w0, h0), (w1, h1)) if (a == "h" and w0 != w1) or (a == "v" and h0 != h1)]
+    taps = [_taps(w0, w1, x.device) if a == "h" else _taps(h0, h1, x.device) for a in axes]
+    if any(t is None for t in taps):
+        return None
+    y = x if x.dtype in (torch.uint8, torch.float32) else x.float()
+    for j, (axis, (xmin, k)) in enumerate(zip(axes, taps)):
+        y = pil_pass(y, axis, xmin, k, PRECISION_BITS, torch.float32 if j == len(axes) - 1 else torch.uint8)
+    return y.float()
+
+
 def resize(x: torch.Tensor, size: tuple) -> torch.Tensor:
     """``x`` [B, 3, H, W] holding 8-bit values (any float dtype), resized to ``size`` = (w, h) [px]
     exactly as PIL's ``Image.resize(size)`` with BICUBIC on an RGB page (see the module docstring):
-    float32 out; the same values when the size is already ``size``."""
+    float32 out; the same values when the size is already ``size``. On CUDA (where Triton runs) the
+    whole batch at once (``resize_triton``); elsewhere float64 matrix products, page by page."""
     h0, w0 = x.shape[-2:]
     w1, h1 = size
     if (w0, h0) == (w1, h1):
         return x.float()
+    if x.device.type == "cuda" and triton_available(x.device)[0]:
+        y = resize_triton(x, size)
+        if y is not None:
+            return y
     out = []
     for page in x:                  # one page at a time: float64 copies of a whole batch would not fit
         y = page.double()
@@ -346,5 +402,6 @@ def timed_request(pages: list, mode, device: torch.device, dtype: torch.dtype, *
     return req, {"prep_ms": ((t1 - t0) + (t3 - t2)) * 1e3, "h2d_ms": (t2 - t1) * 1e3}
 
 
-__all__ = ["VERTICAL_FIRST_FROM", "PRECISION_BITS", "page_pixels", "pass_order", "contain_size", "pil_coefficients", "resize", "pad", "normalise", "tiles",
-           "views_and_tiles", "HostPages", "host_pages", "to_device", "request", "timed_request"]
+__all__ = ["VERTICAL_FIRST_FROM", "PRECISION_BITS", "page_pixels", "pass_order", "contain_size", "pil_taps",
+           "pil_coefficients", "resize", "resize_triton", "pad", "normalise", "tiles", "views_and_tiles",
+           "HostPages", "host_pages", "to_device", "request", "timed_request"]
