@@ -289,13 +289,34 @@ def test_fused_vision_matches_vendor_style_fp32(mode, grid):
     ref = outputs()
     info = variants.apply(model, ExecutionConfig(vision_impl="fused"))
     assert [type(b.attn).__name__ for b in model.model.sam_model.blocks] == ["SAMAttention", "AugmentedSAMAttention"]
-    assert "augmented" in info["vision"]
+    assert type(model.model.sam_model.patch_embed).__name__ == "GemmPatchEmbed"
+    assert "augmented" in info["vision"] and "patch embedding as a GEMM" in info["vision"]
     got = outputs()
     for name in ("sam", "clip", "projector"):
         assert len(got[name]) == len(ref[name]) == (2 if grid else 1)
         for a, b in zip(got[name], ref[name]):
             assert _rel(a, b) <= 1e-5, (name, _rel(a, b))
     variants.apply(model, ExecutionConfig())
+
+
+def test_gemm_patch_embed_is_the_convolution_fp32():
+    """GemmPatchEmbed: 16 x 16 patches of 3 channels as one GEMM give the stride-16 convolution's
+    [B, H/16, W/16, C] (fp32: the same 768 products per output, summed in another order); a side
+    that is no multiple of 16 (here 40 px: the conv drops the last 8) takes the conv itself."""
+    from harness.models.vision import PatchEmbed
+    from harness.variants.base import swap
+    from harness.variants.fused_vision import GemmPatchEmbed
+
+    torch.manual_seed(0)
+    pe = PatchEmbed(16, 3, 24)
+    x = torch.randn(2, 3, 64, 48)
+    ref = pe(x)
+    swap(pe, GemmPatchEmbed)
+    got = pe(x)
+    assert got.shape == ref.shape == (2, 4, 3, 24)
+    assert _rel(got, ref) <= 1e-6, _rel(got, ref)
+    odd = torch.randn(1, 3, 40, 32)
+    assert torch.equal(pe(odd), pe.proj(odd).permute(0, 2, 3, 1))
 
 
 @pytest.mark.gpu

@@ -68,8 +68,8 @@ class PatchEmbed(nn.Module):
 
 class SAMAttention(nn.Module):
     """MHA over a [B, H, W, C] grid with decomposed relative position as a dense SDPA mask (the
-    vendor's execution). ``method = "augmented"`` (``ExecutionConfig.vision_impl = fused``, global
-    blocks) computes the same function without the S x S mask: ``sam_attention.forward``."""
+    vendor's execution). ``ExecutionConfig.vision_impl = fused`` swaps in a subclass computing the same
+    function without the S x S mask (``harness.variants.fused_vision.AugmentedSAMAttention``)."""
 
     def __init__(self, dim: int, heads: int, input_size: int):
         super().__init__()
@@ -79,15 +79,9 @@ class SAMAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.rel_pos_h = nn.Parameter(torch.zeros(2 * input_size - 1, head_dim))
         self.rel_pos_w = nn.Parameter(torch.zeros(2 * input_size - 1, head_dim))
-        self.method = "dense"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, H, W, _ = x.shape
-        if self.method != "dense":
-            from . import sam_attention
-
-            return sam_attention.forward(self, x, rel_pos_table(H, H, self.rel_pos_h),
-                                         rel_pos_table(W, W, self.rel_pos_w), method=self.method)
         nh = self.num_heads
         qkv = self.qkv(x).reshape(B, H * W, 3, nh, -1).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.reshape(3, B * nh, H * W, -1).unbind(0)
