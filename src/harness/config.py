@@ -163,7 +163,7 @@ class ExecutionConfig:
     * ``preprocess``: where a page becomes the model's pixels. ``host``: the vendor's PIL resize,
       pad, normalisation and tiles on the host, float32 copied to the device | ``device``: the page's
       8-bit pixels copied, then resized, padded, normalised and tiled on the device with PIL's
-      arithmetic (``harness.preprocess_device``; a pixel may differ by a level or two of 255).
+      arithmetic (``harness.preprocess_device``: the same bytes as PIL).
     """
 
     kv_cache: str = _f("growing", choices=("growing", "static"))

@@ -211,15 +211,15 @@ def resize(x: torch.Tensor, size: tuple) -> torch.Tensor:
 
 
 def pad(x: torch.Tensor, side: int) -> torch.Tensor:
-    """``ImageOps.pad(page, (side, side), color=PAD_COLOR)`` of ``x`` [B, 3, H, W] (8-bit values in
-    float32): contained in the square, centred on the grey fill."""
+    """``ImageOps.pad(page, (side, side), color=PAD_COLOR)`` of ``x`` [B, 3, H, W] (8-bit values, uint8 or
+    float): contained in the square, centred on the grey fill; float32 out."""
     h0, w0 = x.shape[-2:]
     w1, h1 = contain_size((w0, h0), (side, side))
     inner = resize(x, (w1, h1))
     if (w1, h1) == (side, side):
         return inner
-    out = torch.empty((*x.shape[:-2], side, side), dtype=x.dtype, device=x.device)
-    out.copy_(torch.tensor(wl.PAD_COLOR, dtype=x.dtype, device=x.device).view(1, 3, 1, 1).expand_as(out))
+    out = torch.empty((*x.shape[:-2], side, side), dtype=inner.dtype, device=x.device)
+    out.copy_(torch.tensor(wl.PAD_COLOR, dtype=inner.dtype, device=x.device).view(1, 3, 1, 1).expand_as(out))
     left, top = round((side - w1) * 0.5), round((side - h1) * 0.5)
     out[..., top:top + h1, left:left + w1] = inner
     return out
@@ -262,7 +262,7 @@ def views_and_tiles(pixels: list, mode) -> tuple:
     views, cuts = [None] * len(pixels), [None] * len(pixels)
     for shape in dict.fromkeys(tuple(p.shape) for p in pixels):
         rows = [k for k, p in enumerate(pixels) if tuple(p.shape) == shape]
-        x = torch.stack([pixels[k] for k in rows]).permute(0, 3, 1, 2)[:, :3].float()   # RGB (of RGB + unused)
+        x = torch.stack([pixels[k] for k in rows]).permute(0, 3, 1, 2)[:, :3]   # uint8 RGB (of RGB + unused)
         if mode.crop:
             view = pad(x, mode.base_size)
             cut = None if grid is None else normalise(tiles(x, grid, mode.image_size))
