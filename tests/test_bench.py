@@ -267,3 +267,34 @@ def test_the_bare_step_clock_times_decode_steps_by_parity():
     with clock("prefill"):
         pass
     assert (len(clock.on), len(clock.off)) == (2, 3)     # odd steps 1, 3; even 0, 2, 4; prefill not timed
+
+
+def test_vision_bench_on_cpu(capsys, tmp_path):
+    """bench vision on the CPU (tiny model, 512 px views): a row per stage and batch for the execution that
+    runs here, the compiled one named as not run; the projector's useful FLOPs are its one linear layer,
+    2 x tokens x 64 x 64 per page with 64 tokens (512 / 16 = 32 after SAM's patches, / 2 / 2 after net_2 and
+    net_3 = 8 x 8), twice that for 2 pages; each stage's kernel categories share its profiled time."""
+    import pandas as pd
+
+    from harness.bench.vision import useful_flops
+    from harness.config import ModelConfig
+    from harness.layout import get_mode
+    from conftest import load_tiny_cfg
+
+    rc, err = main_lines(capsys, ["bench", "vision", "model=tiny", "device=cpu", "bench.vision.batch=[1,2]",
+                                  "bench.vision.mode=tiny", "bench.vision.executions=[vendor-style,best]",
+                                  "bench.vision.warmup=0", "bench.vision.reps=1", f"run.root={tmp_path}"])
+    assert rc in (0, None), err
+    run = next(tmp_path.iterdir())
+    stages = pd.read_csv(run / "vision_stages.csv")
+    assert list(zip(stages["batch"], stages["stage"])) == [(1, "sam"), (1, "clip"), (1, "projector"),
+                                                         (2, "sam"), (2, "clip"), (2, "projector")]
+    assert set(stages["execution"]) == {"vendor-style"} and stages["mfu_sheet"].isna().all()
+    assert "best: not run here" in (run / "report.md").read_text()
+    cfg = load_tiny_cfg()
+    assert isinstance(cfg, ModelConfig)
+    assert useful_flops(cfg, get_mode("tiny"), 1)["projector"] == 2 * 64 * 64 * 64
+    assert useful_flops(cfg, get_mode("tiny"), 2)["projector"] == 2 * 2 * 64 * 64 * 64
+    kern = pd.read_csv(run / "vision_kernels.csv")
+    for (_, _), g in kern.groupby(["batch", "stage"]):
+        assert abs(g["busy_share"].sum() - 1.0) < 1e-9

@@ -28,6 +28,8 @@ Targets (``TARGETS``; which need a GPU: ``GPU_ONLY``):
 * ``overhead``: what the measurement adds to a request (NVTX + CUDA events, kernel capture, one range).
 * ``host_noise``: how steady the host is (Python loop, launch-bound loops, host-sync paths).
 * ``outside_tpot``: TPOT from outside the harness's timers (``generate()`` of 2 and of 130 tokens).
+* ``vision``: SAM, CLIP and the projector on a batch of distinct pages, stage by stage against the
+  compute roof, and their kernels by category (runs on the CPU too: host clock, CPU operators).
 * ``preprocess``: where the vendor's host preprocessing of a page goes (decode, resize + pad,
   normalise, tiles, request build) beside ``execution.preprocess=device`` (host part, copy, device
   part) and how close its pixels are (runs on the CPU too: its "device" is then the CPU).
@@ -174,12 +176,22 @@ class PreprocessBench:
     warmup: int = _opt(2, min=0)              # untimed pages first (allocator, cuDNN / kernel caches)
 
 
+@dataclass
+class VisionBench:
+    batch: List[int] = _opt(factory=lambda: [32, 128])          # pages (distinct random global views) per call
+    executions: List[str] = _opt(factory=lambda: ["vendor-style", "best"])   # named executions (their vision knobs)
+    mode: str = "base"                        # a mode without tiles (harness.layout)
+    warmup: int = _opt(2, min=0)              # untimed passes per stage (compile, capture)
+    reps: int = _opt(5, min=1)                # timed passes per stage
+    top: int = _opt(12, min=0)                # longest kernels listed per stage
+
+
 #: target -> its options
 TARGETS = {"decode_step": DecodeStepBench, "decode_step_diag": DecodeStepDiagBench,
            "decode_step_ablation": DecodeStepAblationBench, "decode_step_sm90": DecodeStepSm90Bench,
            "attention": AttentionBench, "moe": MoEBench, "sam_attention": SamAttentionBench,
            "linear": LinearBench, "overhead": OverheadBench, "host_noise": HostNoiseBench,
-           "outside_tpot": OutsideTpotBench, "preprocess": PreprocessBench}
+           "outside_tpot": OutsideTpotBench, "preprocess": PreprocessBench, "vision": VisionBench}
 #: targets that time GPU kernels and have no CPU mode (refused on a CPU)
 GPU_ONLY = ("decode_step", "decode_step_ablation", "attention", "moe", "linear", "host_noise", "outside_tpot")
 
@@ -201,6 +213,7 @@ class BenchConfig:
     host_noise: Optional[HostNoiseBench] = None
     outside_tpot: Optional[OutsideTpotBench] = None
     preprocess: Optional[PreprocessBench] = None
+    vision: Optional[VisionBench] = None
 
 
 assert {f.name for f in fields(BenchConfig)} == {"target", *TARGETS}, "one BenchConfig section per target"

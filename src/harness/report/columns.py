@@ -263,6 +263,7 @@ BENCH_COLUMNS = [
     Column("tflops_useful", "TFLOP/s useful", "", "derived", "analytic counted FLOPs / ms", fmt=fixed("{:,.1f}")),
     Column("tflops_exec", "TFLOP/s executed", "", "derived", "analytic FLOPs of the timed code / ms",
            fmt=fixed("{:,.1f}")),
+    Column("mfu_sheet", "MFU", "", "derived", "useful TFLOP/s / dense datasheet peak", fmt=efficiency),
     # decode-step parity and numerics
     Column("greedy_prefix", "greedy tokens equal before the first divergence", "", "measured", fmt=_COUNT),
     Column("greedy_equal", "greedy tokens equal in all", "", "measured", fmt=_COUNT),
