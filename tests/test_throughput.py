@@ -348,25 +348,37 @@ def test_staged_8bit_pages_match_the_host_path():
     assert torch.equal(staged.request.input_ids, torch.cat([r.input_ids for r in ref]))
 
 
-def test_sam_mfu_by_hand(monkeypatch):
-    """SAM's MFU = the cost model's useful SAM FLOPs of the batch / the sam span / the datasheet peak:
-    with a cost model that says 5e11 FLOPs per page, batch 2, 100 ms per batch on an H200 in bf16
-    (datasheet dense peak 989.4 TFLOP/s, roofline.specs): 1e12 / 0.1 s / 989.4e12 = 1.0107%."""
+def test_stage_mfus_by_hand(monkeypatch):
+    """A stage's MFU = the cost model's useful FLOPs of the stage for the batch / its span / the datasheet
+    peak: with a cost model that says 5e11 (SAM), 7e11 (CLIP) and 3e11 (prefill) FLOPs per page, batch 2,
+    100 ms of sam, 50 ms of clip and 40 ms of prefill per batch on an H200 in bf16 (datasheet dense peak
+    989.4 TFLOP/s, roofline.specs): 1e12 / 0.1 s / 989.4e12 = 1.0107%, 1.4e12 / 0.05 s / 989.4e12 =
+    2.830%, 6e11 / 0.04 s / 989.4e12 = 1.516%. The prefill's case carries the layout's text tokens."""
     from types import SimpleNamespace
 
     import harness.analytic as analytic
     from harness.config import ModelConfig
-    from harness.throughput.pipeline import sam_mfu
+    from harness.throughput.pipeline import stage_mfus
+
+    seen = []
 
     def costs(case, cfg, dtype):
+        seen.append(case.text_tokens)
         return pd.DataFrame([{"family": "TOTAL", "stage": "sam", "flops_useful": 5e11 * case.batch},
-                             {"family": "TOTAL", "stage": "clip", "flops_useful": 7e11 * case.batch}])
+                             {"family": "TOTAL", "stage": "clip", "flops_useful": 7e11 * case.batch},
+                             {"family": "TOTAL", "stage": "prefill", "flops_useful": 3e11 * case.batch}])
     monkeypatch.setattr(analytic, "workload_costs", costs)
-    setup = SimpleNamespace(mode=layout.get_mode("base"), layouts={None: SimpleNamespace(grid=None)})
+    setup = SimpleNamespace(mode=layout.get_mode("base"), layouts={None: SimpleNamespace(grid=None, text_tokens=12)})
     model = SimpleNamespace(cfg=ModelConfig())
-    got = sam_mfu(model, setup, 2, 100.0, {"name": "NVIDIA H200"}, torch.bfloat16)
-    assert got == pytest.approx(1e12 / 0.1 / 989.4e12, rel=1e-12)
-    assert sam_mfu(model, setup, 2, 100.0, {"name": "cpu"}, torch.bfloat16) is None   # no datasheet peak
-    two = SimpleNamespace(mode=layout.get_mode("gundam"), layouts={(2, 3): SimpleNamespace(grid=(2, 3)),
-                                                                   (3, 2): SimpleNamespace(grid=(3, 2))})
-    assert sam_mfu(model, two, 2, 100.0, {"name": "NVIDIA H200"}, torch.bfloat16) is None   # two layouts
+    row = {"sam_ms": 100.0, "clip_ms": 50.0, "prefill_ms": 40.0}
+    got = stage_mfus(model, setup, 2, row, {"name": "NVIDIA H200"}, torch.bfloat16)
+    assert got["sam_mfu"] == pytest.approx(1e12 / 0.1 / 989.4e12, rel=1e-12)
+    assert got["clip_mfu"] == pytest.approx(1.4e12 / 0.05 / 989.4e12, rel=1e-12)
+    assert got["prefill_mfu"] == pytest.approx(6e11 / 0.04 / 989.4e12, rel=1e-12)
+    assert seen == [12]
+    assert stage_mfus(model, setup, 2, {**row, "clip_ms": float("nan")}, {"name": "NVIDIA H200"},
+                      torch.bfloat16)["clip_mfu"] is None                      # nothing timed
+    assert set(stage_mfus(model, setup, 2, row, {"name": "cpu"}, torch.bfloat16).values()) == {None}   # no peak
+    two = SimpleNamespace(mode=layout.get_mode("gundam"), layouts={(2, 3): SimpleNamespace(grid=(2, 3), text_tokens=12),
+                                                                   (3, 2): SimpleNamespace(grid=(3, 2), text_tokens=12)})
+    assert set(stage_mfus(model, two, 2, row, {"name": "NVIDIA H200"}, torch.bfloat16).values()) == {None}

@@ -36,8 +36,11 @@ sam_ms | ms/batch | measured | sam span per batch, mean over the window's batche
 sam_mfu | fraction | derived | SAM's analytic useful FLOPs of a batch (harness.analytic) / sam_ms / the \
 device's dense datasheet peak in the run's dtype; empty with pages of several layouts
 clip_ms | ms/batch | measured | clip span per batch, mean
+clip_mfu | fraction | derived | CLIP's analytic useful FLOPs of a batch / clip_ms / the datasheet peak (as sam_mfu)
 projector_ms | ms/batch | measured | projector span per batch (with its glue), mean
 prefill_ms | ms/batch | measured | prefill span per batch, mean
+prefill_mfu | fraction | derived | the prefill's analytic useful FLOPs of a batch (the layout's prompt, top-k \
+experts per token) / prefill_ms / the datasheet peak (as sam_mfu)
 decode_ms | ms/batch | measured | decode span per batch, mean
 batch_ms | ms/batch | measured | request span per batch (first stage start to last stage end), mean
 prep_ms_page | ms/page | measured | worker time per page (read, decode, preprocess, request build), mean over \

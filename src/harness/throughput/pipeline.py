@@ -269,7 +269,7 @@ def _measure(cfg: HarnessConfig, ctx: RunContext, out: Outputs) -> None:
         row.update(config=name, batch=batch, workers=s.workers, pages=len(setup.sources),
                    tokens=plan.tokens_text(s.tokens, cfg.workload.decode_tokens),
                    routing=routing_label(cfg.workload.routing, cfg.workload.routing_seed),
-                   sam_mfu=sam_mfu(model, setup, batch, row["sam_ms"], rd.manifest.get("device"), dtype))
+                   **stage_mfus(model, setup, batch, row, rd.manifest.get("device"), dtype))
         where.at("case", name, i + 1, "writing")
         timeline.enter("writing")
         entry = {**run.last_case.to_dict(), "name": name, "execution": {**execution, **setup_seconds(model)},
@@ -280,24 +280,34 @@ def _measure(cfg: HarnessConfig, ctx: RunContext, out: Outputs) -> None:
             f"{row['window_s']:.1f} s ({row['window_pages']} pages); bound {row['bound']}")
 
 
-def sam_mfu(model, setup: Setup, batch: int, sam_ms: float, device: Optional[dict], dtype) -> Optional[float]:
-    """SAM's model FLOPs utilisation at ``batch``: the analytic useful FLOPs of SAM for ``batch`` pages
-    (``harness.analytic``: every view of the mode's layout) / the measured sam span per batch
-    [ms] / the device's dense datasheet peak in ``dtype`` (``roofline.specs``). None where the
-    pages have more than one layout (their SAM FLOPs differ), the device has no datasheet peak or
-    nothing was timed."""
+#: the stages whose model FLOPs utilisation the throughput table shows (``<stage>_mfu``)
+MFU_STAGES = ("sam", "clip", "prefill")
+
+
+def stage_mfus(model, setup: Setup, batch: int, row: dict, device: Optional[dict], dtype) -> dict:
+    """{``<stage>_mfu``: model FLOPs utilisation at ``batch``} of each of ``MFU_STAGES``: the stage's
+    analytic useful FLOPs for ``batch`` pages (``harness.analytic``: every view of the mode's layout;
+    the prefill over the layout's prompt, BOS + text + image tokens, top-k experts per token) / its
+    measured span per batch (``row["<stage>_ms"]``) / the device's dense datasheet peak in ``dtype``
+    (``roofline.specs``). None where the pages have more than one layout (their FLOPs differ), the
+    device has no datasheet peak or nothing was timed."""
     from ..analytic import workload_costs
     from ..config import cost_config
     from ..roofline.specs import device_name_of, resolve_peaks
 
-    grids = {lay.grid for lay in setup.layouts.values()}
+    out = {f"{st}_mfu": None for st in MFU_STAGES}
+    layouts = list(setup.layouts.values())
     peak = resolve_peaks(device_name_of(device), str(dtype).replace("torch.", "")).peak_tflops
-    if len(grids) != 1 or not peak or not sam_ms or not np.isfinite(sam_ms):
-        return None
-    case = Case(setup.mode, grids.pop(), batch, 0, 1, "sam")
+    if len(layouts) != 1 or not peak:
+        return out
+    case = Case(setup.mode, layouts[0].grid, batch, layouts[0].text_tokens, 1, "mfu")
     df = workload_costs(case, cost_config(model.cfg, {}), "bf16")
-    flops = float(df.loc[(df["family"] == "TOTAL") & (df["stage"] == "sam"), "flops_useful"].sum())
-    return flops / (sam_ms / 1e3) / (peak * 1e12)
+    for st in MFU_STAGES:
+        ms = row.get(f"{st}_ms")
+        if ms and np.isfinite(ms):
+            flops = float(df.loc[(df["family"] == "TOTAL") & (df["stage"] == st), "flops_useful"].sum())
+            out[f"{st}_mfu"] = flops / (ms / 1e3) / (peak * 1e12)
+    return out
 
 
 # ------------------------------------------------------------------------------ one configuration
