@@ -24,8 +24,10 @@ import pandas as pd
 
 from ..markdown import LEFT, RIGHT, table as md_table
 from ..measure.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CI_LEVEL
+from ..report.columns import Column, occupancy
+from ..report.columns import table as column_table
 from .barrier import read_records
-from .section import _cell, column_lines, device_text, report_head
+from .section import TABLE, column_lines, device_text, report_head
 from ..schema.throughput import SCALING_CSV
 
 PHASES = ("alone", "together")
@@ -171,13 +173,11 @@ _TABLE = [("config", lambda r: r["config"]), ("batch per GPU", lambda r: f"{int(
           ("scaling efficiency (derived)", _efficiency),
           ("per-GPU pages/s, min–max (derived)", lambda r: f"{r['gpu_pages_s_min']:,.2f}–{r['gpu_pages_s_max']:,.2f}"),
           ("bound per GPU (derived)", lambda r: r["bounds"]),
-          ("windows overlap (derived)", lambda r: _cell(r["windows_overlap"], "pct"))]
-#: (column of throughput_gpus.csv, header, format) of the per-GPU table
-_GPU_TABLE = [("phase", "phase", "{}"), ("gpu", "GPU", "{}"), ("config", "config", "{}"),
-              ("pages_s", "pages/s (derived)", "{:,.2f}"), ("gpu_busy", "GPU busy (derived)", "pct"),
-              ("prep_busy", "prep busy (derived)", "pct"), ("prep_pages_s", "prep capacity pages/s (derived)", "{:,.1f}"),
-              ("h2d_gbs", "H2D GB/s (derived)", "{:,.2f}"), ("window_s", "window s (measured)", "{:,.1f}"),
-              ("bound", "bound (derived)", "{}")]
+          ("windows overlap (derived)", lambda r: occupancy(r["windows_overlap"]))]
+#: the per-GPU table: throughput_gpus.csv's columns, written as the single-GPU table writes them (``section.TABLE``)
+_GPU_NAMES = ["phase", "gpu", "config", "pages_s", "gpu_busy", "prep_busy", "prep_pages_s", "h2d_gbs", "window_s", "bound"]
+_GPU_TABLE = {"phase": Column("phase", "phase", align=LEFT), "gpu": Column("gpu", "GPU", align=LEFT),
+              **{c: TABLE[c] for c in _GPU_NAMES[2:]}}
 
 
 def scaling_section(scaling: pd.DataFrame, per_gpu: pd.DataFrame, manifest: dict) -> list:
@@ -204,9 +204,7 @@ def scaling_section(scaling: pd.DataFrame, per_gpu: pd.DataFrame, manifest: dict
         out.append("No configuration finished in both phases.")
     if len(per_gpu):
         out += ["", "Each GPU's window (its run directory's throughput.csv):", ""]
-        out += md_table([h for _, h, _ in _GPU_TABLE],
-                        [[_cell(r.get(c), f) for c, _, f in _GPU_TABLE] for r in per_gpu.to_dict("records")],
-                        [LEFT, LEFT, LEFT] + [RIGHT] * 6 + [LEFT])
+        out += column_table(_GPU_NAMES, per_gpu.to_dict("records"), _GPU_TABLE)
     runs = sorted(set(per_gpu["run"])) if len(per_gpu) else []
     if runs:
         out += ["", "Each GPU's own report: " + ", ".join(f"[{r}]({r}/report.md)" for r in runs) + "."]

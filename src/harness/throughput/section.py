@@ -4,7 +4,6 @@ caveats). ``write_outputs`` writes ``throughput.md`` (the section), a ``report.m
 ``throughput.png`` and ``throughput_timeline.png`` into a run directory."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Optional
 
@@ -53,20 +52,6 @@ TABLE = {c.name: c for c in [
     Column("experts_step", "experts per MoE layer per step", "", "measured", "median", fmt=fixed("{:,.0f}")),
     Column("window_s", "window", "s", "measured", fmt=fixed("{:,.1f}")),
     Column("bound", "bound", "", "derived", fmt=text, align=LEFT)]}
-
-
-def _cell(value, fmt: str) -> str:
-    """One cell of the multi-GPU tables (``scaling``): a busy fraction (``pct``; above 100% flagged as a
-    bug), ``gb`` or a format string; missing values as a dash."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "–"
-    if fmt == "pct":
-        return f"{value:.1%}" if value <= 1.0 + 1e-9 else f"**{value:.1%}: over 100%, a bug (overlapping spans)**"
-    if fmt == "gb":
-        return f"{value / 1e9:,.2f}"
-    if fmt == "{:d}":
-        return f"{int(value):d}"
-    return fmt.format(value)
 
 
 def device_text(manifest) -> str:
