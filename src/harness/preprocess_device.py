@@ -125,8 +125,9 @@ def pil_coefficients(in_size: int, out_size: int) -> np.ndarray:
 
 
 #: device copies of what the device part reads again and again: PIL's coefficient matrices and taps
-#: per (in, out, device), the normalisation table per device
+#: per (in, out, device), at most 64 (all dropped when full); the normalisation table per device
 _MATRICES: dict = {}
+_NORM_TABLES: dict = {}
 
 
 def _matrix(in_size: int, out_size: int, device) -> torch.Tensor:
@@ -235,9 +236,9 @@ NORMALISED = ((np.arange(256, dtype=np.uint8).astype(np.float32) / np.float32(25
 def normalise(x: torch.Tensor) -> torch.Tensor:
     """8-bit values (float32) -> (x / 255 - 0.5) / 0.5, the values ``workload.to_tensor`` gives (``NORMALISED``)."""
     key = ("normalised", str(x.device))
-    if key not in _MATRICES:      # copied to each device once (a copy per batch would wait on the stream)
-        _MATRICES[key] = torch.from_numpy(NORMALISED).to(x.device)
-    return _MATRICES[key][x.long()]
+    if key not in _NORM_TABLES:    # copied to each device once (a copy per batch would wait on the stream)
+        _NORM_TABLES[key] = torch.from_numpy(NORMALISED).to(x.device)
+    return _NORM_TABLES[key][x.long()]
 
 
 def tiles(x: torch.Tensor, grid: tuple, tile: int) -> torch.Tensor:
