@@ -187,7 +187,7 @@ def resize_triton(x: torch.Tensor, size: tuple) -> Optional[torch.Tensor]:
 
 
 def resize(x: torch.Tensor, size: tuple) -> torch.Tensor:
-    """``x`` [B, 3, H, W] holding 8-bit values (any float dtype), resized to ``size`` = (w, h) [px]
+    """``x`` [B, 3, H, W] holding 8-bit values (uint8 or any float dtype), resized to ``size`` = (w, h) [px]
     exactly as PIL's ``Image.resize(size)`` with BICUBIC on an RGB page (see the module docstring):
     float32 out; the same values when the size is already ``size``. On CUDA (where Triton runs) the
     whole batch at once (``resize_triton``); elsewhere float64 matrix products, page by page."""
