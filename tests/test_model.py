@@ -127,6 +127,31 @@ def test_generate_batch2_tokens_and_routing(tiny_model, tiny_cfg, tiny_mode):
     assert res.kv_cache_bytes == kv
 
 
+def test_image_embeds_computed_ahead_give_the_same_tokens(tiny_model, tiny_mode):
+    """A request carrying its image embeddings (``Request.image_embeds``, the throughput experiment's
+    overlap_vision) decodes the same greedy tokens as one whose vision runs inside, and opens no vision
+    stage range."""
+    import contextlib
+    import dataclasses
+
+    from harness.models.generate import generate
+
+    req = _request(tiny_mode, batch=2, decode_tokens=5)
+    ref = generate(tiny_model, req).tokens
+    with torch.inference_mode():
+        embeds = tiny_model.image_embeddings(req.global_views, req.tiles, req.grid)
+    seen = []
+
+    @contextlib.contextmanager
+    def stage(name, **_):
+        seen.append(name)
+        yield
+
+    got = generate(tiny_model, dataclasses.replace(req, image_embeds=embeds), stage).tokens
+    assert torch.equal(got, ref)
+    assert not {"sam", "clip", "projector"} & set(seen) and "prefill" in seen
+
+
 def test_batch_rows_are_independent(tiny_model, tiny_mode):
     one = _logits(tiny_model, _request(tiny_mode, batch=1), steps=2)
     two = _logits(tiny_model, _request(tiny_mode, batch=2), steps=2)

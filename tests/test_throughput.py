@@ -188,6 +188,7 @@ def start_runs(tmp_path_factory, submit) -> dict:
         "complete": (FAST, None),
         "balanced": ([*FAST, "workload.routing=balanced", "workload.routing_seed=3"], None),
         "device-prep": ([*FAST, "execution.preprocess=device"], None),
+        "overlap": ([*FAST, "throughput.overlap_vision=true", "throughput.window_pages=6"], None),
         "sigint": (FAST, "signal:SIGINT@case=2,window"),
         "workers0": ([*TINY, "throughput.workers=0"], None),
         "batch-over-pages": ([*TINY, "throughput.pages=4", "throughput.batches=[1,8]"], None),
@@ -318,6 +319,38 @@ def test_device_preprocessing_runs_in_the_pipeline(runs):
     assert _manifest(d)["cases"][0]["execution"]["preprocess"] == "device"
 
 
+def test_overlap_vision_computes_the_next_batch_ahead(runs):
+    """throughput.overlap_vision on the CPU (one stream: the same calls in order): the first window batch
+    of each configuration runs its vision inside its own request range (what the last warm-up batch
+    launched is dropped), every later one before its request starts (launched as the batch before it
+    opened its decode); every window batch has two sam spans, as without the knob (the tiny crop mode's
+    pages have tiles: one sam call for the tiles, one for the global view); GPU busy is the union (<= 100%)."""
+    res = runs["overlap"].result()
+    assert res.rc == 0, res.describe()
+    d = res.only_dir()
+    assert _manifest(d)["throughput"]["overlap_vision"] is True
+    table = pd.read_csv(d / "throughput.csv")
+    assert (table["gpu_busy"] <= 1.0).all() and (table["window_pages"] >= 6).all()
+    spans = pd.read_csv(d / "throughput_spans.csv")
+    for config, sp in spans.groupby("config"):
+        req = sp[sp["range"] == "request"].set_index("batch_no")["start_s"]
+        sam = sp[sp["range"] == "sam"].groupby("batch_no")
+        assert sorted(sam.size().index) == sorted(req.index) and (sam.size() == 2).all(), config
+        order = sorted(req.index)
+        assert sam.get_group(order[0])["start_s"].min() >= req[order[0]], config
+        for n in order[1:]:
+            assert sam.get_group(n)["end_s"].max() <= req[n], (config, n)
+
+
+def test_union_seconds_by_hand():
+    """[0, 2] and [1, 3] cover 3 s; [5, 6] adds 1; [-1, 0.5] adds nothing inside [0, 10] beyond [0, 2];
+    [9, 12] is cut at 10 (1 s): 5 s in all; an empty interval counts nothing."""
+    from harness.throughput.window import union_seconds
+
+    assert union_seconds([0, 1, 5, -1, 9, 4], [2, 3, 6, 0.5, 12, 4], 0.0, 10.0) == 5.0
+    assert union_seconds([], [], 0.0, 1.0) == 0.0
+
+
 def test_staged_8bit_pages_match_the_host_path():
     """A host batch of two 8-bit pages staged on the CPU gives the views the host path builds, bit for bit."""
     import dataclasses
@@ -382,3 +415,43 @@ def test_stage_mfus_by_hand(monkeypatch):
     two = SimpleNamespace(mode=layout.get_mode("gundam"), layouts={(2, 3): SimpleNamespace(grid=(2, 3), text_tokens=12),
                                                                    (3, 2): SimpleNamespace(grid=(3, 2), text_tokens=12)})
     assert set(stage_mfus(model, two, 2, row, {"name": "NVIDIA H200"}, torch.bfloat16).values()) == {None}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vision_impl", ["vendor", "fused"])
+def test_gpu_vision_ahead_on_its_stream_gives_the_same_tokens(vision_impl):
+    """On CUDA (tiny model, fp32, TF32 off): batch B's vision launched on a stream of its own as batch A's
+    decode opens (``ahead.launch`` / ``ahead.use``, as throughput.overlap_vision runs them; with
+    vision_impl=fused the stages replay their CUDA graphs there) gives B the greedy tokens of a plain
+    generate, and A's tokens are unchanged."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from conftest import TINY_MODE, load_tiny_cfg
+    from harness import variants
+    from harness import workload as wl
+    from harness.config import ExecutionConfig
+    from harness.measure.nvtx_ranges import NvtxRanges
+    from harness.models.build import build_model
+    from harness.models.generate import generate
+    from harness.throughput.ahead import launch, use
+    from harness.throughput.clock import Marks
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = build_model(load_tiny_cfg(), "cuda", torch.float32, seed=0)
+    variants.apply(model, ExecutionConfig(vision_impl=vision_impl))
+    a, b = (wl.build_request([wl.Page(f"p{i}", wl.synthetic_page(i, size=(200, 300)), "s")], TINY_MODE,
+                             decode_tokens=6).to("cuda", torch.float32) for i in (0, 1))
+    ref_a, ref_b = generate(model, a).tokens, generate(model, b).tokens
+    held = []
+
+    def stage(name, **_):
+        if name == "decode":
+            held.append(launch(model, SimpleNamespace(request=b), SimpleNamespace(wait=lambda s: None),
+                               Marks(True), NvtxRanges(False), torch.cuda.Stream()))
+        return contextlib.nullcontext()
+
+    got_a = generate(model, a, stage).tokens
+    got_b = generate(model, use(held[0], b, True)).tokens
+    assert torch.equal(got_a, ref_a) and torch.equal(got_b, ref_b)

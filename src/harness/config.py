@@ -422,6 +422,10 @@ class ThroughputConfig:
     * ``gpus``: GPUs of this host measured at once, one process each (``harness.throughput.gpus``):
       ``1`` (the default), a count, or ``all`` (every visible GPU); with more than one, ``workers`` is
       per GPU (None: from the host's cores // gpus).
+    * ``overlap_vision``: the next batch's vision (sam, clip, projector) runs on a stream of its own,
+      launched when this batch's decode starts, so the compute-bound vision overlaps the memory-bound
+      decode (``harness.throughput.ahead``); GPU busy is then the union of the stage spans. Off by
+      default: the stages run one after another on one stream.
     """
 
     batches: Optional[List[int]] = None
@@ -436,6 +440,7 @@ class ThroughputConfig:
     prefetch: int = _f(2, min=1)
     timeline_batches: int = _f(3, min=1)
     gpus: str = "1"
+    overlap_vision: bool = False
 
 
 @dataclass

@@ -396,6 +396,9 @@ class Request:
     #: MoE routing the request runs (workload.routing): the weights' own, or balanced (seeded, per page)
     routing: str = "weights"
     routing_seed: int = 0
+    #: the request's image embeddings [B, image_tokens, D] when computed ahead of it (the throughput
+    #: experiment's ``overlap_vision``): the model's first token then runs no vision stage
+    image_embeds: torch.Tensor | None = dataclasses.field(default=None, repr=False)
 
     @property
     def mode(self) -> CropMode:

@@ -154,7 +154,9 @@ class DeepseekOCR(nn.Module):
             self.route_moe(None)
 
     def first_token(self, request, cache, stage: StageFn, select: Select) -> torch.Tensor:
-        img = self.image_embeddings(request.global_views, request.tiles, request.grid, stage)
+        img = getattr(request, "image_embeds", None)      # computed ahead (throughput.overlap_vision)
+        if img is None:
+            img = self.image_embeddings(request.global_views, request.tiles, request.grid, stage)
         with stage("prefill"):
             return select(self.prefill(request.input_ids, request.images_seq_mask, img, cache))
 

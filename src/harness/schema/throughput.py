@@ -31,7 +31,8 @@ decode_tok_s | tok/s | derived | sum of the window's page budgets / window_s (to
 slot_tok_s | tok/s | derived | sum of batch x its longest budget / window_s (tokens the device decoded)
 wasted_decode_slots | fraction | derived | sum(B x max budget - sum of budgets) / sum(B x max budget) over the \
 window's batches: decode slots spent on pages already finished (what continuous batching would win back)
-gpu_busy | fraction | derived | sum of the five stages' spans / window_s (compute stream; host clock on the CPU)
+gpu_busy | fraction | derived | sum of the five stages' spans / window_s (compute stream; host clock on the CPU); \
+with throughput.overlap_vision (vision on its own stream) the union of those spans inside the window / window_s
 sam_ms | ms/batch | measured | sam span per batch, mean over the window's batches
 sam_mfu | fraction | derived | SAM's analytic useful FLOPs of a batch (harness.analytic) / sam_ms / the \
 device's dense datasheet peak in the run's dtype; empty with pages of several layouts

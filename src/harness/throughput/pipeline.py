@@ -44,6 +44,7 @@ from ..rundir import RunData, RunDir
 from ..setup import device_info, load_adapter, resolve_device, resolve_dtype
 from ..stopping import Position
 from . import plan, prep
+from .ahead import launch, use
 from .barrier import window_barrier
 from .clock import BatchClock, Marks
 from .execution import apply_execution, changed_knobs, execution_for
@@ -242,6 +243,9 @@ def _measure(cfg: HarnessConfig, ctx: RunContext, out: Outputs) -> None:
     timeline.enter("model build")
     model, info = load_adapter(cfg.model, device, dtype, cfg.seed)
     say(f"[harness] model {info.get('adapter')} built in {info['build_s']:.1f} s")
+    if s.overlap_vision and not hasattr(model, "image_embeddings"):
+        raise HarnessError(f"throughput.overlap_vision needs the harness's model (its image_embeddings); the "
+                           f"{info.get('adapter')} adapter runs the vendor's own code", "leave overlap_vision off")
     timeline.enter("set-up")
     for f in draws:
         f.result()
@@ -322,6 +326,7 @@ class BatchRecord:
     wait_ms: float
     pending: Optional[object] = None
     experts_step: float = float("nan")   # median distinct experts per MoE layer per decode step (nan: no counts)
+    vision: Optional[BatchClock] = None  # its vision stages' clock when computed ahead (throughput.overlap_vision)
 
     def settle(self) -> None:
         """Read the routing counts back (waits for this batch's copy of them alone) into ``experts_step``."""
@@ -349,6 +354,9 @@ class ConfigRun:
         self.staged_wait_ms = 0.0
         self.last_case: Optional[Case] = None
         self.unsettled: Optional[BatchRecord] = None
+        self.overlap = setup.settings.overlap_vision
+        self.vstream = torch.cuda.Stream(stager.device) if self.overlap and stager.cuda else None
+        self.ahead = None            # the next batch's vision, launched when this batch's decode started
         self.feeder.start()
 
     def close(self) -> None:
@@ -375,9 +383,11 @@ class ConfigRun:
         self.stager.wait(cur)
         self.staged = self._stage(block=False)
         clock = BatchClock(self.marks, self.nvtx)
+        ahead, self.ahead = (self.ahead if self.ahead is not None and self.ahead.staged is cur else None), None
+        request = cur.request if ahead is None else use(ahead, cur.request, self.stager.cuda)
         self.nvtx.push("batch", cur.ready.number)
         try:
-            result = generate(self.model, cur.request, clock, defer_routing=True)
+            result = generate(self.model, request, self._stage_fn(clock) if self.overlap else clock, defer_routing=True)
         finally:
             self.nvtx.pop()
         if self.unsettled is not None:       # the batch before: done, or running ahead of this one
@@ -385,8 +395,17 @@ class ConfigRun:
         self.marks.done(cur.copy_end)
         self.feeder.release(cur.ready.host)
         self.last_case = cur.request.case
-        self.unsettled = BatchRecord(cur, clock, wait_ms, result.pending)
+        self.unsettled = BatchRecord(cur, clock, wait_ms, result.pending, vision=ahead.clock if ahead else None)
         return self.unsettled
+
+    def _stage_fn(self, clock: BatchClock):
+        """``clock`` that launches the next batch's vision (``ahead.launch``) as the decode range opens,
+        when that batch is staged (``throughput.overlap_vision``)."""
+        def stage(name: str, **kw):
+            if name == "decode" and self.ahead is None and self.staged is not None:
+                self.ahead = launch(self.model, self.staged, self.stager, self.marks, self.nvtx, self.vstream)
+            return clock(name, **kw)
+        return stage
 
     def measure(self, where: Position, index: int, say) -> tuple:
         """(row, (batches, spans, prep) frames, timeline panel, warm-up seconds)."""
@@ -399,6 +418,7 @@ class ConfigRun:
         warm_s = time.perf_counter() - t0
         say(f"[harness] {self.name}: {s.warmup_batches} warm-up batch(es) in {warm_s:.1f} s; steady window")
         window_barrier(self.name)     # over several GPUs (throughput.gpus): every GPU's window starts together
+        self.ahead = None             # overlap_vision: the first window batch runs its vision inside the window
         self.marks.origin()
         cuda = self.stager.cuda
         if cuda:
@@ -417,7 +437,7 @@ class ConfigRun:
         self.feeder.stop()
         batches, spans = self._frames(records)
         prep_rows = self._prep(window_s)
-        row = summarize(batches, spans, prep_rows, window_s, s.workers, peak)
+        row = summarize(batches, spans, prep_rows, window_s, s.workers, peak, overlap=self.overlap)
         first = sorted(spans["batch_no"].unique())[:s.timeline_batches]
         shown = spans[spans["batch_no"].isin(first)]
         lo, hi = (float(shown["start_s"].min()), float(shown["end_s"].max())) if len(shown) else (0.0, 0.0)
@@ -434,6 +454,8 @@ class ConfigRun:
             brows.append([self.name, n, len(budgets), "+".join(map(str, st.ready.pages)), max(budgets), sum(budgets),
                           st.nbytes, r.wait_ms, r.experts_step])
             srows += [[self.name, n, rng, a, b] for rng, a, b in r.clock.spans()]
+            if r.vision is not None:
+                srows += [[self.name, n, rng, a, b] for rng, a, b in r.vision.spans()]
             srows.append([self.name, n, "copy", self.marks.seconds(st.copy_start), self.marks.seconds(st.copy_end)])
             if st.prep_end is not None:
                 srows.append([self.name, n, "preprocess", self.marks.seconds(st.copy_end),

@@ -50,6 +50,7 @@ class Settings:
     best: bool
     prefetch: int
     timeline_batches: int
+    overlap_vision: bool = False
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -75,7 +76,7 @@ def resolve(t: ThroughputConfig, cuda: bool, cpus: Optional[int] = None) -> Sett
                     warmup_batches=t.warmup_batches if t.warmup_batches is not None else d["warmup_batches"],
                     tokens=t.tokens if t.tokens.mean else None,
                     best=bool(cuda) if t.best is None else bool(t.best), prefetch=t.prefetch,
-                    timeline_batches=t.timeline_batches)
+                    timeline_batches=t.timeline_batches, overlap_vision=bool(t.overlap_vision))
 
 
 def tokens_text(tokens: Optional[TokensConfig], fixed: Optional[int]) -> str:

@@ -62,9 +62,25 @@ def bound(prep_busy: float, copy_busy: float, gpu_busy: float, stage_ms: dict) -
     return max(phases, key=lambda k: phases[k])
 
 
+def union_seconds(starts, ends, lo: float, hi: float) -> float:
+    """Seconds of [lo, hi] covered by at least one of the intervals [starts[i], ends[i]] [s]."""
+    total, cur_a, cur_b = 0.0, None, None
+    for a, b in sorted((max(float(a), lo), min(float(b), hi)) for a, b in zip(starts, ends)):
+        if b <= a:
+            continue
+        if cur_b is None or a > cur_b:
+            total += 0.0 if cur_b is None else cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    return total + (0.0 if cur_b is None else cur_b - cur_a)
+
+
 def summarize(batches: pd.DataFrame, spans: pd.DataFrame, prep: pd.DataFrame, window_s: float, workers: int,
-              peak_mem_bytes=None) -> dict:
-    """The derived columns of throughput.csv for one configuration's window (settings columns excluded)."""
+              peak_mem_bytes=None, overlap: bool = False) -> dict:
+    """The derived columns of throughput.csv for one configuration's window (settings columns excluded).
+    ``overlap`` (``throughput.overlap_vision``: vision on a stream of its own): GPU busy is the union of
+    the stage spans inside the window instead of their sum."""
     n = len(batches)
     pages = int(batches["size"].sum())
     stage_sum = {s: float(spans.loc[spans["range"] == s, "end_s"].sub(spans.loc[spans["range"] == s, "start_s"]).sum())
@@ -78,7 +94,9 @@ def summarize(batches: pd.DataFrame, spans: pd.DataFrame, prep: pd.DataFrame, wi
     prep_ms = float((done["end_s"] - done["start_s"]).mean() * 1e3) if len(done) else float("nan")
     prep_busy = _clipped(prep["start_s"], prep["end_s"], 0.0, window_s) / (workers * window_s)
     copy_busy = _clipped(copy["start_s"], copy["end_s"], 0.0, window_s) / window_s
-    gpu_busy = sum(stage_sum.values()) / window_s
+    staged = spans[spans["range"].isin(STAGES)]
+    gpu_busy = (union_seconds(staged["start_s"], staged["end_s"], 0.0, window_s) if overlap
+                else sum(stage_sum.values())) / window_s
     row = {
         "window_s": window_s, "window_batches": n, "window_pages": pages,
         "pages_s": pages / window_s,
@@ -103,4 +121,4 @@ def summarize(batches: pd.DataFrame, spans: pd.DataFrame, prep: pd.DataFrame, wi
     return row
 
 
-__all__ = ["SATURATED", "summarize", "bound", "wasted_fraction"]
+__all__ = ["SATURATED", "summarize", "bound", "wasted_fraction", "union_seconds"]
