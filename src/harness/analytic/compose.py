@@ -347,9 +347,9 @@ def workload_costs(case, model_cfg: Optional[ModelConfig] = None, dtype="bf16", 
 
 
 def stage_totals(df) -> dict:
-    """{stage: {column: value}} from the TOTAL rows of a ``workload_costs`` frame."""
+    """{stage: {column: value}} from the TOTAL rows of a ``workload_costs`` frame (the cost columns it has)."""
     tot = df[df["family"] == "TOTAL"]
-    return {row["stage"]: {c: row[c] for c in COLUMNS[6:]} for _, row in tot.iterrows()}
+    return {row["stage"]: {c: row[c] for c in COLUMNS[6:] if c in row} for _, row in tot.iterrows()}
 
 
 def case_summary(case, model_cfg: Optional[ModelConfig] = None, dtype="bf16", routing=None,

@@ -26,12 +26,12 @@ An execution that cannot run here (``vision_compile`` without CUDA) is a note, n
 from __future__ import annotations
 
 import statistics
-import time
 from collections import defaultdict
 
 import torch
 
 from ..errors import HarnessError
+from .timing import event_ms
 from .verb import named_execution
 
 STAGES = ("sam", "clip", "projector")
@@ -42,13 +42,12 @@ TOP_COLUMNS = ["execution", "batch", "stage", "kernel", "kernels", "total_ms", "
 
 def useful_flops(model_cfg, mode, batch: int) -> dict:
     """{stage: analytic useful FLOPs of ``batch`` global views of ``mode``} (``harness.analytic``)."""
-    from ..analytic import workload_costs
+    from ..analytic import stage_totals, workload_costs
     from ..config import cost_config
     from ..layout import Case
 
-    df = workload_costs(Case(mode, None, batch, 0, 1, "vision"), cost_config(model_cfg, {}), "bf16")
-    total = df[df["family"] == "TOTAL"]
-    return {s: float(total.loc[total["stage"] == s, "flops_useful"].sum()) for s in STAGES}
+    totals = stage_totals(workload_costs(Case(mode, None, batch, 0, 1, "vision"), cost_config(model_cfg, {}), "bf16"))
+    return {s: float(totals[s]["flops_useful"]) for s in STAGES}
 
 
 def stage_calls(model, pixels: torch.Tensor) -> list:
@@ -60,24 +59,6 @@ def stage_calls(model, pixels: torch.Tensor) -> list:
         clip_out = m.vision_model(sam_out)
     return [("sam", lambda: m.sam_model(pixels)), ("clip", lambda: m.vision_model(sam_out)),
             ("projector", lambda: m.projector(clip_out, sam_out))]
-
-
-def time_call(call, reps: int, cuda: bool) -> list:
-    """ms of each of ``reps`` calls (CUDA events on CUDA, else the host clock)."""
-    out = []
-    for _ in range(reps):
-        if cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            call()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            call()
-            out.append((time.perf_counter() - t0) * 1e3)
-    return out
 
 
 def kernel_times(call, cuda: bool) -> dict:
@@ -140,8 +121,7 @@ def run(cfg, opts, device, report) -> None:
             calls = stage_calls(model, pixels)
             with torch.inference_mode():
                 for stage, call in calls:
-                    time_call(call, opts.warmup, cuda)
-                    ms = time_call(call, opts.reps, cuda)
+                    ms = event_ms(call, opts.reps, opts.warmup, cuda=cuda)
                     med = statistics.median(ms)
                     tflops = flops[stage] / med / 1e9 if med > 0 else None
                     stages.add(execution=name, batch=batch, stage=stage, ms_call=med, ms_min=min(ms), ms_max=max(ms),

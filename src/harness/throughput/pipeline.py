@@ -295,7 +295,7 @@ def stage_mfus(model, setup: Setup, batch: int, row: dict, device: Optional[dict
     measured span per batch (``row["<stage>_ms"]``) / the device's dense datasheet peak in ``dtype``
     (``roofline.specs``). None where the pages have more than one layout (their FLOPs differ), the
     device has no datasheet peak or nothing was timed."""
-    from ..analytic import workload_costs
+    from ..analytic import stage_totals, workload_costs
     from ..config import cost_config
     from ..roofline.specs import device_name_of, resolve_peaks
 
@@ -305,12 +305,11 @@ def stage_mfus(model, setup: Setup, batch: int, row: dict, device: Optional[dict
     if len(layouts) != 1 or not peak:
         return out
     case = Case(setup.mode, layouts[0].grid, batch, layouts[0].text_tokens, 1, "mfu")
-    df = workload_costs(case, cost_config(model.cfg, {}), "bf16")
+    totals = stage_totals(workload_costs(case, cost_config(model.cfg, {}), "bf16"))
     for st in MFU_STAGES:
         ms = row.get(f"{st}_ms")
         if ms and np.isfinite(ms):
-            flops = float(df.loc[(df["family"] == "TOTAL") & (df["stage"] == st), "flops_useful"].sum())
-            out[f"{st}_mfu"] = flops / (ms / 1e3) / (peak * 1e12)
+            out[f"{st}_mfu"] = float(totals[st]["flops_useful"]) / (ms / 1e3) / (peak * 1e12)
     return out
 
 
