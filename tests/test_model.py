@@ -127,15 +127,20 @@ def test_generate_batch2_tokens_and_routing(tiny_model, tiny_cfg, tiny_mode):
     assert res.kv_cache_bytes == kv
 
 
-def test_image_embeds_computed_ahead_give_the_same_tokens(tiny_model, tiny_mode):
+@pytest.mark.parametrize("kv_cache", ["growing", "static"])
+def test_image_embeds_computed_ahead_give_the_same_tokens(tiny_model, tiny_mode, kv_cache):
     """A request carrying its image embeddings (``Request.image_embeds``, the throughput experiment's
     overlap_vision) decodes the same greedy tokens as one whose vision runs inside, and opens no vision
-    stage range."""
+    stage range: in the vendor's execution and under the static-cache engine (``variants.engine``, whose
+    first token is its own)."""
     import contextlib
     import dataclasses
 
+    from harness import variants
+    from harness.config import ExecutionConfig
     from harness.models.generate import generate
 
+    variants.apply(tiny_model, ExecutionConfig(kv_cache=kv_cache))
     req = _request(tiny_mode, batch=2, decode_tokens=5)
     ref = generate(tiny_model, req).tokens
     with torch.inference_mode():
@@ -148,6 +153,7 @@ def test_image_embeds_computed_ahead_give_the_same_tokens(tiny_model, tiny_mode)
         yield
 
     got = generate(tiny_model, dataclasses.replace(req, image_embeds=embeds), stage).tokens
+    variants.apply(tiny_model, ExecutionConfig())
     assert torch.equal(got, ref)
     assert not {"sam", "clip", "projector"} & set(seen) and "prefill" in seen
 

@@ -420,7 +420,7 @@ def test_stage_mfus_by_hand(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("vision_impl", ["vendor", "fused"])
 def test_gpu_vision_ahead_on_its_stream_gives_the_same_tokens(vision_impl):
-    """On CUDA (tiny model, fp32, TF32 off): batch B's vision launched on a stream of its own as batch A's
+    """On CUDA (tiny model, fp32, TF32 off, static cache): batch B's vision launched on a stream of its own as batch A's
     decode opens (``ahead.launch`` / ``ahead.use``, as throughput.overlap_vision runs them; with
     vision_impl=fused the stages replay their CUDA graphs there) gives B the greedy tokens of a plain
     generate, and A's tokens are unchanged."""
@@ -440,7 +440,7 @@ def test_gpu_vision_ahead_on_its_stream_gives_the_same_tokens(vision_impl):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     model = build_model(load_tiny_cfg(), "cuda", torch.float32, seed=0)
-    variants.apply(model, ExecutionConfig(vision_impl=vision_impl))
+    variants.apply(model, ExecutionConfig(kv_cache="static", vision_impl=vision_impl))   # the engine's first token
     a, b = (wl.build_request([wl.Page(f"p{i}", wl.synthetic_page(i, size=(200, 300)), "s")], TINY_MODE,
                              decode_tokens=6).to("cuda", torch.float32) for i in (0, 1))
     ref_a, ref_b = generate(model, a).tokens, generate(model, b).tokens

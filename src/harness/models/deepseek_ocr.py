@@ -153,10 +153,15 @@ class DeepseekOCR(nn.Module):
         finally:
             self.route_moe(None)
 
+    def request_embeddings(self, request, stage: StageFn = no_stage) -> torch.Tensor:
+        """``request``'s image embeddings: those it carries when they were computed ahead
+        (``Request.image_embeds``, the throughput experiment's overlap_vision), else ``image_embeddings``."""
+        if getattr(request, "image_embeds", None) is not None:
+            return request.image_embeds
+        return self.image_embeddings(request.global_views, request.tiles, request.grid, stage)
+
     def first_token(self, request, cache, stage: StageFn, select: Select) -> torch.Tensor:
-        img = getattr(request, "image_embeds", None)      # computed ahead (throughput.overlap_vision)
-        if img is None:
-            img = self.image_embeddings(request.global_views, request.tiles, request.grid, stage)
+        img = self.request_embeddings(request, stage)
         with stage("prefill"):
             return select(self.prefill(request.input_ids, request.images_seq_mask, img, cache))
 

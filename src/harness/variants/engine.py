@@ -164,7 +164,7 @@ class Engine(Variant, DeepseekOCR):
             self._run_decoder = None
 
     def first_token(self, request, cache, stage: StageFn, select: Select) -> torch.Tensor:
-        img = self.image_embeddings(request.global_views, request.tiles, request.grid, stage)
+        img = self.request_embeddings(request, stage)
         with stage("prefill"):
             if self._run_decoder is not None and self.plan.prefill_graphs:
                 token = self._run_decoder.prefill(request, img)
