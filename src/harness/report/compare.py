@@ -47,6 +47,7 @@ from ..measure.summary import Summary, summarize
 from ..roofline import flags
 from ..rundir import RunData, claim, open_run
 from ..schema.manifest import Manifest
+from ..schema.roofline import ROOFLINE_CSV
 from .columns import Column, efficiency, interval, magnitude
 from .columns import table as columns_table
 from .merge import check_out
@@ -63,7 +64,7 @@ MIN_REPEATS = 2
 def _load(path) -> RunData:
     """A run directory read back, or a one-line HarnessError when it is not one."""
     return open_run(path, "compare run directories written by `python -m harness run`",
-                    "give two run directories under runs/")
+                    "give two run directories under runs/", tables=False)
 
 
 def partial_cases(run: RunData) -> dict:
@@ -114,10 +115,7 @@ def _values(summary: Summary, case: str, stage: str, column: str):
 
 
 def _eff(path: Path) -> dict:
-    f = path / "roofline.csv"
-    if not f.is_file():
-        return {}
-    t = pd.read_csv(f)
+    t = ROOFLINE_CSV.read(path)
     if not {"level", "case", "stage", "efficiency", "efficiency_cal"} <= set(t.columns):
         return {}   # not a roofline.csv this harness wrote: no efficiency rows
     t = t[t["level"] == "stage"]

@@ -131,8 +131,9 @@ def _kv_copy(df: pd.DataFrame, static: pd.DataFrame) -> pd.DataFrame:
         columns={"bytes_kv_read": "_r", "bytes_kv_write": "_w"})
     m = df.merge(s, on=keys, how="left")
     df = df.copy()
-    df["bytes_kv_copy_read"] = (m["bytes_kv_read"] - m["_r"].fillna(m["bytes_kv_read"])).clip(lower=0).to_numpy()
-    df["bytes_kv_copy_write"] = (m["bytes_kv_write"] - m["_w"].fillna(m["bytes_kv_write"])).clip(lower=0).to_numpy()
+    read, write = KV_COPY_COLUMNS
+    df[read] = (m["bytes_kv_read"] - m["_r"].fillna(m["bytes_kv_read"])).clip(lower=0).to_numpy()
+    df[write] = (m["bytes_kv_write"] - m["_w"].fillna(m["bytes_kv_write"])).clip(lower=0).to_numpy()
     return df
 
 

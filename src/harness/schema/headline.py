@@ -43,12 +43,12 @@ _OWN = {   # the headline's columns that stages.csv does not have: unit, provena
 }
 
 
-def _field(name: str, what_prefix: str = "") -> Field:
+def _field(name: str) -> Field:
     if name in _OWN:
         unit, prov, what = _OWN[name]
-        return Field(name, unit, prov, what_prefix + what, text=name == "grid")
+        return Field(name, unit, prov, what, text=name == "grid")
     f = STAGES_CSV.field(name)
-    return Field(name, f.unit, f.provenance, what_prefix + f.what, f.text)
+    return Field(name, f.unit, f.provenance, f.what, f.text)
 
 
 def _headline_fields() -> tuple:

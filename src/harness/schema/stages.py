@@ -143,16 +143,8 @@ def typed(df: pd.DataFrame) -> pd.DataFrame:
 def read_observations(path) -> pd.DataFrame:
     """``stages.csv`` of a run directory as the typed table (an empty one for a missing or empty
     file; the old layout converted)."""
-    path = Path(path)
-    if not path.is_file() or path.stat().st_size == 0:
-        return typed(None)
-    return typed(pd.read_csv(path, dtype={c: str for c in TEXT + ("repeat", "call", "profiled")}))
-
-
-def append(rd, observations: pd.DataFrame) -> Path:
-    """Append one case's typed observations (``frame``) to the run directory ``rd``'s stages.csv."""
-    return STAGES_CSV.append(rd, observations)
+    return typed(STAGES_CSV.read(Path(path), dtype={c: str for c in TEXT + ("repeat", "call", "profiled")}))
 
 
 __all__ = ["STAGES_CSV", "CALL_ALL", "OBSERVATION_COLUMNS", "NUMERIC", "DTYPES", "REQUIRED_COLUMNS", "TIME_COLUMNS",
-           "LEGACY_AGGREGATES", "NotObservations", "missing_columns", "frame", "typed", "read_observations", "append"]
+           "LEGACY_AGGREGATES", "NotObservations", "missing_columns", "frame", "typed", "read_observations"]

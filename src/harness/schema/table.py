@@ -74,20 +74,23 @@ class Table:
         else:
             rows = list(rows)
             df = pd.DataFrame(rows, columns=None if not rows or isinstance(rows[0], dict) else self.columns)
-        extra = [c for c in df.columns if c not in self.columns]
-        if extra and not self.open_columns:
-            raise ValueError(f"{self.file}: columns {extra} are not in its schema")
-        return df.reindex(columns=self.columns + extra)
+        return df.reindex(columns=self.columns + self._extra(df))
 
     def checked(self, rows) -> pd.DataFrame:
         """``rows`` as a frame: a frame as given (its columns must be in the schema), dicts or tuples
         through ``frame``."""
         if not isinstance(rows, pd.DataFrame):
             return self.frame(rows)
-        extra = [c for c in rows.columns if c not in self.columns]
+        self._extra(rows)
+        return rows
+
+    def _extra(self, df: pd.DataFrame) -> list:
+        """``df``'s columns outside the schema; refused (ValueError) unless the table has open columns."""
+        known = set(self.columns)
+        extra = [c for c in df.columns if c not in known]
         if extra and not self.open_columns:
             raise ValueError(f"{self.file}: columns {extra} are not in its schema")
-        return rows
+        return extra
 
     def write(self, rd, rows) -> Path:
         """Replace the file in run directory ``rd`` (a ``harness.rundir.RunDir``) with ``rows``
@@ -99,16 +102,16 @@ class Table:
         ``rd``, the header only when the file is new."""
         return rd.append_csv(self.file, self.checked(rows))
 
-    def read(self, src) -> pd.DataFrame:
-        """The file (a run directory, a path or a buffer) as a frame, text columns as text; an empty
-        frame for a missing or empty file."""
+    def read(self, src, dtype: Optional[dict] = None) -> pd.DataFrame:
+        """The file (a run directory, a path or a buffer) as a frame, text columns as text (or as
+        ``dtype`` says); an empty frame for a missing or empty file."""
         if isinstance(src, (str, Path)):
             src = Path(src)
             if src.is_dir():
                 src = src / self.file
             if not src.is_file() or src.stat().st_size == 0:
                 return pd.DataFrame()
-        return pd.read_csv(src, dtype=self.text_columns)
+        return pd.read_csv(src, dtype=dtype or self.text_columns)
 
 
 def table(file: str, spec: str, open_columns: str = "") -> Table:

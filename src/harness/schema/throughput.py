@@ -87,7 +87,7 @@ start_s | s | measured | preparation start from the window start, host clock
 end_s | s | measured | preparation end from the window start, host clock
 """)
 COLUMN_NAMES = THROUGHPUT_CSV.columns
-BATCH_COLUMNS, SPAN_COLUMNS, PREP_COLUMNS = BATCHES_CSV.columns, SPANS_CSV.columns, PREP_CSV.columns
+SPAN_COLUMNS = SPANS_CSV.columns
 
 
 def read_throughput(run_dir) -> pd.DataFrame:
@@ -120,5 +120,5 @@ from the barrier's release times) / the longest window; 1 = the windows ran at t
 """)
 
 
-__all__ = ["SCALING_CSV", "THROUGHPUT_CSV", "BATCHES_CSV", "SPANS_CSV", "PREP_CSV", "COLUMN_NAMES", "BATCH_COLUMNS", "SPAN_COLUMNS",
-           "PREP_COLUMNS", "read_throughput"]
+__all__ = ["SCALING_CSV", "THROUGHPUT_CSV", "BATCHES_CSV", "SPANS_CSV", "PREP_CSV", "COLUMN_NAMES", "SPAN_COLUMNS",
+           "read_throughput"]
