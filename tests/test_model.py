@@ -9,6 +9,7 @@ import contextlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -156,6 +157,26 @@ def test_image_embeds_computed_ahead_give_the_same_tokens(tiny_model, tiny_mode,
     variants.apply(tiny_model, ExecutionConfig())
     assert torch.equal(got, ref)
     assert not {"sam", "clip", "projector"} & set(seen) and "prefill" in seen
+
+
+def test_deferred_routing_counts_survive_the_next_request(tiny_model, tiny_mode):
+    """generate(defer_routing=True) under the static-cache engine (device routing counts): request A's counts
+    read after request B ran are A's own, the counts a direct read of A gives (on the CPU the deferred read
+    once returned views of the engine's buffers, which B's start zeroes and refills)."""
+    from harness import variants
+    from harness.config import ExecutionConfig
+    from harness.models.generate import generate
+
+    variants.apply(tiny_model, ExecutionConfig(kv_cache="static", moe_impl="grouped", moe_kernel="torch"))
+    a = _request(tiny_mode, batch=1, decode_tokens=5)
+    b = wl.build_request([_page(300, 200, seed=7)], tiny_mode, decode_tokens=5)
+    direct = generate(tiny_model, a)
+    deferred = generate(tiny_model, a, defer_routing=True)
+    generate(tiny_model, b)
+    routing, steps = deferred.pending()
+    variants.apply(tiny_model, ExecutionConfig())
+    assert np.array_equal(steps, direct.routing_steps)
+    assert all(np.array_equal(routing[k], direct.routing[k]) for k in ("prefill", "decode"))
 
 
 def test_batch_rows_are_independent(tiny_model, tiny_mode):

@@ -144,6 +144,19 @@ def test_a_spread_without_a_mean_is_refused():
         check_overrides(["+experiment=throughput", "model=tiny", "throughput.tokens.spread=150"])
 
 
+def test_overlap_vision_with_the_vendor_model_is_refused_before_any_build():
+    """model=vendor runs the vendor's own code, which takes no embeddings computed ahead: one line, from the
+    experiment's check (no model built, no worker started)."""
+    from harness.cli import check_overrides
+    from harness.throughput.pipeline import Throughput
+
+    cfg = check_overrides(["+experiment=throughput", "model=vendor", "throughput.overlap_vision=true"], verb="analyze")
+    with pytest.raises(HarnessError, match="^throughput.overlap_vision hands the next batch's image embeddings to the "
+                                           "harness's model; model=vendor runs the vendor's own code; fix: leave "
+                                           "overlap_vision off$"):
+        Throughput.check(cfg)
+
+
 def test_device_defaults():
     gpu, cpu = plan.resolve(ThroughputConfig(), True, 16), plan.resolve(ThroughputConfig(), False, 2)
     assert gpu.batches == (1, 8, 32, 64) and gpu.window_s == 30 and gpu.workers == 8 and gpu.best

@@ -338,8 +338,8 @@ class DeviceRouting:
         if self.device.type == "meta":
             return PendingCounts(None)
         parts = (self.prefill[0], self.decode[:steps], self.decode[steps:].sum(0))
-        if self.device.type != "cuda":
-            return PendingCounts(tuple(t.cpu() for t in parts))
+        if self.device.type != "cuda":     # copies: the buffers are the next request's once it begins
+            return PendingCounts(tuple(t.to("cpu", copy=True) for t in parts))
         host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True) for t in parts)
         done = torch.cuda.Event()
         done.record()

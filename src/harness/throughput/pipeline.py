@@ -126,6 +126,9 @@ class Throughput(Experiment):
         if cfg.throughput is None:
             raise HarnessError("experiment_module=harness.throughput.pipeline needs the throughput settings, and "
                                "throughput is unset", "run +experiment=throughput")
+        if cfg.throughput.overlap_vision and cfg.model.name == "vendor":
+            raise HarnessError("throughput.overlap_vision hands the next batch's image embeddings to the harness's "
+                               "model; model=vendor runs the vendor's own code", "leave overlap_vision off")
         from .gpus import plan_for
         plan_for(cfg, sweep)         # throughput.gpus: more than visible, a CPU or a one-GPU-per-job sweep refused
 
@@ -243,9 +246,6 @@ def _measure(cfg: HarnessConfig, ctx: RunContext, out: Outputs) -> None:
     timeline.enter("model build")
     model, info = load_adapter(cfg.model, device, dtype, cfg.seed)
     say(f"[harness] model {info.get('adapter')} built in {info['build_s']:.1f} s")
-    if s.overlap_vision and not hasattr(model, "image_embeddings"):
-        raise HarnessError(f"throughput.overlap_vision needs the harness's model (its image_embeddings); the "
-                           f"{info.get('adapter')} adapter runs the vendor's own code", "leave overlap_vision off")
     timeline.enter("set-up")
     for f in draws:
         f.result()
@@ -416,10 +416,12 @@ class ConfigRun:
             self.run_batch()
         warm_s = time.perf_counter() - t0
         say(f"[harness] {self.name}: {s.warmup_batches} warm-up batch(es) in {warm_s:.1f} s; steady window")
-        window_barrier(self.name)     # over several GPUs (throughput.gpus): every GPU's window starts together
-        self.ahead = None             # overlap_vision: the first window batch runs its vision inside the window
-        self.marks.origin()
         cuda = self.stager.cuda
+        self.ahead = None             # overlap_vision: the first window batch runs its vision inside the window
+        if cuda:
+            torch.cuda.synchronize()  # the warm-up's queued work done first: the barrier then releases idle GPUs
+        window_barrier(self.name)     # over several GPUs (throughput.gpus): every GPU's window starts together
+        self.marks.origin()
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         where.at("case", self.name, index, "window")

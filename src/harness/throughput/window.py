@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..anatomy.stages import STAGES, VISION_STAGES
+from ..measure.observations import busy_ms
 
 
 #: a resource busy for at least this fraction of the window is saturated (see ``bound``)
@@ -63,17 +64,11 @@ def bound(prep_busy: float, copy_busy: float, gpu_busy: float, stage_ms: dict) -
 
 
 def union_seconds(starts, ends, lo: float, hi: float) -> float:
-    """Seconds of [lo, hi] covered by at least one of the intervals [starts[i], ends[i]] [s]."""
-    total, cur_a, cur_b = 0.0, None, None
-    for a, b in sorted((max(float(a), lo), min(float(b), hi)) for a, b in zip(starts, ends)):
-        if b <= a:
-            continue
-        if cur_b is None or a > cur_b:
-            total += 0.0 if cur_b is None else cur_b - cur_a
-            cur_a, cur_b = a, b
-        else:
-            cur_b = max(cur_b, b)
-    return total + (0.0 if cur_b is None else cur_b - cur_a)
+    """Seconds of [lo, hi] covered by at least one of the intervals [starts[i], ends[i]] [s]
+    (``measure.observations.busy_ms`` of the clipped intervals)."""
+    s = np.clip(np.asarray(starts, dtype=float), lo, hi)
+    e = np.clip(np.asarray(ends, dtype=float), lo, hi)
+    return busy_ms(pd.DataFrame({"start_ms": s, "dur_ms": np.maximum(e - s, 0.0)}))
 
 
 def summarize(batches: pd.DataFrame, spans: pd.DataFrame, prep: pd.DataFrame, window_s: float, workers: int,
