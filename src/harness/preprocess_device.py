@@ -38,7 +38,7 @@ import torch
 
 from . import workload as wl
 from .kernels.availability import triton_available
-from .layout import BOS_TOKENS, Case, get_mode, image_token_count
+from .layout import BOS_TOKENS, Case, get_mode, image_token_count, tile_grid_for
 
 #: Pillow 13 resizes the vertical axis first when the height shrinks by more than twice as many
 #: pixels as the width (its ``ImagingResampleInner``); earlier versions always start horizontally
@@ -220,7 +220,8 @@ def pad(x: torch.Tensor, side: int) -> torch.Tensor:
     if (w1, h1) == (side, side):
         return inner
     out = torch.empty((*x.shape[:-2], side, side), dtype=inner.dtype, device=x.device)
-    out.copy_(torch.tensor(wl.PAD_COLOR, dtype=inner.dtype, device=x.device).view(1, 3, 1, 1).expand_as(out))
+    for c, v in enumerate(wl.PAD_COLOR):  # scalars: no host-to-device copy on the stream
+        out[:, c].fill_(v)
     left, top = round((side - w1) * 0.5), round((side - h1) * 0.5)
     out[..., top:top + h1, left:left + w1] = inner
     return out
@@ -229,8 +230,7 @@ def pad(x: torch.Tensor, side: int) -> torch.Tensor:
 #: (v / 255 - 0.5) / 0.5 of every 8-bit value v, computed by numpy in float32 as ``workload.to_tensor``
 #: does: a device's own float division may round differently (CUDA divides by a scalar through its
 #: reciprocal), a table look-up cannot
-NORMALISED = ((np.arange(256, dtype=np.uint8).astype(np.float32) / np.float32(255.0) - np.float32(wl.NORM_MEAN))
-              / np.float32(wl.NORM_STD))
+NORMALISED = wl.normalised(np.arange(256, dtype=np.uint8))
 
 
 def normalise(x: torch.Tensor) -> torch.Tensor:
@@ -256,7 +256,7 @@ def views_and_tiles(pixels: list, mode) -> tuple:
     tile grid for all) in ``mode``: what
     ``workload.preprocess`` gives each page, pages of one size processed together."""
     mode = get_mode(mode)
-    grids = {wl.page_grid(p.shape[1], p.shape[0], mode) for p in pixels}
+    grids = {tile_grid_for(p.shape[1], p.shape[0], mode) for p in pixels}
     if len(grids) > 1:
         raise ValueError(f"pages of one request need one tile grid, got {sorted(map(str, grids))}")
     grid = grids.pop()
@@ -349,7 +349,7 @@ def host_pages(pages: list, mode, decode_tokens: int = 128, prompt: str = wl.DEF
     one-line error of ``workload.build_request``)."""
     mode = get_mode(mode)
     images = [p.image if p.image.mode == "RGB" else p.image.convert("RGB") for p in pages]
-    grids = [wl.page_grid(*im.size, mode) for im in images]
+    grids = [tile_grid_for(*im.size, mode) for im in images]
     wl.check_one_grid(pages, grids)
     grid = grids[0]
     ids, mask, before, after = wl.token_layout(image_token_count(mode, grid), prompt, tokenizer, text_tokens, seed)

@@ -52,12 +52,16 @@ class PreparedImage:
     image_tokens: int
 
 
+def normalised(arr: np.ndarray) -> np.ndarray:
+    """8-bit values (a uint8 array) -> float32 (x / 255 - 0.5) / 0.5, numpy's float32 arithmetic."""
+    return (arr.astype(np.float32) / np.float32(255.0) - np.float32(NORM_MEAN)) / np.float32(NORM_STD)
+
+
 def to_tensor(img: Image.Image) -> torch.Tensor:
     """RGB image -> [3, H, W] float32, (x / 255 - 0.5) / 0.5 (values in [-1, 1])."""
     if img.mode != "RGB":
         img = img.convert("RGB")
-    arr = np.asarray(img, dtype=np.uint8).astype(np.float32) / np.float32(255.0)
-    arr = (arr - np.float32(NORM_MEAN)) / np.float32(NORM_STD)
+    arr = normalised(np.asarray(img, dtype=np.uint8))
     return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
 
 
@@ -72,13 +76,6 @@ def _tiles(image: Image.Image, grid: tuple[int, int], tile: int) -> list[Image.I
     return out
 
 
-def page_grid(width: int, height: int, mode) -> tuple[int, int] | None:
-    """The tile grid (cols, rows) a width x height page [px] is cut into in ``mode``, or None (no
-    tiles: a mode without crop, or a page that fits one tile: a 1 x 1 grid is no grid)."""
-    grid = tile_grid_for(width, height, get_mode(mode))
-    return grid if grid is not None and (grid[0] > 1 or grid[1] > 1) else None
-
-
 def preprocess(image: Image.Image, mode) -> PreparedImage:
     """Page -> global view (+ tiles in crop mode), as the vendor prepares it.
 
@@ -89,7 +86,7 @@ def preprocess(image: Image.Image, mode) -> PreparedImage:
     mode = get_mode(mode)
     if image.mode != "RGB":
         image = image.convert("RGB")
-    grid = page_grid(*image.size, mode)
+    grid = tile_grid_for(*image.size, mode)
     if mode.crop:
         view = ImageOps.pad(image, (mode.base_size, mode.base_size), color=PAD_COLOR)
         tiles = None if grid is None else torch.stack([to_tensor(t) for t in _tiles(image, grid, mode.image_size)])
@@ -617,7 +614,7 @@ def describe(request: Request) -> dict:
 
 __all__ = [
     "IMAGE_PLACEHOLDER", "PAD_COLOR", "NORM_MEAN", "NORM_STD", "IMAGE_SUFFIXES", "PAGE_SUFFIXES", "DEFAULT_PROMPT",
-    "PreparedImage", "to_tensor", "page_grid", "preprocess", "Page", "synthetic_page", "load_pages", "rasterise", "to_8bit",
+    "PreparedImage", "normalised", "to_tensor", "preprocess", "Page", "synthetic_page", "load_pages", "rasterise", "to_8bit",
     "batch_pages",
     "names_text", "layout_groups", "check_enough_pages", "Request", "build_request", "check_one_grid", "token_layout", "load_tokenizer",
     "tokenizer_or_reason", "describe",

@@ -31,7 +31,7 @@ from PIL import Image, ImageOps
 
 from .. import preprocess_device as pd
 from .. import workload as wl
-from ..layout import get_mode
+from ..layout import get_mode, tile_grid_for
 from .timing import quantile
 
 TIME_COLUMNS = ["mode", "step", "timings", "ms_median", "ms_min", "ms_p90", "ms_max", "share_pct"]
@@ -72,11 +72,11 @@ def page_steps(data: bytes, mode, device: torch.device, sync) -> tuple:
     ms = {}
     image, ms[DECODE] = _timed(lambda: _decode(data))
     side = mode.base_size if mode.crop else mode.image_size
-    src = image if mode.crop or mode.image_size > 640 else image.resize((side, side))
-    view, ms["host path: resize + pad (ImageOps.pad)"] = _timed(lambda: ImageOps.pad(src, (side, side),
-                                                                                   color=wl.PAD_COLOR))
+    square = not mode.crop and mode.image_size <= 640       # the vendor resizes to a square first
+    view, ms["host path: resize + pad (ImageOps.pad)"] = _timed(lambda: ImageOps.pad(
+        image.resize((side, side)) if square else image, (side, side), color=wl.PAD_COLOR))
     _, ms["host path: normalise the view (to_tensor)"] = _timed(lambda: wl.to_tensor(view))
-    grid = wl.page_grid(*image.size, mode)
+    grid = tile_grid_for(*image.size, mode)
     if grid is not None:
         cut, ms["host path: tiles (resize to the grid, cut)"] = _timed(lambda: wl._tiles(image, grid, mode.image_size))
         _, ms["host path: normalise the tiles"] = _timed(lambda: torch.stack([wl.to_tensor(t) for t in cut]))
@@ -98,8 +98,8 @@ def run(cfg, opts, device, report) -> None:
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     times = report.table("preprocess_times", "preprocessing one page, host clock (median over pages)", TIME_COLUMNS)
     parity = report.table("preprocess_parity", "device-made pixels against the host path's", PARITY_COLUMNS)
+    pages = [_png(wl.synthetic_page(i, seed=cfg.workload.seed)) for i in range(opts.warmup + opts.pages)]
     for mode in opts.modes:
-        pages = [_png(wl.synthetic_page(i, seed=cfg.workload.seed)) for i in range(opts.warmup + opts.pages)]
         steps, parts = {}, {}
         for k, data in enumerate(pages):
             ms, par = page_steps(data, mode, device, sync)

@@ -91,6 +91,7 @@ def run(cfg, opts, device, report) -> None:
     from ..layout import get_mode
     from ..measure.kernels import categorize
     from ..models.build import build_model
+    from ..roofline.point import mfu
     from ..roofline.specs import device_name_of, resolve_peaks
     from ..setup import device_info
 
@@ -107,6 +108,7 @@ def run(cfg, opts, device, report) -> None:
     cats = report.table("vision_kernels", "kernels by category (one profiled pass)", KERNEL_COLUMNS)
     tops = report.table("vision_top_kernels", f"the {opts.top} longest kernels of each stage", TOP_COLUMNS)
     gen = torch.Generator(device="cpu").manual_seed(cfg.workload.seed)
+    flops_of = {batch: useful_flops(model.cfg, mode, batch) for batch in opts.batch}
     for name in opts.executions:
         named = named_execution(cfg, name)
         ex = ExecutionConfig(vision_impl=named.vision_impl, vision_compile=named.vision_compile)
@@ -117,15 +119,15 @@ def run(cfg, opts, device, report) -> None:
             continue
         for batch in opts.batch:
             pixels = torch.randn(batch, 3, side, side, generator=gen).to(device, dtype)
-            flops = useful_flops(model.cfg, mode, batch)
+            flops = flops_of[batch]
             calls = stage_calls(model, pixels)
             with torch.inference_mode():
                 for stage, call in calls:
                     ms = event_ms(call, opts.reps, opts.warmup, cuda=cuda)
                     med = statistics.median(ms)
-                    tflops = flops[stage] / med / 1e9 if med > 0 else None
                     stages.add(execution=name, batch=batch, stage=stage, ms_call=med, ms_min=min(ms), ms_max=max(ms),
-                               tflops_useful=tflops, mfu_sheet=tflops / peak if tflops and peak else None)
+                               tflops_useful=flops[stage] / med / 1e9 if med > 0 else None,
+                               mfu_sheet=mfu(flops[stage], med, peak))
                     kern = kernel_times(call, cuda)
                     busy = sum(t for _, t in kern.values()) or None
                     by_cat = defaultdict(lambda: [0, 0.0])

@@ -297,6 +297,7 @@ def stage_mfus(model, setup: Setup, batch: int, row: dict, device: Optional[dict
     device has no datasheet peak or nothing was timed."""
     from ..analytic import stage_totals, workload_costs
     from ..config import cost_config
+    from ..roofline.point import mfu
     from ..roofline.specs import device_name_of, resolve_peaks
 
     out = {f"{st}_mfu": None for st in MFU_STAGES}
@@ -309,7 +310,7 @@ def stage_mfus(model, setup: Setup, batch: int, row: dict, device: Optional[dict
     for st in MFU_STAGES:
         ms = row.get(f"{st}_ms")
         if ms and np.isfinite(ms):
-            out[f"{st}_mfu"] = float(totals[st]["flops_useful"]) / (ms / 1e3) / (peak * 1e12)
+            out[f"{st}_mfu"] = mfu(totals[st]["flops_useful"], ms, peak)
     return out
 
 
