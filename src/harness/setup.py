@@ -163,12 +163,15 @@ class CaseInputs:
         w = self.workload
         return self.pages if (repeat == 0 or w.images) else synthetic_pages(w, repeat)
 
+    def _request_args(self) -> dict:
+        """The keywords a request of this case is built with (``build_request``'s, ``timed_request``'s)."""
+        w = self.workload
+        return dict(decode_tokens=w.decode_tokens, prompt=w.prompt, tokenizer=self.tokenizer, text_tokens=w.text_tokens,
+                    seed=w.seed, name=self.case.name, routing=w.routing, routing_seed=w.routing_seed)
+
     def build(self, pages: list) -> wl.Request:
         """The request of ``pages``: preprocessing (resize/pad, normalisation, tiles) and the token layout."""
-        w = self.workload
-        return wl.build_request(pages, w.mode, decode_tokens=w.decode_tokens, prompt=w.prompt,
-                                tokenizer=self.tokenizer, text_tokens=w.text_tokens, seed=w.seed,
-                                name=self.case.name, routing=w.routing, routing_seed=w.routing_seed)
+        return wl.build_request(pages, self.workload.mode, **self._request_args())
 
     def timed_request(self, repeat: int, device: torch.device, dtype: torch.dtype) -> tuple:
         """(request ``repeat`` on ``device``, {"prep_ms", "h2d_ms"[, "raster_ms"]}): host ms of building
@@ -179,20 +182,16 @@ class CaseInputs:
         ``h2d_ms`` copies 8-bit pixels."""
         pages, raster_ms = wl.rasterise(self.pages_of(repeat))
         if self.execution.preprocess == "device":
-            w = self.workload
-            req, times = preprocess_device.timed_request(
-                pages, w.mode, device, dtype, decode_tokens=w.decode_tokens, prompt=w.prompt, tokenizer=self.tokenizer,
-                text_tokens=w.text_tokens, seed=w.seed, name=self.case.name, routing=w.routing,
-                routing_seed=w.routing_seed)
-            return req, times if raster_ms is None else {"raster_ms": raster_ms, **times}
-        t0 = time.perf_counter()
-        req = self.build(pages)
-        t1 = time.perf_counter()
-        req = req.to(device, dtype)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t2 = time.perf_counter()
-        times = {"prep_ms": (t1 - t0) * 1e3, "h2d_ms": (t2 - t1) * 1e3}
+            req, times = preprocess_device.timed_request(pages, self.workload.mode, device, dtype, **self._request_args())
+        else:
+            t0 = time.perf_counter()
+            req = self.build(pages)
+            t1 = time.perf_counter()
+            req = req.to(device, dtype)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t2 = time.perf_counter()
+            times = {"prep_ms": (t1 - t0) * 1e3, "h2d_ms": (t2 - t1) * 1e3}
         return req, times if raster_ms is None else {"raster_ms": raster_ms, **times}
 
 

@@ -28,7 +28,7 @@ from ..report.columns import Column, occupancy
 from ..report.columns import table as column_table
 from .barrier import read_records
 from .section import TABLE, column_lines, device_text, report_head
-from ..schema.throughput import SCALING_CSV
+from ..schema.throughput import SCALING_CSV, SPANS_CSV, THROUGHPUT_CSV
 
 PHASES = ("alone", "together")
 PHASE_TEXT = {"alone": "phase 1, one GPU alone", "together": "phase 2, all GPUs at once"}
@@ -54,10 +54,6 @@ def find_child(root, phase: str, gpu) -> Optional[Path]:
     return next((p for p in hits if p.is_dir()), None)
 
 
-def _read(path: Path) -> pd.DataFrame:
-    return pd.read_csv(path) if path.is_file() and path.stat().st_size else pd.DataFrame()
-
-
 def gpu_rows(root, gpus) -> pd.DataFrame:
     """The children's ``throughput.csv`` rows, ``phase``, ``gpu`` and ``run`` (the child's folder) first:
     phase 1 (the first of ``gpus``), then phase 2 in GPU order."""
@@ -65,7 +61,7 @@ def gpu_rows(root, gpus) -> pd.DataFrame:
     for phase, ids in (("alone", list(gpus)[:1]), ("together", list(gpus))):
         for g in ids:
             d = find_child(root, phase, g)
-            t = _read(d / "throughput.csv") if d else pd.DataFrame()
+            t = THROUGHPUT_CSV.read(d) if d else pd.DataFrame()
             if len(t):
                 frames.append(pd.concat([pd.DataFrame({"phase": phase, "gpu": str(g), "run": d.name}, index=t.index),
                                          t], axis=1))
@@ -111,13 +107,14 @@ def windows_overlap(starts: list, lengths: list) -> float:
 
 def _spans(root, phase: str, gpu) -> pd.DataFrame:
     d = find_child(root, phase, gpu)
-    return _read(d / "throughput_spans.csv") if d else pd.DataFrame()
+    return SPANS_CSV.read(d) if d else pd.DataFrame()
 
 
-def scaling_table(root, gpus, workers: int) -> pd.DataFrame:
-    """``SCALING_COLUMNS`` rows of the configurations that phase 1 and every GPU of phase 2 finished."""
+def scaling_table(root, gpus, workers: int, rows_all: Optional[pd.DataFrame] = None) -> pd.DataFrame:
+    """``SCALING_COLUMNS`` rows of the configurations that phase 1 and every GPU of phase 2 finished
+    (``rows_all``: ``gpu_rows(root, gpus)`` when the caller has read them already)."""
     gpus = [str(g) for g in gpus]
-    rows_all = gpu_rows(root, gpus)
+    rows_all = gpu_rows(root, gpus) if rows_all is None else rows_all
     alone = rows_all[rows_all["phase"] == "alone"]
     together = rows_all[rows_all["phase"] == "together"]
     starts = {(r["config"], int(r["rank"])): r.get("released_unix") for r in read_records(starts_folder(root, "together"))}
@@ -222,10 +219,10 @@ def write_scaling(rd, gpus, workers: int) -> dict:
     the children's run directories under ``rd.path``; the manifest's ``cases`` are the configurations
     of ``scaling.csv`` (in memory: the caller saves the manifest)."""
     per_gpu = gpu_rows(rd.path, gpus)
-    scaling = scaling_table(rd.path, gpus, workers)
+    scaling = scaling_table(rd.path, gpus, workers, per_gpu)
     rd.manifest["cases"] = [{"name": r["config"], "throughput": {k: r[k] for k in ("aggregate_pages_s", "speedup")}}
                             for r in scaling.to_dict("records")]
-    paths = {"gpus": rd.write_csv("throughput_gpus.csv", per_gpu), "scaling": rd.write_csv("scaling.csv", scaling)}
+    paths = {"gpus": rd.write_csv("throughput_gpus.csv", per_gpu), "scaling": SCALING_CSV.write(rd, scaling)}
     lines = scaling_section(scaling, per_gpu, rd.manifest)
     paths["section"] = rd.write_text("throughput.md", "\n".join(lines))
     paths["report"] = rd.write_text("report.md", "\n".join(report_head(rd, len(scaling)) + lines))
