@@ -43,61 +43,50 @@ def numeric(body: Callable) -> Callable:
 
 def fixed(fmt: str = "{:,.2f}", scale: float = 1.0) -> Callable:
     """A number / ``scale`` through ``fmt`` (``DASH`` when missing)."""
-    return numeric(lambda x: fmt.format(x / scale if scale != 1.0 else x))
+    return numeric(lambda x: fmt.format(x / scale))
+
+
+def _significant(x: float) -> str:
+    """About 4 significant digits, thousands separators for large values."""
+    if x == 0:
+        return "0"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:,.2f}" if abs(x) >= 1 else f"{x:.3g}"
 
 
 def sig(scale: float = 1.0) -> Callable:
     """A number / ``scale`` with about 4 significant digits, thousands separators for large values."""
-    def write(v) -> str:
-        if isinstance(v, str):
-            return v
-        x = _f(v)
-        if x is None:
-            return DASH
-        x /= scale
-        if x == 0:
-            return "0"
-        if abs(x) >= 1000:
-            return f"{x:,.0f}"
-        if abs(x) >= 1:
-            return f"{x:,.2f}"
-        return f"{x:.3g}"
-    return write
+    return numeric(lambda x: _significant(x / scale))
 
 
 #: a number with three decimals below 100, one from 100 on ('0.438', '1,234.5')
 magnitude = numeric(lambda x: f"{x:,.3f}" if abs(x) < 100 else f"{x:,.1f}")
 
 
-def pct(v) -> str:
-    """A fraction as a percentage with one decimal."""
-    if isinstance(v, str):
-        return v
-    x = _f(v)
-    return DASH if x is None else f"{100 * x:.1f}%"
+def _percent(x: float) -> str:
+    return f"{100 * x:.1f}%"
 
 
-def efficiency(v) -> str:
-    """An efficiency, MFU or MBU (a fraction of a ceiling) as a percentage; above 1.0 never as a
-    figure: the flag ``ABOVE_CEILING`` (the bytes, the FLOPs or the ceiling is wrong; the report's
-    caveats say which to check, ``harness.roofline.flags.caveats``)."""
-    x = _f(v) if not isinstance(v, str) else None
-    if x is not None and x > 1.0:
-        return ABOVE_CEILING.format(pct=100 * x)
-    return pct(v)
+#: a fraction as a percentage with one decimal
+pct = numeric(_percent)
 
+
+def _capped(flag: str, limit: float) -> Callable:
+    """A fraction as ``pct``; above ``limit`` never as a figure alone: ``flag`` (its ``{pct}`` filled in)."""
+    return numeric(lambda x: flag.format(pct=100 * x) if x > limit else _percent(x))
+
+
+#: an efficiency, MFU or MBU (a fraction of a ceiling) as a percentage; above 1.0 the flag
+#: ``ABOVE_CEILING`` (the bytes, the FLOPs or the ceiling is wrong; the report's caveats say which to
+#: check, ``harness.roofline.flags.caveats``)
+efficiency = _capped(ABOVE_CEILING, 1.0)
 
 #: an occupancy cell above 100%: spans that overlap where they cannot (``occupancy``)
 OVER_FULL = "**{pct:.1f}%: over 100%, a bug (overlapping spans)**"
-
-
-def occupancy(v) -> str:
-    """A busy fraction of a window as a percentage; above 1.0 never as a figure alone: ``OVER_FULL``
-    (the spans overlap, which a busy fraction cannot)."""
-    x = _f(v) if not isinstance(v, str) else None
-    if x is not None and x > 1.0 + 1e-9:
-        return OVER_FULL.format(pct=100 * x)
-    return pct(v)
+#: a busy fraction of a window as a percentage; above 1.0 ``OVER_FULL`` (the spans overlap, which a
+#: busy fraction cannot)
+occupancy = _capped(OVER_FULL, 1.0 + 1e-9)
 
 
 def text(v) -> str:
