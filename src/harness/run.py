@@ -19,7 +19,6 @@ written first and the manifest says ``complete`` last. The measured tables also 
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from pathlib import Path
 
@@ -205,89 +204,89 @@ def _measure(cfg: HarnessConfig, run: RunContext, progress) -> None:
     rd, data, where, timeline = run.rd, run.data, run.where, run.timeline
     bar = progress is None
     progress = progress or RunProgress()
-    with contextlib.ExitStack() as stack:
-        where.at("setup")
-        device = resolve_device(cfg.device)
-        dtype = resolve_dtype(cfg.dtype, device)
-        dtype_name = str(dtype).replace("torch.", "")
-        cuda = device.type == "cuda"
-        rd.update(device=device_info(device), dtype=dtype_name)
-        if not cuda:
-            rd.warn("no CUDA device: stage times are host clocks, no NVTX consumer, kernels are CPU ops")
-        cases, tok_reason = prepare_cases(cfg)
-        skipped = check_cases(cfg, cases, device, dtype)   # before the model is built
-        for name, reason in skipped.items():
-            rd.warn(f"case {name} skipped: {reason}")
-            progress(f"[harness] case {name} skipped: {reason}")
-        rd.update(skipped_cases=[{"case": name, "reason": reason} for name, reason in skipped.items()])
-        cases = [c for c in cases if c.name not in skipped]
-        where.cases = len(cases)
-        if tok_reason:
-            rd.warn(tok_reason)
-        for note in dict.fromkeys(n for inputs in cases for n in inputs.notes):
-            rd.warn(note)
-            progress(f"[harness] note: {note}")
-        progress(f"[harness] device {device} dtype {dtype}; {len(cases)} case(s): {', '.join(c.name for c in cases)}")
-        mcfg = cfg.measure.resolved(cuda)
-        run.check_memory(cfg.model, device, dtype, cases, requests=mcfg.warmup + mcfg.repeats + int(mcfg.kernels))
-        attn_probe.reset()
-        timeline.enter("model build")
-        with waiting(progress, f"building the {cfg.model.name} model ({dtype_name}, {cfg.model.weights} weights)"):
-            model, info = load_adapter(cfg.model, device, dtype, cfg.seed, workdir=rd.path / "vendor_infer")
-        progress(f"[harness] model {info['model_name']} ({info.get('adapter')}, {info['params']:,} parameters) built "
-                 f"in {info['build_s']:.1f} s")
-        rd.update(model=info)
-        timeline.enter("calibration")
-        with waiting(progress, "calibrating (a cached record makes this instant)"):
-            rd.update(calibration=ensure_calibration(device, cfg.hardware, progress=progress))
-        rd.update(measure={**dataclasses.asdict(mcfg), "gc": "Python cyclic GC paused inside each timed request",
-                           "kernels_from": _kernels_from(mcfg)})
-        if bar:
-            progress.start((mcfg.warmup + mcfg.repeats + int(mcfg.kernels)) * len(cases))
-            stack.callback(progress.stop)
-        timeline.enter("host probe")
-        rd.update(host_steadiness={"before": host.probe(cuda)})
-        nv = NvtxRanges(mcfg.nvtx)
-        if not nv.available:
-            rd.warn(nv.reason)
-        tables = CaseTables(rd, data)
-        run.begin_cases()
-        watch = DecodeProgress(getattr(progress, "inside", progress), issued=cuda)
-        stack.callback(DECODE_WATCH.reset, DECODE_WATCH.set(watch))
-        for i, inputs in enumerate(cases):
-            case = inputs.case
-            where.at("case", case.name, i + 1)
-            progress(f"[harness] case {i + 1} of {len(cases)}, {case.name}: {case.to_dict()}")
-            ident = {"case": case.name, "mode": case.mode.name, "grid": case.to_dict()["grid"], "batch": case.batch}
+    stack = run.stack            # closed by the lifecycle when measure returns
+    where.at("setup")
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    dtype_name = str(dtype).replace("torch.", "")
+    cuda = device.type == "cuda"
+    rd.update(device=device_info(device), dtype=dtype_name)
+    if not cuda:
+        rd.warn("no CUDA device: stage times are host clocks, no NVTX consumer, kernels are CPU ops")
+    cases, tok_reason = prepare_cases(cfg)
+    skipped = check_cases(cfg, cases, device, dtype)   # before the model is built
+    for name, reason in skipped.items():
+        rd.warn(f"case {name} skipped: {reason}")
+        progress(f"[harness] case {name} skipped: {reason}")
+    rd.update(skipped_cases=[{"case": name, "reason": reason} for name, reason in skipped.items()])
+    cases = [c for c in cases if c.name not in skipped]
+    where.cases = len(cases)
+    if tok_reason:
+        rd.warn(tok_reason)
+    for note in dict.fromkeys(n for inputs in cases for n in inputs.notes):
+        rd.warn(note)
+        progress(f"[harness] note: {note}")
+    progress(f"[harness] device {device} dtype {dtype}; {len(cases)} case(s): {', '.join(c.name for c in cases)}")
+    mcfg = cfg.measure.resolved(cuda)
+    run.check_memory(cfg.model, device, dtype, cases, requests=mcfg.warmup + mcfg.repeats + int(mcfg.kernels))
+    attn_probe.reset()
+    timeline.enter("model build")
+    with waiting(progress, f"building the {cfg.model.name} model ({dtype_name}, {cfg.model.weights} weights)"):
+        model, info = load_adapter(cfg.model, device, dtype, cfg.seed, workdir=rd.path / "vendor_infer")
+    progress(f"[harness] model {info['model_name']} ({info.get('adapter')}, {info['params']:,} parameters) built "
+             f"in {info['build_s']:.1f} s")
+    rd.update(model=info)
+    timeline.enter("calibration")
+    with waiting(progress, "calibrating (a cached record makes this instant)"):
+        rd.update(calibration=ensure_calibration(device, cfg.hardware, progress=progress))
+    rd.update(measure={**dataclasses.asdict(mcfg), "gc": "Python cyclic GC paused inside each timed request",
+                       "kernels_from": _kernels_from(mcfg)})
+    if bar:
+        progress.start((mcfg.warmup + mcfg.repeats + int(mcfg.kernels)) * len(cases))
+        stack.callback(progress.stop)
+    timeline.enter("host probe")
+    rd.update(host_steadiness={"before": host.probe(cuda)})
+    nv = NvtxRanges(mcfg.nvtx)
+    if not nv.available:
+        rd.warn(nv.reason)
+    tables = CaseTables(rd, data)
+    run.begin_cases()
+    watch = DecodeProgress(getattr(progress, "inside", progress), issued=cuda)
+    stack.callback(DECODE_WATCH.reset, DECODE_WATCH.set(watch))
+    for i, inputs in enumerate(cases):
+        case = inputs.case
+        where.at("case", case.name, i + 1)
+        progress(f"[harness] case {i + 1} of {len(cases)}, {case.name}: {case.to_dict()}")
+        ident = {"case": case.name, "mode": case.mode.name, "grid": case.to_dict()["grid"], "batch": case.batch}
 
-            def make(r, inputs=inputs):
-                return inputs.timed_request(r, device, dtype)
+        def make(r, inputs=inputs):
+            return inputs.timed_request(r, device, dtype)
 
-            timeline.enter("case set-up")
-            execution = variants.apply(model, inputs.execution, device)
+        timeline.enter("case set-up")
+        execution = variants.apply(model, inputs.execution, device)
 
-            def at(request, i=i, name=case.name):
-                where.at("case", name, i + 1, request)
-                timeline.enter(phase_of(request))
-                watch.label = f"{name}: {request}"
+        def at(request, i=i, name=case.name):
+            where.at("case", name, i + 1, request)
+            timeline.enter(phase_of(request))
+            watch.label = f"{name}: {request}"
 
-            trace = rd.path / trace_name(case.name) if (mcfg.kernels and mcfg.trace) else None
-            measured = measure_case(model, make, mcfg, ident, cuda, progress=progress, at=at, trace_path=trace)
-            if measured.stopped is None:
-                at("writing")
-            else:   # the position stays where the signal came; the finished repeats are written first
-                timeline.enter(phase_of("writing"))
-                progress(f"[harness] {case.name}: interrupted after {measured.repeats_done} of "
-                         f"{measured.repeats_planned} timed repeats; writing them (partial case)")
-            timeline.carve((measured.trace or {}).get("seconds") or 0.0, "trace export", "profiled request")
-            with run.case_written(i + 1, len(cases), stopped=measured.stopped):   # whole: a signal waits
-                analytic = _analytic(model, case, inputs, execution, measured.routing, dtype_name)
-                _warn_unsteady(rd, progress, case.name, measured.warmup, mcfg.steady_pct)
-                tables.add(inputs, measured, analytic, {**execution, **setup_seconds(model)})
-                rd.update(model={**info, **getattr(model, "info", {})})   # what the model learnt while running
-            at("done")
-        timeline.enter("host probe")
-        rd.update(host_steadiness={**rd.manifest["host_steadiness"], "after": host.probe(cuda)})
+        trace = rd.path / trace_name(case.name) if (mcfg.kernels and mcfg.trace) else None
+        measured = measure_case(model, make, mcfg, ident, cuda, progress=progress, at=at, trace_path=trace)
+        if measured.stopped is None:
+            at("writing")
+        else:   # the position stays where the signal came; the finished repeats are written first
+            timeline.enter(phase_of("writing"))
+            progress(f"[harness] {case.name}: interrupted after {measured.repeats_done} of "
+                     f"{measured.repeats_planned} timed repeats; writing them (partial case)")
+        timeline.carve((measured.trace or {}).get("seconds") or 0.0, "trace export", "profiled request")
+        with run.case_written(i + 1, len(cases), stopped=measured.stopped):   # whole: a signal waits
+            analytic = _analytic(model, case, inputs, execution, measured.routing, dtype_name)
+            _warn_unsteady(rd, progress, case.name, measured.warmup, mcfg.steady_pct)
+            tables.add(inputs, measured, analytic, {**execution, **setup_seconds(model)})
+            rd.update(model={**info, **getattr(model, "info", {})})   # what the model learnt while running
+        at("done")
+    timeline.enter("host probe")
+    rd.update(host_steadiness={**rd.manifest["host_steadiness"], "after": host.probe(cuda)})
 
 
 EXPERIMENT = Stages
