@@ -57,6 +57,7 @@ class DecodeStepBench:
     parity: bool = True                       # the bf16 parity check against the vendor-style step
     eager: bool = True                        # the eager (uncaptured) fused rows
     sweep: bool = False                       # also time alternative tiles of the fused step
+    clock: bool = False                       # also the step timed from inside its kernels (decode_step_clock)
     only: Optional[List[str]] = None          # with sweep: only these DecodeStepConfig fields
     match: List[str] = _opt(factory=list)     # only the paths table: the direct step matched to the run path
     #                                           by each of these PATH_FACTORS alone, then all (harness.bench.decode_step_paths)

@@ -39,7 +39,8 @@ best step and each fused step from the same cache state: tokens equal before the
 and for the fused steps fed the reference's tokens (teacher forcing), the max |logit difference| and
 the steps whose greedy token differs. ``sweep``: one tile of the fused step changed at a time from
 the default (``DecodeStepConfig``), each captured and timed (3 rounds), the fastest choice of each
-field and a config combining them. ``match`` (a list of ``harness.bench.config.PATH_FACTORS``): only the
+field and a config combining them. ``clock``: the fused step (with PDL where the GPU has it) timed
+from inside its kernels, per module and per launch (``decode_step_clock``). ``match`` (a list of ``harness.bench.config.PATH_FACTORS``): only the
 ``paths`` table instead, the configurations of ``configs`` timed as the direct fused step, with each
 factor of the run path, with all of them and through the run path (``decode_step_paths``). A kernel that fails to compile is named (a failure of the bench:
 exit status 1) and its rows are skipped; the other rows still run, and what else fails is noted.
@@ -260,6 +261,18 @@ def run(cfg, opts, device, report) -> None:
             row(f"{label} (eager)", step.run, reset_fused)
     kernel_tables(timed, report)
     checked(steps, report)
+    if opts.clock and steps:
+        from .decode_step_clock import run as clocked
+
+        clock_pdl = "fused PDL" in steps
+        state = dict(weights=weights, cache=cache, pos=pos, token=token, counts=counts, step_index=step_index,
+                     reset=reset_fused)
+        try:
+            clocked(state, opts, clock_pdl, spec, report, row, kernel_rows,
+                    graphs.get("fused PDL" if clock_pdl else "fused"))
+        except Exception as exc:                      # noqa: BLE001
+            report.note(f"the clocked step failed: {first_line(exc)}")
+            traceback.print_exc(limit=3)
     if opts.parity:
         try:
             parity(model, decoders, steps, graphs, opts, cache, pos, token, report)

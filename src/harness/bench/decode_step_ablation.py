@@ -117,10 +117,8 @@ def residency(step, kt, sms: int, config: str, table) -> None:
     per SM and waves (module docstring) into ``table``."""
     seen, launch = {}, kt._launch
 
-    def record(kernel, grid, warps, pdl, *a, **meta):
-        if pdl:
-            meta["launch_pdl"] = True
-        compiled = kernel[grid](*a, num_warps=warps, **meta)
+    def record(kernel, grid, warps, pdl, *a, clock=None, **meta):
+        compiled = kernel[grid](*a, num_warps=warps, **kt.launch_meta(pdl, a, meta, clock))
         key = (kernel.fn.__name__, grid, warps)
         if key not in seen:
             compiled._init_handles()

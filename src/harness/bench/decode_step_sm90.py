@@ -108,14 +108,13 @@ def run(cfg, opts, device, report) -> None:
     pos = torch.zeros(1, dtype=torch.int64, device="meta")
     compiled, kept = {}, (triton_driver._active, kt._launch, kt.pdl_support)   # _active: None on a CPU
 
-    def warmup(kernel, grid, warps, use_pdl, *a, **meta):
-        key = (kernel.fn.__name__, tuple(sorted((k, v) for k, v in meta.items() if k != "launch_pdl")))
+    def warmup(kernel, grid, warps, use_pdl, *a, clock=None, **meta):
+        key = (kernel.fn.__name__, tuple(sorted(meta.items())) + (("clock", clock is not None),))
         if key in compiled:
             return
         try:
-            if use_pdl:
-                meta["launch_pdl"] = True
-            compiled[key] = (kernel.warmup(*a, grid=grid, num_warps=warps, **meta), grid, warps)
+            compiled[key] = (kernel.warmup(*a, grid=grid, num_warps=warps, **kt.launch_meta(use_pdl, a, meta, clock)),
+                             grid, warps)
         except Exception as exc:                      # noqa: BLE001 - named, the other kernels go on
             report.fail(f"{key[0]}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             compiled[key] = None

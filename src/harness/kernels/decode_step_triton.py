@@ -34,6 +34,11 @@ from ..errors import HarnessError
 from .common import (INTERPRETED, check_runnable, counts_row, div_f32, emulates_bf16_rne, exp_f32, fp32_rounded, rne,
                      rounded, swiglu)
 
+try:                                        # %globaltimer (ns, one clock for every SM)
+    from triton.language.extra.cuda import globaltimer
+except ImportError:                         # pragma: no cover - older Triton
+    globaltimer = None
+
 try:                                        # Triton >= 3.4 (grid dependency control, sm90+)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     HAS_GDC = True
@@ -51,7 +56,7 @@ LOG2E = 1.4426950408889634
 #: 2^20 reads take at least 0.1 s: 7,000x the longest healthy wait, 240x a whole step (0.44 ms).
 SPIN_LIMIT = 1 << 20
 
-__all__ = ["HAS_GDC", "INTERPRETED", "SPIN_LIMIT", "k_parts", "pdl_support", "check_runnable", "tiles", "attention_splits", "Choice"]
+__all__ = ["Clock", "HAS_GDC", "INTERPRETED", "SPIN_LIMIT", "k_parts", "pdl_support", "check_runnable", "tiles", "attention_splits", "Choice"]
 
 
 def k_parts(k: int, pieces: int = 2) -> tuple:
@@ -96,6 +101,50 @@ def _pdl_wait(USE_PDL: tl.constexpr):
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+if INTERPRETED:
+    @triton.jit
+    def _clock_now(tick_ptr):
+        """The interpreter's clock: a logical tick (``tick_ptr`` int64 [1], + 1 per read)."""
+        return tl.atomic_add(tick_ptr, 1, sem="relaxed")
+else:
+    @triton.jit
+    def _clock_now(tick_ptr):
+        """%globaltimer: nanoseconds, one clock for every SM."""
+        return globaltimer()
+
+
+@triton.jit
+def _clock_start(tick_ptr, CLOCK: tl.constexpr):
+    """The program's entry time (0 without the clock)."""
+    t = tl.full([], 0, tl.int64)
+    if CLOCK:
+        t = _clock_now(tick_ptr)
+    return t
+
+
+@triton.jit
+def _clock_released(tick_ptr, pos_ptr, rows, CLOCK: tl.constexpr):
+    """(time, clock row) just after the program's wait: the row is the step's position modulo ``rows``,
+    read once the previous kernel (which may be the last step's lm_head, advancing it) has completed."""
+    t = tl.full([], 0, tl.int64)
+    row = tl.full([], 0, tl.int64)
+    if CLOCK:
+        t = _clock_now(tick_ptr)
+        row = tl.load(pos_ptr, cache_modifier=".cg") % rows
+    return t, row
+
+
+@triton.jit
+def _clock_end(clk_ptr, tick_ptr, row, stride, t_entry, t_release, CLOCK: tl.constexpr):
+    """The program's end: stamps[row] = (min entry, min release, max end) over the launch's programs."""
+    if CLOCK:
+        t_end = _clock_now(tick_ptr)
+        at = clk_ptr + row * stride
+        tl.atomic_min(at, t_entry, sem="relaxed")
+        tl.atomic_min(at + 1, t_release, sem="relaxed")
+        tl.atomic_max(at + 2, t_end, sem="relaxed")
 
 
 @triton.jit
@@ -268,7 +317,9 @@ def _qkv_rope_kernel(embed_ptr, tok_ptr, h_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr,
                      stride_kn, stride_vh, stride_vn,
                      H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, HALF: tl.constexpr,
                      BLOCK_P: tl.constexpr, EPS: tl.constexpr, EMBED: tl.constexpr, XN_OUT: tl.constexpr,
-                     USE_PDL: tl.constexpr, EMU: tl.constexpr):
+                     clk_ptr, clk_tick, clk_pos, clk_stride, clk_rows, USE_PDL: tl.constexpr, CLOCK: tl.constexpr,
+                     EMU: tl.constexpr):
+    c_entry = _clock_start(clk_tick, CLOCK)
     offs_j = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     ok = offs_j < (q_cols + 2 * kv_cols) // 2
     dim = offs_j % HALF
@@ -281,6 +332,7 @@ def _qkv_rope_kernel(embed_ptr, tok_ptr, h_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr,
         pos = tl.load(pos_ptr, cache_modifier=".cg")
         cos_a, cos_b, sin_a, sin_b = _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF)
     _pdl_wait(USE_PDL)
+    c_release, c_row = _clock_released(clk_tick, clk_pos, clk_rows, CLOCK)
     if EMBED:               # the first layer: the previous kernel (last step's lm_head) advanced it
         pos = tl.load(pos_ptr)
         cos_a, cos_b, sin_a, sin_b = _rope_row(cos_ptr, sin_ptr, pos, stride_ct, stride_st, dim, HALF)
@@ -299,6 +351,7 @@ def _qkv_rope_kernel(embed_ptr, tok_ptr, h_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr,
     yb = rounded(_dot_rows(w_ba, w_bb, na, nb, HB), act, EMU)
     _rope_store(ya, yb, cos_a, cos_b, sin_a, sin_b, offs_j, ok, dim, col_a, col_b, pos, max_len, q_cols, kv_cols,
                 q_ptr, k_ptr, v_ptr, stride_kh, stride_kn, stride_vh, stride_vn, HALF, EMU)
+    _clock_end(clk_ptr, clk_tick, c_row, clk_stride, c_entry, c_release, CLOCK)
 
 
 # ---------------------------------------------------------------------------- 2. attention
@@ -308,8 +361,10 @@ def _qkv_rope_kernel(embed_ptr, tok_ptr, h_ptr, ln_ptr, w_ptr, cos_ptr, sin_ptr,
 def _attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, acc_ptr, m_ptr, l_ptr, sem_ptr, max_len,
                       stride_kh, stride_kn, stride_vh, stride_vn,
                       GROUP: tl.constexpr, SCALE_LOG2: tl.constexpr, D: tl.constexpr, SPLIT_N: tl.constexpr,
-                      NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, USE_PDL: tl.constexpr,
+                      NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+                      clk_ptr, clk_tick, clk_pos, clk_stride, clk_rows, USE_PDL: tl.constexpr, CLOCK: tl.constexpr,
                       EMU: tl.constexpr):
+    c_entry = _clock_start(clk_tick, CLOCK)
     h = tl.program_id(0)
     split = tl.program_id(1)
     kvh = (h // GROUP).to(tl.int64)
@@ -326,6 +381,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, acc_ptr, m_ptr, l_p
     k = tl.load(k_tile, mask=earlier, other=0.0, cache_modifier=".cg")
     v = tl.load(v_tile, mask=earlier, other=0.0, cache_modifier=".cg")
     _pdl_wait(USE_PDL)
+    c_release, c_row = _clock_released(clk_tick, clk_pos, clk_rows, CLOCK)
     now = ((offs_n == pos) & (offs_n < max_len))[:, None]    # written by this step's q/k/v kernel
     k = tl.where(now, tl.load(k_tile, mask=now, other=0.0), k).to(tl.float32)
     v = tl.where(now, tl.load(v_tile, mask=now, other=0.0), v).to(tl.float32)
@@ -359,6 +415,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, acc_ptr, m_ptr, l_p
             out = tl.sum(accs * w[:, None], axis=0) / tl.sum(lss * w, axis=0)
             tl.store(out_ptr + h * D + offs_d, rne(out, EMU).to(act))
             tl.store(sem_ptr + h, 0)                         # for the next layer / step
+    _clock_end(clk_ptr, clk_tick, c_row, clk_stride, c_entry, c_release, CLOCK)
 
 
 # ------------------------------------------- 3./6. down (o_proj, dense down, MoE down) + residual
@@ -426,7 +483,10 @@ def _pair_dot_f32(w2, x_lo, x_hi):
 def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, clear_ptr, failed_ptr, stride_ar, stride_we,
                  stride_wn, stride_sn, spin_limit, CLEAR: tl.constexpr, SPIN: tl.constexpr, H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, IC: tl.constexpr,
                  TOP_K: tl.constexpr, PARTS: tl.constexpr, SP2: tl.constexpr, BLOCK_N: tl.constexpr,
-                 ALIGNED: tl.constexpr, PACKED: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
+                 ALIGNED: tl.constexpr, PACKED: tl.constexpr,
+                 clk_ptr, clk_tick, clk_pos, clk_stride, clk_rows, USE_PDL: tl.constexpr, CLOCK: tl.constexpr,
+                 EMU: tl.constexpr):
+    c_entry = _clock_start(clk_tick, CLOCK)
     # slot s < TOP_K: routed row s (act row PARTS + s); TOP_K <= s < TOP_K + PARTS: shared (dense,
     # attention-out) part s - TOP_K (act row s - TOP_K); past that padding (SP2: a power of two)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -470,6 +530,7 @@ def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, clear_ptr, fa
     # more launches back
     res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
     _pdl_wait(USE_PDL)
+    c_release, c_row = _clock_released(clk_tick, clk_pos, clk_rows, CLOCK)
     if CLEAR > 0:           # (o_proj) the next router's expert ids: -1 until its gate/up kernel stores them
         if tl.program_id(0) == 0:
             offs_c = tl.arange(0, triton.next_power_of_2(CLEAR))
@@ -492,6 +553,7 @@ def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, clear_ptr, fa
         r = tl.where(is_r[:, None], rounded(part, act, EMU) * gate_w[:, None], 0.0)
         y = rounded(rounded(tl.sum(r, axis=0), act, EMU) + y, act, EMU)           # routed + shared_experts(x)
     tl.store(h_ptr + offs_n, rne(res + y, EMU).to(act), mask=n_ok)     # x + linear(..), rounded
+    _clock_end(clk_ptr, clk_tick, c_row, clk_stride, c_entry, c_release, CLOCK)
 
 
 # ------------------------------------------------------------------------------- 4. router
@@ -544,13 +606,16 @@ def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, w
                    n_exp, forced_offset, forced_positions, forced_pos_stride, stride_wn,
                    H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, ROWS: tl.constexpr, TOP_K: tl.constexpr,
                    BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr, NORM_TOPK: tl.constexpr, SCALE: tl.constexpr,
-                   EPS: tl.constexpr, FORCED: tl.constexpr, SELECT: tl.constexpr, USE_PDL: tl.constexpr,
+                   EPS: tl.constexpr, FORCED: tl.constexpr, SELECT: tl.constexpr,
+                   clk_ptr, clk_tick, clk_pos, clk_stride, clk_rows, USE_PDL: tl.constexpr, CLOCK: tl.constexpr,
                    EMU: tl.constexpr):
+    c_entry = _clock_start(clk_tick, CLOCK)
     offs_r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     r_ok = offs_r < n_exp
     wa, wb = _load_rows(w_ptr + offs_r[:, None].to(tl.int64) * stride_wn, r_ok, H, HA, HB)
     lna, lnb = _load_vec(ln_ptr, H, HA, HB)
     _pdl_wait(USE_PDL)
+    c_release, c_row = _clock_released(clk_tick, clk_pos, clk_rows, CLOCK)
     xa, xb = _load_vec(h_ptr, H, HA, HB)
     na, nb = _rms_norm(xa, xb, lna, lnb, xn_ptr.dtype.element_ty, H, HB, EPS, EMU)
     _store_first(xn_ptr, na, nb, H, HA, HB)          # post_attention_layernorm(h), for the gate_up kernel
@@ -566,6 +631,7 @@ def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, w
             tl.store(ids_ptr + offs_k, sel_i, mask=offs_k < TOP_K)
             tl.store(wts_ptr + offs_k, sel_w, mask=offs_k < TOP_K)
             tl.store(sem_ptr, 0)
+    _clock_end(clk_ptr, clk_tick, c_row, clk_stride, c_entry, c_release, CLOCK)
 
 
 # ------------------------------------------------------------------------------- 5. gate/up
@@ -590,7 +656,10 @@ def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, wts_ptr, lo
                     FORCED: tl.constexpr, H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, INTER: tl.constexpr,
                     S_INTER: tl.constexpr, PARTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
                     ROUTED: tl.constexpr, NORM: tl.constexpr, EPS: tl.constexpr, ALIGNED: tl.constexpr,
-                    PACKED: tl.constexpr, USE_PDL: tl.constexpr, EMU: tl.constexpr):
+                    PACKED: tl.constexpr,
+                    clk_ptr, clk_tick, clk_pos, clk_stride, clk_rows, USE_PDL: tl.constexpr, CLOCK: tl.constexpr,
+                    EMU: tl.constexpr):
+    c_entry = _clock_start(clk_tick, CLOCK)
     # slot s = pid // BLOCKS: s < PARTS the shared (dense) part s, else the routed row s - PARTS
     s = tl.program_id(0) // BLOCKS
     offs_n = (tl.program_id(0) % BLOCKS) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -613,6 +682,7 @@ def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, wts_ptr, lo
     if NORM:
         lna, lnb = _load_vec(ln_ptr, H, HA, HB)
     _pdl_wait(USE_PDL)
+    c_release, c_row = _clock_released(clk_tick, clk_pos, clk_rows, CLOCK)
     if ROUTED and s >= PARTS:                        # routed: the expert the router (previous kernel) chose
         if CHOOSE:          # from the router's logits, here; the first routed program stores the choice
             sel_i, sel_w = _select_experts(logits_ptr, forced_ptr, pos_ptr, n_exp, forced_offset, forced_positions,
@@ -644,6 +714,7 @@ def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, wts_ptr, lo
             xa, xb = _rms_norm(xa, xb, lna, lnb, act_ptr.dtype.element_ty, H, HB, EPS, EMU)
         hv = swiglu(_dot_rows(ga, gb, xa, xb, HB), _dot_rows(ua, ub, xa, xb, HB), act_ptr, EMU)
     tl.store(act_ptr + s * stride_ar + offs_n, hv, mask=n_ok)
+    _clock_end(clk_ptr, clk_tick, c_row, clk_stride, c_entry, c_release, CLOCK)
 
 
 # ------------------------------------------------------------------ 7. final norm, lm_head, token
@@ -687,8 +758,10 @@ def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr,
                            H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, BLOCK_N: tl.constexpr,
                            G_P2: tl.constexpr, EPS: tl.constexpr, HAS_STEP: tl.constexpr, XN_OUT: tl.constexpr,
                            STAGES: tl.constexpr, HAS_COUNTS: tl.constexpr, MOE_P2: tl.constexpr,
-                           TOP_K: tl.constexpr, KP2: tl.constexpr, HAS_HIST: tl.constexpr, USE_PDL: tl.constexpr,
+                           TOP_K: tl.constexpr, KP2: tl.constexpr, HAS_HIST: tl.constexpr,
+                           clk_ptr, clk_tick, clk_pos, clk_stride, clk_rows, USE_PDL: tl.constexpr, CLOCK: tl.constexpr,
                            EMU: tl.constexpr):
+    c_entry = _clock_start(clk_tick, CLOCK)
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     if HAS_COUNTS:      # program 0, before its wait: every MoE layer's routing count of this step
@@ -702,6 +775,7 @@ def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr,
     cur_a, cur_b = _load_rows(w_ptr + rows[:, None].to(tl.int64) * stride_wn, rows < end, H, HA, HB)
     lna, lnb = _load_vec(ln_ptr, H, HA, HB)
     _pdl_wait(USE_PDL)
+    c_release, c_row = _clock_released(clk_tick, clk_pos, clk_rows, CLOCK)
     if STAGES == 0:
         nxt = (t0 + 1) * BLOCK_N + offs             # the second tile in flight during the norm
         nxt_a, nxt_b = _load_rows(w_ptr + nxt[:, None].to(tl.int64) * stride_wn, nxt < end, H, HA, HB)
@@ -745,6 +819,7 @@ def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr,
         if HAS_STEP:
             tl.store(step_ptr, tl.load(step_ptr) + 1)
         tl.store(sem_ptr, 0)
+    _clock_end(clk_ptr, clk_tick, c_row, clk_stride, c_entry, c_release, CLOCK)
 
 
 # ------------------------------------------------------------------------------- launchers
@@ -755,10 +830,38 @@ def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr,
 # tile; ``pdl`` launches with programmatic dependent launch.
 
 
-def _launch(kernel, grid, warps: int, pdl: bool, *args, **meta) -> None:
+class Clock(NamedTuple):
+    """The in-kernel clock of one launch (``FusedDecodeStep(clock_rows=...)``): each program reads the
+    time (``_clock_now``: %globaltimer ns compiled, a logical tick interpreted) on entry, just after
+    its wait and at its end, and the launch keeps (min entry, min release, max end) in ``stamps``
+    (int64 [3], this launch's entry of row 0) + row x ``row_stride``, row = the step's position
+    (``pos``, int64 [1], read after the wait) modulo ``rows``. ``tick``: int64 [1], the interpreter's
+    counter (unused compiled). The host fills the stamps (int64 max, max, min) before the steps it
+    times (``FusedDecodeStep.reset_clock``)."""
+    stamps: torch.Tensor
+    tick: torch.Tensor
+    pos: torch.Tensor
+    row_stride: int
+    rows: int
+
+
+def launch_meta(pdl: bool, args: tuple, meta: dict, clock: Optional[Clock] = None) -> dict:
+    """The keyword arguments of a step kernel's launch: ``meta``, PDL's launch attribute and the clock's
+    arguments (placeholders without one: any tensor, a CLOCK=False kernel never touches them). Every
+    stand-in for ``_launch`` (the benches' recorders) builds its launch with this."""
+    meta = dict(meta)
     if pdl:
         meta["launch_pdl"] = True
-    kernel[grid](*args, num_warps=warps, **meta)
+    if clock is not None:
+        meta.update(clk_ptr=clock.stamps, clk_tick=clock.tick, clk_pos=clock.pos, clk_stride=clock.row_stride,
+                    clk_rows=clock.rows, CLOCK=True)
+    else:
+        meta.update(clk_ptr=args[0], clk_tick=args[0], clk_pos=args[0], clk_stride=0, clk_rows=1, CLOCK=False)
+    return meta
+
+
+def _launch(kernel, grid, warps: int, pdl: bool, *args, clock: Optional[Clock] = None, **meta) -> None:
+    kernel[grid](*args, num_warps=warps, **launch_meta(pdl, args, meta, clock))
 
 
 def tiles(rows: int, block: int, slots: int = 1) -> int:
@@ -775,7 +878,7 @@ def aligned16(tensors: tuple, strides: tuple, nbytes: int = 16) -> bool:
 
 
 def qkv_rope(h, ln, w, cos, sin, pos, q, k_cache, v_cache, eps: float, *, embed=None, token=None, xn_out=None,
-             tile=(4, 4), pdl: bool = False) -> None:
+             tile=(4, 4), pdl: bool = False, clock: Optional[Clock] = None) -> None:
     """q [nh*d] <- RoPE(q rows of w @ RMSNorm(x)); k, v rows written into ``k_cache``/``v_cache``
     [1, nkv, L, d] at position ``pos`` (int64 [1]). x = h [H], or with ``embed`` [V, H] and
     ``token`` (int64 [1]) the token's embedding row, which is also written to h. ``cos``/``sin``
@@ -792,7 +895,7 @@ def qkv_rope(h, ln, w, cos, sin, pos, q, k_cache, v_cache, eps: float, *, embed=
             xn_out if xn_out is not None else h, q_cols, kv_cols, L, embed.stride(0) if has_embed else 0, w.stride(0),
             cos.stride(0), sin.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
             H=H, HA=ha, HB=hb, HALF=d // 2, BLOCK_P=block_p, EPS=float(eps), EMBED=has_embed,
-            XN_OUT=xn_out is not None, USE_PDL=pdl, EMU=emulates_bf16_rne(q.dtype))
+            XN_OUT=xn_out is not None, clock=clock, USE_PDL=pdl, EMU=emulates_bf16_rne(q.dtype))
 
 
 def attention_splits(max_len: int, split_n: int) -> int:
@@ -800,7 +903,8 @@ def attention_splits(max_len: int, split_n: int) -> int:
     return triton.cdiv(max_len, split_n)
 
 
-def attention(q, k_cache, v_cache, pos, out, acc, m, ls, sem, *, tile=(32, 4), pdl: bool = False) -> None:
+def attention(q, k_cache, v_cache, pos, out, acc, m, ls, sem, *, tile=(32, 4), pdl: bool = False,
+              clock: Optional[Clock] = None) -> None:
     """out [nh*d] <- softmax(q . k_j / sqrt(d), j = 0..pos) . v over ``k_cache``/``v_cache``
     [1, nkv, L, d]. Scratch: ``acc`` fp32 [nh * splits, d], ``m``, ``ls`` fp32 [nh * splits],
     ``sem`` int32 [nh] zeros (left zero), splits = ``attention_splits(L, tile[0])``."""
@@ -812,11 +916,12 @@ def attention(q, k_cache, v_cache, pos, out, acc, m, ls, sem, *, tile=(32, 4), p
             q, k_cache, v_cache, pos, out, acc, m, ls, sem, L,
             k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
             GROUP=nh // nkv, SCALE_LOG2=d ** -0.5 * LOG2E, D=d, SPLIT_N=split_n, NUM_SPLITS=splits,
-            SPLITS_P2=triton.next_power_of_2(splits), USE_PDL=pdl, EMU=emulates_bf16_rne(q.dtype))
+            SPLITS_P2=triton.next_power_of_2(splits), clock=clock, USE_PDL=pdl, EMU=emulates_bf16_rne(q.dtype))
 
 
 def down_residual(act, w, h, *, experts=None, ids=None, wts=None, clear=None, spin: bool = False, failed=None,
-                  spin_limit: Optional[int] = None, tile=(4, 4), pdl: bool = False) -> None:
+                  spin_limit: Optional[int] = None, tile=(4, 4), pdl: bool = False,
+                                                          clock: Optional[Clock] = None) -> None:
     """h [H] <- h + y, y the vendor's rounding of a down projection whose input is cut into the
     rows of ``act`` [P + k, I]: rows p < P are parts of one input times ``w`` [H, P*I] (columns
     [p*I, (p+1)*I): o_proj, a dense or the shared down_proj), summed in fp32 and rounded once; with
@@ -852,7 +957,7 @@ def down_residual(act, w, h, *, experts=None, ids=None, wts=None, clear=None, sp
             SP2=triton.next_power_of_2(top_k + parts), BLOCK_N=block_n,
             ALIGNED=top_k > 0 and aligned16((ew, w), (ew.stride(0), ew.stride(1), w.stride(0), inter)),
             PACKED=packed_pairs(act, ew, w, strides=(act.stride(0), stride_we, stride_wn, w.stride(0), inter)),
-            USE_PDL=pdl, EMU=emulates_bf16_rne(h.dtype))
+            clock=clock, USE_PDL=pdl, EMU=emulates_bf16_rne(h.dtype))
 
 
 def packed_pairs(*tensors, strides: tuple, compiled: bool = not INTERPRETED) -> bool:
@@ -893,7 +998,7 @@ def _choice_launch(choice: Optional[Choice], dummy) -> tuple:
 
 
 def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk: bool, scale: float, *,
-          forced=None, select: bool = True, tile=(2, 2), pdl: bool = False) -> None:
+          forced=None, select: bool = True, tile=(2, 2), pdl: bool = False, clock: Optional[Clock] = None) -> None:
     """The MoE router of one token: xn [H] <- RMSNorm(h); fp32 logits [E] = w [E, H] @ xn; ids
     int64 [k] and wts fp32 [k] <- the top-k softmax probabilities (descending, ties to the lowest
     index), renormalised if ``norm_topk``, times ``scale``. ``sem`` int32 [1] zero (left zero).
@@ -907,12 +1012,12 @@ def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk
     sel_args, sel_meta = _choice_launch(Choice(logits, wts, top_k, norm_topk, scale, forced), ids)
     _launch(_router_kernel, (triton.cdiv(E, rows),), warps, pdl,
             h, ln, w, xn, logits, sem, ids, wts, *sel_args, w.stride(0),
-            H=H, HA=ha, HB=hb, ROWS=rows, **sel_meta, EPS=float(eps), SELECT=bool(select), USE_PDL=pdl,
+            H=H, HA=ha, HB=hb, ROWS=rows, **sel_meta, EPS=float(eps), SELECT=bool(select), clock=clock, USE_PDL=pdl,
             EMU=emulates_bf16_rne(xn.dtype))
 
 
 def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_up=None, ids=None, choose=None,
-            tile=(4, 4), pdl: bool = False) -> None:
+            tile=(4, 4), pdl: bool = False, clock: Optional[Clock] = None) -> None:
     """SwiGLU rows silu(x @ gate^T) * (x @ up^T) into ``act`` [P + k, I] (act dtype).
 
     ``shared_gate_up`` [2S, H] (gate rows, then up rows; S = P * I) gives rows 0..P-1 (part p: h
@@ -942,11 +1047,12 @@ def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_u
             BLOCKS=tiles(inter, block_n), ROUTED=top_k > 0, NORM=ln is not None, EPS=float(eps), ALIGNED=aligned,
             PACKED=packed_pairs(x, shared_gate_up, ew, strides=(
                 H, s_inter, shared_gate_up.stride(0)) + ((ew.stride(0), ew.stride(1)) if top_k > 0 else ())),
-            USE_PDL=pdl, EMU=emulates_bf16_rne(act.dtype))
+            clock=clock, USE_PDL=pdl, EMU=emulates_bf16_rne(act.dtype))
 
 
 def lm_head_argmax(h, ln, w, logits, pmax, pidx, sem, token, pos, eps: float, *, step=None, xn_out=None,
-                   counts=None, history=None, tile=(8, 8), stages: int = 0, pdl: bool = False) -> None:
+                   counts=None, history=None, tile=(8, 8), stages: int = 0, pdl: bool = False,
+                                                    clock: Optional[Clock] = None) -> None:
     """logits [V] <- w [V, H] @ RMSNorm(h) in h's dtype; token (int64 [1]) <- the first index of the
     maximum logit, also into ``history`` (int64 [> pos]) at the step's position, if given; pos (and
     ``step``, if given) += 1. One program per entry of ``pmax`` (fp32) /
@@ -975,4 +1081,4 @@ def lm_head_argmax(h, ln, w, logits, pmax, pidx, sem, token, pos, eps: float, *,
             HAS_STEP=step is not None, XN_OUT=xn_out is not None, STAGES=stages, HAS_COUNTS=counts is not None,
             MOE_P2=triton.next_power_of_2(moe.numel()), TOP_K=ids.shape[-1] if counts is not None else 1,
             KP2=triton.next_power_of_2(ids.shape[-1]) if counts is not None else 1, HAS_HIST=history is not None,
-            USE_PDL=pdl, EMU=emulates_bf16_rne(logits.dtype))
+            clock=clock, USE_PDL=pdl, EMU=emulates_bf16_rne(logits.dtype))

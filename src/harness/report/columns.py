@@ -402,6 +402,16 @@ _COLUMNS = [
     Column("bw_floor_us", "bandwidth floor", "µs/step", "derived", "bytes / datasheet bandwidth", fmt=fixed("{:,.1f}")),
     Column("floor_share", "floor / busy", "", "derived", "share of the floor", fmt=efficiency),
     Column("above_floor_us", "above the floor", "µs/step", "derived", "busy - floor", fmt=fixed("{:,.1f}")),
+    # inside the fused decode step: its in-kernel clock (harness.measure.step_clock)
+    Column("wait_us", "hand-off wait", "µs", "measured", "in-kernel clock: release - previous end, median",
+           fmt=fixed("{:,.1f}")),
+    Column("work_us", "work", "µs", "measured", "in-kernel clock: end - release, median", fmt=fixed("{:,.1f}")),
+    Column("clock_us", "wait + work", "µs", "measured", "in-kernel clock, median", fmt=fixed("{:,.1f}")),
+    Column("lead_us", "resident before release", "µs", "measured", "in-kernel clock: release - entry, median",
+           fmt=fixed("{:,.1f}")),
+    Column("step_share", "of the step", "", "derived", "wait + work / the step's", fmt=pct),
+    Column("entry_end_us", "first entry to last end", "µs", "measured", "in-kernel clock, per step, median",
+           fmt=fixed("{:,.1f}")),
     # TPOT against position
     Column("tpot_p50_all", "TPOT p50", "ms", "measured", fmt=fixed()),
     Column("first_p50", "p50", "ms", "measured", fmt=fixed()),

@@ -1,0 +1,71 @@
+"""``harness.measure.step_clock``: the fused decode step's in-kernel stamps turned into per-launch and
+per-module times, on stamps written by hand (the kernels' own stamps: ``tests/test_decode_step.py``)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from harness.measure import step_clock
+
+#: a two-layer step: layer 0 dense, layer 1 MoE, then lm_head; each launch's work in ns
+PLAN = [("qkv", 0, 3000), ("attention", 0, 5000), ("o_proj", 0, 2000), ("gate_up", 0, 4000), ("down", 0, 4000),
+        ("qkv", 1, 3000), ("attention", 1, 5000), ("o_proj", 1, 2000), ("router", 1, None), ("gate_up", 1, 4000),
+        ("down", 1, 4000), ("lm_head", 2, 10000)]
+WAIT, LEAD = 2000, 1000
+ROUTER = {5: 1000, 6: 1000, 7: 3000}                     # the router's work at each row (position)
+
+
+def stamps():
+    """Rows 5, 6, 7 back to back: each launch enters LEAD before the previous one ends, is released
+    WAIT after it and ends its work later."""
+    out, prev_end = [], 1_000_000
+    for row in (5, 6, 7):
+        for i, (label, layer, work) in enumerate(PLAN):
+            release = prev_end + WAIT
+            end = release + (ROUTER[row] if work is None else work)
+            out.append((row, i, label, layer, prev_end - LEAD, release, end))
+            prev_end = end
+    return out
+
+
+def test_waits_work_and_lead_per_launch_and_the_first_step_without_a_previous_one():
+    df = step_clock.launches(stamps(), moe_layers={1})
+    assert len(df) == 36
+    assert math.isnan(df["wait_us"].iloc[0]) and df["wait_us"].iloc[1:].tolist() == [2.0] * 35
+    assert df["lead_us"].tolist() == [3.0] * 36            # release - entry = WAIT + LEAD
+    assert df[df["label"] == "router"]["work_us"].tolist() == [1.0, 1.0, 3.0]
+    # rows 6 and 7: 12 waits of 2 µs + work 3+5+2+4+4+3+5+2+r+4+4+10 = 46 + r µs
+    assert step_clock.steps(df).to_dict() == {6: 24 + 46 + 1.0, 7: 24 + 46 + 3.0}
+
+
+def test_a_gap_in_the_rows_leaves_the_step_after_it_unknown():
+    rows = [s for s in stamps() if s[0] != 6]
+    df = step_clock.launches(rows, moe_layers={1})
+    assert step_clock.steps(df).empty
+
+
+def test_modules_medians_shares_and_bandwidth_floor_by_hand():
+    """Steps 6 and 7 (step 5 has no previous step): medians of the two steps' per-module sums; bytes
+    at 4,800 GB/s: 4.8 MB per µs."""
+    df = step_clock.launches(stamps(), moe_layers={1})
+    nbytes = {"embedding row": 0, "attention": 9.6e6, "dense mlp": 4.8e6, "router": 0.48e6,
+              "routed experts": 9.6e6, "shared experts": 4.8e6, "final norm + lm_head": 14.4e6}
+    nbytes["total"] = sum(nbytes.values())
+    rows = {r["module_group"]: r for r in step_clock.modules(df, nbytes, kv_bytes=4.8e6, bandwidth_gbs=4800.0)}
+    attention, dense, router, experts, head = (m for m, _, _ in step_clock.MODULES)
+    want = {  # module: (launches per step, wait, work, wait + work, floor µs)
+        attention: (6, 12.0, 20.0, 32.0, 3.0), dense: (2, 4.0, 8.0, 12.0, 1.0), router: (1, 2.0, 2.0, 4.0, 0.1),
+        experts: (2, 4.0, 8.0, 12.0, 3.0), head: (1, 2.0, 10.0, 12.0, 3.0), "step": (12, 24.0, 48.0, 72.0, 10.1)}
+    assert list(rows) == [attention, dense, router, experts, head, "step"]
+    for name, (n, wait, work, total, floor) in want.items():
+        r = rows[name]
+        assert (r["launches_step"], r["wait_us"], r["work_us"], r["clock_us"]) == (n, wait, work, total), name
+        assert r["step_share"] == pytest.approx(total / 72.0) and r["bw_floor_us"] == pytest.approx(floor)
+        assert r["floor_share"] == pytest.approx(floor / total)
+
+
+def test_per_launch_medians():
+    rows = step_clock.by_launch(step_clock.launches(stamps(), moe_layers={1}))
+    assert [(r["launch"], r["kernel"], r["layer"]) for r in rows] == [(i, lb, ly) for i, (lb, ly, _) in enumerate(PLAN)]
+    assert rows[8]["work_us"] == 2.0 and rows[0]["wait_us"] == 2.0 and rows[11]["work_us"] == 10.0
