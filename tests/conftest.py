@@ -49,6 +49,10 @@ def triton_runs() -> bool:
 
 needs_triton = pytest.mark.skipif(not triton_runs(), reason="Triton cannot run here (not importable, or "
                                   "TRITON_INTERPRET unset before the first import)")
+#: a test of Triton kernels on the CPU device (the interpreter): on a GPU host Triton compiles for CUDA and
+#: cannot run CPU tensors, so it is skipped there (the host's ``gpu`` tests cover the kernels)
+cpu_triton = pytest.mark.skipif(DEV != "cpu", reason="Triton's interpreter on the CPU: this host has a GPU "
+                                "(TRITON_INTERPRET unset: Triton compiles for CUDA)")
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL_YAML = ROOT / "conf" / "model" / "tiny.yaml"

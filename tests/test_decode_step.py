@@ -288,47 +288,60 @@ def test_config_changes_parse_literals_onto_a_base_and_refuse_bad_text():
 
 
 def test_the_in_kernel_clock_stamps_every_launch_in_order_and_changes_no_token():
-    """fp32, 3 steps with ``clock_rows=MAX_LEN`` (row = position): the same tokens and logits as the
-    step without the clock. Interpreted, the clock is a tick (+1 per read) and programs run one after
-    another, so each program reads it 3 times (entry, release, end) and an idle attention split once
-    (it returns before its wait). With ``small_tiles`` the launches have, from the tiles alone: q/k/v
-    96 column pairs / 32 = 3 programs, o_proj and every down 64 rows / 32 = 2, the router 8 experts /
-    8 = 1, the MoE gate/up 32 / 16 = 2 tiles x (2 shared parts + 2 routed) = 8, the dense gate/up
-    128 / 64 = 2, lm_head min(4 tiles, 1 x 2 SMs) = 2; a launch of n programs spans 3n - 1 ticks
-    from its first entry to its last end, its first program is released one tick after entry, and
-    the launch after it (after the step's last, the next step's first) enters on the next tick. An
-    attention launch (4 heads x 2 splits, the second split idle at positions 7-9) ends before the next
-    enters. ``measure.step_clock`` then gives each step end(lm_head) - end(previous lm_head). Compiled
-    (a GPU, %globaltimer; the clocked step with PDL where the GPU has it): entry <= release <= end, and
-    each launch's release is not before the previous launch's end (across steps too)."""
+    """fp32, 3 steps with ``clock_rows=MAX_LEN`` (row = position), the first program's clock and every
+    program's (``clock_every``): the same tokens and logits as the step without a clock.
+
+    Interpreted, the clock is a tick (+1 per read) and programs run one after another. First program
+    only: it reads the clock twice per launch (entry, release), so launch i of the run enters at tick
+    2i and is released at 2i + 1, and each step's intervals sum to 18 launches x 2 ticks. Every
+    program: each reads it 3 times (entry, release, end) and an idle attention split once (it returns
+    before its wait). With ``small_tiles`` the launches have, from the tiles alone: q/k/v 96 column
+    pairs / 32 = 3 programs, o_proj and every down 64 rows / 32 = 2, the router 8 experts / 8 = 1, the
+    MoE gate/up 32 / 16 = 2 tiles x (2 shared parts + 2 routed) = 8, the dense gate/up 128 / 64 = 2,
+    lm_head min(4 tiles, 1 x 2 SMs) = 2; a launch of n programs spans 3n - 1 ticks from its first
+    entry to its last end, its first program is released one tick after entry, and the launch after it
+    (after the step's last, the next step's first) enters on the next tick. An attention launch (4
+    heads x 2 splits, the second split idle at positions 7-9) ends before the next enters.
+
+    Compiled (a GPU, %globaltimer; with PDL where the GPU has it): entry <= release, releases
+    increase, and with every program's clock each launch is released no earlier than the previous
+    one ended."""
     from harness.kernels.decode_step import FusedDecodeStep
     from harness.kernels.decode_step_triton import INTERPRETED, pdl_support
     from harness.measure import step_clock
 
-    dt, steps = torch.float32, 3
+    dt, steps, moe = torch.float32, 3, {1, 2}
     model = tiny_model(dt)
     cache, token = prefilled(model, dt)
-    plain_cache, clocked_cache = copy_of(model, cache, dt), copy_of(model, cache, dt)
-    plain = FusedDecodeStep(weights(model), plain_cache, plain_cache.position, token=token.view(1).clone(),
-                            config=small_tiles())
-    clocked = FusedDecodeStep(weights(model), clocked_cache, clocked_cache.position, token=token.view(1).clone(),
-                              config=small_tiles(), clock_rows=MAX_LEN, pdl=pdl_support(DEV)[0])
+    caches = [copy_of(model, cache, dt) for _ in range(3)]
+    pdl = pdl_support(DEV)[0]
+    plain, first, every = (FusedDecodeStep(weights(model), c, c.position, token=token.view(1).clone(),
+                                           config=small_tiles(), **kw)
+                           for c, kw in zip(caches, [{}, dict(clock_rows=MAX_LEN, pdl=pdl),
+                                                     dict(clock_rows=MAX_LEN, pdl=pdl, clock_every=True)]))
     with torch.inference_mode():
         for _ in range(steps):
-            plain.run()
-            clocked.run()
-            assert int(plain.token) == int(clocked.token) and torch.equal(plain.logits, clocked.logits)
-    stamps = clocked.clock_stamps()
-    assert sorted({r for r, *_ in stamps}) == [PROMPT, PROMPT + 1, PROMPT + 2]
+            for s in (plain, first, every):
+                s.run()
+            assert int(plain.token) == int(first.token) == int(every.token)
+            assert torch.equal(plain.logits, first.logits) and torch.equal(plain.logits, every.logits)
+    light, full = first.clock_stamps(), every.clock_stamps()
+    assert sorted({r for r, *_ in light}) == sorted({r for r, *_ in full}) == [PROMPT, PROMPT + 1, PROMPT + 2]
+    assert all(s[-1] is None for s in light) and all(s[-1] is not None for s in full)
+    if not INTERPRETED:
+        releases = [s[5] for s in light]
+        assert all(s[4] <= s[5] for s in light + full) and releases == sorted(set(releases))
+        for (*_, end), (row, _, label, layer, entry, release, end2) in zip(full, full[1:]):
+            assert release >= end and end2 >= release, (row, label, layer)
+        return
+    base = light[0][4]
+    assert [(s[4] - base, s[5] - base) for s in light] == [(2 * i, 2 * i + 1) for i in range(3 * 18)]
+    df = step_clock.launches(light, moe)
+    assert step_clock.steps(df).to_dict() == pytest.approx({PROMPT: 0.036, PROMPT + 1: 0.036}, rel=1e-12)
     programs = {("qkv", False): 3, ("o_proj", False): 2, ("router", True): 1, ("gate_up", True): 8,
                 ("down", True): 2, ("gate_up", False): 2, ("down", False): 2, ("lm_head", False): 2}
-    moe = {1, 2}
-    if not INTERPRETED:     # compiled (a GPU): %globaltimer ns; a launch is released only after the previous ended
-        for (*_, end), (row, _, label, layer, entry, release, end2) in zip(stamps, stamps[1:]):
-            assert entry <= release <= end2 and release >= end, (row, label, layer)
-        return
     prev = None
-    for row, launch, label, layer, entry, release, end in stamps:
+    for row, launch, label, layer, entry, release, end in full:
         assert entry < release < end, (row, label, layer)
         if label != "attention":
             n = programs[(label, layer in moe and label in ("router", "gate_up", "down"))]
@@ -336,9 +349,10 @@ def test_the_in_kernel_clock_stamps_every_launch_in_order_and_changes_no_token()
         if prev is not None:
             assert entry == prev[1] + 1 if prev[0] != "attention" else entry > prev[1], (row, label, layer)
         prev = (label, end)
-    df = step_clock.launches(stamps, moe)
-    ends = {row: end for row, launch, label, _, _, _, end in stamps if label == "lm_head"}
-    assert step_clock.steps(df).to_dict() == pytest.approx({PROMPT + 1: (ends[PROMPT + 1] - ends[PROMPT]) / 1e3,
-                                                            PROMPT + 2: (ends[PROMPT + 2] - ends[PROMPT + 1]) / 1e3},
-                                                           rel=1e-12)
-    assert df[df["row"] == PROMPT]["wait_us"].isna().tolist() == [True] + [False] * 17
+    df = step_clock.launches(full, moe)
+    first_release = {row: release for row, launch, _, _, _, release, _ in full if launch == 0}
+    assert step_clock.steps(df).to_dict() == pytest.approx(
+        {PROMPT: (first_release[PROMPT + 1] - first_release[PROMPT]) / 1e3,
+         PROMPT + 1: (first_release[PROMPT + 2] - first_release[PROMPT + 1]) / 1e3}, rel=1e-12)
+    assert (df["work_us"] + df["handoff_us"] - df["interval_us"]).abs().max() < 1e-12
+    assert df[df["row"] == PROMPT + 2]["interval_us"].isna().tolist() == [False] * 17 + [True]

@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import TINY_MODE, load_tiny_cfg, needs_triton
+from conftest import TINY_MODE, cpu_triton, load_tiny_cfg, needs_triton
 from harness import knobs, variants
 from harness import workload as wl
 from harness.cli import check_overrides
@@ -54,6 +54,7 @@ def _one_line(exc) -> str:
 
 
 @needs_triton
+@cpu_triton
 def test_fused_variant_generates_the_vendor_tokens_and_routing_fp32():
     """STEPS decode steps through ``generate``: tokens equal to vendor-style's, prefill and decode
     routing counts equal (per layer and expert, summed over the steps: the decoder's device counter
@@ -87,6 +88,7 @@ def test_fused_variant_generates_the_vendor_tokens_and_routing_fp32():
 
 
 @needs_triton
+@cpu_triton
 def test_generate_raises_once_a_down_kernel_gave_up(monkeypatch):
     """After a request the decoder reads its fused step's flags (``StaticDecoder.check``): a healthy
     request of one decode step passes; with the gate/up launch of MoE layer 1 left out of the step
@@ -144,6 +146,7 @@ def assert_launches_attributed(model, dec):
     assert {lab.op_group for lab, p in zip(labels, want) if p.endswith(("1.mlp", "2.mlp"))} == {"routing/indexing"}
 
 
+@cpu_triton
 def test_missing_prerequisites_are_refused_in_one_line():
     with pytest.raises(HarnessError) as exc:
         variants.check(ExecutionConfig(decode_step="fused", kv_cache="static"), "cpu")
@@ -169,6 +172,7 @@ def test_on_cuda_the_fused_step_needs_the_decode_graph():
                               "from the host per step would time the host); fix: add execution.cuda_graphs=decode")
 
 
+@cpu_triton
 def test_batch_above_one_is_refused_before_the_run_and_when_the_decoder_is_built():
     with pytest.raises(HarnessError) as exc:
         check_overrides(TINY + ["workload.batch=2", "workload.repeat_pages=true"]
@@ -184,6 +188,7 @@ def test_batch_above_one_is_refused_before_the_run_and_when_the_decoder_is_built
     assert _one_line(exc).startswith("execution.decode_step=fused runs at batch 1 only; this request has 2 rows")
 
 
+@cpu_triton
 def test_pdl_is_refused_on_a_cpu_and_without_the_fused_step():
     with pytest.raises(CannotRunHere) as exc:
         variants.check(ExecutionConfig(**FUSED, pdl=True), "cpu")

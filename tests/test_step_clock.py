@@ -13,7 +13,7 @@ PLAN = [("qkv", 0, 3000), ("attention", 0, 5000), ("o_proj", 0, 2000), ("gate_up
         ("qkv", 1, 3000), ("attention", 1, 5000), ("o_proj", 1, 2000), ("router", 1, None), ("gate_up", 1, 4000),
         ("down", 1, 4000), ("lm_head", 2, 10000)]
 WAIT, LEAD = 2000, 1000
-ROUTER = {5: 1000, 6: 1000, 7: 3000}                     # the router's work at each row (position)
+ROUTER = {5: 1000, 6: 3000, 7: 5000}                     # the router's work at each row (position)
 
 
 def stamps():
@@ -29,14 +29,25 @@ def stamps():
     return out
 
 
-def test_waits_work_and_lead_per_launch_and_the_first_step_without_a_previous_one():
+def test_intervals_work_hand_off_and_lead_per_launch_and_the_last_step_without_a_next_one():
     df = step_clock.launches(stamps(), moe_layers={1})
     assert len(df) == 36
-    assert math.isnan(df["wait_us"].iloc[0]) and df["wait_us"].iloc[1:].tolist() == [2.0] * 35
+    assert df["handoff_us"].iloc[:35].tolist() == [2.0] * 35 and math.isnan(df["handoff_us"].iloc[35])
     assert df["lead_us"].tolist() == [3.0] * 36            # release - entry = WAIT + LEAD
-    assert df[df["label"] == "router"]["work_us"].tolist() == [1.0, 1.0, 3.0]
-    # rows 6 and 7: 12 waits of 2 µs + work 3+5+2+4+4+3+5+2+r+4+4+10 = 46 + r µs
-    assert step_clock.steps(df).to_dict() == {6: 24 + 46 + 1.0, 7: 24 + 46 + 3.0}
+    assert df[df["label"] == "router"]["work_us"].tolist() == [1.0, 3.0, 5.0]
+    assert (df["interval_us"] - df["work_us"] - 2.0).abs().max() < 1e-12
+    # rows 5 and 6 (row 7 has no next step): 12 hand-offs of 2 µs + work 3+5+2+4+4+3+5+2+r+4+4+10 = 46 + r µs
+    assert step_clock.steps(df).to_dict() == {5: 24 + 46 + 1.0, 6: 24 + 46 + 3.0}
+
+
+def test_only_first_program_stamps_give_intervals_without_work():
+    light = [(r, i, lb, ly, entry, release, None) for r, i, lb, ly, entry, release, _ in stamps()]
+    df = step_clock.launches(light, moe_layers={1})
+    assert df["work_us"].isna().all() and df["handoff_us"].isna().all()
+    assert step_clock.steps(df).to_dict() == {5: 71.0, 6: 73.0}
+    rows = {r["module_group"]: r for r in step_clock.modules(df)}
+    assert rows["router"]["interval_us"] == 4.0 and math.isnan(rows["router"]["work_us"])
+    assert rows["step"]["interval_us"] == 72.0
 
 
 def test_a_gap_in_the_rows_leaves_the_step_after_it_unknown():
@@ -46,26 +57,47 @@ def test_a_gap_in_the_rows_leaves_the_step_after_it_unknown():
 
 
 def test_modules_medians_shares_and_bandwidth_floor_by_hand():
-    """Steps 6 and 7 (step 5 has no previous step): medians of the two steps' per-module sums; bytes
-    at 4,800 GB/s: 4.8 MB per µs."""
+    """Steps 5 and 6 (step 7 has no next step): medians of the two steps' per-module sums; bytes at
+    4,800 GB/s: 4.8 MB per µs."""
     df = step_clock.launches(stamps(), moe_layers={1})
     nbytes = {"embedding row": 0, "attention": 9.6e6, "dense mlp": 4.8e6, "router": 0.48e6,
               "routed experts": 9.6e6, "shared experts": 4.8e6, "final norm + lm_head": 14.4e6}
     nbytes["total"] = sum(nbytes.values())
     rows = {r["module_group"]: r for r in step_clock.modules(df, nbytes, kv_bytes=4.8e6, bandwidth_gbs=4800.0)}
     attention, dense, router, experts, head = (m for m, _, _ in step_clock.MODULES)
-    want = {  # module: (launches per step, wait, work, wait + work, floor µs)
-        attention: (6, 12.0, 20.0, 32.0, 3.0), dense: (2, 4.0, 8.0, 12.0, 1.0), router: (1, 2.0, 2.0, 4.0, 0.1),
-        experts: (2, 4.0, 8.0, 12.0, 3.0), head: (1, 2.0, 10.0, 12.0, 3.0), "step": (12, 24.0, 48.0, 72.0, 10.1)}
+    want = {  # module: (launches per step, interval, work, hand-off, floor µs)
+        attention: (6, 32.0, 20.0, 12.0, 3.0), dense: (2, 12.0, 8.0, 4.0, 1.0), router: (1, 4.0, 2.0, 2.0, 0.1),
+        experts: (2, 12.0, 8.0, 4.0, 3.0), head: (1, 12.0, 10.0, 2.0, 3.0), "step": (12, 72.0, 48.0, 24.0, 10.1)}
     assert list(rows) == [attention, dense, router, experts, head, "step"]
-    for name, (n, wait, work, total, floor) in want.items():
+    for name, (n, interval, work, handoff, floor) in want.items():
         r = rows[name]
-        assert (r["launches_step"], r["wait_us"], r["work_us"], r["clock_us"]) == (n, wait, work, total), name
-        assert r["step_share"] == pytest.approx(total / 72.0) and r["bw_floor_us"] == pytest.approx(floor)
-        assert r["floor_share"] == pytest.approx(floor / total)
+        assert (r["launches_step"], r["interval_us"], r["work_us"], r["handoff_us"]) == (n, interval, work, handoff), name
+        assert r["step_share"] == pytest.approx(interval / 72.0) and r["bw_floor_us"] == pytest.approx(floor)
+        assert r["floor_share"] == pytest.approx(floor / interval)
 
 
 def test_per_launch_medians():
     rows = step_clock.by_launch(step_clock.launches(stamps(), moe_layers={1}))
     assert [(r["launch"], r["kernel"], r["layer"]) for r in rows] == [(i, lb, ly) for i, (lb, ly, _) in enumerate(PLAN)]
-    assert rows[8]["work_us"] == 2.0 and rows[0]["wait_us"] == 2.0 and rows[11]["work_us"] == 10.0
+    assert rows[8]["work_us"] == 2.0 and rows[0]["handoff_us"] == 2.0 and rows[11]["interval_us"] == 12.0
+
+
+def test_the_clock_bench_writes_these_records_into_registered_columns():
+    """``bench decode_step clock=true`` (``harness.bench.decode_step_clock``) puts ``modules`` and
+    ``by_launch`` records into tables of its declared columns: every column is registered
+    (``harness.report.columns``) and every record key is one of them (``Table.add`` refuses others)."""
+    from harness.bench import decode_step_clock as bench
+    from harness.bench.verb import BenchReport
+
+    report = BenchReport(progress=lambda _: None)
+    df = step_clock.launches(stamps(), moe_layers={1})
+    modules = report.table("m", "modules", bench.MODULE_COLUMNS)
+    launches = report.table("l", "launches", bench.LAUNCH_COLUMNS)
+    report.table("k", "kernels", bench.KERNEL_COLUMNS)
+    nbytes = {"attention": 1.0, "total": 2.0}
+    for rec in step_clock.modules(df, nbytes, 0.0, 4800.0):
+        modules.add(**rec)
+    for rec in step_clock.by_launch(df):
+        launches.add(**rec)
+    assert len(modules.rows) == 6 and len(launches.rows) == 12
+    assert "release to next release" in report.markdown("clock")

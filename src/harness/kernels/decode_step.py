@@ -23,9 +23,10 @@ layer] (and their softmax probabilities) instead of its top-k; it must hold a ro
 position the step runs at (the cache length). ``pdl``: programmatic dependent launch (Hopper;
 ``decode_step_triton.pdl_support``), refused where it cannot run.
 ``debug``: the q/k/v and lm_head kernels also write their RMSNorm output to ``norm_out`` [H].
-``clock_rows``: the in-kernel clock (``decode_step_triton.Clock``): every launch stamps when its
-first program entered, when its first program passed its wait and when its last program ended into
-``clock`` [rows, launches, 3], row = position % rows; ``clock_stamps()`` reads them and
+``clock_rows``: the in-kernel clock (``decode_step_triton.Clock``): every launch's first program
+stamps when it entered and when it passed its wait (was released) into ``clock`` [rows, launches,
+3], row = position % rows; with ``clock_every`` every program stamps, and the launch keeps its
+first entry, first release and last end (atomics). ``clock_stamps()`` reads them and
 ``harness.measure.step_clock`` turns them into per-launch and per-module times.
 A MoE down kernel waiting on the gate/up kernel's expert ids gives up after
 ``decode_step_triton.SPIN_LIMIT`` reads and flags its layer on the device; ``check()`` (after a
@@ -186,7 +187,7 @@ class FusedDecodeStep:
     def __init__(self, weights: DecodeWeights, cache, pos: torch.Tensor, *, token: Optional[torch.Tensor] = None,
                  config: DecodeStepConfig = DecodeStepConfig(), pdl: bool = False, counts: Optional[tuple] = None,
                  forced: Optional[torch.Tensor] = None, history: Optional[torch.Tensor] = None, debug: bool = False,
-                 clock_rows: int = 0):
+                 clock_rows: int = 0, clock_every: bool = False):
         config.check()
         w = weights
         self.w, self.cache, self.pos, self.config = w, cache, pos, config
@@ -248,18 +249,19 @@ class FusedDecodeStep:
         self.calls = self._plan()
         self.clock = None
         if clock_rows:
-            self._clock(int(clock_rows), dev)
+            self._clock(int(clock_rows), dev, clock_every)
 
-    def _clock(self, rows: int, dev) -> None:
-        """Each launch stamps its (entry, release, end) times into ``clock`` [rows, launches, 3] (int64, ns
-        compiled; ``decode_step_triton.Clock``), row = the step's position modulo ``rows``."""
+    def _clock(self, rows: int, dev, every: bool) -> None:
+        """Each launch stamps its (entry, release[, end]) times into ``clock`` [rows, launches, 3] (int64,
+        ns compiled; ``decode_step_triton.Clock``), row = the step's position modulo ``rows``."""
         if rows < 1:
             _refuse(f"clock_rows={rows}: one row per timed step needed (>= 1)", "pass clock_rows=steps timed")
         n = len(self.calls)
         self.clock = torch.empty(rows, n, 3, dtype=torch.int64, device=dev)
         self.clock_tick = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.clock_every = bool(every)
         self.calls = [(label, layer, functools.partial(call, clock=k.Clock(self.clock[0, i], self.clock_tick,
-                                                                          self.pos, n * 3, rows)))
+                                                                          self.pos, n * 3, rows, every)))
                       for i, (label, layer, call) in enumerate(self.calls)]
         self.reset_clock()
 
@@ -272,8 +274,9 @@ class FusedDecodeStep:
 
     def clock_stamps(self) -> list:
         """The clock's filled entries, one device read: [(row, launch, label, layer, entry, release, end)]
-        (ints; ns on a GPU, logical ticks interpreted), rows whose launches all ran, in row order. A
-        row is a position modulo the row count: rows reused by later steps hold the latest."""
+        (ints; ns on a GPU, logical ticks interpreted; end None unless ``clock_every``), rows whose
+        launches all ran, in row order. A row is a position modulo the row count: rows reused by later
+        steps hold the latest."""
         if self.clock is None:
             _refuse("no clock: build the step with clock_rows=N", "FusedDecodeStep(..., clock_rows=steps)")
         stamps = self.clock.cpu().tolist()
@@ -281,7 +284,8 @@ class FusedDecodeStep:
         out = []
         for r, row in enumerate(stamps):
             if all(s[1] != big for s in row):
-                out += [(r, i, label, layer, *row[i]) for i, (label, layer, _) in enumerate(self.calls)]
+                out += [(r, i, label, layer, row[i][0], row[i][1], row[i][2] if self.clock_every else None)
+                        for i, (label, layer, _) in enumerate(self.calls)]
         return out
 
     # ------------------------------------------------------------------ checks (host metadata only)

@@ -116,11 +116,18 @@ else:
 
 
 @triton.jit
+def _clock_reads(CLOCK: tl.constexpr):
+    """Whether this program reads the clock: every program (CLOCK 2) or the launch's first (CLOCK 1)."""
+    return (CLOCK == 2) | ((CLOCK == 1) & (tl.program_id(0) == 0) & (tl.program_id(1) == 0))
+
+
+@triton.jit
 def _clock_start(tick_ptr, CLOCK: tl.constexpr):
-    """The program's entry time (0 without the clock)."""
+    """The program's entry time (0 where it does not read the clock)."""
     t = tl.full([], 0, tl.int64)
-    if CLOCK:
-        t = _clock_now(tick_ptr)
+    if CLOCK > 0:
+        if _clock_reads(CLOCK):
+            t = _clock_now(tick_ptr)
     return t
 
 
@@ -130,21 +137,27 @@ def _clock_released(tick_ptr, pos_ptr, rows, CLOCK: tl.constexpr):
     read once the previous kernel (which may be the last step's lm_head, advancing it) has completed."""
     t = tl.full([], 0, tl.int64)
     row = tl.full([], 0, tl.int64)
-    if CLOCK:
-        t = _clock_now(tick_ptr)
-        row = tl.load(pos_ptr, cache_modifier=".cg") % rows
+    if CLOCK > 0:
+        if _clock_reads(CLOCK):
+            t = _clock_now(tick_ptr)
+            row = tl.load(pos_ptr, cache_modifier=".cg") % rows
     return t, row
 
 
 @triton.jit
 def _clock_end(clk_ptr, tick_ptr, row, stride, t_entry, t_release, CLOCK: tl.constexpr):
-    """The program's end: stamps[row] = (min entry, min release, max end) over the launch's programs."""
-    if CLOCK:
+    """The program's end. CLOCK 2: stamps[row] = (min entry, min release, max end) over the launch's
+    programs (atomics); CLOCK 1: the first program stores its entry and release (no end, no atomic)."""
+    at = clk_ptr + row * stride
+    if CLOCK == 2:
         t_end = _clock_now(tick_ptr)
-        at = clk_ptr + row * stride
         tl.atomic_min(at, t_entry, sem="relaxed")
         tl.atomic_min(at + 1, t_release, sem="relaxed")
         tl.atomic_max(at + 2, t_end, sem="relaxed")
+    elif CLOCK == 1:
+        if _clock_reads(CLOCK):
+            tl.store(at, t_entry)
+            tl.store(at + 1, t_release)
 
 
 @triton.jit
@@ -831,18 +844,22 @@ def _lm_head_argmax_kernel(h_ptr, ln_ptr, w_ptr, logits_ptr, pmax_ptr, pidx_ptr,
 
 
 class Clock(NamedTuple):
-    """The in-kernel clock of one launch (``FusedDecodeStep(clock_rows=...)``): each program reads the
-    time (``_clock_now``: %globaltimer ns compiled, a logical tick interpreted) on entry, just after
-    its wait and at its end, and the launch keeps (min entry, min release, max end) in ``stamps``
-    (int64 [3], this launch's entry of row 0) + row x ``row_stride``, row = the step's position
-    (``pos``, int64 [1], read after the wait) modulo ``rows``. ``tick``: int64 [1], the interpreter's
-    counter (unused compiled). The host fills the stamps (int64 max, max, min) before the steps it
-    times (``FusedDecodeStep.reset_clock``)."""
+    """The in-kernel clock of one launch (``FusedDecodeStep(clock_rows=...)``). The time is
+    ``_clock_now`` (%globaltimer ns compiled, a logical tick interpreted). ``every`` False: the
+    launch's first program (program id 0) stores the time it entered and the time it passed its wait
+    (released) in ``stamps`` (int64 [3], this launch's entry of row 0) + row x ``row_stride``; the
+    third stamp is left as it is. ``every`` True: every program reads the clock on entry, after its
+    wait and at its end, and the launch keeps (min entry, min release, max end) there through
+    atomics (the wait / work split, at a cost: ``docs/kernels/decode_step.md``). Row = the step's
+    position (``pos``, int64 [1], read after the wait) modulo ``rows``. ``tick``: int64 [1], the
+    interpreter's counter (unused compiled). The host fills the stamps (int64 max, max, min) before
+    the steps it times (``FusedDecodeStep.reset_clock``)."""
     stamps: torch.Tensor
     tick: torch.Tensor
     pos: torch.Tensor
     row_stride: int
     rows: int
+    every: bool = False
 
 
 def launch_meta(pdl: bool, args: tuple, meta: dict, clock: Optional[Clock] = None) -> dict:
@@ -854,9 +871,9 @@ def launch_meta(pdl: bool, args: tuple, meta: dict, clock: Optional[Clock] = Non
         meta["launch_pdl"] = True
     if clock is not None:
         meta.update(clk_ptr=clock.stamps, clk_tick=clock.tick, clk_pos=clock.pos, clk_stride=clock.row_stride,
-                    clk_rows=clock.rows, CLOCK=True)
+                    clk_rows=clock.rows, CLOCK=2 if clock.every else 1)
     else:
-        meta.update(clk_ptr=args[0], clk_tick=args[0], clk_pos=args[0], clk_stride=0, clk_rows=1, CLOCK=False)
+        meta.update(clk_ptr=args[0], clk_tick=args[0], clk_pos=args[0], clk_stride=0, clk_rows=1, CLOCK=0)
     return meta
 
 

@@ -1,26 +1,27 @@
 """The fused decode step timed from inside its kernels (``FusedDecodeStep(clock_rows=N)``).
 
-Each launch of a step leaves three stamps (ns, %globaltimer: one clock for every SM): ``entry``
-(its first program started), ``release`` (its first program passed its wait, i.e. the previous
-launch had completed and its writes were visible) and ``end`` (its last program finished). From
-them, per launch of a step (all µs, measured):
+Each launch of a step leaves its stamps (ns, %globaltimer: one clock for every SM): ``entry`` (its
+first program started), ``release`` (its first program passed its wait: the previous launch had
+completed and its writes were visible) and, with ``clock_every``, ``end`` (its last program
+finished; None otherwise). From them, per launch (all µs, measured):
 
-* ``wait_us`` = release - the previous launch's end: the hand-off between two kernels (PDL's
-  completion and memory flush, or a launch without PDL), the fixed cost per launch that a
-  persistent kernel would remove. The previous launch of a step's first launch is the previous
-  step's last (its lm_head); for the first step timed it is unknown (NaN).
-* ``work_us`` = end - release: the launch's own work once its inputs exist.
-* ``lead_us`` = release - entry: how long its programs were resident before they could go on (with
-  PDL they load their weights meanwhile); it overlaps the previous launch, so it is not in the step.
+* ``interval_us`` = the next launch's release - this launch's release: the launch's share of the
+  step's critical path (its work, then the hand-off to the next launch). The next launch of a step's
+  last launch (lm_head) is the next step's first; the last step timed has none (NaN). A step's
+  intervals sum to its time: its first release to the next step's first release.
+* with ``end``: ``work_us`` = end - release (the launch's own work once its inputs exist) and
+  ``handoff_us`` = the next launch's release - end (PDL's completion and memory flush, or a launch
+  without PDL): the fixed cost per launch that a persistent kernel would remove. work + hand-off =
+  interval.
+* ``lead_us`` = release - entry: how long the launch's first program was resident before it could
+  go on (with PDL it loads its weights meanwhile); it overlaps the previous launch.
 
-A step's time is the sum of its launches' wait + work: its last launch's end - the previous step's
-last launch's end. ``modules`` groups the launches by module (``MODULES``) and takes, over the
-steps with a known previous step, the median of each group's per-step sums; the bandwidth floor
-beside it comes from the step's analytic bytes (``FusedDecodeStep.weight_bytes``/``kv_bytes``).
+``modules`` groups the launches by module (``MODULES``) and takes, over the complete steps (every
+interval known), the median of each group's per-step sums; the bandwidth floor beside it comes from
+the step's analytic bytes (``FusedDecodeStep.weight_bytes``/``kv_bytes``).
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import pandas as pd
@@ -41,43 +42,51 @@ MODULE_BYTES = {
     MODULES[3][0]: ("routed experts", "shared experts"), MODULES[4][0]: ("final norm + lm_head",),
 }
 LAUNCH_COLUMNS = ["row", "launch", "label", "layer", "entry", "release", "end"]
+TIMES = ["interval_us", "work_us", "handoff_us"]
 
 
 def launches(stamps: list, moe_layers: set) -> pd.DataFrame:
     """One row per launch of each timed step from ``FusedDecodeStep.clock_stamps()`` (rows = clock
-    rows in position order, each a step): the stamps, ``kind`` ("moe" or "dense") and
-    ``wait_us``, ``work_us``, ``lead_us`` (module docstring). A step follows the one before only
-    when its row is the next one (consecutive positions)."""
+    rows in position order, each a step): the stamps, ``kind`` ("moe" or "dense") and the times of
+    the module docstring. A step follows the one before only when its row is the next one
+    (consecutive positions)."""
     df = pd.DataFrame(stamps, columns=LAUNCH_COLUMNS)
     if df.empty:
-        return df.assign(kind=[], wait_us=[], work_us=[], lead_us=[])
+        return df.assign(kind=[], lead_us=[], **{c: [] for c in TIMES})
     df = df.sort_values(["row", "launch"], kind="stable").reset_index(drop=True)
     df["kind"] = ["moe" if layer in moe_layers else "dense" for layer in df["layer"]]
-    prev_end = df["end"].shift(1).astype("float64")
-    first = df["launch"] == 0
-    follows = df["row"].shift(1) == df["row"] - 1            # the previous row is the previous step
-    prev_end[first & ~follows] = math.nan
-    df["wait_us"] = (df["release"] - prev_end) / 1e3
-    df["work_us"] = (df["end"] - df["release"]) / 1e3
+    end = pd.to_numeric(df["end"], errors="coerce").astype("float64")
+    nxt = df["release"].shift(-1).astype("float64")
+    into_next = df["launch"].shift(-1) == 0
+    nxt[into_next & (df["row"].shift(-1) != df["row"] + 1)] = float("nan")   # no consecutive next step
+    df["interval_us"] = (nxt - df["release"]) / 1e3
+    df["work_us"] = (end - df["release"]) / 1e3
+    df["handoff_us"] = (nxt - end) / 1e3
     df["lead_us"] = (df["release"] - df["entry"]) / 1e3
     return df
 
 
 def steps(df: pd.DataFrame) -> pd.Series:
-    """Each complete step's time in µs (wait + work of its launches; its first wait known), by row."""
+    """Each complete step's time in µs (the sum of its launches' intervals, all known), by row."""
     if df.empty:
         return pd.Series(dtype="float64")
-    known = df.groupby("row")["wait_us"].apply(lambda w: not w.isna().any())
-    total = df.groupby("row")[["wait_us", "work_us"]].sum().sum(axis=1)
+    known = df.groupby("row")["interval_us"].apply(lambda w: not w.isna().any())
+    total = df.groupby("row")["interval_us"].sum()
     return total[known[known].index]
+
+
+def _medians(part: pd.DataFrame) -> dict:
+    """Medians over steps of the per-step sums of each time (NaN where a step lacks it: no ``end``)."""
+    per = part.groupby("row")[TIMES].sum(min_count=1)
+    return {c: float(per[c].median()) for c in TIMES}
 
 
 def modules(df: pd.DataFrame, nbytes: Optional[dict] = None, kv_bytes: float = 0.0,
             bandwidth_gbs: Optional[float] = None) -> list:
     """Records per ``MODULES`` row: launches per step, the medians over complete steps of the
-    module's per-step wait, work and wait + work (µs), its share of the median step, and with
+    module's per-step interval, work and hand-off (µs; NaN without ends), its share of the median step and, with
     ``nbytes`` (``weight_bytes()``), ``kv_bytes`` (the KV cache read per step, attention's) and
-    ``bandwidth_gbs`` (datasheet) its bytes per step and bandwidth floor (µs) with floor / (wait + work).
+    ``bandwidth_gbs`` (datasheet), its bytes per step and bandwidth floor (µs) with floor / interval.
     A last row ``step`` holds the whole step."""
     whole = steps(df)
     if whole.empty:
@@ -89,15 +98,11 @@ def modules(df: pd.DataFrame, nbytes: Optional[dict] = None, kv_bytes: float = 0
         part = done[done["label"].isin(labels) & ((done["kind"] == kind) if kind else True)]
         if part.empty:
             continue
-        per = part.groupby("row")[["wait_us", "work_us"]].sum()
-        total = per.sum(axis=1)
-        rec = {"module_group": name, "launches_step": len(part) / len(whole), "wait_us": float(per["wait_us"].median()),
-               "work_us": float(per["work_us"].median()), "clock_us": float(total.median()),
-               "step_share": float(total.median()) / step_med}
-        out.append(rec | _floor(name, nbytes, kv_bytes, bandwidth_gbs, rec["clock_us"]))
-    per = done.groupby("row")[["wait_us", "work_us"]].sum()
-    rec = {"module_group": "step", "launches_step": len(done) / len(whole), "wait_us": float(per["wait_us"].median()),
-           "work_us": float(per["work_us"].median()), "clock_us": step_med, "step_share": 1.0}
+        rec = {"module_group": name, "launches_step": len(part) / len(whole), **_medians(part)}
+        rec["step_share"] = rec["interval_us"] / step_med
+        out.append(rec | _floor(name, nbytes, kv_bytes, bandwidth_gbs, rec["interval_us"]))
+    rec = {"module_group": "step", "launches_step": len(done) / len(whole), **_medians(done),
+           "interval_us": step_med, "step_share": 1.0}
     out.append(rec | _floor(None, nbytes, kv_bytes, bandwidth_gbs, step_med))
     return out
 
@@ -119,12 +124,12 @@ def _floor(name: Optional[str], nbytes: Optional[dict], kv_bytes: float, bandwid
 
 
 def by_launch(df: pd.DataFrame) -> list:
-    """Records per launch of the step (its index, ``kernel`` = its label, layer): the medians over complete steps of
-    wait, work and lead (µs)."""
+    """Records per launch of the step (its index, ``kernel`` = its label, layer): the medians over
+    complete steps of interval, work, hand-off and lead (µs)."""
     whole = steps(df)
     done = df[df["row"].isin(whole.index)]
     if done.empty:
         return []
-    g = done.groupby(["launch", "label", "layer"], sort=True)[["wait_us", "work_us", "lead_us"]].median()
+    g = done.groupby(["launch", "label", "layer"], sort=True)[TIMES + ["lead_us"]].median()
     return [{"launch": int(i), "kernel": label, "layer": int(layer), **{k: float(v) for k, v in row.items()}}
             for (i, label, layer), row in g.iterrows()]
