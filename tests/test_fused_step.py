@@ -221,3 +221,55 @@ def test_gpu_fused_variant_generates_the_vendor_tokens_for_64_steps_fp32(pdl):
     assert torch.equal(res.tokens, ref.tokens)
     for phase in ("prefill", "decode"):
         assert (res.routing[phase] == ref.routing[phase]).all()
+
+
+@needs_triton
+@cpu_triton
+def test_step_clock_keeps_each_requests_stamps_and_the_run_writes_the_median_ones():
+    """``execution.step_clock=true`` on the CPU (the interpreter's clock is a tick): the fused step's
+    tokens are vendor-style's; each ``generate`` leaves one list of stamps (``clock_stamps``): 18
+    launches x the request's decode steps after the first token (a request of 3 tokens: the prefill
+    gives the first, the decode steps write positions 28 and 29), taken once. ``CaseTables._clock``
+    keeps the median request's: with warm-up 1 and timed repeats whose request ranges took 5, 3 and
+    4 ms, the median is repeat 2, the fourth request."""
+    from types import SimpleNamespace
+
+    from harness.run import CaseTables
+    from harness.schema.stages import frame as observation_frame
+    from harness.variants.fused_step import clock_stamps
+
+    model, req = tiny_model_and_request("cpu", torch.float32, 3)
+    ref = generate(model, req)
+    info = variants.apply(model, ExecutionConfig(**FUSED, step_clock=True))
+    try:
+        assert info["step_clock_is"].startswith("each fused-step launch's first program")
+        per_request = []
+        for _ in range(4):
+            assert torch.equal(generate(model, req).tokens, ref.tokens)
+            per_request += clock_stamps(model)
+        assert clock_stamps(model) == []
+        assert [len(s) for s in per_request] == [36] * 4
+        assert sorted({r for r, *_ in per_request[0]}) == [28, 29]
+        assert [(label, layer) for _, _, label, layer, *_ in per_request[0][:5]] == [
+            ("qkv", 0), ("attention", 0), ("o_proj", 0), ("gate_up", 0), ("down", 0)]
+    finally:
+        variants.apply(model, ExecutionConfig())
+    obs = observation_frame([{"case": "c", "repeat": r, "stage": "request", "call": -1, "profiled": False,
+                              "e2e_ms": ms} for r, ms in enumerate((5.0, 3.0, 4.0))])
+    measured = SimpleNamespace(warmup={"warmup_ms": [9.0]}, repeats_done=3, profiled=None, observations=obs)
+    warned = []
+    tables = CaseTables(SimpleNamespace(warn=warned.append), None)
+    frame = tables._clock("c", measured, per_request)
+    assert warned == [] and set(frame["repeat"]) == {2} and len(frame) == 36
+    assert frame[["row", "launch", "label", "layer", "entry", "release"]].values.tolist() == [
+        list(s[:6]) for s in per_request[3]]
+    assert set(frame.loc[frame["label"] == "router", "kind"]) == {"moe"} and frame["end"].isna().all()
+    assert set(frame.loc[frame["layer"] == 0, "kind"]) == {"dense"}
+    assert tables._clock("c", measured, per_request[:3]) is None and "3 requests' in-kernel stamps" in warned[0]
+
+
+def test_step_clock_needs_the_fused_step():
+    with pytest.raises(HarnessError) as exc:
+        variants.check(ExecutionConfig(step_clock=True), "cpu")
+    assert _one_line(exc) == ("execution.step_clock=true times the fused decode step's kernels, which run only with "
+                              "decode_step=fused; fix: add execution.decode_step=fused, or drop execution.step_clock")

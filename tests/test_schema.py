@@ -43,7 +43,7 @@ def test_every_column_has_a_known_provenance_and_says_what_it_holds():
             assert f.provenance in PROVENANCES and f.what, (t.file, f.name)
     assert STEPS_CSV.field("gpu_ms").unit == "ms" and STEPS_CSV.field("gpu_ms").provenance == "measured"
     assert THROUGHPUT_CSV.field("pages_s").unit == "pages/s" and THROUGHPUT_CSV.field("pages_s").provenance == "derived"
-    assert CASE_FILES == ("stages.csv", "kernels.csv", "steps.csv", "routing_steps.csv", "routing.csv")
+    assert CASE_FILES == ("stages.csv", "kernels.csv", "steps.csv", "routing_steps.csv", "routing.csv", "step_clock.csv")
 
 
 def test_field_spec_parses_units_provenance_and_text_columns():

@@ -101,3 +101,26 @@ def test_the_clock_bench_writes_these_records_into_registered_columns():
         launches.add(**rec)
     assert len(modules.rows) == 6 and len(launches.rows) == 12
     assert "release to next release" in report.markdown("clock")
+
+
+def test_the_report_section_reads_step_clock_csv_and_reconciles_with_the_events():
+    """A run's step_clock.csv (first-program stamps: no end) of one case: the module rows' medians and
+    the step beside the same request's decode steps by CUDA events (steps.csv: 71 and 73 µs)."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from harness.report import step_clock as section
+    from harness.schema.step_clock import STEP_CLOCK_CSV
+
+    rows = [{"case": "c", "repeat": 3, "row": r, "launch": i, "label": lb, "layer": ly,
+             "kind": "moe" if ly == 1 else "dense", "entry": entry, "release": release, "end": None}
+            for r, i, lb, ly, entry, release, _ in stamps()]
+    steps = pd.DataFrame({"case": ["c"] * 3, "repeat": [3] * 3, "step": [0, 1, 2], "gpu_ms": [0.071, 0.073, None]})
+    run = SimpleNamespace(step_clock=STEP_CLOCK_CSV.frame(rows), steps=steps)
+    text = "\n".join(section.section(run))
+    assert text.startswith("## Inside the fused decode step (in-kernel clock)")
+    assert "| c | router | 1.0 | 4.0 | 5.6% |" in text and "| c | step | 12.0 | 72.0 | 100.0% |" in text
+    assert ("`c` (timed repeat 3, the median request): median step 72.0 µs by the in-kernel clock over 2 steps, "
+            "72.0 µs by CUDA events over the same request's decode steps") in text
+    assert section.section(SimpleNamespace(step_clock=STEP_CLOCK_CSV.frame([]), steps=steps)) == []

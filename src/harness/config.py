@@ -160,6 +160,11 @@ class ExecutionConfig:
       decode_attention=triton and, on CUDA, cuda_graphs=decode (not compile).
     * ``pdl``: launch the fused step's kernels with programmatic dependent launch (each kernel's
       first weight loads overlap the previous kernel's tail); needs decode_step=fused and sm90+.
+    * ``step_clock``: the fused step's kernels also time themselves (``FusedDecodeStep(clock_rows=...)``:
+      each launch's first program stores %globaltimer on entry and after its wait); the run writes the
+      median request's stamps to step_clock.csv and the report's per-module table of the step from
+      them. Instrumentation, not a speed-up: it adds two timer reads and two stores per launch
+      (``docs/kernels/decode_step.md``); needs decode_step=fused.
     * ``preprocess``: where a page becomes the model's pixels. ``host``: the vendor's PIL resize,
       pad, normalisation and tiles on the host, float32 copied to the device | ``device``: the page's
       8-bit pixels copied, then resized, padded, normalised and tiled on the device with PIL's
@@ -179,6 +184,7 @@ class ExecutionConfig:
     decode_attention: str = _f("sdpa", choices=("sdpa", "triton"))
     decode_step: str = _f("modules", choices=("modules", "fused"))
     pdl: bool = False
+    step_clock: bool = False
     preprocess: str = _f("host", choices=("host", "device"))
 
     @staticmethod

@@ -52,12 +52,13 @@ DECODE_ATTENTION = Knob("decode_attention", "triton", "triton decode attention",
                         cost_knobs=("decode_attention",))
 FUSED_STEP = Knob("decode_step", "fused", "fused decode step", "decode_step_is", module_hooks=False)
 PDL = Knob("pdl", True, "PDL", "pdl_is", module_hooks=False)
+STEP_CLOCK = Knob("step_clock", True, "in-kernel clock", "step_clock_is", module_hooks=False)
 DEVICE_PREPROCESS = Knob("preprocess", "device", "device preprocessing", "preprocess_is")
 
 #: every knob, in the order of conversion (the static cache before what runs on it, the fused vision
 #: before its compiled blocks) and of the report's label
 KNOBS: tuple = (STATIC_CACHE, GROUPED_MOE, DECODE_GRAPHS, DECODE_COMPILE, PREFILL_GRAPHS, FUSED_VISION, FUSED_LINEARS,
-                VISION_COMPILE, DECODE_ATTENTION, FUSED_STEP, PDL, DEVICE_PREPROCESS)
+                VISION_COMPILE, DECODE_ATTENTION, FUSED_STEP, PDL, STEP_CLOCK, DEVICE_PREPROCESS)
 
 
 def _config(execution) -> ExecutionConfig:
@@ -106,6 +107,6 @@ def augmented_dim(d: int, H: int, W: int, multiple: int = 8) -> int:
 
 
 __all__ = ["Knob", "KNOBS", "STATIC_CACHE", "GROUPED_MOE", "DECODE_GRAPHS", "DECODE_COMPILE", "PREFILL_GRAPHS",
-           "FUSED_VISION", "FUSED_LINEARS", "VISION_COMPILE", "DECODE_ATTENTION", "FUSED_STEP", "PDL", "DEVICE_PREPROCESS",
+           "FUSED_VISION", "FUSED_LINEARS", "VISION_COMPILE", "DECODE_ATTENTION", "FUSED_STEP", "PDL", "STEP_CLOCK", "DEVICE_PREPROCESS",
            "active",
            "label", "allows_module_hooks", "cost_knobs", "augmented_dim"]

@@ -32,6 +32,7 @@ from .measure import host
 from .measure.kernels import llm_attention_kernels
 from .measure.nvtx_ranges import NvtxRanges
 from .measure.runner import CaseMeasurement, measure_case
+from .measure.summary import Summary
 from .models import attn_probe
 from .models.generate import DECODE_WATCH
 from .report.progress import DecodeProgress, RunProgress, waiting
@@ -43,6 +44,7 @@ from .schema import CASE_TABLES
 from .schema.routing import routing_rows, routing_step_rows
 from .setup import check_cases, device_info, load_adapter, prepare_cases, resolve_device, resolve_dtype
 from .timeline import phase_of
+from .variants.fused_step import clock_stamps
 
 
 
@@ -105,6 +107,7 @@ class LiveRunData(RunData):
     routing = _CaseFrames()
     routing_steps = _CaseFrames()
     steps = _CaseFrames()
+    step_clock = _CaseFrames()
     analytic = _CaseFrames()
 
     def grow(self, name: str, frame: pd.DataFrame) -> None:
@@ -121,13 +124,14 @@ class CaseTables:
     def __init__(self, rd: RunDir, data: LiveRunData):
         self.rd, self.data = rd, data
 
-    def add(self, inputs, measured: CaseMeasurement, analytic: tuple, execution: dict) -> None:
+    def add(self, inputs, measured: CaseMeasurement, analytic: tuple, execution: dict, clock: list = ()) -> None:
         """One case: stages.csv (its observations), kernels.csv, steps.csv, routing_steps.csv,
         routing.csv, then the manifest with the case's entry (a case a signal stopped early: its
         finished repeats, marked ``partial`` with ``repeats_done``, ``CaseMeasurement.entry``); when
         any of them fails, all are put back and the case is not kept. ``analytic`` =
         ``analytic_for_case``'s (frame, MBU bytes, notes); ``execution``: what the adapter ran
-        (``variants.apply``) with its set-up seconds."""
+        (``variants.apply``) with its set-up seconds; ``clock``: the fused step's stamps of each request
+        (``variants.fused_step.clock_stamps``), of which step_clock.csv keeps the median request's."""
         rd, data, case = self.rd, self.data, inputs.case
         kernels, counts, steps = measured.kernels, measured.routing, measured.steps
         warm, trace = measured.warmup, measured.trace
@@ -136,7 +140,8 @@ class CaseTables:
         tables = {"stages": measured.observations, "kernels": kernels if len(kernels) else None,
                   "steps": CASE_TABLES["steps"].frame(steps) if steps else None,
                   "routing_steps": CASE_TABLES["routing_steps"].frame(per_step) if per_step else None,
-                  "routing": CASE_TABLES["routing"].frame(rows) if rows else None}
+                  "routing": CASE_TABLES["routing"].frame(rows) if rows else None,
+                  "step_clock": self._clock(case.name, measured, clock)}
         entry = {**case.to_dict(), **inputs.pages_entry(), **inputs.routing_entry(),
                  "execution": execution,
                  "warmup_ms": [round(t, 3) for t in warm.get("warmup_ms", [])], "warmup_steady": warm.get("steady"),
@@ -163,6 +168,26 @@ class CaseTables:
                 data.grow(name, part)
         data.mbu_bytes[case.name] = mbu
         data.notes += notes
+
+    def _clock(self, case: str, measured: CaseMeasurement, clock: list):
+        """step_clock.csv's rows of ``case``: the stamps of its median request (requests in order:
+        warm-ups, timed repeats, the profiled one), None without stamps; a count that does not match
+        the requests is warned about and nothing written."""
+        if not clock:
+            return None
+        warm = len(measured.warmup.get("warmup_ms", []))
+        expected = warm + measured.repeats_done + int(bool(measured.profiled))
+        repeat = Summary(measured.observations).median_repeat.get(case)
+        if len(clock) != expected or repeat is None:
+            self.rd.warn(f"case {case}: {len(clock)} requests' in-kernel stamps for {expected} requests (or no median "
+                         "request): step_clock.csv not written for it")
+            return None
+        stamps = clock[warm + int(repeat)]
+        moe = {layer for _, _, label, layer, *_ in stamps if label == "router"}
+        return CASE_TABLES["step_clock"].frame([
+            {"case": case, "repeat": int(repeat), "row": row, "launch": launch, "label": label, "layer": layer,
+             "kind": "moe" if layer in moe else "dense", "entry": entry, "release": release, "end": end}
+            for row, launch, label, layer, entry, release, end in stamps])
 
 
 def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:
@@ -272,6 +297,7 @@ def _measure(cfg: HarnessConfig, run: RunContext, progress) -> None:
 
         trace = rd.path / trace_name(case.name) if (mcfg.kernels and mcfg.trace) else None
         measured = measure_case(model, make, mcfg, ident, cuda, progress=progress, at=at, trace_path=trace)
+        clock = clock_stamps(model)              # execution.step_clock: each request's in-kernel stamps
         if measured.stopped is None:
             at("writing")
         else:   # the position stays where the signal came; the finished repeats are written first
@@ -282,7 +308,7 @@ def _measure(cfg: HarnessConfig, run: RunContext, progress) -> None:
         with run.case_written(i + 1, len(cases), stopped=measured.stopped):   # whole: a signal waits
             analytic = _analytic(model, case, inputs, execution, measured.routing, dtype_name)
             _warn_unsteady(rd, progress, case.name, measured.warmup, mcfg.steady_pct)
-            tables.add(inputs, measured, analytic, {**execution, **setup_seconds(model)})
+            tables.add(inputs, measured, analytic, {**execution, **setup_seconds(model)}, clock)
             rd.update(model={**info, **getattr(model, "info", {})})   # what the model learnt while running
         at("done")
     timeline.enter("host probe")

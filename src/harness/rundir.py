@@ -102,7 +102,8 @@ class RunData:
     """What one run measured: its manifest and tables (empty frames where nothing was written).
 
     ``stages`` (the typed observations), ``kernels``, ``routing``, ``routing_steps`` (decode counts
-    per step), ``steps`` (every decode step of the timed repeats): ``harness.schema.CASE_TABLES``;
+    per step), ``steps`` (every decode step of the timed repeats), ``step_clock`` (the fused step's
+    in-kernel stamps): ``harness.schema.CASE_TABLES``;
     ``analytic`` the analytic frames of its cases
     (``harness.analytic`` COLUMNS + ``routing``) and ``mbu_bytes`` {case: decode bytes that must
     move}, filled by the run as each case finishes, None when the run directory was read back
@@ -119,6 +120,7 @@ class RunData:
     mbu_bytes: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    step_clock: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def load_run(path, manifest: Optional[dict] = None, tables: bool = True) -> RunData:
@@ -135,9 +137,9 @@ def load_run(path, manifest: Optional[dict] = None, tables: bool = True) -> RunD
     stages = read_observations(path / "stages.csv")
     if not tables:
         return RunData(path, manifest, stages)
-    kernels, routing, routing_steps, steps = (CASE_TABLES[n].read(path) for n in ("kernels", "routing", "routing_steps",
-                                                                              "steps"))
-    return RunData(path, manifest, stages, kernels, routing, routing_steps, steps=steps)
+    kernels, routing, routing_steps, steps, clock = (CASE_TABLES[n].read(path) for n in (
+        "kernels", "routing", "routing_steps", "steps", "step_clock"))
+    return RunData(path, manifest, stages, kernels, routing, routing_steps, steps=steps, step_clock=clock)
 
 
 def open_run(path, fix: str, missing_fix: str, tables: bool = True) -> RunData:

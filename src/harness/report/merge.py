@@ -11,7 +11,7 @@ Written into ``--out`` (a new directory; built in a temporary directory beside i
 place at the end, so a failure leaves nothing):
 
 * the observation files (``harness.schema.CASE_FILES``: stages.csv, kernels.csv, steps.csv,
-  routing_steps.csv, routing.csv): each source's rows, in the order the runs are given, as the
+  routing_steps.csv, routing.csv, step_clock.csv): each source's rows, in the order the runs are given, as the
   source wrote them (one header: the sources' headers must agree), and each case's trace directory
   (``traces/<case>/``);
 * manifest.json: the first run's, with ``cases`` (each entry gains ``source_run``), ``skipped_cases``

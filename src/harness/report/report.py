@@ -55,7 +55,7 @@ from ..schema.analytic import ANALYTIC_CSV
 from ..schema.headline import HEADLINE_CSV, STAGES_SUMMARY_CSV
 from ..schema.manifest import Manifest
 from ..schema.roofline import ROOFLINE_CSV
-from . import ladder, routing, step_modules, steps
+from . import ladder, routing, step_clock, step_modules, steps
 from .breakdown import plot_time_breakdown
 from .context import (CPU_NOTE, calibration_line, caveats_section, ceilings_section, environment_section,
                       files_section, merged_line, model_line, on_cpu, warmup_counts, weights_of)
@@ -168,6 +168,7 @@ def render(run: RunData, peaks: Peaks, table: pd.DataFrame, analytic: pd.DataFra
     L += stage_section(st)
     L += op_section(table, run)
     L += step_modules.section(run, analytic, peaks.mem_bw_gbs, _tpot_p50(summary))
+    L += step_clock.section(run)
     L += top_kernels_section(run, summary)
     L += charts_section(run)
     L += ceilings_section(peaks, man)

@@ -31,7 +31,7 @@ from .decode_compile import DECODE_COMPILE
 from .decode_graphs import DECODE_GRAPHS
 from .device_preprocess import DEVICE_PREPROCESS
 from .fused_linears import FUSED_LINEARS
-from .fused_step import FUSED_STEP, PDL
+from .fused_step import FUSED_STEP, PDL, STEP_CLOCK
 from .fused_vision import FUSED_VISION
 from .grouped_moe import GROUPED_MOE
 from .prefill_graphs import PREFILL_GRAPHS
@@ -39,7 +39,7 @@ from .static_cache import STATIC_CACHE
 from .vision_compile import VISION_COMPILE
 
 _BY_KNOB = {c.spec: c for c in (STATIC_CACHE, GROUPED_MOE, DECODE_GRAPHS, DECODE_COMPILE, PREFILL_GRAPHS, FUSED_VISION,
-                                 FUSED_LINEARS, VISION_COMPILE, DECODE_ATTENTION, FUSED_STEP, PDL,
+                                 FUSED_LINEARS, VISION_COMPILE, DECODE_ATTENTION, FUSED_STEP, PDL, STEP_CLOCK,
                                  DEVICE_PREPROCESS)}
 #: every execution variant, in the order of conversion (and of the report's label): ``knobs.KNOBS``
 CONVERTERS: tuple = tuple(_BY_KNOB[k] for k in KNOBS)

@@ -82,13 +82,16 @@ class FusedCore:
     that slot as the token (``StaticDecoder.step``), where another graph's output is cloned, so a
     greedy step costs no copy kernel between replays."""
 
-    def __init__(self, dec, pdl: bool = False, config: Optional[DecodeStepConfig] = None):
+    def __init__(self, dec, pdl: bool = False, config: Optional[DecodeStepConfig] = None, clock: bool = False):
         batch = dec.token_in.shape[0]
         need(batch == 1, "decode_step", "fused", f"runs at batch 1 only; this request has {batch} rows",
              "use execution.decode_step=modules at batch > 1")
         need(dec.routing is not None, "decode_step", "fused", "needs the device routing of moe_impl=grouped",
              "add execution.moe_impl=grouped")
-        self.dec, self.pdl = dec, pdl
+        self.dec, self.pdl, self.clock = dec, pdl, clock
+        #: with ``clock``: each request's stamps of the step that ran (``FusedDecodeStep.clock_stamps``), in
+        #: request order, taken after the request (``check``); the reader empties it (``take_stamps``)
+        self.stamps: list = []
         self.config = config or default_config(dec.cache.position.device)
         self.weights = weights_from_model(dec.model)
         self.history = torch.zeros(dec.cache.max_len, dtype=torch.int64, device=dec.cache.position.device)
@@ -113,14 +116,24 @@ class FusedCore:
             self.steps[forced] = FusedDecodeStep(self.weights, dec.cache, dec.cache.position,
                                                  token=dec.token_in.view(1), config=self.config, pdl=self.pdl,
                                                  counts=(r.decode, r.step_index), forced=r.table if forced else None,
-                                                 history=self.history)
+                                                 history=self.history,
+                                                 clock_rows=dec.cache.max_len if self.clock else 0)
         return self.steps[forced]
 
     def check(self) -> None:
         """``FusedDecodeStep.check`` of each step built (a device read each; ``StaticDecoder.check``
-        calls it after a request): raises if a MoE down kernel gave up waiting for its expert ids."""
+        calls it after a request): raises if a MoE down kernel gave up waiting for its expert ids.
+        With ``clock``, the stamps of the request's step (its routing's) are kept in ``stamps``."""
         for step in self.steps.values():
             step.check()
+        active = bool(self.dec.routing.active) if self.dec.routing is not None else False
+        if self.clock and active in self.steps:
+            self.stamps.append(self.steps[active].clock_stamps())
+
+    def take_stamps(self) -> list:
+        """The stamps kept since the last call (one list per request, in order), and forget them."""
+        out, self.stamps = self.stamps, []
+        return out
 
     @property
     def step(self) -> FusedDecodeStep:
@@ -167,7 +180,7 @@ class FusedStep(Converter):
     def convert(self, model, ex, device, dtype) -> dict:
         if not self.active(ex):
             return {self.manifest_key: "modules: the decode step runs the model's modules"}
-        attach(model).decode_step = functools.partial(FusedCore, pdl=ex.pdl)
+        attach(model).decode_step = functools.partial(FusedCore, pdl=ex.pdl, clock=ex.step_clock)
         return {self.manifest_key: "fused: the batch-1 decode step as 72 Triton launches (kernels.decode_step: q/k/v "
                 "+ RoPE + KV, split-KV attention, o_proj + residual, router + top-k + count, gate/up, down + "
                 "residual per layer; lm_head + greedy token), no torch op between them" +
@@ -195,5 +208,34 @@ class Pdl(Converter):
                 if self.active(ex) else "off"}
 
 
+class StepClock(Converter):
+    """``step_clock=true``: the fused step's kernels time themselves (``FusedDecodeStep(clock_rows=...)``,
+    the first program of each launch; ``FusedStep`` binds it); the run reads each request's stamps
+    (``FusedCore.take_stamps``) and writes the median request's (step_clock.csv)."""
+
+    spec = knobs.STEP_CLOCK
+
+    def check(self, ex, device, dtype, model=None, positions=None) -> None:
+        if self.active(ex):
+            self.refuse(ex.decode_step == "fused", "times the fused decode step's kernels, which run only with "
+                        "decode_step=fused", "add execution.decode_step=fused, or drop execution.step_clock")
+
+    def convert(self, model, ex, device, dtype) -> dict:
+        return {self.manifest_key: "each fused-step launch's first program stores %globaltimer on entry and after "
+                "its wait (step_clock.csv)" if self.active(ex) else "off"}
+
+
+def clock_stamps(model) -> list:
+    """Every fused step's stamps kept since the last call, one list per request in request order
+    (``FusedCore.take_stamps`` of each static decoder of ``model`` with a clocked core), emptied."""
+    out = []
+    for dec in (getattr(model, "static_decoders", None) or {}).values():
+        take = getattr(getattr(dec, "core", None), "take_stamps", None)
+        if take is not None:
+            out += take()
+    return out
+
+
 FUSED_STEP = FusedStep()
 PDL = Pdl()
+STEP_CLOCK = StepClock()
