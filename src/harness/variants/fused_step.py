@@ -123,12 +123,15 @@ class FusedCore:
     def check(self) -> None:
         """``FusedDecodeStep.check`` of each step built (a device read each; ``StaticDecoder.check``
         calls it after a request): raises if a MoE down kernel gave up waiting for its expert ids.
-        With ``clock``, the stamps of the request's step (its routing's) are kept in ``stamps``."""
+        With ``clock``, the stamps of the request's step (its routing's) are kept in ``stamps`` and every
+        step's clock emptied (rows the decoder's set-up or an earlier request wrote are not the next's)."""
         for step in self.steps.values():
             step.check()
         active = bool(self.dec.routing.active) if self.dec.routing is not None else False
         if self.clock and active in self.steps:
             self.stamps.append(self.steps[active].clock_stamps())
+            for step in self.steps.values():
+                step.reset_clock()
 
     def take_stamps(self) -> list:
         """The stamps kept since the last call (one list per request, in order), and forget them."""
