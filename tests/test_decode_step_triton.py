@@ -199,12 +199,15 @@ def _router_buffers(H, E, top_k, dtype):
     return dict(xn=f(H, dt=dtype), logits=f(E), sem=f(1, dt=torch.int32), ids=f(top_k, dt=torch.int64), wts=f(top_k))
 
 
+@pytest.mark.parametrize("programs", [4, 1])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("E,top_k,norm,scale", [(8, 2, False, 1.0), (16, 3, True, 2.5)])
-def test_route_normalises_then_matches_moegate(dtype, E, top_k, norm, scale):
+def test_route_normalises_then_matches_moegate(dtype, E, top_k, norm, scale, programs):
     """xn = post_attention_layernorm(h) bit for bit; the experts equal MoEGate's on xn (as a set;
     the kernel's order is descending weight) and their weights agree to 1e-6 relative (softmax's
-    exp: numpy's against torch's); every program's logits reach the last one (4 programs)."""
+    exp: numpy's against torch's); every program's logits reach the last one (4 programs, the
+    semaphore left zero), or one program holds every gate row and chooses without the semaphore
+    (left as it was: 5 here)."""
     k = kt()
     g = torch.Generator().manual_seed(E + top_k)
     H = 64
@@ -215,14 +218,15 @@ def test_route_normalises_then_matches_moegate(dtype, E, top_k, norm, scale):
     with torch.no_grad():
         ref_i, ref_w = _gate(E, top_k, H, norm, scale, w)(xn)
     b = _router_buffers(H, E, top_k, dtype)
+    b["sem"].fill_(0 if programs > 1 else 5)
     k.route(*on(h, ln, w), b["xn"], b["logits"], b["sem"], b["ids"], b["wts"], 0.0, top_k, norm, scale,
-            tile=(E // 4, 2))
+            tile=(E // programs, 2))
     assert_exact(b["xn"], xn[0], dtype)
     order = ref_i[0].argsort()
     got = b["ids"].cpu().sort()
     assert torch.equal(got.values, ref_i[0][order])
     assert float(((b["wts"].cpu()[got.indices] - ref_w[0][order]).abs() / ref_w[0][order]).max()) <= 1e-6
-    assert (b["wts"][:-1] >= b["wts"][1:]).all() and int(b["sem"]) == 0
+    assert (b["wts"][:-1] >= b["wts"][1:]).all() and int(b["sem"]) == (0 if programs > 1 else 5)
 
 
 def test_route_takes_a_forced_table():
@@ -238,9 +242,11 @@ def test_route_takes_a_forced_table():
     args = (*on(h, ln, w), b["xn"], b["logits"], b["sem"], b["ids"], b["wts"], 0.0, top_k, False, 1.0)
     table = torch.zeros(1, 6, 2, top_k, dtype=torch.int64)
     table[0, 4, layer] = torch.tensor([5, 0])              # position 4, this layer: experts 5 and 0
-    k.route(*args, forced=(table.to(DEV), torch.tensor([4], device=DEV), layer), tile=(4, 2))
-    assert b["ids"].cpu().tolist() == [5, 0]
-    assert torch.allclose(b["wts"].cpu(), probs[[5, 0]], rtol=1e-6, atol=0)
+    for tile in ((4, 2), (8, 2)):                           # 2 programs, and 1 holding every row
+        b["ids"].zero_()
+        k.route(*args, forced=(table.to(DEV), torch.tensor([4], device=DEV), layer), tile=tile)
+        assert b["ids"].cpu().tolist() == [5, 0]
+        assert torch.allclose(b["wts"].cpu(), probs[[5, 0]], rtol=1e-6, atol=0)
 
 
 def test_lm_head_counts_the_routing_of_every_moe_layer_per_step():

@@ -59,13 +59,15 @@ from .timing import capture_reset, first_line, per_step_us
 
 #: the sweep: (field of DecodeStepConfig, values tried besides the default). The values of the H100
 #: sweep behind the defaults (``runs/examples/h100-decode-step-bench/bench_flat.log``, run around
-#: the first version's tiles); where one is now the default, the first version's value instead
+#: the first version's tiles); where one is now the default, the first version's value instead; the
+#: router's single-program tiles (a tile of every gate row: no semaphore) and the larger attention and
+#: down tiles were added for the H200 (issue 40)
 SWEEP = (("qkv", [(2, 4), (8, 4), (4, 4), (4, 8)]),
-         ("attention", [(32, 4), (64, 4), (16, 4)]),
+         ("attention", [(32, 4), (64, 4), (16, 4), (64, 2), (128, 4)]),
          ("o_proj", [(2, 4, 1), (8, 4, 1), (4, 2, 1), (4, 4, 2)]),
-         ("router", [(1, 1), (1, 2), (4, 4)]),
+         ("router", [(1, 2), (4, 4), (16, 8), (64, 8), (64, 16)]),
          ("gate_up", [(2, 4), (8, 4), (4, 2), (4, 8), (8, 8)]),
-         ("down", [(1, 8), (2, 4), (2, 8), (4, 4), (1, 4)]),
+         ("down", [(1, 8), (2, 4), (2, 8), (4, 4), (1, 4), (8, 8), (8, 16)]),
          ("dense_gate_up", [(8, 4), (2, 4)]),
          ("dense_down", [(2, 4, 4), (1, 4, 1), (1, 4, 4)]),
          ("lm_head", [(4, 4, 4), (8, 8, 1), (8, 8, 3), (16, 8, 2)]),

@@ -615,11 +615,23 @@ def _select_experts(logits_ptr, forced_ptr, pos_ptr, n_exp, forced_offset, force
 
 
 @triton.jit
+def _route_store(logits_ptr, forced_ptr, pos_ptr, ids_ptr, wts_ptr, n_exp, forced_offset, forced_positions,
+                 forced_pos_stride, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr,
+                 NORM_TOPK: tl.constexpr, SCALE: tl.constexpr, FORCED: tl.constexpr):
+    """The router's choice from the stored logits (``_select_experts``) into ``ids`` and ``wts``."""
+    sel_i, sel_w = _select_experts(logits_ptr, forced_ptr, pos_ptr, n_exp, forced_offset, forced_positions,
+                                   forced_pos_stride, TOP_K, BLOCK_E, BLOCK_TOPK, NORM_TOPK, SCALE, FORCED)
+    offs_k = tl.arange(0, BLOCK_TOPK)
+    tl.store(ids_ptr + offs_k, sel_i, mask=offs_k < TOP_K)
+    tl.store(wts_ptr + offs_k, sel_w, mask=offs_k < TOP_K)
+
+
+@triton.jit
 def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, wts_ptr, forced_ptr, pos_ptr,
                    n_exp, forced_offset, forced_positions, forced_pos_stride, stride_wn,
                    H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, ROWS: tl.constexpr, TOP_K: tl.constexpr,
                    BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr, NORM_TOPK: tl.constexpr, SCALE: tl.constexpr,
-                   EPS: tl.constexpr, FORCED: tl.constexpr, SELECT: tl.constexpr,
+                   EPS: tl.constexpr, FORCED: tl.constexpr, SELECT: tl.constexpr, SINGLE: tl.constexpr,
                    clk_ptr, clk_tick, clk_pos, clk_stride, clk_rows, USE_PDL: tl.constexpr, CLOCK: tl.constexpr,
                    EMU: tl.constexpr):
     c_entry = _clock_start(clk_tick, CLOCK)
@@ -635,15 +647,17 @@ def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, w
     # the vendor gate: F.linear(x.float(), w.float()): exact products, fp32 sums
     tl.store(logits_ptr + offs_r, _dot_rows(wa, wb, na, nb, HB), mask=r_ok)
     if SELECT:              # (else the gate/up kernel chooses from the logits: ``gate_up(choose=...)``)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu")
-        if arrived == tl.num_programs(0) - 1:            # every logit is stored: softmax, top-k
-            sel_i, sel_w = _select_experts(logits_ptr, forced_ptr, pos_ptr, n_exp, forced_offset, forced_positions,
-                                           forced_pos_stride, TOP_K, BLOCK_E, BLOCK_TOPK, NORM_TOPK, SCALE, FORCED)
-            offs_k = tl.arange(0, BLOCK_TOPK)
-            tl.store(ids_ptr + offs_k, sel_i, mask=offs_k < TOP_K)
-            tl.store(wts_ptr + offs_k, sel_w, mask=offs_k < TOP_K)
-            tl.store(sem_ptr, 0)
+        tl.debug_barrier()                               # every thread's logits stored
+        if SINGLE:          # one program holds every row: no other program to wait for
+            _route_store(logits_ptr, forced_ptr, pos_ptr, ids_ptr, wts_ptr, n_exp, forced_offset, forced_positions,
+                         forced_pos_stride, TOP_K, BLOCK_E, BLOCK_TOPK, NORM_TOPK, SCALE, FORCED)
+        else:
+            arrived = tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu")
+            if arrived == tl.num_programs(0) - 1:        # every logit is stored: softmax, top-k
+                _route_store(logits_ptr, forced_ptr, pos_ptr, ids_ptr, wts_ptr, n_exp, forced_offset,
+                             forced_positions, forced_pos_stride, TOP_K, BLOCK_E, BLOCK_TOPK, NORM_TOPK, SCALE,
+                             FORCED)
+                tl.store(sem_ptr, 0)
     _clock_end(clk_ptr, clk_tick, c_row, clk_stride, c_entry, c_release, CLOCK)
 
 
@@ -1022,14 +1036,16 @@ def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk
     (The routing count is the lm_head kernel's: ``lm_head_argmax(counts=...)``.) ``forced`` =
     (table int64 [rows, P, layers, k], pos int64 [1], layer): the experts are table[0, min(pos, P-1),
     layer] with their softmax probabilities instead of the top-k. ``select`` False: the logits only
-    (the gate/up kernel chooses: ``gate_up(choose=...)``; ids, wts, sem untouched)."""
+    (the gate/up kernel chooses: ``gate_up(choose=...)``; ids, wts, sem untouched). With ``tile[0]``
+    >= E one program holds every gate row and chooses without the semaphore (``sem`` untouched)."""
     H, E = h.numel(), w.shape[0]
     ha, hb = k_parts(H)
     rows, warps = tile
     sel_args, sel_meta = _choice_launch(Choice(logits, wts, top_k, norm_topk, scale, forced), ids)
     _launch(_router_kernel, (triton.cdiv(E, rows),), warps, pdl,
             h, ln, w, xn, logits, sem, ids, wts, *sel_args, w.stride(0),
-            H=H, HA=ha, HB=hb, ROWS=rows, **sel_meta, EPS=float(eps), SELECT=bool(select), clock=clock, USE_PDL=pdl,
+            H=H, HA=ha, HB=hb, ROWS=rows, **sel_meta, EPS=float(eps), SELECT=bool(select),
+            SINGLE=triton.cdiv(E, rows) == 1, clock=clock, USE_PDL=pdl,
             EMU=emulates_bf16_rne(xn.dtype))
 
 
