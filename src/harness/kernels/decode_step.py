@@ -75,7 +75,7 @@ class DecodeStepConfig:
     o_proj: tuple = (4, 4, 1)
     router: tuple = (1, 1)
     gate_up: tuple = (4, 4)
-    down: tuple = (4, 8)
+    down: tuple = (4, 4)
     dense_gate_up: tuple = (4, 4)
     dense_down: tuple = (1, 8, 4)
     lm_head: tuple = (8, 8, 2)
