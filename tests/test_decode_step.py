@@ -325,6 +325,8 @@ def test_the_in_kernel_clock_stamps_every_launch_in_order_and_changes_no_token()
                 s.run()
             assert int(plain.token) == int(first.token) == int(every.token)
             assert torch.equal(plain.logits, first.logits) and torch.equal(plain.logits, every.logits)
+    with pytest.raises(HarnessError, match=r"clock_rows=31: one row per cache position needed \(32"):
+        FusedDecodeStep(weights(model), caches[0], caches[0].position, config=small_tiles(), clock_rows=MAX_LEN - 1)
     light, full = first.clock_stamps(), every.clock_stamps()
     assert sorted({r for r, *_ in light}) == sorted({r for r, *_ in full}) == [PROMPT, PROMPT + 1, PROMPT + 2]
     assert all(s[-1] is None for s in light) and all(s[-1] is not None for s in full)

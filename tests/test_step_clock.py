@@ -46,8 +46,8 @@ def test_only_first_program_stamps_give_intervals_without_work():
     assert df["work_us"].isna().all() and df["handoff_us"].isna().all()
     assert step_clock.steps(df).to_dict() == {5: 71.0, 6: 73.0}
     rows = {r["module_group"]: r for r in step_clock.modules(df)}
-    assert rows["router"]["interval_us"] == 4.0 and math.isnan(rows["router"]["work_us"])
-    assert rows["step"]["interval_us"] == 72.0
+    assert rows["router"]["interval_us"] == 3.0 and math.isnan(rows["router"]["work_us"])
+    assert rows["step"]["interval_us"] == 71.0
 
 
 def test_a_gap_in_the_rows_leaves_the_step_after_it_unknown():
@@ -57,8 +57,8 @@ def test_a_gap_in_the_rows_leaves_the_step_after_it_unknown():
 
 
 def test_modules_medians_shares_and_bandwidth_floor_by_hand():
-    """Steps 5 and 6 (step 7 has no next step): medians of the two steps' per-module sums; bytes at
-    4,800 GB/s: 4.8 MB per µs."""
+    """Steps 5 and 6 (step 7 has no next step): medians of the two steps' per-module sums, the lower
+    middle of two (step 5's: router 1 µs of work, the step 71 µs); bytes at 4,800 GB/s: 4.8 MB per µs."""
     df = step_clock.launches(stamps(), moe_layers={1})
     nbytes = {"embedding row": 0, "attention": 9.6e6, "dense mlp": 4.8e6, "router": 0.48e6,
               "routed experts": 9.6e6, "shared experts": 4.8e6, "final norm + lm_head": 14.4e6}
@@ -66,20 +66,20 @@ def test_modules_medians_shares_and_bandwidth_floor_by_hand():
     rows = {r["module_group"]: r for r in step_clock.modules(df, nbytes, kv_bytes=4.8e6, bandwidth_gbs=4800.0)}
     attention, dense, router, experts, head = (m for m, _, _ in step_clock.MODULES)
     want = {  # module: (launches per step, interval, work, hand-off, floor µs)
-        attention: (6, 32.0, 20.0, 12.0, 3.0), dense: (2, 12.0, 8.0, 4.0, 1.0), router: (1, 4.0, 2.0, 2.0, 0.1),
-        experts: (2, 12.0, 8.0, 4.0, 3.0), head: (1, 12.0, 10.0, 2.0, 3.0), "step": (12, 72.0, 48.0, 24.0, 10.1)}
+        attention: (6, 32.0, 20.0, 12.0, 3.0), dense: (2, 12.0, 8.0, 4.0, 1.0), router: (1, 3.0, 1.0, 2.0, 0.1),
+        experts: (2, 12.0, 8.0, 4.0, 3.0), head: (1, 12.0, 10.0, 2.0, 3.0), "step": (12, 71.0, 47.0, 24.0, 10.1)}
     assert list(rows) == [attention, dense, router, experts, head, "step"]
     for name, (n, interval, work, handoff, floor) in want.items():
         r = rows[name]
-        assert (r["launches_step"], r["interval_us"], r["work_us"], r["handoff_us"]) == (n, interval, work, handoff), name
-        assert r["step_share"] == pytest.approx(interval / 72.0) and r["bw_floor_us"] == pytest.approx(floor)
-        assert r["floor_share"] == pytest.approx(floor / interval)
+        assert (r["clock_launches"], r["interval_us"], r["work_us"], r["handoff_us"]) == (n, interval, work, handoff), name
+        assert r["step_share"] == pytest.approx(interval / 71.0) and r["bw_floor_us"] == pytest.approx(floor)
+        assert r["floor_interval"] == pytest.approx(floor / interval)
 
 
 def test_per_launch_medians():
     rows = step_clock.by_launch(step_clock.launches(stamps(), moe_layers={1}))
     assert [(r["launch"], r["kernel"], r["layer"]) for r in rows] == [(i, lb, ly) for i, (lb, ly, _) in enumerate(PLAN)]
-    assert rows[8]["work_us"] == 2.0 and rows[0]["handoff_us"] == 2.0 and rows[11]["interval_us"] == 12.0
+    assert rows[8]["work_us"] == 1.0 and rows[0]["handoff_us"] == 2.0 and rows[11]["interval_us"] == 12.0   # lower middle
 
 
 def test_the_clock_bench_writes_these_records_into_registered_columns():
@@ -91,9 +91,9 @@ def test_the_clock_bench_writes_these_records_into_registered_columns():
 
     report = BenchReport(progress=lambda _: None)
     df = step_clock.launches(stamps(), moe_layers={1})
-    modules = report.table("m", "modules", bench.MODULE_COLUMNS)
-    launches = report.table("l", "launches", bench.LAUNCH_COLUMNS)
-    report.table("k", "kernels", bench.KERNEL_COLUMNS)
+    modules = report.table("m", "modules", bench.MODULE_TABLE)
+    launches = report.table("l", "launches", bench.LAUNCH_TABLE)
+    report.table("k", "kernels", bench.KERNEL_TABLE)
     nbytes = {"attention": 1.0, "total": 2.0}
     for rec in step_clock.modules(df, nbytes, 0.0, 4800.0):
         modules.add(**rec)
@@ -104,8 +104,9 @@ def test_the_clock_bench_writes_these_records_into_registered_columns():
 
 
 def test_the_report_section_reads_step_clock_csv_and_reconciles_with_the_events():
-    """A run's step_clock.csv (first-program stamps: no end) of one case: the module rows' medians and
-    the step beside the same request's decode steps by CUDA events (steps.csv: 71 and 73 µs)."""
+    """A run's step_clock.csv (first-program stamps: no end) of one case: the module rows' medians (the
+    lower middle of two steps) and the step beside the same request's decode steps by CUDA events
+    (steps.csv: 71 and 73 µs: 71)."""
     from types import SimpleNamespace
 
     import pandas as pd
@@ -120,7 +121,25 @@ def test_the_report_section_reads_step_clock_csv_and_reconciles_with_the_events(
     run = SimpleNamespace(step_clock=STEP_CLOCK_CSV.frame(rows), steps=steps)
     text = "\n".join(section.section(run))
     assert text.startswith("## Inside the fused decode step (in-kernel clock)")
-    assert "| c | router | 1.0 | 4.0 | 5.6% |" in text and "| c | step | 12.0 | 72.0 | 100.0% |" in text
-    assert ("`c` (timed repeat 3, the median request): median step 72.0 µs by the in-kernel clock over 2 steps, "
-            "72.0 µs by CUDA events over the same request's decode steps") in text
+    assert "| c | router | 1.0 | 3.0 | 4.2% |" in text and "| c | step | 12.0 | 71.0 | 100.0% |" in text
+    assert ("`c` (timed repeat 3, the median request): median step 71.0 µs by the in-kernel clock over 2 steps, "
+            "71.0 µs by CUDA events over the same request's decode steps") in text
     assert section.section(SimpleNamespace(step_clock=STEP_CLOCK_CSV.frame([]), steps=steps)) == []
+
+
+def test_real_globaltimer_magnitudes_keep_every_nanosecond():
+    """Stamps near a real %globaltimer reading (1.8e18 ns, where a float64 steps by 256 ns): the same
+    intervals, work and hand-offs as the small stamps, exactly (differences taken in int64 first)."""
+    base = 1_795_916_159_231_224_640 + 32           # from h200-step-clock/best-fused-clock, + 32 ns
+    small = step_clock.launches(stamps(), moe_layers={1})
+    big = step_clock.launches([(r, i, lb, ly, e + base, rel + base, end + base)
+                               for r, i, lb, ly, e, rel, end in stamps()], moe_layers={1})
+    for c in ("interval_us", "work_us", "handoff_us", "lead_us"):
+        assert big[c].equals(small[c]), c
+    assert big["handoff_us"].iloc[:35].tolist() == [2.0] * 35
+
+
+def test_an_even_count_of_steps_takes_the_lower_middle():
+    """Two complete steps (rows 5 and 6: 71 and 73 µs): the median is 71, an observed step (stats.median_low)."""
+    rows = {r["module_group"]: r for r in step_clock.modules(step_clock.launches(stamps(), moe_layers={1}))}
+    assert rows["step"]["interval_us"] == 71.0 and rows["router"]["interval_us"] == 3.0

@@ -171,22 +171,24 @@ class CaseTables:
 
     def _clock(self, case: str, measured: CaseMeasurement, clock: list):
         """step_clock.csv's rows of ``case``: the stamps of its median request (requests in order:
-        warm-ups, timed repeats, the profiled one), None without stamps; a count that does not match
-        the requests is warned about and nothing written."""
+        warm-ups, timed repeats, then a profiled one, which an interrupted case may or may not have
+        reached), None without stamps; fewer lists than warm-ups + timed repeats is warned about and
+        nothing written."""
         if not clock:
             return None
         warm = len(measured.warmup.get("warmup_ms", []))
-        expected = warm + measured.repeats_done + int(bool(measured.profiled))
+        needed = warm + measured.repeats_done
         repeat = Summary(measured.observations).median_repeat.get(case)
-        if len(clock) != expected or repeat is None:
-            self.rd.warn(f"case {case}: {len(clock)} requests' in-kernel stamps for {expected} requests (or no median "
-                         "request): step_clock.csv not written for it")
+        if len(clock) < needed or repeat is None:
+            self.rd.warn(f"case {case}: {len(clock)} requests' in-kernel stamps for {needed} warm-up and timed "
+                         "requests (or no median request): step_clock.csv not written for it")
             return None
         stamps = clock[warm + int(repeat)]
         moe = {layer for _, _, label, layer, *_ in stamps if label == "router"}
         return CASE_TABLES["step_clock"].frame([
             {"case": case, "repeat": int(repeat), "row": row, "launch": launch, "label": label, "layer": layer,
-             "kind": "moe" if layer in moe else "dense", "entry": entry, "release": release, "end": end}
+             "kind": "" if label == "lm_head" else "moe" if layer in moe else "dense", "entry": entry,
+             "release": release, "end": end}
             for row, launch, label, layer, entry, release, end in stamps])
 
 

@@ -26,17 +26,17 @@ clock's granularity seen (the least non-zero difference between two stamps of on
 """
 from __future__ import annotations
 
-import statistics
-
 import torch
+
+from ..measure.stats import median_low
 
 from .timing import capture_reset
 
 #: the columns of the three tables (``harness.report.columns``)
-MODULE_COLUMNS = ["module_group", "launches_step", "interval_us", "work_us", "handoff_us", "step_share", "mb_step",
-                  "bw_floor_us", "floor_share"]
-LAUNCH_COLUMNS = ["launch", "kernel", "layer", "interval_us", "work_us", "handoff_us", "lead_us"]
-KERNEL_COLUMNS = ["kernel", "launches", "entry_end_us", "step", "us_sum"]
+MODULE_TABLE = ["module_group", "clock_launches", "interval_us", "work_us", "handoff_us", "step_share", "mb_step",
+                "bw_floor_us", "floor_interval"]
+LAUNCH_TABLE = ["launch", "kernel", "layer", "interval_us", "work_us", "handoff_us", "lead_us"]
+KERNEL_TABLE = ["kernel", "launches", "entry_end_us", "step", "us_sum"]
 #: the kernel function each launch label runs (``decode_step_triton``)
 KERNEL_OF = {"qkv": "_qkv_rope_kernel", "attention": "_attention_kernel", "o_proj": "_down_kernel",
              "router": "_router_kernel", "gate_up": "_gate_up_kernel", "down": "_down_kernel",
@@ -78,17 +78,17 @@ def _one(state: dict, opts, pdl: bool, spec, report, add_row, kernel_rows, plain
     suffix = "_every" if every else ""
     table = report.table(f"clock_modules{suffix}", f"{label}: per module from the in-kernel clock ({len(whole)} "
                          f"steps from position {opts.pos})",
-                         MODULE_COLUMNS)
+                         MODULE_TABLE)
     for rec in step_clock.modules(df, step.weight_bytes(), step.kv_bytes(mean_pos), spec.mem_bw_gbs if spec else None):
         table.add(**rec)
     launches = report.table(f"clock_launches{suffix}", f"{label}: per launch from the in-kernel clock (median over "
-                            "steps)", LAUNCH_COLUMNS)
+                            "steps)", LAUNCH_TABLE)
     for rec in step_clock.by_launch(df):
         launches.add(**rec)
     if every:
         _reconcile(df, whole, graph, plain_graph, label, report, kernel_rows)
     if len(whole):
-        report.note(f"{label}: median step by the in-kernel clock {statistics.median(whole):.1f} µs over {len(whole)} "
+        report.note(f"{label}: median step by the in-kernel clock {median_low(whole):.1f} µs over {len(whole)} "
                     f"steps; the clock's least non-zero step within a launch {_granularity(stamps)} ns")
 
 
@@ -111,7 +111,7 @@ def _reconcile(df, whole, graph, plain_graph, label: str, report, kernel_rows) -
     sums = {name: {k: us for k, _, us in kernel_rows(g)[0]} for name, g in profiled.items()}
     table = report.table("clock_kernels", "per kernel function and step: in-kernel entry-to-end (median over steps) "
                          "beside the profiler's durations of one replayed step",
-                         KERNEL_COLUMNS)
+                         KERNEL_TABLE)
     for kernel in clock.index:
         for name, s in sums.items():
             table.add(kernel=kernel, launches=float(launches[kernel]), entry_end_us=float(clock[kernel]), step=name,

@@ -25,8 +25,8 @@ position the step runs at (the cache length). ``pdl``: programmatic dependent la
 ``debug``: the q/k/v and lm_head kernels also write their RMSNorm output to ``norm_out`` [H].
 ``clock_rows``: the in-kernel clock (``decode_step_triton.Clock``): every launch's first program
 stamps when it entered and when it passed its wait (was released) into ``clock`` [rows, launches,
-3], row = position % rows; with ``clock_every`` every program stamps, and the launch keeps its
-first entry, first release and last end (atomics). ``clock_stamps()`` reads them and
+3], row = the step's position (rows: at least the cache length); with ``clock_every`` every program
+stamps, and the launch keeps its first entry, first release and last end (atomics). ``clock_stamps()`` reads them and
 ``harness.measure.step_clock`` turns them into per-launch and per-module times.
 A MoE down kernel waiting on the gate/up kernel's expert ids gives up after
 ``decode_step_triton.SPIN_LIMIT`` reads and flags its layer on the device; ``check()`` (after a
@@ -253,9 +253,12 @@ class FusedDecodeStep:
 
     def _clock(self, rows: int, dev, every: bool) -> None:
         """Each launch stamps its (entry, release[, end]) times into ``clock`` [rows, launches, 3] (int64,
-        ns compiled; ``decode_step_triton.Clock``), row = the step's position modulo ``rows``."""
-        if rows < 1:
-            _refuse(f"clock_rows={rows}: one row per timed step needed (>= 1)", "pass clock_rows=steps timed")
+        ns compiled; ``decode_step_triton.Clock``), row = the step's position (``rows`` >= the cache
+        length, so rows never wrap and their order is the steps')."""
+        L = self.cache.k[0].shape[2]
+        if rows < L:
+            _refuse(f"clock_rows={rows}: one row per cache position needed ({L}: the row is the step's position)",
+                    f"pass clock_rows={L} (the cache length)")
         n = len(self.calls)
         self.clock = torch.empty(rows, n, 3, dtype=torch.int64, device=dev)
         self.clock_tick = torch.zeros(1, dtype=torch.int64, device=dev)
@@ -275,17 +278,15 @@ class FusedDecodeStep:
     def clock_stamps(self) -> list:
         """The clock's filled entries, one device read: [(row, launch, label, layer, entry, release, end)]
         (ints; ns on a GPU, logical ticks interpreted; end None unless ``clock_every``), rows whose
-        launches all ran, in row order. A row is a position modulo the row count: rows reused by later
-        steps hold the latest."""
+        launches all ran, in row order (= position order: at least a row per cache position). Only
+        those rows are copied to the host."""
         if self.clock is None:
-            _refuse("no clock: build the step with clock_rows=N", "FusedDecodeStep(..., clock_rows=steps)")
-        stamps = self.clock.cpu().tolist()
-        big = torch.iinfo(torch.int64).max
+            _refuse("no clock: build the step with clock_rows=the cache length", "FusedDecodeStep(..., clock_rows=L)")
+        full = (self.clock[..., 1] != torch.iinfo(torch.int64).max).all(-1).nonzero().flatten()
         out = []
-        for r, row in enumerate(stamps):
-            if all(s[1] != big for s in row):
-                out += [(r, i, label, layer, row[i][0], row[i][1], row[i][2] if self.clock_every else None)
-                        for i, (label, layer, _) in enumerate(self.calls)]
+        for r, row in zip(full.tolist(), self.clock[full].cpu().tolist()):     # the filled rows only
+            out += [(r, i, label, layer, row[i][0], row[i][1], row[i][2] if self.clock_every else None)
+                    for i, (label, layer, _) in enumerate(self.calls)]
         return out
 
     # ------------------------------------------------------------------ checks (host metadata only)

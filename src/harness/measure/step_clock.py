@@ -17,14 +17,18 @@ finished; None otherwise). From them, per launch (all µs, measured):
   go on (with PDL it loads its weights meanwhile); it overlaps the previous launch.
 
 ``modules`` groups the launches by module (``MODULES``) and takes, over the complete steps (every
-interval known), the median of each group's per-step sums; the bandwidth floor beside it comes from
-the step's analytic bytes (``FusedDecodeStep.weight_bytes``/``kv_bytes``).
+interval known), the median (``stats.median_low``: an observed value) of each group's per-step sums;
+the bandwidth floor beside it comes from the step's analytic bytes (``FusedDecodeStep.weight_bytes``/
+``kv_bytes``). Differences are taken in int64 ns before any float: a %globaltimer reading (about
+1.8e18 ns) steps by 256 ns as a float64.
 """
 from __future__ import annotations
 
 from typing import Optional
 
 import pandas as pd
+
+from .stats import median_low
 
 #: (module, the launch labels of ``FusedDecodeStep.calls`` it holds, layer kind: "moe", "dense" or
 #: "" for any layer), in step order; each launch belongs to exactly one row
@@ -47,23 +51,31 @@ TIMES = ["interval_us", "work_us", "handoff_us"]
 
 def launches(stamps: list, moe_layers: set) -> pd.DataFrame:
     """One row per launch of each timed step from ``FusedDecodeStep.clock_stamps()`` (rows = clock
-    rows in position order, each a step): the stamps, ``kind`` ("moe" or "dense") and the times of
+    rows in position order, each a step): the stamps, ``kind`` ("moe", "dense"; "" for lm_head) and the times of
     the module docstring. A step follows the one before only when its row is the next one
     (consecutive positions)."""
     df = pd.DataFrame(stamps, columns=LAUNCH_COLUMNS)
     if df.empty:
         return df.assign(kind=[], lead_us=[], **{c: [] for c in TIMES})
     df = df.sort_values(["row", "launch"], kind="stable").reset_index(drop=True)
-    df["kind"] = ["moe" if layer in moe_layers else "dense" for layer in df["layer"]]
-    end = pd.to_numeric(df["end"], errors="coerce").astype("float64")
-    nxt = df["release"].shift(-1).astype("float64")
+    df["kind"] = ["" if label == "lm_head" else "moe" if layer in moe_layers else "dense"
+                  for label, layer in zip(df["label"], df["layer"])]
+    # differences in int64 ns first (a %globaltimer reading, ~1.8e18, steps by 256 ns as a float64)
+    release = df["release"].astype("Int64")
+    end = pd.Series(pd.array(list(df["end"]), dtype="Int64"), index=df.index)    # None (no end) -> NA
+    nxt = release.shift(-1)                                                      # Int64: NA at the end, no float
     into_next = df["launch"].shift(-1) == 0
-    nxt[into_next & (df["row"].shift(-1) != df["row"] + 1)] = float("nan")   # no consecutive next step
-    df["interval_us"] = (nxt - df["release"]) / 1e3
-    df["work_us"] = (end - df["release"]) / 1e3
-    df["handoff_us"] = (nxt - end) / 1e3
-    df["lead_us"] = (df["release"] - df["entry"]) / 1e3
+    nxt[into_next & (df["row"].shift(-1) != df["row"] + 1)] = pd.NA       # no consecutive next step
+    df["interval_us"] = _us(nxt - release)
+    df["work_us"] = _us(end - release)
+    df["handoff_us"] = _us(nxt - end)
+    df["lead_us"] = _us(release - df["entry"].astype("Int64"))
     return df
+
+
+def _us(ns: pd.Series) -> pd.Series:
+    """int64 ns differences (missing: NA) as float µs (NaN)."""
+    return ns.astype("Float64").astype("float64") / 1e3
 
 
 def steps(df: pd.DataFrame) -> pd.Series:
@@ -75,16 +87,23 @@ def steps(df: pd.DataFrame) -> pd.Series:
     return total[known[known].index]
 
 
+def _median(values) -> float:
+    """``stats.median_low`` (an observed value; even count: the lower middle), NaN for none."""
+    m = median_low(values)
+    return float("nan") if m is None else m
+
+
 def _medians(part: pd.DataFrame) -> dict:
     """Medians over steps of the per-step sums of each time (NaN where a step lacks it: no ``end``)."""
     per = part.groupby("row")[TIMES].sum(min_count=1)
-    return {c: float(per[c].median()) for c in TIMES}
+    return {c: _median(per[c]) for c in TIMES}
 
 
 def modules(df: pd.DataFrame, nbytes: Optional[dict] = None, kv_bytes: float = 0.0,
             bandwidth_gbs: Optional[float] = None) -> list:
     """Records per ``MODULES`` row: launches per step, the medians over complete steps of the
-    module's per-step interval, work and hand-off (µs; NaN without ends), its share of the median step and, with
+    module's per-step interval, work and hand-off (µs; NaN without ends), its share of the median
+    step and, with
     ``nbytes`` (``weight_bytes()``), ``kv_bytes`` (the KV cache read per step, attention's) and
     ``bandwidth_gbs`` (datasheet), its bytes per step and bandwidth floor (µs) with floor / interval.
     A last row ``step`` holds the whole step."""
@@ -92,16 +111,16 @@ def modules(df: pd.DataFrame, nbytes: Optional[dict] = None, kv_bytes: float = 0
     if whole.empty:
         return []
     done = df[df["row"].isin(whole.index)]
-    step_med = float(whole.median())
+    step_med = _median(whole)
     out = []
     for name, labels, kind in MODULES:
         part = done[done["label"].isin(labels) & ((done["kind"] == kind) if kind else True)]
         if part.empty:
             continue
-        rec = {"module_group": name, "launches_step": len(part) / len(whole), **_medians(part)}
+        rec = {"module_group": name, "clock_launches": len(part) / len(whole), **_medians(part)}
         rec["step_share"] = rec["interval_us"] / step_med
         out.append(rec | _floor(name, nbytes, kv_bytes, bandwidth_gbs, rec["interval_us"]))
-    rec = {"module_group": "step", "launches_step": len(done) / len(whole), **_medians(done),
+    rec = {"module_group": "step", "clock_launches": len(done) / len(whole), **_medians(done),
            "interval_us": step_med, "step_share": 1.0}
     out.append(rec | _floor(None, nbytes, kv_bytes, bandwidth_gbs, step_med))
     return out
@@ -109,7 +128,7 @@ def modules(df: pd.DataFrame, nbytes: Optional[dict] = None, kv_bytes: float = 0
 
 def _floor(name: Optional[str], nbytes: Optional[dict], kv_bytes: float, bandwidth_gbs: Optional[float],
            us: float) -> dict:
-    """{mb_step, bw_floor_us, floor_share} of a module (None: the whole step), analytic / derived."""
+    """{mb_step, bw_floor_us, floor_interval} of a module (None: the whole step), analytic / derived."""
     if not nbytes:
         return {}
     if name is None:
@@ -119,7 +138,7 @@ def _floor(name: Optional[str], nbytes: Optional[dict], kv_bytes: float, bandwid
     rec = {"mb_step": b}
     if bandwidth_gbs:
         floor = b / (bandwidth_gbs * 1e3)                     # bytes / (GB/s) -> µs
-        rec |= {"bw_floor_us": floor, "floor_share": floor / us if us > 0 else None}
+        rec |= {"bw_floor_us": floor, "floor_interval": floor / us if us > 0 else None}
     return rec
 
 
@@ -130,6 +149,6 @@ def by_launch(df: pd.DataFrame) -> list:
     done = df[df["row"].isin(whole.index)]
     if done.empty:
         return []
-    g = done.groupby(["launch", "label", "layer"], sort=True)[TIMES + ["lead_us"]].median()
+    g = done.groupby(["launch", "label", "layer"], sort=True)[TIMES + ["lead_us"]].agg(_median)
     return [{"launch": int(i), "kernel": label, "layer": int(layer), **{k: float(v) for k, v in row.items()}}
             for (i, label, layer), row in g.iterrows()]

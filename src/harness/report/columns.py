@@ -411,6 +411,8 @@ _COLUMNS = [
     Column("lead_us", "resident before release", "µs", "measured", "in-kernel clock: release - entry, median",
            fmt=fixed("{:,.1f}")),
     Column("step_share", "of the step", "", "derived", "interval / the step's", fmt=pct),
+    Column("clock_launches", "launches/step", "", "measured", "in-kernel clock", fmt=fixed("{:,.1f}")),
+    Column("floor_interval", "floor / interval", "", "derived", "share of the floor", fmt=efficiency),
     Column("entry_end_us", "first entry to last end", "µs", "measured", "in-kernel clock, per step, median",
            fmt=fixed("{:,.1f}")),
     # TPOT against position

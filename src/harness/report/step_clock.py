@@ -11,9 +11,11 @@ from __future__ import annotations
 import pandas as pd
 
 from ..measure import step_clock
+from ..measure.stats import median_low
 from .columns import table
+from .context import on_cpu
 
-COLUMNS = ["case", "module_group", "launches_step", "interval_us", "step_share"]
+COLUMNS = ["case", "module_group", "clock_launches", "interval_us", "step_share"]
 
 
 def section(run) -> list:
@@ -32,23 +34,27 @@ def section(run) -> list:
         events = _event_step_us(run.steps, case, int(g["repeat"].iloc[0]))
         if len(whole):
             notes.append(f"`{case}` (timed repeat {int(g['repeat'].iloc[0])}, the median request): median step "
-                         f"{whole.median():.1f} µs by the in-kernel clock over {len(whole)} steps"
+                         f"{median_low(whole):.1f} µs by the in-kernel clock over {len(whole)} steps"
                          + (f", {events:.1f} µs by CUDA events over the same request's decode steps" if events else ""))
     if not rows:
         return []
+    if on_cpu(getattr(run, "manifest", None) or {}, getattr(run, "stages", None)):
+        notes.append("a CPU run: Triton's interpreter counts a logical tick per clock read, so these are not times")
     return ["## Inside the fused decode step (in-kernel clock)", "",
             "Each launch of the fused step (`execution.step_clock`) stores %globaltimer when its first program "
             "starts and when that program passes its wait (the previous launch has completed). A launch's interval "
             "runs from its release to the next launch's release: its own work and the hand-off to the next, so the "
             "intervals of a step add up to the step. Medians over the median request's steps "
             "(`step_clock.csv`; `harness.measure.step_clock`). The clock adds two timer reads and two stores per "
-            "launch (`docs/kernels/decode_step.md`).", "",
+            "launch, and one read of the stamps after each request, outside its range but inside its `generate()` "
+            "call (`docs/kernels/decode_step.md`).", "",
             *table(COLUMNS, rows), "", *[f"- {n}" for n in notes], ""]
 
 
 def _event_step_us(steps: pd.DataFrame, case: str, repeat: int):
-    """The median GPU time of ``case``'s decode steps in timed repeat ``repeat`` (µs, CUDA events), or None."""
+    """The median (``median_low``) GPU time of ``case``'s decode steps in timed repeat ``repeat`` (µs, CUDA
+    events), or None."""
     if steps is None or not len(steps) or "gpu_ms" not in steps:
         return None
-    s = steps[(steps["case"] == case) & (steps["repeat"] == repeat)]["gpu_ms"].dropna()
-    return float(s.median()) * 1e3 if len(s) else None
+    m = median_low(steps[(steps["case"] == case) & (steps["repeat"] == repeat)]["gpu_ms"])
+    return None if m is None else m * 1e3

@@ -13,12 +13,10 @@ row | | label | the step's clock row: its KV position (the position it writes)
 launch | | label | the launch's index within the step (FusedDecodeStep.calls)
 label | | label | what the launch runs: qkv, attention, o_proj, router, gate_up, down or lm_head
 layer | | label | its decoder layer (the layer count for lm_head)
-kind | | label | moe or dense: the kind of its layer
-entry | ns | measured | %globaltimer when the launch's first program started
+kind | | label | moe or dense: the kind of its layer (empty for lm_head)
+entry | ns | measured | %globaltimer when the launch's first program started (a CPU run: Triton's interpreter's \
+logical tick, not time)
 release | ns | measured | %globaltimer when that program passed its wait (the previous launch had completed)
 end | ns | measured | %globaltimer when the launch's last program ended (every program's clock only; empty here)
 """)
-#: step_clock.csv's columns, in order
-STEP_CLOCK_COLUMNS = STEP_CLOCK_CSV.columns
-
-__all__ = ["STEP_CLOCK_CSV", "STEP_CLOCK_COLUMNS"]
+__all__ = ["STEP_CLOCK_CSV"]

@@ -23,6 +23,7 @@ larger batch when it is built).
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Optional
 
 import torch
@@ -37,6 +38,8 @@ from .engine import attach
 from .fast_moe import stacked
 from .fused_linears import fused_weight
 
+#: numbers the clocked requests of this process in order (``FusedCore.check``)
+_REQUESTS = itertools.count()
 #: the knobs the fused step runs on (it reads their weights and cache; its attention reads positions
 #: 0..pos as decode_attention=triton's, which the analytic cost counts)
 PREREQUISITES = (("kv_cache", "static"), ("moe_impl", "grouped"), ("linear_impl", "fused"),
@@ -89,8 +92,9 @@ class FusedCore:
         need(dec.routing is not None, "decode_step", "fused", "needs the device routing of moe_impl=grouped",
              "add execution.moe_impl=grouped")
         self.dec, self.pdl, self.clock = dec, pdl, clock
-        #: with ``clock``: each request's stamps of the step that ran (``FusedDecodeStep.clock_stamps``), in
-        #: request order, taken after the request (``check``); the reader empties it (``take_stamps``)
+        #: with ``clock``: (request number, stamps) of each request: the stamps of the step that ran
+        #: (``FusedDecodeStep.clock_stamps``), taken after the request (``check``); the reader empties it
+        #: (``take_stamps``). The numbers order the requests of every decoder of a process.
         self.stamps: list = []
         self.config = config or default_config(dec.cache.position.device)
         self.weights = weights_from_model(dec.model)
@@ -123,18 +127,23 @@ class FusedCore:
     def check(self) -> None:
         """``FusedDecodeStep.check`` of each step built (a device read each; ``StaticDecoder.check``
         calls it after a request): raises if a MoE down kernel gave up waiting for its expert ids.
-        With ``clock``, the stamps of the request's step (its routing's) are kept in ``stamps`` and every
-        step's clock emptied (rows the decoder's set-up or an earlier request wrote are not the next's)."""
+        With ``clock``, the stamps of the request's step (its routing's) are kept in ``stamps``."""
         for step in self.steps.values():
             step.check()
         active = bool(self.dec.routing.active) if self.dec.routing is not None else False
         if self.clock and active in self.steps:
-            self.stamps.append(self.steps[active].clock_stamps())
+            self.stamps.append((next(_REQUESTS), self.steps[active].clock_stamps()))
+
+    def begin(self) -> None:
+        """A request begins (``StaticDecoder.begin``, after any capture): every step's clock emptied, so
+        its stamps are the request's alone (the decoder's warm-ups and captures, an eager step of kernel
+        attribution wrote rows too)."""
+        if self.clock:
             for step in self.steps.values():
                 step.reset_clock()
 
     def take_stamps(self) -> list:
-        """The stamps kept since the last call (one list per request, in order), and forget them."""
+        """The (request number, stamps) kept since the last call, and forget them."""
         out, self.stamps = self.stamps, []
         return out
 
@@ -229,14 +238,14 @@ class StepClock(Converter):
 
 
 def clock_stamps(model) -> list:
-    """Every fused step's stamps kept since the last call, one list per request in request order
-    (``FusedCore.take_stamps`` of each static decoder of ``model`` with a clocked core), emptied."""
+    """Every fused step's stamps kept since the last call, one list per request in request order over
+    all the static decoders of ``model`` (``FusedCore.take_stamps`` of each clocked core), emptied."""
     out = []
     for dec in (getattr(model, "static_decoders", None) or {}).values():
         take = getattr(getattr(dec, "core", None), "take_stamps", None)
         if take is not None:
             out += take()
-    return out
+    return [stamps for _, stamps in sorted(out, key=lambda x: x[0])]
 
 
 FUSED_STEP = FusedStep()

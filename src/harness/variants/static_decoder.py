@@ -150,7 +150,8 @@ class StaticDecoder:
 
     def begin(self) -> StaticKVCache:
         """A new request (its routing already begun: ``RoutingCounter.target``): the step of its routing
-        captured if it is not yet; position 0, empty cache bookkeeping, zero routing counts."""
+        captured if it is not yet; position 0, empty cache bookkeeping, zero routing counts; the step
+        function's ``begin`` if it has one."""
         if self.use_graphs and self._mode() not in self.decode_graphs:
             self._capture()
         self.cache.length = 0
@@ -158,6 +159,9 @@ class StaticDecoder:
         self.cache.position.zero_()
         if self.routing is not None:
             self.routing.zero()
+        begin = getattr(self.core, "begin", None)      # the step function's own reset (``FusedCore.begin``)
+        if begin is not None:
+            begin()
         return self.cache
 
     def eager_step(self) -> torch.Tensor:
