@@ -225,3 +225,17 @@ def test_op_families_group_each_stage_by_what_it_has():
     # decode norm: the module-attributed elementwise kernel (0.5) and the unattributed norm kernel (0.125)
     assert op.loc[("decode", "norm"), "kernel_busy_ms"] == pytest.approx(0.625)
     assert op.loc[("decode", "matmul"), "kernel_busy_ms"] == pytest.approx(0.25)
+
+
+def test_overlap_is_what_the_top_level_groups_add_beyond_the_step():
+    """Group busy times that overlap (PDL): 156.1 + 21.8 + 57.1 + 214.0 + 83.8 = 532.8 µs of top-level
+    rows (the sub-row left out) against 438.5 for the step: 94.3 µs shared; within 1% of the step: None."""
+    from harness.report.step_modules import overlap_us
+
+    rows = [{"module_group": g, "busy_us_step": us} for g, us in [
+        ("attention", 156.1), ("· decode attention (RoPE, KV write, SDPA; fused q/k/v)", 156.1),
+        ("dense MLP (layer 0)", 21.8), ("router (MoE gate)", 57.1), ("experts: routed + shared (+ MoE routing)", 214.0),
+        ("lm_head", 83.8), (UNATTRIBUTED, 0.0), (TOTAL, 438.5)]]
+    assert overlap_us(rows) == pytest.approx(94.3)
+    rows[0]["busy_us_step"] = 66.1                           # 442.8: 4.3 µs over, under 1% of 438.5
+    assert overlap_us(rows) is None

@@ -169,6 +169,12 @@ def section(run, analytic: Optional[pd.DataFrame], bandwidth_gbs: Optional[float
         if tpot is not None and total:
             line += (f" Median step time (TPOT p50, timed repeats) {1e3 * tpot:,.1f} µs, of which kernels busy "
                      f"{total['busy_us_step']:,.1f} µs (profiled request): the rest is launch gaps and idle.")
+        shared = overlap_us(rows)
+        if shared is not None:
+            line += (f" The groups' busy times add up to {shared:,.1f} µs more than the step's: kernel intervals of "
+                     "different groups overlap (with PDL a kernel starts while the one before it runs), so each "
+                     "group's busy time includes time it shares with its neighbours; `execution.step_clock` "
+                     "partitions the fused step instead.")
         flagged = [r["module_group"] for r in rows if (_f(r["floor_share"]) or 0) > 1.0]
         if flagged:
             line += (" Above the ceiling (" + ", ".join(flagged) + "): the analytic bytes of its families, the "
@@ -177,4 +183,16 @@ def section(run, analytic: Optional[pd.DataFrame], bandwidth_gbs: Optional[float
     return L
 
 
-__all__ = ["Group", "GROUPS", "UNATTRIBUTED", "TOTAL", "step_module_rows", "aligned_cases", "section"]
+def overlap_us(rows: list) -> Optional[float]:
+    """How far the top-level groups' busy µs per step (sub-rows and the total left out) add up beyond
+    the total's, when by more than 1% of it (derived; None otherwise): intervals shared between groups."""
+    total = next((r for r in rows if r["module_group"] == TOTAL), None)
+    busy = _f(total["busy_us_step"]) if total else None
+    if not busy:
+        return None
+    top = sum(_f(r["busy_us_step"]) or 0.0 for r in rows
+              if r["module_group"] != TOTAL and not _BY_LABEL.get(r["module_group"], Group("")).parent)
+    return top - busy if top - busy > 0.01 * busy else None
+
+
+__all__ = ["Group", "GROUPS", "UNATTRIBUTED", "TOTAL", "step_module_rows", "aligned_cases", "section", "overlap_us"]
