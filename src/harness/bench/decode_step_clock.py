@@ -73,7 +73,7 @@ def _one(state: dict, opts, pdl: bool, spec, report, add_row, kernel_rows, plain
     torch.cuda.synchronize()
     stamps = step.clock_stamps()
     df = step_clock.launches(stamps, set(step.moe_layers.tolist()))
-    whole = step_clock.steps(df)
+    whole, done = step_clock.complete(df)
     mean_pos = opts.pos + opts.reps // 2
     suffix = "_every" if every else ""
     table = report.table(f"clock_modules{suffix}", f"{label}: per module from the in-kernel clock ({len(whole)} "
@@ -86,7 +86,7 @@ def _one(state: dict, opts, pdl: bool, spec, report, add_row, kernel_rows, plain
     for rec in step_clock.by_launch(df):
         launches.add(**rec)
     if every:
-        _reconcile(df, whole, graph, plain_graph, label, report, kernel_rows)
+        _reconcile(done, len(whole), graph, plain_graph, label, report, kernel_rows)
     if len(whole):
         report.note(f"{label}: median step by the in-kernel clock {median_low(whole):.1f} µs over {len(whole)} "
                     f"steps; the clock's least non-zero step within a launch {_granularity(stamps)} ns")
@@ -99,12 +99,11 @@ def _granularity(stamps: list) -> int:
     return min(diffs) if diffs else 0
 
 
-def _reconcile(df, whole, graph, plain_graph, label: str, report, kernel_rows) -> None:
-    """The ``clock_kernels`` table (module docstring)."""
-    done = df[df["row"].isin(whole.index)].assign(span_us=lambda d: (d["end"] - d["entry"]) / 1e3,
-                                                  kernel=lambda d: d["label"].map(KERNEL_OF))
-    clock = done.groupby(["kernel", "row"])["span_us"].sum().groupby("kernel").median()
-    launches = done.groupby("kernel").size() / max(len(whole), 1)
+def _reconcile(done, n_steps: int, graph, plain_graph, label: str, report, kernel_rows) -> None:
+    """The ``clock_kernels`` table (module docstring) from the launches of ``n_steps`` complete steps."""
+    done = done.assign(span_us=lambda d: (d["end"] - d["entry"]) / 1e3, kernel=lambda d: d["label"].map(KERNEL_OF))
+    clock = done.groupby(["kernel", "row"])["span_us"].sum().groupby("kernel").agg(median_low)
+    launches = done.groupby("kernel").size() / max(n_steps, 1)
     profiled = {f"{label} (graph)": graph}
     if plain_graph is not None:
         profiled[label.replace(" clocked, every program", "") + " (graph)"] = plain_graph

@@ -82,9 +82,15 @@ def steps(df: pd.DataFrame) -> pd.Series:
     """Each complete step's time in µs (the sum of its launches' intervals, all known), by row."""
     if df.empty:
         return pd.Series(dtype="float64")
-    known = df.groupby("row")["interval_us"].apply(lambda w: not w.isna().any())
-    total = df.groupby("row")["interval_us"].sum()
-    return total[known[known].index]
+    g = df.groupby("row")["interval_us"]
+    total = g.sum()
+    return total[g.count() == g.size()]
+
+
+def complete(df: pd.DataFrame) -> tuple:
+    """(``steps(df)``, the launches of those complete steps): what every table of the clock reads."""
+    whole = steps(df)
+    return whole, df[df["row"].isin(whole.index)]
 
 
 def _median(values) -> float:
@@ -107,10 +113,9 @@ def modules(df: pd.DataFrame, nbytes: Optional[dict] = None, kv_bytes: float = 0
     ``nbytes`` (``weight_bytes()``), ``kv_bytes`` (the KV cache read per step, attention's) and
     ``bandwidth_gbs`` (datasheet), its bytes per step and bandwidth floor (µs) with floor / interval.
     A last row ``step`` holds the whole step."""
-    whole = steps(df)
+    whole, done = complete(df)
     if whole.empty:
         return []
-    done = df[df["row"].isin(whole.index)]
     step_med = _median(whole)
     out = []
     for name, labels, kind in MODULES:
@@ -145,8 +150,7 @@ def _floor(name: Optional[str], nbytes: Optional[dict], kv_bytes: float, bandwid
 def by_launch(df: pd.DataFrame) -> list:
     """Records per launch of the step (its index, ``kernel`` = its label, layer): the medians over
     complete steps of interval, work, hand-off and lead (µs)."""
-    whole = steps(df)
-    done = df[df["row"].isin(whole.index)]
+    _, done = complete(df)
     if done.empty:
         return []
     g = done.groupby(["launch", "label", "layer"], sort=True)[TIMES + ["lead_us"]].agg(_median)

@@ -25,9 +25,7 @@ def section(run) -> list:
         return []
     rows, notes = [], []
     for case, g in clock.groupby("case", sort=False):
-        stamps = list(g[step_clock.LAUNCH_COLUMNS].itertuples(index=False, name=None))
-        moe = set(g.loc[g["kind"] == "moe", "layer"])
-        df = step_clock.launches([(*s[:6], None if pd.isna(s[6]) else s[6]) for s in stamps], moe)
+        df = step_clock.launches(g[step_clock.LAUNCH_COLUMNS], set(g.loc[g["kind"] == "moe", "layer"]))
         mods = step_clock.modules(df)
         rows += [{"case": case, **m} for m in mods]
         whole = step_clock.steps(df)
