@@ -212,3 +212,21 @@ def test_rgbx_pages_give_the_same_views():
           for p in pages]
     views, tiles = pd.views_and_tiles(px, "base")
     assert tiles is None and torch.equal(views, ref)
+
+
+@pytest.mark.parametrize("mode", ["base", "gundam"])
+def test_pages_of_two_sizes_keep_their_order_and_a_dtype_is_the_cast_of_the_float32_values(mode):
+    """Pages of two sizes (two groups, gathered back in page order) give the vendor path's views and
+    tiles; asked for bf16, the values are the float32 ones cast, value for value."""
+    pages = [_page((700, 500), 1), _page((620, 877), 2), _page((700, 500), 3)]
+    if mode == "gundam":                                  # one tile grid per request: one aspect here
+        pages = [_page((700, 500), 1), _page((1400, 1000), 2), _page((700, 500), 3)]
+    ref = [wl.preprocess(p, mode) for p in pages]
+    px = [torch.from_numpy(np.asarray(p).copy()) for p in pages]
+    views, tiles = pd.views_and_tiles(px, mode)
+    assert torch.equal(views, torch.stack([r.global_view for r in ref]))
+    if ref[0].tiles is not None:
+        assert torch.equal(tiles, torch.cat([r.tiles for r in ref]))
+    views16, tiles16 = pd.views_and_tiles(px, mode, torch.bfloat16)
+    assert views16.dtype == torch.bfloat16 and torch.equal(views16, views.to(torch.bfloat16))
+    assert (tiles16 is None) == (tiles is None) and (tiles is None or torch.equal(tiles16, tiles.to(torch.bfloat16)))

@@ -125,19 +125,26 @@ def pil_coefficients(in_size: int, out_size: int) -> np.ndarray:
 
 
 #: device copies of what the device part reads again and again: PIL's coefficient matrices and taps
-#: per (in, out, device), at most 64 (all dropped when full); the normalisation table per device
+#: per (in, out, device), at most 64 (all dropped when full: ``_kept``); the normalisation table per
+#: (device, dtype)
 _MATRICES: dict = {}
 _NORM_TABLES: dict = {}
 
 
+def _kept(store: dict, key, make, limit: Optional[int] = None):
+    """``store[key]``, made by ``make()`` the first time (a device copy made once: a copy per batch would
+    wait on the stream); with ``limit``, the store is emptied when it holds that many."""
+    if key not in store:
+        if limit is not None and len(store) >= limit:
+            store.clear()
+        store[key] = make()
+    return store[key]
+
+
 def _matrix(in_size: int, out_size: int, device) -> torch.Tensor:
     """``pil_coefficients`` as a float64 [in_size, out_size] tensor on ``device`` (kept per device)."""
-    key = (in_size, out_size, str(device))
-    if key not in _MATRICES:
-        if len(_MATRICES) >= 64:
-            _MATRICES.clear()
-        _MATRICES[key] = torch.from_numpy(pil_coefficients(in_size, out_size).T.astype(np.float64)).to(device)
-    return _MATRICES[key]
+    return _kept(_MATRICES, (in_size, out_size, str(device)), lambda: torch.from_numpy(
+        pil_coefficients(in_size, out_size).T.astype(np.float64)).to(device), 64)
 
 
 def _pass(x: torch.Tensor, axis: str, size: int) -> torch.Tensor:
@@ -156,14 +163,11 @@ def _taps(in_size: int, out_size: int, device) -> Optional[tuple]:
     None when their int32 sums could overflow (``pil_resample_triton.int32_exact``; never for bicubic)."""
     from .kernels.pil_resample_triton import int32_exact
 
-    key = ("taps", in_size, out_size, str(device))
-    if key not in _MATRICES:
-        if len(_MATRICES) >= 64:
-            _MATRICES.clear()
+    def make():
         xmin, k = pil_taps(in_size, out_size)
-        _MATRICES[key] = (tuple(torch.from_numpy(a.astype(np.int32)).to(device) for a in (xmin, k))
-                          if int32_exact(k, PRECISION_BITS) else None)
-    return _MATRICES[key]
+        return (tuple(torch.from_numpy(a.astype(np.int32)).to(device) for a in (xmin, k))
+                if int32_exact(k, PRECISION_BITS) else None)
+    return _kept(_MATRICES, ("taps", in_size, out_size, str(device)), make, 64)
 
 
 def resize_triton(x: torch.Tensor, size: tuple) -> Optional[torch.Tensor]:
@@ -233,12 +237,12 @@ def pad(x: torch.Tensor, side: int) -> torch.Tensor:
 NORMALISED = wl.normalised(np.arange(256, dtype=np.uint8))
 
 
-def normalise(x: torch.Tensor) -> torch.Tensor:
-    """8-bit values (float32) -> (x / 255 - 0.5) / 0.5, the values ``workload.to_tensor`` gives (``NORMALISED``)."""
-    key = ("normalised", str(x.device))
-    if key not in _NORM_TABLES:    # copied to each device once (a copy per batch would wait on the stream)
-        _NORM_TABLES[key] = torch.from_numpy(NORMALISED).to(x.device)
-    return _NORM_TABLES[key][x.long()]
+def normalise(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """8-bit values (float32) -> (x / 255 - 0.5) / 0.5, the values ``workload.to_tensor`` gives
+    (``NORMALISED``), cast to ``dtype``: a look-up in the table cast once (casting 256 values, then
+    gathering, is the gather of the float32 values, then cast, value for value); int32 indices."""
+    table = _kept(_NORM_TABLES, (str(x.device), dtype), lambda: torch.from_numpy(NORMALISED).to(x.device, dtype))
+    return table[x.int()]
 
 
 def tiles(x: torch.Tensor, grid: tuple, tile: int) -> torch.Tensor:
@@ -250,11 +254,12 @@ def tiles(x: torch.Tensor, grid: tuple, tile: int) -> torch.Tensor:
     return (big.view(b, 3, rows, tile, cols, tile).permute(0, 2, 4, 1, 3, 5).reshape(b * rows * cols, 3, tile, tile))
 
 
-def views_and_tiles(pixels: list, mode) -> tuple:
-    """(global views [B, 3, S, S], tiles [B * c * r, 3, T, T] or None) float32, normalised, of the
+def views_and_tiles(pixels: list, mode, dtype: torch.dtype = torch.float32) -> tuple:
+    """(global views [B, 3, S, S], tiles [B * c * r, 3, T, T] or None) in ``dtype``, normalised, of the
     pages ``pixels`` (each [H, W, 3] uint8 on the device, or [H, W, 4] whose last byte is unused; one
     tile grid for all) in ``mode``: what
-    ``workload.preprocess`` gives each page, pages of one size processed together."""
+    ``workload.preprocess`` gives each page (cast to ``dtype``), pages of one size processed together
+    (one size, as in the throughput pipeline's batches: no per-page views gathered again)."""
     mode = get_mode(mode)
     grids = {tile_grid_for(p.shape[1], p.shape[0], mode) for p in pixels}
     if len(grids) > 1:
@@ -266,17 +271,18 @@ def views_and_tiles(pixels: list, mode) -> tuple:
         x = torch.stack([pixels[k] for k in rows]).permute(0, 3, 1, 2)[:, :3]   # uint8 RGB (of RGB + unused)
         if mode.crop:
             view = pad(x, mode.base_size)
-            cut = None if grid is None else normalise(tiles(x, grid, mode.image_size))
+            cut = None if grid is None else normalise(tiles(x, grid, mode.image_size), dtype)
         else:
             if mode.image_size <= 640:
                 x = resize(x, (mode.image_size, mode.image_size))
             view, cut = pad(x, mode.image_size), None
+        if len(rows) == len(pixels):                # one size: the batch as it is, in page order
+            return normalise(view, dtype), cut
         per = 0 if cut is None else cut.shape[0] // len(rows)
         for j, k in enumerate(rows):
             views[k] = view[j]
             cuts[k] = None if cut is None else cut[j * per:(j + 1) * per]
-    out_views = normalise(torch.stack(views))
-    return out_views, None if grid is None else torch.cat(cuts)
+    return normalise(torch.stack(views), dtype), None if grid is None else torch.cat(cuts)
 
 
 class _ArrowSchema(ctypes.Structure):
@@ -373,10 +379,10 @@ def request(host: HostPages, pixels: list, dtype: torch.dtype, prompt: str = "",
             routing_seed: int = 0, source_pages: Optional[list] = None) -> wl.Request:
     """The ``workload.Request`` of ``host`` with its pixels (``to_device``) preprocessed where they
     are and cast to ``dtype``."""
-    views, cut = views_and_tiles(pixels, host.case.mode)
+    views, cut = views_and_tiles(pixels, host.case.mode, dtype)
     device = pixels[0].device
     return wl.Request(case=host.case, input_ids=host.input_ids.to(device), images_seq_mask=host.images_seq_mask.to(device),
-                      global_views=views.to(dtype), tiles=None if cut is None else cut.to(dtype), pages=list(host.pages),
+                      global_views=views, tiles=cut, pages=list(host.pages),
                       image_start=host.image_start, source_pages=list(source_pages or []), prompt=prompt,
                       routing=routing, routing_seed=routing_seed)
 

@@ -103,8 +103,8 @@ class Stager:
             n = shape[0] * shape[1] * shape[2]
             pages.append(flat[at:at + n].view(shape))
             at += n
-        views, tiles = preprocess_device.views_and_tiles(pages, case.mode)
-        return views.to(self.dtype), None if tiles is None else tiles.to(self.dtype), ids, mask
+        views, tiles = preprocess_device.views_and_tiles(pages, case.mode, self.dtype)
+        return views, tiles, ids, mask
 
     def wait(self, staged: Staged) -> None:
         """The compute stream waits for ``staged``'s copy (and device preprocessing) (CUDA); nothing
