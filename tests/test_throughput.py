@@ -402,7 +402,7 @@ def test_stage_mfus_by_hand(monkeypatch):
     2.830%, 6e11 / 0.04 s / 989.4e12 = 1.516%. The prefill's case carries the layout's text tokens."""
     from types import SimpleNamespace
 
-    import harness.analytic as analytic
+    import harness.analytic.compose as analytic      # analytic.useful_flops reads its workload_costs
     from harness.config import ModelConfig
     from harness.throughput.pipeline import stage_mfus
 

@@ -12,10 +12,10 @@
 Which modules each family describes is ``harness.anatomy.registry``.
 """
 from .compose import (COLUMNS, STAGES, Case, activated_params_per_token, case_summary, component_params,
-                      decode_step_costs, kv_bytes_per_token, stage_totals, workload_costs)
+                      decode_step_costs, kv_bytes_per_token, stage_totals, useful_flops, workload_costs)
 from .families import FAMILIES, Cost
 from .static import DEFAULT_CASES, analyze, analyze_from_config
 
-__all__ = ["analyze", "workload_costs", "case_summary", "stage_totals", "component_params",
+__all__ = ["analyze", "workload_costs", "case_summary", "stage_totals", "useful_flops", "component_params",
            "activated_params_per_token", "kv_bytes_per_token", "decode_step_costs", "Case", "Cost", "COLUMNS",
            "STAGES", "FAMILIES", "DEFAULT_CASES", "analyze_from_config"]

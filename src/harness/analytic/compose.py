@@ -352,6 +352,12 @@ def stage_totals(df) -> dict:
     return {row["stage"]: {c: row[c] for c in COLUMNS[6:] if c in row} for _, row in tot.iterrows()}
 
 
+def useful_flops(case, model_cfg: Optional[ModelConfig] = None, dtype="bf16") -> dict:
+    """{stage: the analytic useful FLOPs of ``case``} (``stage_totals`` of ``workload_costs``): what
+    an MFU divides."""
+    return {st: float(v["flops_useful"]) for st, v in stage_totals(workload_costs(case, model_cfg, dtype)).items()}
+
+
 def case_summary(case, model_cfg: Optional[ModelConfig] = None, dtype="bf16", routing=None,
                  attn_implementation=None, kv_cache=None) -> dict:
     """The ``static_compute.json`` entry of one case."""

@@ -41,13 +41,12 @@ TOP_COLUMNS = ["execution", "batch", "stage", "kernel", "kernels", "total_ms", "
 
 
 def useful_flops(model_cfg, mode, batch: int) -> dict:
-    """{stage: analytic useful FLOPs of ``batch`` global views of ``mode``} (``harness.analytic``)."""
-    from ..analytic import stage_totals, workload_costs
-    from ..config import cost_config
+    """{stage: analytic useful FLOPs of ``batch`` global views of ``mode``} (``analytic.useful_flops``)."""
+    from ..analytic import useful_flops as flops
     from ..layout import Case
 
-    totals = stage_totals(workload_costs(Case(mode, None, batch, 0, 1, "vision"), cost_config(model_cfg, {}), "bf16"))
-    return {s: float(totals[s]["flops_useful"]) for s in STAGES}
+    totals = flops(Case(mode, None, batch, 0, 1, "vision"), model_cfg)
+    return {s: totals[s] for s in STAGES}
 
 
 def stage_calls(model, pixels: torch.Tensor) -> list:

@@ -295,8 +295,7 @@ def stage_mfus(model, setup: Setup, batch: int, row: dict, device: Optional[dict
     measured span per batch (``row["<stage>_ms"]``) / the device's dense datasheet peak in ``dtype``
     (``roofline.specs``). None where the pages have more than one layout (their FLOPs differ), the
     device has no datasheet peak or nothing was timed."""
-    from ..analytic import stage_totals, workload_costs
-    from ..config import cost_config
+    from ..analytic import useful_flops
     from ..roofline.point import mfu
     from ..roofline.specs import device_name_of, resolve_peaks
 
@@ -306,12 +305,8 @@ def stage_mfus(model, setup: Setup, batch: int, row: dict, device: Optional[dict
     if len(layouts) != 1 or not peak:
         return out
     case = Case(setup.mode, layouts[0].grid, batch, layouts[0].text_tokens, 1, "mfu")
-    totals = stage_totals(workload_costs(case, cost_config(model.cfg, {}), "bf16"))
-    for st in MFU_STAGES:
-        ms = row.get(f"{st}_ms")
-        if ms and np.isfinite(ms):
-            out[f"{st}_mfu"] = mfu(totals[st]["flops_useful"], ms, peak)
-    return out
+    flops = useful_flops(case, model.cfg)
+    return {f"{st}_mfu": mfu(flops[st], row.get(f"{st}_ms"), peak) for st in MFU_STAGES}
 
 
 # ------------------------------------------------------------------------------ one configuration
