@@ -15,7 +15,7 @@ import pytest
 from harness.analytic import analyze, check, compose, docs, families as F
 from harness.analytic import (activated_params_per_token, component_params, kv_bytes_per_token,
                               stage_totals, workload_costs)
-from harness.config import ModelConfig
+from harness.config import ModelConfig, cost_config
 from harness.errors import HarnessError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,6 +155,38 @@ def test_useful_and_tensor_conventions():
     # 64 = 4 full windows of 14 + one of 8 per side: real tokens / padded tokens
     win = F.SAMAttention(1, 64, 768, 12, 14, 14)
     assert win.geometry() == (25, 14, 196)
+
+
+def test_sam_inkernel_counts_the_kernels_slots_and_no_mask():
+    """sam_attention=triton (method inkernel), base mode, one view, bf16, 12 heads of 64:
+    windows: 25 windows of 196 tokens; the one-block kernel visits 4 query blocks of 64 = 256 query
+    slots x 256 key slots (the next power of two >= 196), plus the bias as two one-hot products of
+    width 16 each; global: 4096 x 4096 slots (query blocks of 128, key rows of 64), nothing extra.
+    Bytes: the kernel reads q, k, v (3 x 196 x 768 per window) and rel_h, rel_w (12 heads x 196 x 28)
+    and writes its output; no 196 x 196 mask."""
+    C, nh, d = 768, 12, 64
+    win = F.SAMAttention(1, 64, C, nh, 14, 14, method="inkernel").cost()
+    dense = F.SAMAttention(1, 64, C, nh, 14, 14).cost()
+    P = 25 * 196
+    gemm, rel = 8 * P * C * C, 2 * 25 * nh * 196 * 14 * d * 2
+    assert win.tensor_flops == gemm + rel + 4 * 25 * nh * 256 * 256 * d + 2 * 25 * nh * 256 * 256 * 32
+    assert win.flops_useful == dense.flops_useful
+    mask = 25 * nh * 196 * 196 * 2                                     # the dense mask, written and read
+    assert dense.bytes_act_write - win.bytes_act_write == mask
+    assert dense.bytes_act_read - win.bytes_act_read == mask
+    glob = F.SAMAttention(1, 64, C, nh, 0, 64, method="inkernel").cost()
+    aug = F.SAMAttention(1, 64, C, nh, 0, 64, method="augmented").cost()
+    S = 4096
+    assert glob.tensor_flops == 8 * S * C * C + 2 * nh * S * 64 * d * 2 + 4 * nh * S * S * d == glob.flops_useful
+    assert aug.tensor_flops - glob.tensor_flops == 2 * nh * S * S * (192 + 64) - 4 * nh * S * S * d
+    tri = workload_costs("base", cost_config(None, {"vision_impl": "fused", "sam_attention": "triton"}))
+    sdpa = workload_costs("base", cost_config(None, {"vision_impl": "fused"}))
+    t, a = (df[df.family == "sam_attention"].set_index("variant") for df in (tri, sdpa))
+    assert t.loc["global", "tensor_flops"] == glob.tensor_flops * 4 and a.loc["global", "tensor_flops"] == aug.tensor_flops * 4
+    assert t.loc["window", "tensor_flops"] == win.tensor_flops * 8 and a.loc["window", "tensor_flops"] == dense.tensor_flops * 8
+    wins = workload_costs("base", cost_config(None, {"vision_impl": "fused", "sam_attention": "triton-windows"}))
+    w = wins[wins.family == "sam_attention"].set_index("variant")
+    assert w.loc["window", "tensor_flops"] == win.tensor_flops * 8 and w.loc["global", "tensor_flops"] == aug.tensor_flops * 4
 
 
 def test_moe_weight_bytes_follow_routing_but_flops_do_not():

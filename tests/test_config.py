@@ -168,7 +168,7 @@ def test_command_line_refusal_exits_2_before_any_model_is_built(tmp_path):
 VENDOR_STYLE = {"kv_cache": "growing", "moe_impl": "vendor_loop", "moe_kernel": "auto", "cuda_graphs": "none",
                 "compile": False, "static_cache_len": None, "vision_impl": "vendor", "prefill_graphs": False,
                 "linear_impl": "vendor", "vision_compile": False, "decode_attention": "sdpa", "decode_step": "modules",
-                "pdl": False, "step_clock": False, "preprocess": "host"}
+                "pdl": False, "step_clock": False, "preprocess": "host", "sam_attention": "sdpa"}
 #: optimize.yaml's best and best-fused rows as written before the executions became a config group (by hand)
 ROWS = {"best": {"kv_cache": "static", "moe_impl": "grouped", "cuda_graphs": "decode", "compile": True,
                  "prefill_graphs": True, "linear_impl": "fused", "decode_attention": "triton", "vision_impl": "fused",

@@ -48,6 +48,17 @@ def test_vision_compile_on_a_cpu_is_refused():
                    "fix: run on a GPU, or leave it out")
 
 
+def test_sam_attention_triton_needs_the_fused_vision():
+    for value in ("triton-windows", "triton"):
+        assert _refusal(TINY + [f"execution.sam_attention={value}"]) == (
+            f"execution.sam_attention={value} needs vision_impl=fused (it replaces that variant's SAM attention); "
+            "fix: add execution.vision_impl=fused")
+    assert check_overrides(TINY + ["execution.vision_impl=fused", "execution.sam_attention=sdpa"]) is not None
+    assert knobs.label(ExecutionConfig(vision_impl="fused", sam_attention="triton-windows")) == (
+        "fused vision + triton SAM attention")
+    assert knobs.label(ExecutionConfig(vision_impl="fused")) == "fused vision"
+
+
 def test_a_static_cache_too_short_for_the_request_is_refused_with_the_positions_it_needs():
     # The A4 synthetic page (1240 x 1754) in the tiny mode: a global view of 128 px -> q = 128/64 = 2:
     # 2 rows of (2 + 1 newline) = 6 tokens; 64 px tiles in the 2x3 grid closest to the page's aspect

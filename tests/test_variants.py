@@ -259,10 +259,19 @@ def _static_logits(model, req, ex, tokens, dtype) -> list:
     return out
 
 
+SAM_CLASSES = {"sdpa": ("SAMAttention", "AugmentedSAMAttention"),
+               "triton-windows": ("TritonSAMAttention", "AugmentedSAMAttention"),
+               "triton": ("TritonSAMAttention", "TritonSAMAttention")}
+
+
+@pytest.mark.parametrize("sam", list(SAM_CLASSES))
 @pytest.mark.parametrize("mode,grid", [("t", (2, 3)), ("u", None)])
-def test_fused_vision_matches_vendor_style_fp32(mode, grid):
+def test_fused_vision_matches_vendor_style_fp32(mode, grid, sam):
     """vision_impl=fused: SAM, CLIP and projector outputs of every view equal the dense-mask path
-    (fp32, CPU: the augmented q.k without the S x S mask; CUDA graphs only on a GPU)."""
+    (fp32, CPU: the augmented q.k without the S x S mask; with sam_attention the in-kernel-bias Triton
+    kernel, interpreted, in the windowed blocks or in all; CUDA graphs only on a GPU)."""
+    if sam != "sdpa" and not triton_runs():
+        pytest.skip("Triton cannot run here (not importable or TRITON_INTERPRET unset before import)")
     cfg = load_tiny_cfg()
     model = build_model(cfg, "cpu", torch.float32, seed=0)
     crop_mode = dict(TINY_MODE, name=mode, crop=grid is not None)
@@ -287,10 +296,12 @@ def test_fused_vision_matches_vendor_style_fp32(mode, grid):
 
     variants.apply(model, ExecutionConfig())
     ref = outputs()
-    info = variants.apply(model, ExecutionConfig(vision_impl="fused"))
-    assert [type(b.attn).__name__ for b in model.model.sam_model.blocks] == ["SAMAttention", "AugmentedSAMAttention"]
+    info = variants.apply(model, ExecutionConfig(vision_impl="fused", sam_attention=sam))
+    assert [b.window_size > 0 for b in model.model.sam_model.blocks] == [True, False]
+    assert tuple(type(b.attn).__name__ for b in model.model.sam_model.blocks) == SAM_CLASSES[sam]
     assert type(model.model.sam_model.patch_embed).__name__ == "GemmPatchEmbed"
     assert "augmented" in info["vision"] and "patch embedding as a GEMM" in info["vision"]
+    assert info["sam_attention_is"].startswith(sam)
     got = outputs()
     for name in ("sam", "clip", "projector"):
         assert len(got[name]) == len(ref[name]) == (2 if grid else 1)
@@ -320,11 +331,13 @@ def test_gemm_patch_embed_is_the_convolution_fp32():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("sam", list(SAM_CLASSES))
 @pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("mode,grid", [("t", (2, 3)), ("u", None)])
-def test_gpu_fused_vision_matches_vendor_style_fp32(mode, grid, compiled):
-    """On CUDA (graphs, and with vision_compile the inductor-compiled blocks): the image embeddings of
-    every view equal the vendor path's in fp32 with TF32 off, on capture and on replay."""
+def test_gpu_fused_vision_matches_vendor_style_fp32(mode, grid, compiled, sam):
+    """On CUDA (graphs, and with vision_compile the inductor-compiled blocks, the Triton SAM attention a
+    custom op inside them): the image embeddings of every view equal the vendor path's in fp32 with TF32
+    off, on capture and on replay."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     model = build_model(load_tiny_cfg(), "cuda", torch.float32, seed=0)
@@ -333,7 +346,8 @@ def test_gpu_fused_vision_matches_vendor_style_fp32(mode, grid, compiled):
     req = wl.build_request([page], crop_mode, decode_tokens=2).to("cuda", torch.float32)
     with torch.inference_mode():
         ref = model.image_embeddings(req.global_views, req.tiles, req.grid).clone()
-        info = variants.apply(model, ExecutionConfig(vision_impl="fused", vision_compile=compiled))
+        info = variants.apply(model, ExecutionConfig(vision_impl="fused", vision_compile=compiled, sam_attention=sam))
+        assert tuple(type(b.attn).__name__.split("+")[0] for b in model.model.sam_model.blocks) == SAM_CLASSES[sam]
         first = model.image_embeddings(req.global_views, req.tiles, req.grid).clone()
         again = model.image_embeddings(req.global_views, req.tiles, req.grid).clone()
     assert ("torch.compile" in info["vision_compile_is"]) == compiled     # (its own manifest key since the renovation)
@@ -341,11 +355,13 @@ def test_gpu_fused_vision_matches_vendor_style_fp32(mode, grid, compiled):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("sam", ["sdpa", "triton"])
 @pytest.mark.parametrize("mode", list(layout.MODES))
-def test_gpu_fused_vision_full_size_fp32(mode):
+def test_gpu_fused_vision_full_size_fp32(mode, sam):
     """Full-size SAM / CLIP / projector (random weights, fp32, TF32 off) on a GPU: the fused vision
-    (augmented global attention, compiled blocks, CUDA graphs) gives the vendor path's image
-    embeddings within 1e-5 in every crop mode (gundam: tiles, then the global view)."""
+    (augmented global attention, or with sam_attention=triton the Triton kernel in every block;
+    compiled blocks, CUDA graphs) gives the vendor path's image embeddings within 1e-5 in every crop
+    mode (gundam: tiles, then the global view)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     model = build_model(ModelConfig(), "cuda", torch.float32, seed=0)
@@ -353,6 +369,6 @@ def test_gpu_fused_vision_full_size_fp32(mode):
     assert (req.grid is not None) == (mode == "gundam")
     with torch.inference_mode():
         ref = model.image_embeddings(req.global_views, req.tiles, req.grid).clone()
-        variants.apply(model, ExecutionConfig(vision_impl="fused", vision_compile=True))
+        variants.apply(model, ExecutionConfig(vision_impl="fused", vision_compile=True, sam_attention=sam))
         got = model.image_embeddings(req.global_views, req.tiles, req.grid).clone()
     assert _rel(got, ref) <= 1e-5, _rel(got, ref)

@@ -137,6 +137,12 @@ class ExecutionConfig:
     * ``vision_impl``: ``vendor`` | ``fused``: SAM's global blocks attend without the dense rel-pos
       mask (q and k augmented with the decomposed terms, ``variants.sam_attention``; exact), and on
       CUDA each of sam / clip / projector is captured in a CUDA graph per input shape and replayed.
+    * ``sam_attention``: with ``vision_impl=fused``, how SAM's attention adds its decomposed rel-pos
+      bias. ``sdpa``: torch SDPA (the windowed blocks with the vendor's dense mask, the global blocks
+      on the augmented head dim) | ``triton-windows``: the windowed blocks by the Triton kernel that
+      adds the bias inside (``kernels.sam_attention_triton``: no mask, no wider head dim; one key
+      block per 14 x 14 window), the global blocks as with sdpa | ``triton``: every block by it
+      (``variants.sam_triton``); needs a device where Triton runs.
     * ``prefill_graphs``: capture the prefill forward (static cache, grouped MoE) per request shape.
     * ``vision_compile``: with ``vision_impl=fused`` on CUDA, each SAM and CLIP block is
       torch.compile'd (window partition/padding, norms, GELU and residuals fused around the GEMMs and
@@ -178,6 +184,7 @@ class ExecutionConfig:
     compile: bool = False
     static_cache_len: Optional[int] = _f(None, min=1)
     vision_impl: str = _f("vendor", choices=("vendor", "fused"))
+    sam_attention: str = _f("sdpa", choices=("sdpa", "triton-windows", "triton"))
     prefill_graphs: bool = False
     linear_impl: str = _f("vendor", choices=("vendor", "fused"))
     vision_compile: bool = False

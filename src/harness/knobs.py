@@ -36,8 +36,9 @@ class Knob:
     cost_knobs: tuple = ()
 
     def active(self, ex) -> bool:
-        """Whether ``ex`` (an ``ExecutionConfig``) turns this variant on."""
-        return getattr(ex, self.name) == self.on
+        """Whether ``ex`` (an ``ExecutionConfig``) turns this variant on (``on``: a value, or a tuple of them)."""
+        value = getattr(ex, self.name)
+        return value in self.on if isinstance(self.on, tuple) else value == self.on
 
 
 STATIC_CACHE = Knob("kv_cache", "static", "static KV", "kv_cache_is", cost_knobs=("kv_cache", "static_cache_len"))
@@ -46,6 +47,8 @@ DECODE_GRAPHS = Knob("cuda_graphs", "decode", "decode graph", "decode_graphs", m
 DECODE_COMPILE = Knob("compile", True, "compiled", "decode_compile", module_hooks=False)
 PREFILL_GRAPHS = Knob("prefill_graphs", True, "prefill graph", "prefill", module_hooks=False)
 FUSED_VISION = Knob("vision_impl", "fused", "fused vision", "vision", module_hooks=False, cost_knobs=("vision_impl",))
+SAM_TRITON = Knob("sam_attention", ("triton-windows", "triton"), "triton SAM attention", "sam_attention_is",
+                  cost_knobs=("sam_attention",))
 FUSED_LINEARS = Knob("linear_impl", "fused", "fused linears", "linears")
 VISION_COMPILE = Knob("vision_compile", True, "compiled vision", "vision_compile_is", module_hooks=False)
 DECODE_ATTENTION = Knob("decode_attention", "triton", "triton decode attention", "decode_attention_is",
@@ -57,7 +60,7 @@ DEVICE_PREPROCESS = Knob("preprocess", "device", "device preprocessing", "prepro
 
 #: every knob, in the order of conversion (the static cache before what runs on it, the fused vision
 #: before its compiled blocks) and of the report's label
-KNOBS: tuple = (STATIC_CACHE, GROUPED_MOE, DECODE_GRAPHS, DECODE_COMPILE, PREFILL_GRAPHS, FUSED_VISION, FUSED_LINEARS,
+KNOBS: tuple = (STATIC_CACHE, GROUPED_MOE, DECODE_GRAPHS, DECODE_COMPILE, PREFILL_GRAPHS, FUSED_VISION, SAM_TRITON, FUSED_LINEARS,
                 VISION_COMPILE, DECODE_ATTENTION, FUSED_STEP, PDL, STEP_CLOCK, DEVICE_PREPROCESS)
 
 
@@ -107,6 +110,6 @@ def augmented_dim(d: int, H: int, W: int, multiple: int = 8) -> int:
 
 
 __all__ = ["Knob", "KNOBS", "STATIC_CACHE", "GROUPED_MOE", "DECODE_GRAPHS", "DECODE_COMPILE", "PREFILL_GRAPHS",
-           "FUSED_VISION", "FUSED_LINEARS", "VISION_COMPILE", "DECODE_ATTENTION", "FUSED_STEP", "PDL", "STEP_CLOCK", "DEVICE_PREPROCESS",
+           "FUSED_VISION", "SAM_TRITON", "FUSED_LINEARS", "VISION_COMPILE", "DECODE_ATTENTION", "FUSED_STEP", "PDL", "STEP_CLOCK", "DEVICE_PREPROCESS",
            "active",
            "label", "allows_module_hooks", "cost_knobs", "augmented_dim"]

@@ -124,11 +124,13 @@ def vision_items(cfg: ModelConfig, view: View, b: int) -> list:
              Item("sam", F.LayerNorm(n * g * g, C, b), 2 * s.depth, call=call)]
     glob = [i for i in range(s.depth) if i in s.global_attn_indexes]
     win = s.depth - len(glob)
+    triton = cfg.sam_attention if cfg.vision_impl == "fused" else "sdpa"
     if win:
-        items.append(Item("sam", F.SAMAttention(n, g, C, s.num_heads, s.window_size, s.window_size, b), win,
+        method = "inkernel" if triton in ("triton-windows", "triton") else "dense"
+        items.append(Item("sam", F.SAMAttention(n, g, C, s.num_heads, s.window_size, s.window_size, b, method), win,
                           "window", call))
     if glob:
-        method = "augmented" if cfg.vision_impl == "fused" else "dense"
+        method = "inkernel" if triton == "triton" else "augmented" if cfg.vision_impl == "fused" else "dense"
         items.append(Item("sam", F.SAMAttention(n, g, C, s.num_heads, 0, s.img_size // s.patch_size, b, method),
                           len(glob), "global", call))
     items.append(Item("sam", F.SAMMLP(n * g * g, C, int(C * s.mlp_ratio), b), s.depth, call=call))

@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import ClassVar, Optional, Sequence
 
+from .. import sam_attention_tiles as tiles
 from ..knobs import augmented_dim
 
 # vector-FLOP constants (per element; 1 per arithmetic or transcendental op)
@@ -303,6 +304,15 @@ class SAMAttention(Family):
     flops_useful unchanged); vector: scale + softmax 6 per score. Bytes: the mask terms go; q' and
     k' are written (Bw*nh*n*d' each) and read by the kernel with v (Bw*nh*n*(2d' + d)); building
     them reads q, rel_h, rel_w, k and the [n, d' - d] one-hot tail.
+
+    ``method = "inkernel"`` (``sam_attention: triton-windows`` for windowed blocks, ``triton`` for
+    all; ``harness.kernels.sam_attention_triton``): no mask and no wider head dim; the kernel adds
+    rel_h[i, h(j)] + rel_w[i, w(j)] to each score. It visits qs x ks score slots per window or image
+    (``harness.sam_attention_tiles.slots``: masked slots included): 4*Bw*nh*qs*ks*d, plus, in the
+    one-block kernel (windows), the bias as two products with one-hot matrices, 2*Bw*nh*qs*ks*(kh + kw)
+    (kh, kw: the sides rounded up to a power of two >= 16). Vector: scale, bias add and softmax
+    (1 + 1 + 5) per real score. Bytes: the kernel reads q, k, v, rel_h, rel_w and writes its output
+    once; no mask, no q' / k'.
     """
 
     family: ClassVar[str] = "sam_attention"
@@ -314,7 +324,7 @@ class SAMAttention(Family):
     window: int
     rel_size: int
     b: int = 2
-    method: str = "dense"         # dense (the vendor's mask) | augmented (global blocks, no mask)
+    method: str = "dense"         # dense (the vendor's mask) | augmented (global blocks, no mask) | inkernel
 
     def geometry(self):
         g, ws = self.grid, self.window
@@ -341,6 +351,19 @@ class SAMAttention(Family):
         real = N * g * g * C
         params = 4 * C * C + 4 * C + 2 * (2 * self.rel_size - 1) * d
         relw = bw * nh * n * 2 * side
+        if self.method == "inkernel":
+            qs, ks = tiles.slots(side, side)
+            kernel = 4 * bw * nh * qs * ks * d
+            if tiles.default_kernel(n) == "block":
+                kernel += 2 * bw * nh * qs * ks * 2 * tiles.pow2(side)
+            counted = gemm + rel + kernel
+            return Cost(
+                tensor_flops=counted, flops_counted=counted, flops_useful=useful,
+                vector_flops=4 * P * C + (1 + 1 + SOFTMAX) * scores + real,
+                bytes_weights=params * self.b,
+                bytes_act_read=(real + P * C + 3 * P * C + relw + P * C + real) * self.b,
+                bytes_act_write=(3 * P * C + relw + P * C + real) * self.b,
+                params=params, params_active=params)
         if self.method == "augmented":
             dp = augmented_dim(d, side, side)
             kernel = 2 * bw * nh * n * n * (dp + d)

@@ -181,6 +181,7 @@ class PreprocessBench:
 class VisionBench:
     batch: List[int] = _opt(factory=lambda: [32, 128])          # pages (distinct random global views) per call
     executions: List[str] = _opt(factory=lambda: ["vendor-style", "best"])   # named executions (their vision knobs)
+    sam_attention: List[str] = _opt(factory=list)   # execution.sam_attention values to run each fused execution with ([]: its own)
     mode: str = "base"                        # a mode without tiles (harness.layout)
     warmup: int = _opt(2, min=0)              # untimed passes per stage (compile, capture)
     reps: int = _opt(5, min=1)                # timed passes per stage

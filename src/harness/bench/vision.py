@@ -2,12 +2,13 @@
 and where each stage's time goes by kernel.
 
     python -m harness bench vision [bench.vision.batch=[32,128]] [bench.vision.executions=[vendor-style,best]]
+        [bench.vision.sam_attention=[sdpa,triton-windows,triton]]
     python -m harness bench vision model=tiny device=cpu 'bench.vision.batch=[2]' \\
         'bench.vision.executions=[vendor-style]'          # the plumbing on a CPU (host clock, CPU operators)
 
 The model of ``model`` (random weights, bf16 on CUDA, fp32 on the CPU) runs each named execution's
-vision knobs (``vision_impl``, ``vision_compile``; ``conf/execution/``, loaded by
-``conf/bench/vision.yaml``) on ``batch`` distinct random global views of ``mode`` (one view per page;
+vision knobs (``vision_impl``, ``vision_compile``, ``sam_attention``; ``conf/execution/``, loaded by
+``conf/bench/vision.yaml``; ``sam_attention=[...]`` runs each fused execution once per value) on ``batch`` distinct random global views of ``mode`` (one view per page;
 crop modes, whose pages add tiles, are refused). Each stage is called as ``encode_view`` calls it:
 sam on the pixels, clip on sam's output, the projector on both.
 
@@ -83,6 +84,22 @@ def kernel_times(call, cuda: bool) -> dict:
     return dict(out)
 
 
+def vision_executions(cfg, opts) -> list:
+    """[(row name, ExecutionConfig of its vision knobs)]: each named execution, and for one with
+    ``vision_impl=fused`` once per value of ``opts.sam_attention`` (rows ``best sam=triton``) when given."""
+    from ..config import ExecutionConfig
+
+    out = []
+    for name in opts.executions:
+        named = named_execution(cfg, name)
+        values = opts.sam_attention if opts.sam_attention and named.vision_impl == "fused" else [named.sam_attention]
+        for value in values:
+            label = f"{name} sam={value}" if opts.sam_attention and named.vision_impl == "fused" else name
+            out.append((label, ExecutionConfig(vision_impl=named.vision_impl, vision_compile=named.vision_compile,
+                                               sam_attention=value)))
+    return out
+
+
 def run(cfg, opts, device, report) -> None:
     """The bench (module docstring) on ``device``."""
     from .. import variants
@@ -108,9 +125,7 @@ def run(cfg, opts, device, report) -> None:
     tops = report.table("vision_top_kernels", f"the {opts.top} longest kernels of each stage", TOP_COLUMNS)
     gen = torch.Generator(device="cpu").manual_seed(cfg.workload.seed)
     flops_of = {batch: useful_flops(model.cfg, mode, batch) for batch in opts.batch}
-    for name in opts.executions:
-        named = named_execution(cfg, name)
-        ex = ExecutionConfig(vision_impl=named.vision_impl, vision_compile=named.vision_compile)
+    for name, ex in vision_executions(cfg, opts):
         try:
             variants.apply(model, ex, device)
         except HarnessError as e:

@@ -2,12 +2,28 @@
 
 Computes exactly what ``sam_attention.dense_bias_attention`` computes, without an S x S mask
 and without widening the head dim: scores = q_i . k_j * scale + rel_h[i, h(j)] + rel_w[i, w(j)]
-with rel_h [BH, S, H], rel_w [BH, S, W] from the same einsums as the dense path. Online softmax in
-fp32, fp32 accumulators; the output has q's dtype. Forward only (no autograd).
+with rel_h [B, nh, S, H], rel_w [B, nh, S, W] from the dense path's einsums
+(``sam_attention.rel_terms``). Softmax in fp32 (exp2 domain), fp32 accumulators; the output has
+q's dtype. Forward only (no autograd).
 
-Shapes: q, k, v [B, nh, S, D] (last stride 1), D a power of two >= 16; Rh [H, H, D];
-Rw [W, W, D]; returns [B, nh, S, D]. Tested under TRITON_INTERPRET=1 on the CPU. Cost:
-``sam_attention.inkernel_bias_cost(bh, H, W, D, key_slots(H, W, bn))``.
+Two kernels, one entry (``attend``):
+
+- ``rows`` (``_rel_bias_fwd``): key blocks follow the grid, H rows of cdiv(W, BN) blocks of BN keys,
+  online softmax. For long sequences (global blocks, S = 4096 in base mode).
+- ``block`` (``_rel_bias_block_fwd``): every key of the sequence in one block of BN = next power of
+  two >= S keys (S <= ``BLOCK_MAX_S``: SAM's 14 x 14 windows, S = 196 -> BN = 256), one plain
+  softmax; the bias tile is two small products with one-hot matrices built in registers,
+  rel_h [BM, KH] @ onehot(h(j)) [KH, BN] + rel_w [BM, KW] @ onehot(w(j)) [KW, BN] (KH, KW = H, W
+  rounded up to a power of two >= 16): each score gets exactly rel_h[i, h(j)] + rel_w[i, w(j)]
+  (one nonzero product per sum; fp32 accumulation).
+
+Layouts: q, k, v are [B, nh, S, D] views with any strides whose last is 1 (SAM's q, k, v are
+strided views of the qkv linear's [B, S, 3, nh, D] output: no copy is made); rel_h, rel_w alike.
+The output is [B, S, nh, D] contiguous, the layout SAM's proj reads as [B, H, W, C]. D a power of
+two >= 16. Under torch.compile the kernels run as the opaque custom op
+``torch.ops.harness.sam_rel_bias_attention`` (inductor compiles what is around it; no graph break).
+Tested under TRITON_INTERPRET=1 on the CPU. Cost:
+``sam_attention.inkernel_bias_cost(bh, H, W, D, key_slots(H, W, bn, kernel))``.
 
 Design notes (how key blocks follow the grid, what masked slots cost, the sweep):
 ``docs/kernels/sam_attention_triton.md``.
@@ -19,29 +35,47 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-
-BN_CHOICES = (128, 64, 32, 16)
+from ..sam_attention_tiles import (BLOCK_MAX_S, BN_CHOICES, KERNELS, default_bm, default_bn,  # noqa: F401 (re-exported)
+                                  default_kernel, key_slots, pow2)
 
 
 # log2(e) = 1.4426950408889634 is written out below: the softmax runs in the exp2 domain
 @triton.jit
-def _rel_bias_fwd(Q, K, V, RH, RW, O, sm_scale, S, H, W,
-                  s_qb, s_qs, s_kb, s_ks, s_vb, s_vs, s_hb, s_hs, s_wb, s_ws, s_ob, s_os,
+def _query_block(Q, S, NH, s_qb, s_qh, s_qs, D: tl.constexpr, BM: tl.constexpr):
+    """This program's (image or window, head) and its BM queries: (b, hd, offs_m, mask_m, q [BM, D])."""
+    bh = tl.program_id(1)
+    b = (bh // NH).to(tl.int64)
+    hd = (bh % NH).to(tl.int64)
+    offs_m = tl.program_id(0) * BM + tl.arange(0, BM)
+    mask_m = offs_m < S
+    q = tl.load(Q + b * s_qb + hd * s_qh + offs_m[:, None] * s_qs + tl.arange(0, D)[None, :], mask=mask_m[:, None],
+                other=0.0)
+    return b, hd, offs_m, mask_m, q
+
+
+@triton.jit
+def _store_block(O, b, hd, s_ob, s_oh, s_os, offs_m, mask_m, acc, D: tl.constexpr):
+    tl.store(O + b * s_ob + hd * s_oh + offs_m[:, None] * s_os + tl.arange(0, D)[None, :], acc.to(O.dtype.element_ty),
+             mask=mask_m[:, None])
+
+
+@triton.jit
+def _rel_bias_fwd(Q, K, V, RH, RW, O, sm_scale, S, H, W, NH,
+                  s_qb, s_qh, s_qs, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs,
+                  s_hb, s_hh, s_hs, s_wb, s_wh, s_ws, s_ob, s_oh, s_os,
                   D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NWB: tl.constexpr,
                   HOIST_RW: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    offs_m = pid_m * BM + tl.arange(0, BM)
+    b, hd, offs_m, mask_m, q = _query_block(Q, S, NH, s_qb, s_qh, s_qs, D, BM)
     offs_d = tl.arange(0, D)
     offs_n = tl.arange(0, BN)
-    mask_m = offs_m < S
-    q = tl.load(Q + bh * s_qb + offs_m[:, None] * s_qs + offs_d[None, :], mask=mask_m[:, None], other=0.0)
+    k_base = K + b * s_kb + hd * s_kh
+    v_base = V + b * s_vb + hd * s_vh
     qk_scale = sm_scale * 1.4426950408889634
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
-    rh_ptr = RH + bh * s_hb + offs_m * s_hs
-    rw_ptr = RW + bh * s_wb + offs_m[:, None] * s_ws
+    rh_ptr = RH + b * s_hb + hd * s_hh + offs_m * s_hs
+    rw_ptr = RW + b * s_wb + hd * s_wh + offs_m[:, None] * s_ws
     if HOIST_RW:  # W <= BN: one rel_w tile serves every key row
         rw0 = tl.load(rw_ptr + offs_n[None, :], mask=mask_m[:, None] & (offs_n[None, :] < W), other=0.0)
         rw0 = tl.where(offs_n[None, :] < W, rw0.to(tl.float32) * 1.4426950408889634, float("-inf"))
@@ -56,84 +90,127 @@ def _rel_bias_fwd(Q, K, V, RH, RW, O, sm_scale, S, H, W,
                 rw = tl.load(rw_ptr + w[None, :], mask=mask_m[:, None] & mask_n[None, :], other=0.0)
                 rw = tl.where(mask_n[None, :], rw.to(tl.float32) * 1.4426950408889634, float("-inf"))
             j = h * W + w
-            k = tl.load(K + bh * s_kb + j[:, None] * s_ks + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+            k = tl.load(k_base + j[:, None] * s_ks + offs_d[None, :], mask=mask_n[:, None], other=0.0)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale + rh[:, None] + rw
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + bh * s_vb + j[:, None] * s_vs + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+            v = tl.load(v_base + j[:, None] * s_vs + offs_d[None, :], mask=mask_n[:, None], other=0.0)
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
             m_i = m_new
-    acc = acc / l_i[:, None]
-    tl.store(O + bh * s_ob + offs_m[:, None] * s_os + offs_d[None, :], acc.to(O.dtype.element_ty),
-             mask=mask_m[:, None])
+    _store_block(O, b, hd, s_ob, s_oh, s_os, offs_m, mask_m, acc / l_i[:, None], D)
 
 
-def default_bn(W: int) -> int:
-    """Largest key block in BN_CHOICES wasting <= 25% masked slots per row, else the least waste."""
-    waste = {bn: -(-W // bn) * bn / W - 1 for bn in BN_CHOICES}
-    ok = [bn for bn in BN_CHOICES if waste[bn] <= 0.25]
-    return ok[0] if ok else min(BN_CHOICES, key=lambda bn: (waste[bn], -bn))
+@triton.jit
+def _rel_bias_block_fwd(Q, K, V, RH, RW, O, sm_scale, S, H, W, NH,
+                        s_qb, s_qh, s_qs, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs,
+                        s_hb, s_hh, s_hs, s_wb, s_wh, s_ws, s_ob, s_oh, s_os,
+                        D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, KH: tl.constexpr,
+                        KW: tl.constexpr, PRECISION: tl.constexpr):
+    b, hd, offs_m, mask_m, q = _query_block(Q, S, NH, s_qb, s_qh, s_qs, D, BM)
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, D)
+    mask_n = offs_n < S
+    k = tl.load(K + b * s_kb + hd * s_kh + offs_n[:, None] * s_ks + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+    kh = tl.arange(0, KH)
+    kw = tl.arange(0, KW)
+    rh = tl.load(RH + b * s_hb + hd * s_hh + offs_m[:, None] * s_hs + kh[None, :],
+                 mask=mask_m[:, None] & (kh[None, :] < H), other=0.0)
+    rw = tl.load(RW + b * s_wb + hd * s_wh + offs_m[:, None] * s_ws + kw[None, :],
+                 mask=mask_m[:, None] & (kw[None, :] < W), other=0.0)
+    one_h = ((offs_n[None, :] // W) == kh[:, None]).to(rh.dtype)        # [KH, BN]: onehot(h(j))
+    one_w = ((offs_n[None, :] % W) == kw[:, None]).to(rw.dtype)         # [KW, BN]: onehot(w(j))
+    bias = tl.dot(rh, one_h, input_precision=PRECISION)
+    bias = tl.dot(rw, one_w, bias, input_precision=PRECISION)
+    s = (tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale + bias) * 1.4426950408889634
+    s = tl.where(mask_n[None, :], s, float("-inf"))
+    m = tl.max(s, 1)
+    p = tl.exp2(s - m[:, None])
+    l_i = tl.sum(p, 1)
+    v = tl.load(V + b * s_vb + hd * s_vh + offs_n[:, None] * s_vs + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+    acc = tl.dot(p.to(v.dtype), v, input_precision=PRECISION) / l_i[:, None]
+    _store_block(O, b, hd, s_ob, s_oh, s_os, offs_m, mask_m, acc, D)
 
 
-def key_slots(H: int, W: int, bn: int) -> int:
-    """Keys the kernel visits per query (masked slots included): H * cdiv(W, bn) * bn."""
-    return H * -(-W // bn) * bn
+def attend(q, k, v, rel_h, rel_w, H: int, W: int, kernel: str | None = None, bm: int | None = None,
+           bn: int | None = None, hoist_rw: bool | None = None, num_warps: int | None = None,
+           num_stages: int | None = None) -> torch.Tensor:
+    """SAM attention with the bias added in-kernel: [B, S, nh, D] (module docstring for the layouts).
 
-
-def rel_bias_attention(q, k, v, Rh, Rw, H: int, W: int, bm: int | None = None, bn: int | None = None,
-                       hoist_rw: bool | None = None, num_warps: int | None = None,
-                       num_stages: int | None = None) -> torch.Tensor:
-    """Dense-path-exact SAM attention, bias added in-kernel. Shapes in the module docstring.
-
-    Defaults: bm 128 when S >= 1024 else 64; bn = default_bn(W); hoist_rw when W <= bn;
-    num_warps 8 for bm 128 else 4; num_stages 3. fp32 inputs use IEEE fp32 dots (no TF32).
+    ``kernel``: ``rows`` | ``block`` (default ``default_kernel(S)``). Defaults, rows: bm 128 when
+    S >= 1024 else 64; bn = default_bn(W); hoist_rw when W <= bn; num_warps 8 for bm 128 else 4;
+    num_stages 3. Block: bm 64, 8 warps, 1 stage. fp32 inputs use IEEE fp32 dots (no TF32).
     """
     B, nh, S, D = q.shape
+    kernel = kernel or default_kernel(S)
+    if kernel not in KERNELS:
+        raise HarnessError(f"unknown SAM attention kernel '{kernel}'", f"one of {KERNELS}")
     if S != H * W:
         raise HarnessError(f"sequence length {S} is not H*W = {H}*{W}")
     if D < 16 or D & (D - 1) or k.shape != q.shape or v.shape != q.shape:
         raise HarnessError(f"the Triton SAM kernel needs q, k, v of one shape with a power-of-two head dim >= 16; "
                            f"got q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}")
-    bm = bm or (128 if S >= 1024 else 64)
+    if rel_h.shape != (B, nh, S, H) or rel_w.shape != (B, nh, S, W):
+        raise HarnessError(f"rel_h{tuple(rel_h.shape)} / rel_w{tuple(rel_w.shape)} are not [B, nh, S, H] / [B, nh, S, W] "
+                           f"for q{tuple(q.shape)} on a {H} x {W} grid")
+    if kernel == "block" and S > BLOCK_MAX_S:
+        raise HarnessError(f"the one-block kernel takes at most {BLOCK_MAX_S} tokens (S={S})", "use kernel='rows'")
+    q, k, v, rel_h, rel_w = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, rel_h, rel_w))
+    out = torch.empty(B, S, nh, D, dtype=q.dtype, device=q.device)
+    o = out.permute(0, 2, 1, 3)
+    strides = [s for t in (q, k, v, rel_h, rel_w, o) for s in t.stride()[:3]]
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    if kernel == "block":
+        bm = bm or default_bm(S, kernel)
+        _rel_bias_block_fwd[(triton.cdiv(S, bm), B * nh)](
+            q, k, v, rel_h, rel_w, o, D ** -0.5, S, H, W, nh, *strides,
+            D=D, BM=bm, BN=pow2(S), KH=pow2(H), KW=pow2(W), PRECISION=precision,
+            num_warps=num_warps or 8, num_stages=num_stages or 1)
+        return out
+    bm = bm or default_bm(S, kernel)
     bn = bn or default_bn(W)
     nwb = -(-W // bn)
     hoist_rw = (nwb == 1) if hoist_rw is None else hoist_rw
     if hoist_rw and nwb != 1:
         raise HarnessError(f"hoist_rw needs W <= bn (W={W}, bn={bn})")
-    BH = B * nh
-    q3, k3, v3 = (t.reshape(BH, S, D) for t in (q, k, v))
-    if any(t.stride(-1) != 1 for t in (q3, k3, v3)):
-        q3, k3, v3 = (t.contiguous() for t in (q3, k3, v3))
-    r_q = q3.reshape(BH, H, W, D)
-    rel_h = torch.einsum("bhwc,hkc->bhwk", r_q, Rh).reshape(BH, S, H)
-    rel_w = torch.einsum("bhwc,wkc->bhwk", r_q, Rw).reshape(BH, S, W)
-    rel_h, rel_w = (t if t.stride(-1) == 1 else t.contiguous() for t in (rel_h, rel_w))
-    out = torch.empty_like(q3)
-    grid = (triton.cdiv(S, bm), BH)
-    _rel_bias_fwd[grid](
-        q3, k3, v3, rel_h, rel_w, out, D ** -0.5, S, H, W,
-        q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
-        rel_h.stride(0), rel_h.stride(1), rel_w.stride(0), rel_w.stride(1), out.stride(0), out.stride(1),
-        D=D, BM=bm, BN=bn, NWB=nwb, HOIST_RW=hoist_rw,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+    _rel_bias_fwd[(triton.cdiv(S, bm), B * nh)](
+        q, k, v, rel_h, rel_w, o, D ** -0.5, S, H, W, nh, *strides,
+        D=D, BM=bm, BN=bn, NWB=nwb, HOIST_RW=hoist_rw, PRECISION=precision,
         num_warps=num_warps or (8 if bm == 128 else 4), num_stages=num_stages or 3)
-    return out.view(B, nh, S, D)
+    return out
+
+
+@torch.library.custom_op("harness::sam_rel_bias_attention", mutates_args=())
+def sam_rel_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor,
+                           rel_w: torch.Tensor, H: int, W: int) -> torch.Tensor:
+    """``attend`` with its default tiles as a torch custom op: torch.compile keeps it whole."""
+    return attend(q, k, v, rel_h, rel_w, H, W)
+
+
+@sam_rel_bias_attention.register_fake
+def _(q, k, v, rel_h, rel_w, H, W):
+    B, nh, S, D = q.shape
+    return q.new_empty(B, S, nh, D)
 
 
 def bench_configs(H: int, W: int, S: int) -> list[dict]:
     """A small sweep for ``python -m harness bench sam_attention bench.sam_attention.triton=true`` (the
-    tiles that spill registers on sm90 are left out: ``docs/kernels/sam_attention_triton.md``)."""
-    bms = (64, 128) if S >= 1024 else (64,)
-    one_block = max(16, 1 << (W - 1).bit_length())          # one key block per row, rel_w hoisted
-    bns = {default_bn(W)} | ({16} if W % 16 == 0 else set()) | ({one_block} if one_block <= 64 else set())
+    tiles that spill registers on sm90 are left out: ``docs/kernels/sam_attention_triton.md``). Sequences
+    the one-block kernel takes get its rows too."""
     out = []
+    if S <= BLOCK_MAX_S:
+        for bm, warps in ((64, 8), (64, 4), (32, 4), (128, 8)):
+            out.append({"kernel": "block", "bm": bm, "num_warps": warps, "num_stages": 1})
+    bms = (64, 128) if S >= 1024 else (64,)
+    one_block = pow2(W)                                      # one key block per row, rel_w hoisted
+    bns = {default_bn(W)} | ({16} if W % 16 == 0 else set()) | ({one_block} if one_block <= 64 else set())
     for bm in bms:
         warps = 8 if bm == 128 else 4
         for bn in sorted(bns, reverse=True):
             for stages in (3, 2):
-                out.append({"bm": bm, "bn": bn, "num_warps": warps, "num_stages": stages})
+                out.append({"kernel": "rows", "bm": bm, "bn": bn, "num_warps": warps, "num_stages": stages})
             if -(-W // bn) == 1:
-                out.append({"bm": bm, "bn": bn, "hoist_rw": False, "num_warps": warps, "num_stages": 3})
+                out.append({"kernel": "rows", "bm": bm, "bn": bn, "hoist_rw": False, "num_warps": warps,
+                            "num_stages": 3})
     return out

@@ -54,7 +54,8 @@ class GemmPatchEmbed(Variant, PatchEmbed):
 class GraphedStage(Variant):
     """A vision stage module replayed from one CUDA graph per input shapes. State set by the converter:
     ``stage`` (its name), ``graphs`` ({input shapes and dtypes: CapturedCall}), ``compiled`` (its
-    blocks are torch.compile'd), ``setup_s`` (the model's set-up seconds)."""
+    blocks are torch.compile'd), ``built_for`` (the knobs that shaped the captured blocks: vision_compile,
+    sam_attention), ``setup_s`` (the model's set-up seconds)."""
 
     def forward(self, *args):
         key = tuple((tuple(a.shape), a.dtype) for a in args)
@@ -75,15 +76,16 @@ def vision_stages(model) -> dict:
 
 class FusedVision(Converter):
     """Global SAM attention by augmented q . k; on CUDA the stages graphed (their graphs kept while the
-    execution's ``vision_compile`` stays the same, released otherwise)."""
+    execution's ``vision_compile`` and ``sam_attention`` stay the same, released otherwise)."""
 
     spec = knobs.FUSED_VISION          # replayed graphs run no Python: hooks would see nothing
 
     def convert(self, model, ex, device, dtype) -> dict:
         stages = vision_stages(model)
         graphed = self.active(ex) and device.type == "cuda"
+        built_for = (ex.vision_compile, ex.sam_attention)     # what the blocks captured in the graphs were
         for mod in stages.values():
-            if not graphed or mod.__dict__.get("compiled") != ex.vision_compile:
+            if not graphed or mod.__dict__.get("built_for") != built_for:
                 mod.graphs = {}                    # captured over other blocks: release
         if not self.active(ex):
             return {self.manifest_key: "vendor: dense rel-pos mask, eager launches"}
@@ -93,6 +95,7 @@ class FusedVision(Converter):
                 swap(blk.attn, AugmentedSAMAttention)
         for name, mod in stages.items() if graphed else ():
             mod.stage, mod.compiled, mod.setup_s = name, ex.vision_compile, model.info.setdefault("setup_s", {})
+            mod.built_for = built_for
             swap(mod, GraphedStage)
         return {self.manifest_key: "fused: SAM global blocks by augmented q.k (no dense rel-pos mask), SAM patch embedding as a GEMM; sam, clip, "
                 "projector each a CUDA graph per input shape" + ("" if graphed else " (no CUDA here: eager)")}

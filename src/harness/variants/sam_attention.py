@@ -86,6 +86,19 @@ _AUTO_CHOICE: dict = {}
 
 # ------------------------------------------------------------------------------- reference
 
+def rel_terms(q, Rh, Rw, H: int, W: int):
+    """(rel_h [B, nh, S, H], rel_w [B, nh, S, W]): rel_h[i, :] = q_i @ Rh[h(i)]^T, rel_w[i, :] = q_i @ Rw[w(i)]^T.
+
+    The vendor's einsums over q flattened to [B * nh, H, W, d] (q may be any [B, nh, S, d] view), so
+    every path that uses them rounds them as ``SAMAttention.forward`` does.
+    """
+    B, nh, S, d = q.shape
+    _check_grid(S, H, W)
+    r_q = q.reshape(B * nh, H, W, d)
+    return (torch.einsum("bhwc,hkc->bhwk", r_q, Rh).reshape(B, nh, S, H),
+            torch.einsum("bhwc,wkc->bhwk", r_q, Rw).reshape(B, nh, S, W))
+
+
 def dense_bias_attention(q, k, v, Rh, Rw, H: int, W: int, site: str | None = None) -> torch.Tensor:
     """The vendor path: build bias [B, nh, S, S] and pass it to SDPA as ``attn_mask``.
 
@@ -94,10 +107,7 @@ def dense_bias_attention(q, k, v, Rh, Rw, H: int, W: int, site: str | None = Non
     SDPA backend is noted in ``attn_probe`` once per site.
     """
     B, nh, S, d = q.shape
-    _check_grid(S, H, W)
-    r_q = q.reshape(B * nh, H, W, d)
-    rel_h = torch.einsum("bhwc,hkc->bhwk", r_q, Rh).reshape(B * nh, S, H, 1)
-    rel_w = torch.einsum("bhwc,wkc->bhwk", r_q, Rw).reshape(B * nh, S, 1, W)
+    rel_h, rel_w = rel_terms(q, Rh, Rw, H, W)
     bias = (rel_h.view(B, nh, S, H, 1) + rel_w.view(B, nh, S, 1, W)).view(B, nh, S, S)
     if site is not None and not attn_probe.seen_once(site):
         attn_probe.note(site, attn_probe.sdpa_choice(q, k, v, bias))
@@ -128,15 +138,12 @@ def augment_qk(q, k, Rh, Rw, H: int, W: int, multiple: int = 8):
     Use with ``scale = 1/sqrt(d)`` (``q.shape[-1] ** -0.5``), never SDPA's default 1/sqrt(d').
     """
     B, nh, S, d = q.shape
-    _check_grid(S, H, W)
     dp = augmented_dim(d, H, W, multiple)
     # the dense path adds rel_h/rel_w after the 1/sqrt(d) scale; folding sqrt(d) into the tables
     # keeps q untouched (exact when sqrt(d) is a power of two, as for d = 64)
     inv_scale = math.sqrt(d)
-    r_q = q.reshape(B * nh, H, W, d)
-    rel_h = torch.einsum("bhwc,hkc->bhwk", r_q, Rh * inv_scale).reshape(B * nh, S, H)
-    rel_w = torch.einsum("bhwc,wkc->bhwk", r_q, Rw * inv_scale).reshape(B * nh, S, W)
-    parts = [q.reshape(B * nh, S, d), rel_h, rel_w]
+    rel_h, rel_w = rel_terms(q, Rh * inv_scale, Rw * inv_scale, H, W)
+    parts = [q.reshape(B * nh, S, d), rel_h.reshape(B * nh, S, H), rel_w.reshape(B * nh, S, W)]
     if dp > d + H + W:
         parts.append(rel_h.new_zeros(()).expand(B * nh, S, dp - d - H - W))
     q_aug = torch.cat(parts, dim=-1).view(B, nh, S, dp)
@@ -249,6 +256,18 @@ def backend_reasons(name: str, q, k, v) -> list[str]:
 METHODS = ("dense", "augmented", "triton")
 
 
+def triton_attention(q, k, v, Rh, Rw, H: int, W: int, **tiles) -> torch.Tensor:
+    """The in-kernel-bias Triton attention from q, k, v [B, nh, S, d] (any views) and the tables:
+    ``rel_terms``, then ``sam_attention_triton`` (``tiles``: its ``attend`` options; none: the custom op,
+    what torch.compile keeps whole). Returns [B, S, nh, d] contiguous (proj's layout)."""
+    from ..kernels import sam_attention_triton as st  # needs triton; imported only when asked for
+
+    rel_h, rel_w = rel_terms(q, Rh, Rw, H, W)
+    if tiles:
+        return st.attend(q, k, v, rel_h, rel_w, H, W, **tiles)
+    return torch.ops.harness.sam_rel_bias_attention(q, k, v, rel_h, rel_w, H, W)
+
+
 def forward(module, x: torch.Tensor, Rh, Rw, method: str = "augmented", backend: str = "auto",
             site: str | None = "sam") -> torch.Tensor:
     """``vision.SAMAttention.forward`` with the attention step chosen by ``method``.
@@ -264,16 +283,17 @@ def forward(module, x: torch.Tensor, Rh, Rw, method: str = "augmented", backend:
     B, H, W, _ = x.shape
     nh = module.num_heads
     qkv = module.qkv(x).reshape(B, H * W, 3, nh, -1).permute(2, 0, 3, 1, 4)
+    if method == "triton":      # strided views of qkv's output; the kernel writes proj's layout
+        out = triton_attention(*qkv.unbind(0), Rh, Rw, H, W)
+        if site is not None and not torch.compiler.is_compiling():
+            from ..kernels.sam_attention_triton import default_kernel
+            attn_probe.note(site, f"triton:sam_attention_triton {default_kernel(H * W)} kernel")
+        return module.proj(out.view(B, H, W, -1))
     q, k, v = (t.view(B, nh, H * W, -1) for t in qkv.reshape(3, B * nh, H * W, -1).unbind(0))
     if method == "dense":
         out = dense_bias_attention(q, k, v, Rh, Rw, H, W, site=site)
-    elif method == "augmented":
-        out = augmented_attention(q, k, v, Rh, Rw, H, W, backend=backend, site=site)
     else:
-        from ..kernels import sam_attention_triton  # needs triton; imported only when asked for
-        out = sam_attention_triton.rel_bias_attention(q, k, v, Rh, Rw, H, W)
-        if site is not None:
-            attn_probe.note(site, "triton:sam_attention_triton._rel_bias_fwd")
+        out = augmented_attention(q, k, v, Rh, Rw, H, W, backend=backend, site=site)
     out = out.reshape(B, nh, H, W, -1).permute(0, 2, 3, 1, 4).reshape(B, H, W, -1)
     return module.proj(out)
 
