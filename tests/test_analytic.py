@@ -161,7 +161,7 @@ def test_sam_inkernel_counts_the_kernels_slots_and_no_mask():
     """sam_attention=triton (method inkernel), base mode, one view, bf16, 12 heads of 64:
     windows: 25 windows of 196 tokens; the one-block kernel visits 4 query blocks of 64 = 256 query
     slots x 256 key slots (the next power of two >= 196), plus the bias as two one-hot products of
-    width 16 each; global: 4096 x 4096 slots (query blocks of 128, key rows of 64), nothing extra.
+    width 16 each; global: 4096 x 4096 slots (query blocks of 64, key rows of 64), nothing extra.
     Bytes: the kernel reads q, k, v (3 x 196 x 768 per window) and rel_h, rel_w (12 heads x 196 x 28)
     and writes its output; no 196 x 196 mask."""
     C, nh, d = 768, 12, 64

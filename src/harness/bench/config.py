@@ -124,7 +124,7 @@ class MoEBench:
     shared: bool = False                      # with sweep=rows: the shared expert folded into the kernels
 
 
-SAM_CASES = ("base_global", "large_global", "tiles_global", "base_window", "large_window")
+SAM_CASES = ("base_global", "large_global", "tiles_global", "base_window", "large_window", "b8_global", "b32_window")
 
 
 @dataclass

@@ -13,6 +13,8 @@ padded tokens are ordinary tokens, exactly as in the model):
     tiles_global   B=6   40 x 40 (S=1600)    d' = 144   (gundam: six 640 px tiles)
     base_window    B=25  14 x 14 (S=196)     d' = 96    (64 -> 70: 5 x 5 windows)
     large_window   B=36  14 x 14 (S=196)     d' = 96    (80 -> 84: 6 x 6 windows)
+    b8_global      B=8   64 x 64             base_global for 8 pages
+    b32_window     B=800 14 x 14             base_window for 32 pages (one page is too small to fill the GPU)
 
 Rows per case ("full" = from q, k, v and the tables, rel-pos einsums included; "kernel" = the
 attention kernel alone on prebuilt inputs):
@@ -49,6 +51,7 @@ from .timing import capture, event_ms, flush_buffer
 CASES = {  # name: (B, H, W)
     "base_global": (1, 64, 64), "large_global": (1, 80, 80), "tiles_global": (6, 40, 40),
     "base_window": (25, 14, 14), "large_window": (36, 14, 14),
+    "b8_global": (8, 64, 64), "b32_window": (800, 14, 14),       # base mode, 8 and 32 pages: a batch's scale
 }
 SMOKE_CASES = {"smoke_global": (1, 8, 8), "smoke_window": (4, 14, 14)}
 HEADS, D = 12, 64

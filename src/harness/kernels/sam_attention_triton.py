@@ -138,9 +138,9 @@ def attend(q, k, v, rel_h, rel_w, H: int, W: int, kernel: str | None = None, bm:
            num_stages: int | None = None) -> torch.Tensor:
     """SAM attention with the bias added in-kernel: [B, S, nh, D] (module docstring for the layouts).
 
-    ``kernel``: ``rows`` | ``block`` (default ``default_kernel(S)``). Defaults, rows: bm 128 when
-    S >= 1024 else 64; bn = default_bn(W); hoist_rw when W <= bn; num_warps 8 for bm 128 else 4;
-    num_stages 3. Block: bm 64, 8 warps, 1 stage. fp32 inputs use IEEE fp32 dots (no TF32).
+    ``kernel``: ``rows`` | ``block`` (default ``default_kernel(S)``). Defaults, rows: bm 64;
+    bn = default_bn(W); hoist_rw when W <= bn; num_warps 8 for bm 128 else 4; num_stages 3.
+    Block: bm 64, 8 warps, 1 stage. fp32 inputs use IEEE fp32 dots (no TF32).
     """
     B, nh, S, D = q.shape
     kernel = kernel or default_kernel(S)
