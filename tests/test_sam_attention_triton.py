@@ -14,6 +14,7 @@ pytest.importorskip("triton")
 from conftest import DEV  # noqa: E402
 from harness.errors import HarnessError  # noqa: E402
 from harness.variants import sam_attention as sa  # noqa: E402
+from harness import sam_attention_tiles as tiles  # noqa: E402
 from harness.kernels import sam_attention_triton as st  # noqa: E402
 
 from test_sam_attention import draw, no_bias, rel_err  # noqa: E402
@@ -22,15 +23,11 @@ TOL = 1e-5
 
 
 @pytest.mark.parametrize("H, W, kw", [
-    (8, 8, {"kernel": "rows"}),                 # W < BN=16: rel_w tile hoisted, half the slots masked
-    (6, 10, {"kernel": "rows"}),                # non-square grid
-    (14, 14, {"kernel": "rows", "bm": 64}),     # a 14 x 14 window: S=196 not a multiple of BM
-    (4, 20, {"kernel": "rows", "bn": 16}),      # two key blocks per row (rel_w loaded per block)
-    (8, 8, {"kernel": "rows", "bm": 16, "hoist_rw": False}),  # small query blocks, no hoisting
-    (14, 14, {"kernel": "block"}),              # a window in one key block of 256 (60 slots masked)
-    (6, 10, {"kernel": "block", "bm": 16}),     # non-square, 64 slots, 4 query blocks
-    (3, 20, {"kernel": "block", "bm": 32}),     # W > 16: the one-hot of w(j) is 32 wide
-    (8, 8, {}),                                 # the default: S=64 <= 256 -> block
+    (8, 8, {}),                                 # W < BN=16: rel_w tile hoisted, half the slots masked
+    (6, 10, {}),                                # non-square grid
+    (14, 14, {"bm": 64}),                       # a 14 x 14 window: S=196 not a multiple of BM
+    (4, 20, {"bn": 16}),                        # two key blocks per row (rel_w loaded per block)
+    (8, 8, {"bm": 16, "hoist_rw": False}),      # small query blocks, no hoisting
 ])
 def test_triton_matches_dense(H, W, kw):
     q, k, v, Rh, Rw = draw(2, 2, H, W, d=16, seed=H * 100 + W + len(kw))
@@ -54,9 +51,8 @@ def test_triton_reads_strided_views_and_the_custom_op_equals_attend():
     ref = sa.dense_bias_attention(q.contiguous(), k.contiguous(), v.contiguous(), Rh, Rw, H, W)
     rel_h, rel_w = sa.rel_terms(q, Rh, Rw, H, W)
     dev = [t.to(DEV) for t in (q, k, v, rel_h, rel_w)]
-    for kernel in st.KERNELS:
-        out = st.attend(*dev, H, W, kernel=kernel).cpu()
-        assert rel_err(out.permute(0, 2, 1, 3), ref) <= TOL, kernel
+    out = st.attend(*dev, H, W).cpu()
+    assert rel_err(out.permute(0, 2, 1, 3), ref) <= TOL
     op = torch.ops.harness.sam_rel_bias_attention(*dev, H, W).cpu()
     assert torch.equal(op, st.attend(*dev, H, W).cpu())
 
@@ -64,18 +60,14 @@ def test_triton_reads_strided_views_and_the_custom_op_equals_attend():
 def test_block_choice_and_slots():
     assert st.default_bn(64) == 64 and st.default_bn(80) == 32 and st.default_bn(40) == 16
     assert st.default_bn(14) == 16 and st.default_bn(8) == 16
-    assert st.default_kernel(196) == "block" and st.default_kernel(4096) == "rows" and st.default_kernel(257) == "rows"
-    assert st.key_slots(64, 64, 64) == 4096 and st.key_slots(80, 80, 32) == 80 * 96
-    assert st.key_slots(14, 14, kernel="block") == 256 and st.key_slots(3, 5, kernel="block") == 16
+    assert st.key_slots(64, 64, 64) == 4096 and st.key_slots(80, 80, 32) == 80 * 96 and st.key_slots(14, 14) == 224
+    assert tiles.slots(14, 14) == (256, 224) and tiles.slots(64, 64) == (4096, 4096)
     c = sa.inkernel_bias_cost(12, 64, 64, 64, st.key_slots(64, 64, 64))
     assert c.flops_kernel == c.flops_useful == 4 * 12 * 4096 ** 2 * 64
     assert c.bytes_kernel == 2 * (4 * 12 * 4096 * 64 + 12 * 4096 * 128)
-    rows = [c for c in st.bench_configs(80, 80, 6400) if c["kernel"] == "rows"]
-    assert {c["bn"] for c in rows} == {32, 16} and len(rows) == len(st.bench_configs(80, 80, 6400))
+    assert {c["bn"] for c in st.bench_configs(80, 80, 6400)} == {32, 16}
     assert {c["bn"] for c in st.bench_configs(40, 40, 1600)} == {64, 16}
-    window = st.bench_configs(14, 14, 196)
-    assert {c.get("bn") for c in window if c["kernel"] == "rows"} == {16}
-    assert sum(c["kernel"] == "block" for c in window) == 4
+    assert {c["bn"] for c in st.bench_configs(14, 14, 196)} == {16}
     for cfg in st.bench_configs(64, 64, 4096) + st.bench_configs(40, 40, 1600):
         assert cfg["bn"] in st.BN_CHOICES and cfg["bm"] in (64, 128)
 
@@ -83,15 +75,11 @@ def test_block_choice_and_slots():
 def test_triton_rejects_what_it_cannot_do():
     q, k, v, Rh, Rw = draw(1, 1, 4, 5, d=16, seed=5)
     with pytest.raises(HarnessError, match="hoist_rw"):
-        sa.triton_attention(*draw(1, 1, 2, 20, d=16, seed=6), 2, 20, kernel="rows", bn=16, hoist_rw=True)
+        sa.triton_attention(*draw(1, 1, 2, 20, d=16, seed=6), 2, 20, bn=16, hoist_rw=True)
     with pytest.raises(HarnessError, match="power-of-two"):
-        sa.triton_attention(*draw(1, 1, 4, 5, d=24, seed=7), 4, 5, kernel="rows")
+        sa.triton_attention(*draw(1, 1, 4, 5, d=24, seed=7), 4, 5)
     with pytest.raises(HarnessError, match="H\\*W"):
-        sa.triton_attention(q, k, v, Rh, Rw, 5, 5, kernel="rows")
-    with pytest.raises(HarnessError, match="at most 256"):
-        sa.triton_attention(*draw(1, 1, 16, 17, d=16, seed=8), 16, 17, kernel="block")
-    with pytest.raises(HarnessError, match="unknown SAM attention kernel"):
-        sa.triton_attention(q, k, v, Rh, Rw, 4, 5, kernel="flash")
+        sa.triton_attention(q, k, v, Rh, Rw, 5, 5)
     rel_h, rel_w = sa.rel_terms(q, Rh, Rw, 4, 5)
     with pytest.raises(HarnessError, match="rel_h"):
         st.attend(q, k, v, rel_w, rel_h, 4, 5)
@@ -115,5 +103,5 @@ def test_module_forward_with_triton_method():
     with torch.no_grad():
         out = sa.forward(m, x, rel_pos_table(6, 6, m.rel_pos_h), rel_pos_table(6, 6, m.rel_pos_w), method="triton").cpu()
     assert rel_err(out, ref) <= TOL
-    assert attn_probe.SEEN["sam"] == ["triton:sam_attention_triton block kernel"]
+    assert attn_probe.SEEN["sam"] == ["triton:sam_attention_triton._rel_bias_fwd"]
     attn_probe.reset()

@@ -140,8 +140,8 @@ class ExecutionConfig:
     * ``sam_attention``: with ``vision_impl=fused``, how SAM's attention adds its decomposed rel-pos
       bias. ``sdpa``: torch SDPA (the windowed blocks with the vendor's dense mask, the global blocks
       on the augmented head dim) | ``triton-windows``: the windowed blocks by the Triton kernel that
-      adds the bias inside (``kernels.sam_attention_triton``: no mask, no wider head dim; one key
-      block per 14 x 14 window), the global blocks as with sdpa | ``triton``: every block by it
+      adds the bias inside (``kernels.sam_attention_triton``: no mask, no wider head dim), the global
+      blocks as with sdpa | ``triton``: every block by it
       (``variants.sam_triton``); needs a device where Triton runs.
     * ``prefill_graphs``: capture the prefill forward (static cache, grouped MoE) per request shape.
     * ``vision_compile``: with ``vision_impl=fused`` on CUDA, each SAM and CLIP block is

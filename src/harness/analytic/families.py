@@ -308,11 +308,9 @@ class SAMAttention(Family):
     ``method = "inkernel"`` (``sam_attention: triton-windows`` for windowed blocks, ``triton`` for
     all; ``harness.kernels.sam_attention_triton``): no mask and no wider head dim; the kernel adds
     rel_h[i, h(j)] + rel_w[i, w(j)] to each score. It visits qs x ks score slots per window or image
-    (``harness.sam_attention_tiles.slots``: masked slots included): 4*Bw*nh*qs*ks*d, plus, in the
-    one-block kernel (windows), the bias as two products with one-hot matrices, 2*Bw*nh*qs*ks*(kh + kw)
-    (kh, kw: the sides rounded up to a power of two >= 16). Vector: scale, bias add and softmax
-    (1 + 1 + 5) per real score. Bytes: the kernel reads q, k, v, rel_h, rel_w and writes its output
-    once; no mask, no q' / k'.
+    (``harness.sam_attention_tiles.slots``: masked slots included): 4*Bw*nh*qs*ks*d. Vector: scale,
+    bias add and softmax (1 + 1 + 5) per real score. Bytes: the kernel reads q, k, v, rel_h, rel_w and
+    writes its output once; no mask, no q' / k'.
     """
 
     family: ClassVar[str] = "sam_attention"
@@ -354,8 +352,6 @@ class SAMAttention(Family):
         if self.method == "inkernel":
             qs, ks = tiles.slots(side, side)
             kernel = 4 * bw * nh * qs * ks * d
-            if tiles.default_kernel(n) == "block":
-                kernel += 2 * bw * nh * qs * ks * 2 * tiles.pow2(side)
             counted = gemm + rel + kernel
             return Cost(
                 tensor_flops=counted, flops_counted=counted, flops_useful=useful,

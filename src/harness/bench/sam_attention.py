@@ -222,8 +222,7 @@ def bench_triton(case: Case) -> None:
         return
     short = {"bm": "bm", "bn": "bn", "num_warps": "w", "num_stages": "s", "hoist_rw": "hoist"}
     for cfg in st.bench_configs(H, W, H * W):
-        label = f"triton {cfg['kernel']}[" + " ".join(f"{short[key]}{int(val)}" for key, val in cfg.items()
-                                                      if key != "kernel") + "]"
+        label = "triton[" + " ".join(f"{short[key]}{int(val)}" for key, val in cfg.items()) + "]"
 
         def call(cfg=cfg):     # [B, nh, S, D] view of the kernel's [B, S, nh, D], as the reference
             return sa.triton_attention(q, k, v, Rh, Rw, H, W, **cfg).permute(0, 2, 1, 3)
@@ -232,7 +231,7 @@ def bench_triton(case: Case) -> None:
         except Exception as exc:  # noqa: BLE001
             case.skip(f"{label}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
             continue
-        cost = sa.inkernel_bias_cost(case.bh, H, W, D, st.key_slots(H, W, cfg.get("bn"), cfg["kernel"]))
+        cost = sa.inkernel_bias_cost(case.bh, H, W, D, st.key_slots(H, W, cfg["bn"]))
         case.add(f"{label} full", call, out, cost, False, "triton")
 
 

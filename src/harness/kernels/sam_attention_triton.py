@@ -3,30 +3,20 @@
 Computes exactly what ``sam_attention.dense_bias_attention`` computes, without an S x S mask
 and without widening the head dim: scores = q_i . k_j * scale + rel_h[i, h(j)] + rel_w[i, w(j)]
 with rel_h [B, nh, S, H], rel_w [B, nh, S, W] from the dense path's einsums
-(``sam_attention.rel_terms``). Softmax in fp32 (exp2 domain), fp32 accumulators; the output has
-q's dtype. Forward only (no autograd).
-
-Two kernels, one entry (``attend``):
-
-- ``rows`` (``_rel_bias_fwd``): key blocks follow the grid, H rows of cdiv(W, BN) blocks of BN keys,
-  online softmax. For long sequences (global blocks, S = 4096 in base mode).
-- ``block`` (``_rel_bias_block_fwd``): every key of the sequence in one block of BN = next power of
-  two >= S keys (S <= ``BLOCK_MAX_S``: SAM's 14 x 14 windows, S = 196 -> BN = 256), one plain
-  softmax; the bias tile is two small products with one-hot matrices built in registers,
-  rel_h [BM, KH] @ onehot(h(j)) [KH, BN] + rel_w [BM, KW] @ onehot(w(j)) [KW, BN] (KH, KW = H, W
-  rounded up to a power of two >= 16): each score gets exactly rel_h[i, h(j)] + rel_w[i, w(j)]
-  (one nonzero product per sum; fp32 accumulation).
+(``sam_attention.rel_terms``). Key blocks follow the grid: H rows of cdiv(W, BN) blocks of BN keys,
+so rel_h is one column per row and rel_w one tile per key block (hoisted when W <= BN). Online
+softmax in fp32 (exp2 domain), fp32 accumulators; the output has q's dtype. Forward only.
 
 Layouts: q, k, v are [B, nh, S, D] views with any strides whose last is 1 (SAM's q, k, v are
 strided views of the qkv linear's [B, S, 3, nh, D] output: no copy is made); rel_h, rel_w alike.
 The output is [B, S, nh, D] contiguous, the layout SAM's proj reads as [B, H, W, C]. D a power of
-two >= 16. Under torch.compile the kernels run as the opaque custom op
+two >= 16. Under torch.compile the kernel runs as the opaque custom op
 ``torch.ops.harness.sam_rel_bias_attention`` (inductor compiles what is around it; no graph break).
-Tested under TRITON_INTERPRET=1 on the CPU. Cost:
-``sam_attention.inkernel_bias_cost(bh, H, W, D, key_slots(H, W, bn, kernel))``.
+Tested under TRITON_INTERPRET=1 on the CPU. Tile rules: ``harness.sam_attention_tiles``. Cost:
+``sam_attention.inkernel_bias_cost(bh, H, W, D, key_slots(H, W, bn))``.
 
-Design notes (how key blocks follow the grid, what masked slots cost, the sweep):
-``docs/kernels/sam_attention_triton.md``.
+Design notes (how key blocks follow the grid, what masked slots cost, the sweep, the one-block
+kernel for windows that was measured slower and removed): ``docs/kernels/sam_attention_triton.md``.
 """
 from __future__ import annotations
 
@@ -35,8 +25,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from ..sam_attention_tiles import (BLOCK_MAX_S, BN_CHOICES, KERNELS, default_bm, default_bn,  # noqa: F401 (re-exported)
-                                  default_kernel, key_slots, pow2)
+from ..sam_attention_tiles import BN_CHOICES, BM, default_bn, key_slots, pow2  # noqa: F401 (re-exported)
 
 
 # log2(e) = 1.4426950408889634 is written out below: the softmax runs in the exp2 domain
@@ -102,50 +91,14 @@ def _rel_bias_fwd(Q, K, V, RH, RW, O, sm_scale, S, H, W, NH,
     _store_block(O, b, hd, s_ob, s_oh, s_os, offs_m, mask_m, acc / l_i[:, None], D)
 
 
-@triton.jit
-def _rel_bias_block_fwd(Q, K, V, RH, RW, O, sm_scale, S, H, W, NH,
-                        s_qb, s_qh, s_qs, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs,
-                        s_hb, s_hh, s_hs, s_wb, s_wh, s_ws, s_ob, s_oh, s_os,
-                        D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, KH: tl.constexpr,
-                        KW: tl.constexpr, PRECISION: tl.constexpr):
-    b, hd, offs_m, mask_m, q = _query_block(Q, S, NH, s_qb, s_qh, s_qs, D, BM)
-    offs_n = tl.arange(0, BN)
-    offs_d = tl.arange(0, D)
-    mask_n = offs_n < S
-    k = tl.load(K + b * s_kb + hd * s_kh + offs_n[:, None] * s_ks + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-    kh = tl.arange(0, KH)
-    kw = tl.arange(0, KW)
-    rh = tl.load(RH + b * s_hb + hd * s_hh + offs_m[:, None] * s_hs + kh[None, :],
-                 mask=mask_m[:, None] & (kh[None, :] < H), other=0.0)
-    rw = tl.load(RW + b * s_wb + hd * s_wh + offs_m[:, None] * s_ws + kw[None, :],
-                 mask=mask_m[:, None] & (kw[None, :] < W), other=0.0)
-    one_h = ((offs_n[None, :] // W) == kh[:, None]).to(rh.dtype)        # [KH, BN]: onehot(h(j))
-    one_w = ((offs_n[None, :] % W) == kw[:, None]).to(rw.dtype)         # [KW, BN]: onehot(w(j))
-    bias = tl.dot(rh, one_h, input_precision=PRECISION)
-    bias = tl.dot(rw, one_w, bias, input_precision=PRECISION)
-    s = (tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale + bias) * 1.4426950408889634
-    s = tl.where(mask_n[None, :], s, float("-inf"))
-    m = tl.max(s, 1)
-    p = tl.exp2(s - m[:, None])
-    l_i = tl.sum(p, 1)
-    v = tl.load(V + b * s_vb + hd * s_vh + offs_n[:, None] * s_vs + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-    acc = tl.dot(p.to(v.dtype), v, input_precision=PRECISION) / l_i[:, None]
-    _store_block(O, b, hd, s_ob, s_oh, s_os, offs_m, mask_m, acc, D)
-
-
-def attend(q, k, v, rel_h, rel_w, H: int, W: int, kernel: str | None = None, bm: int | None = None,
-           bn: int | None = None, hoist_rw: bool | None = None, num_warps: int | None = None,
-           num_stages: int | None = None) -> torch.Tensor:
+def attend(q, k, v, rel_h, rel_w, H: int, W: int, bm: int | None = None, bn: int | None = None,
+           hoist_rw: bool | None = None, num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """SAM attention with the bias added in-kernel: [B, S, nh, D] (module docstring for the layouts).
 
-    ``kernel``: ``rows`` | ``block`` (default ``default_kernel(S)``). Defaults, rows: bm 64;
-    bn = default_bn(W); hoist_rw when W <= bn; num_warps 8 for bm 128 else 4; num_stages 3.
-    Block: bm 64, 8 warps, 1 stage. fp32 inputs use IEEE fp32 dots (no TF32).
+    Defaults: bm = BM (64); bn = default_bn(W); hoist_rw when W <= bn; num_warps 8 for bm 128 else 4;
+    num_stages 3. fp32 inputs use IEEE fp32 dots (no TF32).
     """
     B, nh, S, D = q.shape
-    kernel = kernel or default_kernel(S)
-    if kernel not in KERNELS:
-        raise HarnessError(f"unknown SAM attention kernel '{kernel}'", f"one of {KERNELS}")
     if S != H * W:
         raise HarnessError(f"sequence length {S} is not H*W = {H}*{W}")
     if D < 16 or D & (D - 1) or k.shape != q.shape or v.shape != q.shape:
@@ -154,29 +107,18 @@ def attend(q, k, v, rel_h, rel_w, H: int, W: int, kernel: str | None = None, bm:
     if rel_h.shape != (B, nh, S, H) or rel_w.shape != (B, nh, S, W):
         raise HarnessError(f"rel_h{tuple(rel_h.shape)} / rel_w{tuple(rel_w.shape)} are not [B, nh, S, H] / [B, nh, S, W] "
                            f"for q{tuple(q.shape)} on a {H} x {W} grid")
-    if kernel == "block" and S > BLOCK_MAX_S:
-        raise HarnessError(f"the one-block kernel takes at most {BLOCK_MAX_S} tokens (S={S})", "use kernel='rows'")
-    q, k, v, rel_h, rel_w = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, rel_h, rel_w))
-    out = torch.empty(B, S, nh, D, dtype=q.dtype, device=q.device)
-    o = out.permute(0, 2, 1, 3)
-    strides = [s for t in (q, k, v, rel_h, rel_w, o) for s in t.stride()[:3]]
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    if kernel == "block":
-        bm = bm or default_bm(S, kernel)
-        _rel_bias_block_fwd[(triton.cdiv(S, bm), B * nh)](
-            q, k, v, rel_h, rel_w, o, D ** -0.5, S, H, W, nh, *strides,
-            D=D, BM=bm, BN=pow2(S), KH=pow2(H), KW=pow2(W), PRECISION=precision,
-            num_warps=num_warps or 8, num_stages=num_stages or 1)
-        return out
-    bm = bm or default_bm(S, kernel)
+    bm = bm or BM
     bn = bn or default_bn(W)
     nwb = -(-W // bn)
     hoist_rw = (nwb == 1) if hoist_rw is None else hoist_rw
     if hoist_rw and nwb != 1:
         raise HarnessError(f"hoist_rw needs W <= bn (W={W}, bn={bn})")
+    q, k, v, rel_h, rel_w = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, rel_h, rel_w))
+    out = torch.empty(B, S, nh, D, dtype=q.dtype, device=q.device)
+    strides = [s for t in (q, k, v, rel_h, rel_w, out.permute(0, 2, 1, 3)) for s in t.stride()[:3]]
     _rel_bias_fwd[(triton.cdiv(S, bm), B * nh)](
-        q, k, v, rel_h, rel_w, o, D ** -0.5, S, H, W, nh, *strides,
-        D=D, BM=bm, BN=bn, NWB=nwb, HOIST_RW=hoist_rw, PRECISION=precision,
+        q, k, v, rel_h, rel_w, out, D ** -0.5, S, H, W, nh, *strides,
+        D=D, BM=bm, BN=bn, NWB=nwb, HOIST_RW=hoist_rw, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps or (8 if bm == 128 else 4), num_stages=num_stages or 3)
     return out
 
@@ -196,21 +138,16 @@ def _(q, k, v, rel_h, rel_w, H, W):
 
 def bench_configs(H: int, W: int, S: int) -> list[dict]:
     """A small sweep for ``python -m harness bench sam_attention bench.sam_attention.triton=true`` (the
-    tiles that spill registers on sm90 are left out: ``docs/kernels/sam_attention_triton.md``). Sequences
-    the one-block kernel takes get its rows too."""
-    out = []
-    if S <= BLOCK_MAX_S:
-        for bm, warps in ((64, 8), (64, 4), (32, 4), (128, 8)):
-            out.append({"kernel": "block", "bm": bm, "num_warps": warps, "num_stages": 1})
+    tiles that spill registers on sm90 are left out: ``docs/kernels/sam_attention_triton.md``)."""
     bms = (64, 128) if S >= 1024 else (64,)
     one_block = pow2(W)                                      # one key block per row, rel_w hoisted
     bns = {default_bn(W)} | ({16} if W % 16 == 0 else set()) | ({one_block} if one_block <= 64 else set())
+    out = []
     for bm in bms:
         warps = 8 if bm == 128 else 4
         for bn in sorted(bns, reverse=True):
             for stages in (3, 2):
-                out.append({"kernel": "rows", "bm": bm, "bn": bn, "num_warps": warps, "num_stages": stages})
+                out.append({"bm": bm, "bn": bn, "num_warps": warps, "num_stages": stages})
             if -(-W // bn) == 1:
-                out.append({"kernel": "rows", "bm": bm, "bn": bn, "hoist_rw": False, "num_warps": warps,
-                            "num_stages": 3})
+                out.append({"bm": bm, "bn": bn, "hoist_rw": False, "num_warps": warps, "num_stages": 3})
     return out

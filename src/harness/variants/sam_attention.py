@@ -286,8 +286,7 @@ def forward(module, x: torch.Tensor, Rh, Rw, method: str = "augmented", backend:
     if method == "triton":      # strided views of qkv's output; the kernel writes proj's layout
         out = triton_attention(*qkv.unbind(0), Rh, Rw, H, W)
         if site is not None and not torch.compiler.is_compiling():
-            from ..kernels.sam_attention_triton import default_kernel
-            attn_probe.note(site, f"triton:sam_attention_triton {default_kernel(H * W)} kernel")
+            attn_probe.note(site, "triton:sam_attention_triton._rel_bias_fwd")
         return module.proj(out.view(B, H, W, -1))
     q, k, v = (t.view(B, nh, H * W, -1) for t in qkv.reshape(3, B * nh, H * W, -1).unbind(0))
     if method == "dense":

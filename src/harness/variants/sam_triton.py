@@ -6,10 +6,9 @@ decomposed rel-pos bias inside (``kernels.sam_attention_triton``): no S x S mask
   rel_h / rel_w are the vendor's einsums, the kernel writes proj's [B, H, W, C] layout. Under
   ``vision_compile`` it is the custom op ``torch.ops.harness.sam_rel_bias_attention``, which inductor
   keeps whole (no graph break).
-- ``triton-windows``: the 8 windowed blocks (14 x 14 windows: the one-block kernel, in place of the
-  dense mask that cuDNN reads); the global blocks keep ``vision_impl=fused``'s augmented SDPA.
-  ``triton``: the global blocks too (the row-walking kernel, in place of the augmented head dim's
-  doubled FLOPs).
+- ``triton-windows``: the 8 windowed blocks (14 x 14 windows, in place of the dense mask that cuDNN
+  reads); the global blocks keep ``vision_impl=fused``'s augmented SDPA. ``triton``: the global
+  blocks too (in place of the augmented head dim's doubled FLOPs).
 
 Needs ``vision_impl=fused`` and a device where Triton runs (the CPU: its interpreter, for tests).
 """
