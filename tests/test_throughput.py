@@ -187,6 +187,26 @@ def test_best_execution_is_the_named_best_with_execution_knobs_on_top():
         execution_for(HarnessConfig(throughput=ThroughputConfig()), best=True, cache_len=832)   # built by hand
 
 
+def test_a_knob_override_is_checked_over_best_not_alone():
+    """execution.sam_attention=triton needs vision_impl=fused, which best sets: in the throughput
+    experiment (best on) the CLI checks the layered execution, so it is accepted; alone (best off, or
+    outside the experiment) it is refused in one line."""
+    from harness.cli import check_overrides
+    from harness.setup import check_cases
+    from harness.throughput.pipeline import EXPERIMENT
+
+    cfg = check_overrides(["+experiment=throughput", "model=tiny", "execution.sam_attention=triton",
+                           "throughput.best=true"], verb="analyze")
+    ex = EXPERIMENT.execution_of(cfg, cfg.execution)
+    assert (ex.vision_impl, ex.sam_attention, ex.kv_cache) == ("fused", "triton", "static")
+    with pytest.raises(HarnessError, match="^execution.cuda_graphs=decode needs a CUDA device"):  # best on a CPU
+        check_cases(cfg, device=torch.device("cpu"), execution_of=EXPERIMENT.execution_of)
+    cfg.throughput.best = False
+    assert EXPERIMENT.execution_of(cfg, cfg.execution) == cfg.execution
+    with pytest.raises(HarnessError, match="^execution.sam_attention=triton needs vision_impl=fused"):
+        check_cases(cfg, device=torch.device("cpu"), execution_of=EXPERIMENT.execution_of)
+
+
 # -------------------------------------------------------------------------- end to end (CLI)
 
 def start_runs(tmp_path_factory, submit) -> dict:

@@ -232,12 +232,14 @@ def _compose_checked(args: list[str], verb: str = "run") -> tuple:
         except Exception as exc:  # noqa: BLE001 - Hydra/OmegaConf composition errors
             raise config_error(exc) from None
         hc = to_config(cfg)
+        kind = None
         if verb == "run":         # the experiment's module is there and takes this config
             from .lifecycle import experiment_class
-            experiment_class(hc, None if not _multirun(args) else "gpus" if "hydra/launcher=gpus" in args else "other")
+            kind = experiment_class(hc, None if not _multirun(args) else "gpus" if "hydra/launcher=gpus" in args
+                                    else "other")
         if verb in MODEL_VERBS:
             from .setup import check_cases
-            check_cases(hc)
+            check_cases(hc, execution_of=kind.execution_of if kind is not None else None)
         first = first or hc
     GlobalHydra.instance().clear()
     if verb == "bench":

@@ -130,6 +130,12 @@ class Experiment:
         ``sweep``: None for one run, else the kind of multirun the CLI was given (``gpus``: Hydra's
         one-GPU-per-job launcher, ``other``)."""
 
+    @classmethod
+    def execution_of(cls, cfg: HarnessConfig, execution):
+        """The execution this experiment runs where the config says ``execution`` (the CLI's check of
+        every case, ``setup.check_cases``, checks that one); the default: ``execution`` itself."""
+        return execution
+
     def data(self, rd: RunDir) -> RunData:
         """What the run keeps in memory (handed to ``write`` and to the close); the default holds
         the manifest alone."""

@@ -361,7 +361,7 @@ def check_run_only(cfg: HarnessConfig) -> None:
 
 
 def check_cases(cfg: HarnessConfig, cases: Optional[list] = None, device: Optional[torch.device] = None,
-                dtype: Optional[torch.dtype] = None) -> dict:
+                dtype: Optional[torch.dtype] = None, execution_of=None) -> dict:
     """{case name: reason} of the cases to skip: every case's execution (``cases``: prepared
     ``CaseInputs``, else the config's cases) goes through ``harness.variants.check`` on ``device``
     (default: ``cfg.device`` resolved). An execution that would not run, or would run as something
@@ -370,7 +370,9 @@ def check_cases(cfg: HarnessConfig, cases: Optional[list] = None, device: Option
     The static cache's length is checked against each request's prompt + decode tokens (the config's
     cases are prepared for that, and for ``run.only``'s selection, only when either is set). Prompt
     + decode positions beyond what the model holds (``position_limit``) are refused
-    (``check_positions``): exactly for prepared cases, else from a lower bound of the prompt."""
+    (``check_positions``): exactly for prepared cases, else from a lower bound of the prompt.
+    ``execution_of(cfg, execution)``: the execution the experiment runs for a case's (its
+    ``Experiment.execution_of``; the throughput experiment layers ``best`` under it)."""
     from . import variants
     from .variants.base import CannotRunHere
 
@@ -393,6 +395,8 @@ def check_cases(cfg: HarnessConfig, cases: Optional[list] = None, device: Option
                [(name, ex, None, w.batch) for name, w, ex in case_workloads(cfg)])
     skipped, first = {}, None
     for name, ex, positions, batch in entries:
+        if execution_of is not None:
+            ex = execution_of(cfg, ex)
         try:
             variants.check(ex, device, dtype, model=cfg.model, positions=positions, batch=batch)
         except CannotRunHere as exc:

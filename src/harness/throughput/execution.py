@@ -41,13 +41,18 @@ def changed_knobs(ex: ExecutionConfig) -> dict:
     return {k: v for k, v in ex.execution().items() if v != getattr(defaults, k)}
 
 
-def execution_for(cfg: HarnessConfig, best: bool, cache_len: int, device=None, dtype=None) -> ExecutionConfig:
-    """The execution the run runs (see the module docstring), checked on ``device`` in ``dtype``
-    (``harness.variants.check``: refused in one line where it cannot run)."""
+def layered(cfg: HarnessConfig, best: bool) -> ExecutionConfig:
+    """``best``'s knobs (when ``best``), ``execution.*``'s changed knobs on top, then ``throughput.execution``'s."""
     ex = cfg.execution
     if best:
         ex = dataclasses.replace(ex, **{**best_execution(cfg), **changed_knobs(ex)})
-    ex = case_execution(ex, cfg.throughput)
+    return case_execution(ex, cfg.throughput)
+
+
+def execution_for(cfg: HarnessConfig, best: bool, cache_len: int, device=None, dtype=None) -> ExecutionConfig:
+    """The execution the run runs (see the module docstring), checked on ``device`` in ``dtype``
+    (``harness.variants.check``: refused in one line where it cannot run)."""
+    ex = layered(cfg, best)
     if ex.kv_cache == "static" and ex.static_cache_len is None:
         ex = dataclasses.replace(ex, static_cache_len=cache_len)
     if device is not None:
@@ -61,4 +66,4 @@ def apply_execution(model, cfg: HarnessConfig, best: bool, cache_len: int) -> di
     return variants.apply(model, execution_for(cfg, best, cache_len), p.device)
 
 
-__all__ = ["BEST", "best_execution", "changed_knobs", "execution_for", "apply_execution"]
+__all__ = ["BEST", "best_execution", "changed_knobs", "layered", "execution_for", "apply_execution"]

@@ -132,6 +132,13 @@ class Throughput(Experiment):
         from .gpus import plan_for
         plan_for(cfg, sweep)         # throughput.gpus: more than visible, a CPU or a one-GPU-per-job sweep refused
 
+    @classmethod
+    def execution_of(cls, cfg: HarnessConfig, execution):
+        """``best``'s knobs under ``execution.*`` (``execution.layered``): what a knob override is checked with."""
+        from ..setup import resolve_device
+        from .execution import layered
+        return layered(cfg, plan.resolve(cfg.throughput, resolve_device(cfg.device).type == "cuda").best)
+
     def data(self, rd: RunDir) -> RunData:
         self.out, self.gpus = Outputs(rd), self.gpu_plan()
         return RunData(rd.path, rd.manifest)
