@@ -23,11 +23,13 @@ TOL = 1e-5
 
 
 @pytest.mark.parametrize("H, W, kw", [
-    (8, 8, {}),                                 # W < BN=16: rel_w tile hoisted, half the slots masked
-    (6, 10, {}),                                # non-square grid
-    (14, 14, {"bm": 64}),                       # a 14 x 14 window: S=196 not a multiple of BM
-    (4, 20, {"bn": 16}),                        # two key blocks per row (rel_w loaded per block)
-    (8, 8, {"bm": 16, "hoist_rw": False}),      # small query blocks, no hoisting
+    (8, 8, {}),                                 # blocks of 4 rows x 16 slots (8 real): half the slots masked
+    (6, 10, {}),                                # non-square; the 2nd block's last 2 rows lie past H: masked
+    (14, 14, {"bm": 64}),                       # a 14 x 14 window: S=196 not a multiple of BM; 4 blocks of 4 rows
+    (14, 14, {"bn": 16, "rows": 1}),            # the same window one row per block (14 steps)
+    (6, 10, {"bn": 32, "rows": 2}),             # 2 rows per block
+    (4, 20, {"bn": 16}),                        # one row per block, two blocks per row (rel_w loaded per block)
+    (8, 8, {"bm": 16, "hoist_rw": False}),      # small query blocks, rel_w not hoisted
 ])
 def test_triton_matches_dense(H, W, kw):
     q, k, v, Rh, Rw = draw(2, 2, H, W, d=16, seed=H * 100 + W + len(kw))
@@ -60,16 +62,22 @@ def test_triton_reads_strided_views_and_the_custom_op_equals_attend():
 def test_block_choice_and_slots():
     assert st.default_bn(64) == 64 and st.default_bn(80) == 32 and st.default_bn(40) == 16
     assert st.default_bn(14) == 16 and st.default_bn(8) == 16
-    assert st.key_slots(64, 64, 64) == 4096 and st.key_slots(80, 80, 32) == 80 * 96 and st.key_slots(14, 14) == 224
-    assert tiles.slots(14, 14) == (256, 224) and tiles.slots(64, 64) == (4096, 4096)
+    assert tiles.default_block(14) == (64, 4) and tiles.default_block(64) == (64, 1) and tiles.default_block(40) == (16, 1)
+    # 14 x 14: 4 blocks of 4 rows (the last 2 rows past the grid) x 16 slots = 256; one row per block: 14 x 16
+    assert st.key_slots(14, 14) == 256 and st.key_slots(14, 14, 16, 1) == 224 and st.key_slots(6, 10, 32, 2) == 96
+    assert st.key_slots(64, 64) == 4096 and st.key_slots(80, 80, 32) == 80 * 96 and st.key_slots(40, 40) == 40 * 48
+    assert tiles.slots(14, 14) == (256, 256) and tiles.slots(64, 64) == (4096, 4096)
     c = sa.inkernel_bias_cost(12, 64, 64, 64, st.key_slots(64, 64, 64))
     assert c.flops_kernel == c.flops_useful == 4 * 12 * 4096 ** 2 * 64
     assert c.bytes_kernel == 2 * (4 * 12 * 4096 * 64 + 12 * 4096 * 128)
-    assert {c["bn"] for c in st.bench_configs(80, 80, 6400)} == {32, 16}
-    assert {c["bn"] for c in st.bench_configs(40, 40, 1600)} == {64, 16}
-    assert {c["bn"] for c in st.bench_configs(14, 14, 196)} == {16}
+    one_row = [c for c in st.bench_configs(80, 80, 6400) if c.get("rows", 1) == 1]
+    assert {c["bn"] for c in one_row} == {32, 16} and len(one_row) == len(st.bench_configs(80, 80, 6400))
+    assert {(c["bn"], c.get("rows", 1)) for c in st.bench_configs(40, 40, 1600)} == {(64, 1), (16, 1), (128, 2)}
+    window = st.bench_configs(14, 14, 196)
+    assert {(c["bn"], c.get("rows", 1)) for c in window} == {(16, 1), (32, 2), (64, 4)}
+    assert {(c["bn"], c.get("rows", 1)) for c in st.bench_configs(64, 64, 4096)} == {(64, 1), (16, 1), (128, 2)}
     for cfg in st.bench_configs(64, 64, 4096) + st.bench_configs(40, 40, 1600):
-        assert cfg["bn"] in st.BN_CHOICES and cfg["bm"] in (64, 128)
+        assert cfg["bm"] in (64, 128)
 
 
 def test_triton_rejects_what_it_cannot_do():
@@ -83,6 +91,10 @@ def test_triton_rejects_what_it_cannot_do():
     rel_h, rel_w = sa.rel_terms(q, Rh, Rw, 4, 5)
     with pytest.raises(HarnessError, match="rel_h"):
         st.attend(q, k, v, rel_w, rel_h, 4, 5)
+    with pytest.raises(HarnessError, match="in 4 rows"):
+        st.attend(q, k, v, rel_h, rel_w, 4, 5, bn=32, rows=4)       # rows of 8 slots
+    with pytest.raises(HarnessError, match="in 2 rows"):
+        sa.triton_attention(*draw(1, 1, 2, 20, d=16, seed=9), 2, 20, bn=32, rows=2)   # 16 columns < W
 
 
 def test_module_forward_with_triton_method():

@@ -3,8 +3,8 @@ it visits (masked slots included), for the kernel's launcher and for the analyti
 (``harness.analytic``: the executed FLOPs of ``sam_attention=triton``). Torch- and triton-free: the
 readers of a run load it.
 
-A sequence is an H x W grid of S = H * W tokens, walked in H rows of cdiv(W, bn) key blocks of bn
-keys, queries in blocks of BM.
+A sequence is an H x W grid of S = H * W tokens, walked in key blocks of ``rows`` grid rows x
+bn / rows columns (rows = 1: H rows of cdiv(W, bn) blocks of bn keys), queries in blocks of BM.
 """
 from __future__ import annotations
 
@@ -26,10 +26,22 @@ def default_bn(W: int) -> int:
     return ok[0] if ok else min(BN_CHOICES, key=lambda bn: (waste[bn], -bn))
 
 
-def key_slots(H: int, W: int, bn: int | None = None) -> int:
-    """Keys visited per query: H * cdiv(W, bn) * bn (bn None: default_bn(W))."""
-    bn = bn or default_bn(W)
-    return H * -(-W // bn) * bn
+def default_block(W: int) -> tuple[int, int]:
+    """(bn, rows) of a key block: several rows of pow2(W) slots where a row fits in at most a quarter of
+    64 keys (14-wide windows: 4 rows of 16, bn 64: 4 steps per window instead of 14); else one row,
+    default_bn(W)."""
+    if pow2(W) <= 16:
+        return 64, 64 // pow2(W)
+    return default_bn(W), 1
+
+
+def key_slots(H: int, W: int, bn: int | None = None, rows: int = 1) -> int:
+    """Keys visited per query: cdiv(H, rows) blocks x rows x cdiv(W, wc) x wc slots, wc = bn // rows
+    (bn None: default_block(W))."""
+    if bn is None:
+        bn, rows = default_block(W)
+    wc = bn // rows
+    return -(-H // rows) * rows * -(-W // wc) * wc
 
 
 def slots(H: int, W: int) -> tuple[int, int]:

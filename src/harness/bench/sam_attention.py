@@ -220,7 +220,7 @@ def bench_triton(case: Case) -> None:
     except ImportError as exc:
         case.skip(f"triton: {exc}")
         return
-    short = {"bm": "bm", "bn": "bn", "num_warps": "w", "num_stages": "s", "hoist_rw": "hoist"}
+    short = {"bm": "bm", "bn": "bn", "rows": "r", "num_warps": "w", "num_stages": "s", "hoist_rw": "hoist"}
     for cfg in st.bench_configs(H, W, H * W):
         label = "triton[" + " ".join(f"{short[key]}{int(val)}" for key, val in cfg.items()) + "]"
 
@@ -231,7 +231,7 @@ def bench_triton(case: Case) -> None:
         except Exception as exc:  # noqa: BLE001
             case.skip(f"{label}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
             continue
-        cost = sa.inkernel_bias_cost(case.bh, H, W, D, st.key_slots(H, W, cfg["bn"]))
+        cost = sa.inkernel_bias_cost(case.bh, H, W, D, st.key_slots(H, W, cfg["bn"], cfg.get("rows", 1)))
         case.add(f"{label} full", call, out, cost, False, "triton")
 
 
