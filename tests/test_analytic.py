@@ -160,7 +160,7 @@ def test_useful_and_tensor_conventions():
 def test_sam_inkernel_counts_the_kernels_slots_and_no_mask():
     """sam_attention=triton (method inkernel), base mode, one view, bf16, 12 heads of 64:
     windows: 25 windows of 196 tokens; the kernel visits 4 query blocks of 64 = 256 query slots x
-    4 key blocks of 4 rows x 16 slots = 256 key slots (the last block's 2 rows past the grid masked); global: 4096 x 4096 slots (query blocks of 64,
+    7 key blocks of 2 rows x 16 slots = 224 key slots; global: 4096 x 4096 slots (query blocks of 64,
     key rows of 64: nothing masked). Bytes: the kernel reads q, k, v (3 x 196 x 768 per window) and
     rel_h, rel_w (12 heads x 196 x 28) and writes its output; no 196 x 196 mask."""
     C, nh, d = 768, 12, 64
@@ -168,7 +168,7 @@ def test_sam_inkernel_counts_the_kernels_slots_and_no_mask():
     dense = F.SAMAttention(1, 64, C, nh, 14, 14).cost()
     P = 25 * 196
     gemm, rel = 8 * P * C * C, 2 * 25 * nh * 196 * 14 * d * 2
-    assert win.tensor_flops == gemm + rel + 4 * 25 * nh * 256 * 256 * d
+    assert win.tensor_flops == gemm + rel + 4 * 25 * nh * 256 * 224 * d
     assert win.flops_useful == dense.flops_useful
     mask = 25 * nh * 196 * 196 * 2                                     # the dense mask, written and read
     assert dense.bytes_act_write - win.bytes_act_write == mask

@@ -23,11 +23,11 @@ TOL = 1e-5
 
 
 @pytest.mark.parametrize("H, W, kw", [
-    (8, 8, {}),                                 # blocks of 4 rows x 16 slots (8 real): half the slots masked
-    (6, 10, {}),                                # non-square; the 2nd block's last 2 rows lie past H: masked
-    (14, 14, {"bm": 64}),                       # a 14 x 14 window: S=196 not a multiple of BM; 4 blocks of 4 rows
+    (8, 8, {}),                                 # blocks of 2 rows x 16 slots (8 real): half the slots masked
+    (7, 10, {}),                                # non-square; the 4th block's 2nd row lies past H: masked
+    (14, 14, {"bm": 64}),                       # a 14 x 14 window: S=196 not a multiple of BM; 7 blocks of 2 rows
     (14, 14, {"bn": 16, "rows": 1}),            # the same window one row per block (14 steps)
-    (6, 10, {"bn": 32, "rows": 2}),             # 2 rows per block
+    (6, 10, {"bn": 64, "rows": 4}),             # 4 rows per block; the 2nd block's last 2 rows past H
     (4, 20, {"bn": 16}),                        # one row per block, two blocks per row (rel_w loaded per block)
     (8, 8, {"bm": 16, "hoist_rw": False}),      # small query blocks, rel_w not hoisted
 ])
@@ -62,11 +62,11 @@ def test_triton_reads_strided_views_and_the_custom_op_equals_attend():
 def test_block_choice_and_slots():
     assert st.default_bn(64) == 64 and st.default_bn(80) == 32 and st.default_bn(40) == 16
     assert st.default_bn(14) == 16 and st.default_bn(8) == 16
-    assert tiles.default_block(14) == (64, 4) and tiles.default_block(64) == (64, 1) and tiles.default_block(40) == (16, 1)
-    # 14 x 14: 4 blocks of 4 rows (the last 2 rows past the grid) x 16 slots = 256; one row per block: 14 x 16
-    assert st.key_slots(14, 14) == 256 and st.key_slots(14, 14, 16, 1) == 224 and st.key_slots(6, 10, 32, 2) == 96
+    assert tiles.default_block(14) == (32, 2) and tiles.default_block(64) == (64, 1) and tiles.default_block(40) == (16, 1)
+    # 14 x 14: 7 blocks of 2 rows x 16 slots = 224; 4 blocks of 4 rows (the last 2 past the grid) = 256
+    assert st.key_slots(14, 14) == 224 and st.key_slots(14, 14, 64, 4) == 256 and st.key_slots(6, 10, 32, 2) == 96
     assert st.key_slots(64, 64) == 4096 and st.key_slots(80, 80, 32) == 80 * 96 and st.key_slots(40, 40) == 40 * 48
-    assert tiles.slots(14, 14) == (256, 256) and tiles.slots(64, 64) == (4096, 4096)
+    assert tiles.slots(14, 14) == (256, 224) and tiles.slots(64, 64) == (4096, 4096)
     c = sa.inkernel_bias_cost(12, 64, 64, 64, st.key_slots(64, 64, 64))
     assert c.flops_kernel == c.flops_useful == 4 * 12 * 4096 ** 2 * 64
     assert c.bytes_kernel == 2 * (4 * 12 * 4096 * 64 + 12 * 4096 * 128)

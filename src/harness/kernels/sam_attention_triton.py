@@ -4,7 +4,7 @@ Computes exactly what ``sam_attention.dense_bias_attention`` computes, without a
 and without widening the head dim: scores = q_i . k_j * scale + rel_h[i, h(j)] + rel_w[i, w(j)]
 with rel_h [B, nh, S, H], rel_w [B, nh, S, W] from the dense path's einsums
 (``sam_attention.rel_terms``). Key blocks follow the grid: a block holds R rows of BN / R columns
-(R = 1: H rows of cdiv(W, BN) blocks; a 14 x 14 window: 4 rows of 16 slots, 14 real), so rel_h is
+(R = 1: H rows of cdiv(W, BN) blocks; a 14 x 14 window: 2 rows of 16 slots, 14 real), so rel_h is
 one column per row and rel_w one tile per column chunk (hoisted when a chunk spans the row). Online
 softmax in fp32 (exp2 domain), fp32 accumulators; the output has q's dtype. Forward only.
 
