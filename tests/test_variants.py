@@ -310,6 +310,26 @@ def test_fused_vision_matches_vendor_style_fp32(mode, grid, sam):
     variants.apply(model, ExecutionConfig())
 
 
+def test_the_triton_sam_attention_leaves_a_compiled_block_whole():
+    """vision_compile compiles each SAM block; the Triton attention must not break its graph (the
+    session before it was a custom op called the kernel around the compiled blocks, and the break's
+    copies took back most of the kernel's gain). Dynamo's explain (eager backend: no inductor needed)
+    over the tiny model's windowed and global block: one graph each, no break, the custom op in it."""
+    if not triton_runs():
+        pytest.skip("Triton cannot run here (not importable or TRITON_INTERPRET unset before import)")
+    model = build_model(load_tiny_cfg(), "cpu", torch.float32, seed=0)
+    variants.apply(model, ExecutionConfig(vision_impl="fused", sam_attention="triton"))
+    x = torch.randn(1, 16, 16, 32)                 # the tiny SAM's 256 px view: a 16 x 16 grid of 32 channels
+    for blk, window in zip(model.model.sam_model.blocks, (14, 0)):
+        assert blk.window_size == window and type(blk.attn).__name__ == "TritonSAMAttention"
+        torch._dynamo.reset()
+        ex = torch._dynamo.explain(blk)(x)
+        assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex.break_reasons
+        assert "harness.sam_rel_bias_attention" in ex.graphs[0].code
+    torch._dynamo.reset()
+    variants.apply(model, ExecutionConfig())
+
+
 def test_gemm_patch_embed_is_the_convolution_fp32():
     """GemmPatchEmbed: 16 x 16 patches of 3 channels as one GEMM give the stride-16 convolution's
     [B, H/16, W/16, C] (fp32: the same 768 products per output, summed in another order); a side
