@@ -47,6 +47,9 @@ def test_modes_table():
         "tiny": (512, 512, False), "small": (640, 640, False), "base": (1024, 1024, False),
         "large": (1280, 1280, False), "gundam": (1024, 640, True)}
     assert layout.PATCH_SIZE == 16 and layout.DOWNSAMPLE == 4
+    # the vendor's process() resizes to a square first only without crop at <= 640 px (tiny, small)
+    assert {k for k, m in layout.MODES.items() if m.squares_first} == {"tiny", "small"}
+    assert not layout.CropMode("c", 1024, 640, True).squares_first and layout.CropMode("u", 64, 64, False).squares_first
 
 
 def test_get_mode_forms():

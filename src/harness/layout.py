@@ -36,6 +36,12 @@ class CropMode:
     image_size: int
     crop: bool
 
+    @property
+    def squares_first(self) -> bool:
+        """Whether the vendor resizes the page to an image_size square before padding it: modes without
+        crop of at most 640 px (tiny, small); larger ones keep the aspect ratio."""
+        return not self.crop and self.image_size <= 640
+
 
 MODES: dict[str, CropMode] = {
     "tiny": CropMode("tiny", 512, 512, False),

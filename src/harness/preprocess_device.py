@@ -273,7 +273,7 @@ def views_and_tiles(pixels: list, mode, dtype: torch.dtype = torch.float32) -> t
             view = pad(x, mode.base_size)
             cut = None if grid is None else normalise(tiles(x, grid, mode.image_size), dtype)
         else:
-            if mode.image_size <= 640:
+            if mode.squares_first:
                 x = resize(x, (mode.image_size, mode.image_size))
             view, cut = pad(x, mode.image_size), None
         if len(rows) == len(pixels):                # one size: the batch as it is, in page order

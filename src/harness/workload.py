@@ -80,8 +80,8 @@ def preprocess(image: Image.Image, mode) -> PreparedImage:
     """Page -> global view (+ tiles in crop mode), as the vendor prepares it.
 
     Crop mode: global view = page padded (aspect kept, grey fill) to base_size; tiles from the
-    page resized to the grid and cut row-major. No crop: image_size <= 640 first resizes the page
-    to a square; the view is then padded to image_size (larger sizes keep the aspect ratio).
+    page resized to the grid and cut row-major. No crop: the page is resized to a square first where
+    ``mode.squares_first`` (image_size <= 640); the view is then padded to image_size.
     """
     mode = get_mode(mode)
     if image.mode != "RGB":
@@ -92,7 +92,7 @@ def preprocess(image: Image.Image, mode) -> PreparedImage:
         tiles = None if grid is None else torch.stack([to_tensor(t) for t in _tiles(image, grid, mode.image_size)])
     else:
         grid, tiles = None, None
-        if mode.image_size <= 640:
+        if mode.squares_first:
             image = image.resize((mode.image_size, mode.image_size))
         view = ImageOps.pad(image, (mode.image_size, mode.image_size), color=PAD_COLOR)
     return PreparedImage(to_tensor(view), tiles, grid, image_token_count(mode, grid))

@@ -72,9 +72,8 @@ def page_steps(data: bytes, mode, device: torch.device, sync) -> tuple:
     ms = {}
     image, ms[DECODE] = _timed(lambda: _decode(data))
     side = mode.base_size if mode.crop else mode.image_size
-    square = not mode.crop and mode.image_size <= 640       # the vendor resizes to a square first
     view, ms["host path: resize + pad (ImageOps.pad)"] = _timed(lambda: ImageOps.pad(
-        image.resize((side, side)) if square else image, (side, side), color=wl.PAD_COLOR))
+        image.resize((side, side)) if mode.squares_first else image, (side, side), color=wl.PAD_COLOR))
     _, ms["host path: normalise the view (to_tensor)"] = _timed(lambda: wl.to_tensor(view))
     grid = tile_grid_for(*image.size, mode)
     if grid is not None:

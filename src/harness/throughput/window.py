@@ -30,9 +30,14 @@ from ..measure.observations import busy_ms
 #: a resource busy for at least this fraction of the window is saturated (see ``bound``)
 SATURATED = 0.85
 
+def _clip(start, end, lo: float, hi: float) -> tuple:
+    """The intervals [start, end] clipped to [lo, hi] (arrays of starts and ends) [s]."""
+    return np.clip(np.asarray(start, float), lo, hi), np.clip(np.asarray(end, float), lo, hi)
+
+
 def _clipped(start, end, lo: float, hi: float) -> float:
     """Total length of intervals [start, end] inside [lo, hi] [s]."""
-    s, e = np.clip(np.asarray(start, float), lo, hi), np.clip(np.asarray(end, float), lo, hi)
+    s, e = _clip(start, end, lo, hi)
     return float(np.sum(e - s))
 
 
@@ -66,8 +71,7 @@ def bound(prep_busy: float, copy_busy: float, gpu_busy: float, stage_ms: dict) -
 def union_seconds(starts, ends, lo: float, hi: float) -> float:
     """Seconds of [lo, hi] covered by at least one of the intervals [starts[i], ends[i]] [s]
     (``measure.observations.busy_ms`` of the clipped intervals)."""
-    s = np.clip(np.asarray(starts, dtype=float), lo, hi)
-    e = np.clip(np.asarray(ends, dtype=float), lo, hi)
+    s, e = _clip(starts, ends, lo, hi)
     return busy_ms(pd.DataFrame({"start_ms": s, "dur_ms": np.maximum(e - s, 0.0)}))
 
 
