@@ -29,7 +29,9 @@ TOL = 1e-5
     (14, 14, {"bn": 16, "rows": 1}),            # the same window one row per block (14 steps)
     (6, 10, {"bn": 64, "rows": 4}),             # 4 rows per block; the 2nd block's last 2 rows past H
     (4, 20, {"bn": 16}),                        # one row per block, two blocks per row (rel_w loaded per block)
+    (5, 20, {"rows": 1}),                       # rows=1 alone: default_bn(20) = 16, two blocks per row
     (8, 8, {"bm": 16, "hoist_rw": False}),      # small query blocks, rel_w not hoisted
+    (7, 10, {"hoist_rw": False}),               # rows past H with rel_w loaded per block
 ])
 def test_triton_matches_dense(H, W, kw):
     q, k, v, Rh, Rw = draw(2, 2, H, W, d=16, seed=H * 100 + W + len(kw))
@@ -55,8 +57,15 @@ def test_triton_reads_strided_views_and_the_custom_op_equals_attend():
     dev = [t.to(DEV) for t in (q, k, v, rel_h, rel_w)]
     out = st.attend(*dev, H, W).cpu()
     assert rel_err(out.permute(0, 2, 1, 3), ref) <= TOL
-    op = torch.ops.harness.sam_rel_bias_attention(*dev, H, W).cpu()
-    assert torch.equal(op, st.attend(*dev, H, W).cpu())
+    torch.library.opcheck(torch.ops.harness.sam_rel_bias_attention.default, (*dev, H, W))  # fake vs real, schema
+
+
+def test_the_launch_grid_is_one_axis():
+    """A 2-D grid's second axis stops at 65,535 programs: base mode at batch 219 already has 5,475
+    windows x 12 heads = 65,700 (window, head) pairs; gundam's tiles at batch 128, 128 x 6 tiles x 9
+    windows x 12 heads = 82,944. The kernel's grid is one axis of query blocks x pairs."""
+    assert st.launch_grid(196, 64, 128 * 6 * 9 * 12) == (4 * 82944,)
+    assert st.launch_grid(4096, 64, 128 * 12) == (64 * 1536,)
 
 
 def test_block_choice_and_slots():
@@ -95,6 +104,11 @@ def test_triton_rejects_what_it_cannot_do():
         st.attend(q, k, v, rel_h, rel_w, 4, 5, bn=32, rows=4)       # rows of 8 slots
     with pytest.raises(HarnessError, match="in 2 rows"):
         sa.triton_attention(*draw(1, 1, 2, 20, d=16, seed=9), 2, 20, bn=32, rows=2)   # 16 columns < W
+    for tile in ({"bm": 48}, {"bn": 48}, {"bm": 8}):
+        with pytest.raises(HarnessError, match="powers of two of at least 16"):
+            st.attend(q, k, v, rel_h, rel_w, 4, 5, **tile)
+    with pytest.raises(HarnessError, match="one device and dtype"):
+        st.attend(q, k, v, rel_h.double(), rel_w, 4, 5)
 
 
 def test_module_forward_with_triton_method():

@@ -201,6 +201,8 @@ def test_a_knob_override_is_checked_over_best_not_alone():
     assert (ex.vision_impl, ex.sam_attention, ex.kv_cache) == ("fused", "triton", "static")
     with pytest.raises(HarnessError, match="^execution.cuda_graphs=decode needs a CUDA device"):  # best on a CPU
         check_cases(cfg, device=torch.device("cpu"), execution_of=EXPERIMENT.execution_of)
+    case = dataclasses.replace(cfg.execution, decode_attention="sdpa", moe_kernel="torch")   # a case's own execution
+    assert EXPERIMENT.execution_of(cfg, case).moe_kernel == "torch"
     cfg.throughput.best = False
     assert EXPERIMENT.execution_of(cfg, cfg.execution) == cfg.execution
     with pytest.raises(HarnessError, match="^execution.sam_attention=triton needs vision_impl=fused"):

@@ -55,7 +55,8 @@ def test_sam_attention_triton_needs_the_fused_vision():
             "fix: add execution.vision_impl=fused")
     assert check_overrides(TINY + ["execution.vision_impl=fused", "execution.sam_attention=sdpa"]) is not None
     assert knobs.label(ExecutionConfig(vision_impl="fused", sam_attention="triton-windows")) == (
-        "fused vision + triton SAM attention")
+        "fused vision + triton SAM attention (windows)")
+    assert knobs.label({"vision_impl": "fused", "sam_attention": "triton"}) == "fused vision + triton SAM attention"
     assert knobs.label(ExecutionConfig(vision_impl="fused")) == "fused vision"
 
 

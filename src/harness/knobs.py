@@ -80,9 +80,12 @@ def active(execution) -> list:
 
 def label(execution) -> str:
     """'static KV + grouped MoE (torch) + ...' for an execution (a manifest's dict names the resolved
-    MoE kernel); 'vendor-style' when every knob is the vendor's."""
+    MoE kernel; ``sam_attention=triton-windows`` reads 'triton SAM attention (windows)'); 'vendor-style'
+    when every knob is the vendor's."""
     kernel = execution.get("moe_kernel_resolved") if isinstance(execution, dict) else None
-    parts = [f"{k.label} ({kernel})" if k is GROUPED_MOE and kernel else k.label for k in active(execution)]
+    windows = _config(execution).sam_attention == "triton-windows"
+    parts = [f"{k.label} ({kernel})" if k is GROUPED_MOE and kernel else f"{k.label} (windows)" if k is SAM_TRITON
+             and windows else k.label for k in active(execution)]
     return " + ".join(parts) or "vendor-style"
 
 

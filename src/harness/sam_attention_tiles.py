@@ -30,7 +30,7 @@ def default_block(W: int) -> tuple[int, int]:
     """(bn, rows) of a key block: two rows of pow2(W) slots where pow2(W) is 16 (14-wide windows: bn 32,
     7 steps per window instead of 14); else one row, default_bn(W). An H200, the windows of 32 pages
     (``bench sam_attention``, runs/examples/h200-sam-triton): 2 rows 1.532 ms, 1 row 1.548, 4 rows 1.628;
-    the global blocks of 8 pages: 1 row of 64 1.371 ms, 2 rows of 64 1.583."""
+    the global blocks of 8 pages: 1 row of 64 1.371 ms, 2 rows of 64 1.582."""
     if pow2(W) <= 16:
         return 32, 2
     return default_bn(W), 1

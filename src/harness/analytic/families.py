@@ -309,7 +309,7 @@ class SAMAttention(Family):
     all; ``harness.kernels.sam_attention_triton``): no mask and no wider head dim; the kernel adds
     rel_h[i, h(j)] + rel_w[i, w(j)] to each score. It visits qs x ks score slots per window or image
     (``harness.sam_attention_tiles.slots``: masked slots included): 4*Bw*nh*qs*ks*d. Vector: scale,
-    bias add and softmax (1 + 1 + 5) per real score. Bytes: the kernel reads q, k, v, rel_h, rel_w and
+    the two bias adds and softmax (1 + 2 + 5) per real score. Bytes: the kernel reads q, k, v, rel_h, rel_w and
     writes its output once; no mask, no q' / k'.
     """
 
@@ -355,7 +355,7 @@ class SAMAttention(Family):
             counted = gemm + rel + kernel
             return Cost(
                 tensor_flops=counted, flops_counted=counted, flops_useful=useful,
-                vector_flops=4 * P * C + (1 + 1 + SOFTMAX) * scores + real,
+                vector_flops=4 * P * C + (1 + 2 + SOFTMAX) * scores + real,
                 bytes_weights=params * self.b,
                 bytes_act_read=(real + P * C + 3 * P * C + relw + P * C + real) * self.b,
                 bytes_act_write=(3 * P * C + relw + P * C + real) * self.b,

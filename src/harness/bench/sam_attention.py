@@ -231,7 +231,8 @@ def bench_triton(case: Case) -> None:
         except Exception as exc:  # noqa: BLE001
             case.skip(f"{label}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
             continue
-        cost = sa.inkernel_bias_cost(case.bh, H, W, D, st.key_slots(H, W, cfg["bn"], cfg.get("rows", 1)))
+        cost = sa.inkernel_bias_cost(case.bh, H, W, D, st.key_slots(H, W, cfg["bn"], cfg.get("rows", 1)),
+                                     -(-H * W // cfg["bm"]) * cfg["bm"])
         case.add(f"{label} full", call, out, cost, False, "triton")
 
 

@@ -9,12 +9,12 @@ one column per row and rel_w one tile per column chunk (hoisted when a chunk spa
 softmax in fp32 (exp2 domain), fp32 accumulators; the output has q's dtype. Forward only.
 
 Layouts: q, k, v are [B, nh, S, D] views with any strides whose last is 1 (SAM's q, k, v are
-strided views of the qkv linear's [B, S, 3, nh, D] output: no copy is made); rel_h, rel_w alike.
+strided views of the qkv linear's [B, S, 3, nh, D] output, read in place); rel_h, rel_w alike.
 The output is [B, S, nh, D] contiguous, the layout SAM's proj reads as [B, H, W, C]. D a power of
 two >= 16. Under torch.compile the kernel runs as the opaque custom op
 ``torch.ops.harness.sam_rel_bias_attention`` (inductor compiles what is around it; no graph break).
 Tested under TRITON_INTERPRET=1 on the CPU. Tile rules: ``harness.sam_attention_tiles``. Cost:
-``sam_attention.inkernel_bias_cost(bh, H, W, D, key_slots(H, W, bn, rows))``.
+``sam_attention.inkernel_bias_cost(bh, H, W, D, key_slots(H, W, bn, rows), query_slots)``.
 
 Design notes (how key blocks follow the grid, what masked slots cost, the sweep, the one-block
 kernel for windows that was measured slower and removed): ``docs/kernels/sam_attention_triton.md``.
@@ -31,33 +31,23 @@ from ..sam_attention_tiles import BN_CHOICES, BM, default_block, default_bn, key
 
 # log2(e) = 1.4426950408889634 is written out below: the softmax runs in the exp2 domain
 @triton.jit
-def _query_block(Q, S, NH, s_qb, s_qh, s_qs, D: tl.constexpr, BM: tl.constexpr):
-    """This program's (image or window, head) and its BM queries: (b, hd, offs_m, mask_m, q [BM, D])."""
-    bh = tl.program_id(1)
-    b = (bh // NH).to(tl.int64)
-    hd = (bh % NH).to(tl.int64)
-    offs_m = tl.program_id(0) * BM + tl.arange(0, BM)
-    mask_m = offs_m < S
-    q = tl.load(Q + b * s_qb + hd * s_qh + offs_m[:, None] * s_qs + tl.arange(0, D)[None, :], mask=mask_m[:, None],
-                other=0.0)
-    return b, hd, offs_m, mask_m, q
-
-
-@triton.jit
-def _store_block(O, b, hd, s_ob, s_oh, s_os, offs_m, mask_m, acc, D: tl.constexpr):
-    tl.store(O + b * s_ob + hd * s_oh + offs_m[:, None] * s_os + tl.arange(0, D)[None, :], acc.to(O.dtype.element_ty),
-             mask=mask_m[:, None])
-
-
-@triton.jit
 def _rel_bias_fwd(Q, K, V, RH, RW, O, sm_scale, S, H, W, NH,
                   s_qb, s_qh, s_qs, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs,
                   s_hb, s_hh, s_hs, s_wb, s_wh, s_ws, s_ob, s_oh, s_os,
                   D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, R: tl.constexpr, NWB: tl.constexpr,
                   HOIST_RW: tl.constexpr, PRECISION: tl.constexpr):
-    # a key block: R grid rows x BN // R columns (slot n: row n // WC, column n % WC of chunk wb)
-    b, hd, offs_m, mask_m, q = _query_block(Q, S, NH, s_qb, s_qh, s_qs, D, BM)
+    # one program: BM queries of one (image or window, head); a 1-D grid, the query blocks of a head
+    # adjacent (a 2-D grid's second axis stops at 65,535: 5,461 windows of 12 heads)
+    nm = tl.cdiv(S, BM)
+    pid = tl.program_id(0)
+    bh = pid // nm
+    b = (bh // NH).to(tl.int64)
+    hd = (bh % NH).to(tl.int64)
+    offs_m = (pid % nm) * BM + tl.arange(0, BM)
+    mask_m = offs_m < S
     offs_d = tl.arange(0, D)
+    q = tl.load(Q + b * s_qb + hd * s_qh + offs_m[:, None] * s_qs + offs_d[None, :], mask=mask_m[:, None], other=0.0)
+    # a key block: R grid rows x BN // R columns (slot n: row n // WC, column n % WC of chunk wb)
     offs_n = tl.arange(0, BN)
     WC = BN // R
     r_n = offs_n // WC
@@ -103,7 +93,9 @@ def _rel_bias_fwd(Q, K, V, RH, RW, O, sm_scale, S, H, W, NH,
             v = tl.load(v_base + j[:, None] * s_vs + offs_d[None, :], mask=mask_n[:, None], other=0.0)
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
             m_i = m_new
-    _store_block(O, b, hd, s_ob, s_oh, s_os, offs_m, mask_m, acc / l_i[:, None], D)
+    acc = acc / l_i[:, None]
+    tl.store(O + b * s_ob + hd * s_oh + offs_m[:, None] * s_os + offs_d[None, :], acc.to(O.dtype.element_ty),
+             mask=mask_m[:, None])
 
 
 def attend(q, k, v, rel_h, rel_w, H: int, W: int, bm: int | None = None, bn: int | None = None,
@@ -124,10 +116,18 @@ def attend(q, k, v, rel_h, rel_w, H: int, W: int, bm: int | None = None, bn: int
     if rel_h.shape != (B, nh, S, H) or rel_w.shape != (B, nh, S, W):
         raise HarnessError(f"rel_h{tuple(rel_h.shape)} / rel_w{tuple(rel_w.shape)} are not [B, nh, S, H] / [B, nh, S, W] "
                            f"for q{tuple(q.shape)} on a {H} x {W} grid")
+    if any(t.device != q.device or t.dtype != q.dtype for t in (k, v, rel_h, rel_w)):
+        raise HarnessError("q, k, v, rel_h and rel_w must share one device and dtype; got "
+                           + ", ".join(f"{t.dtype} on {t.device}" for t in (q, k, v, rel_h, rel_w)))
     bm = bm or BM
     if bn is None:
-        bn, rows = default_block(W) if rows is None else (rows * pow2(W), rows)
+        bn, rows = (default_block(W) if rows is None else (default_bn(W), 1) if rows == 1
+                    else (rows * pow2(W), rows))
     rows = rows or 1
+    for name, size in (("bm", bm), ("bn", bn)):
+        if size < 16 or size & (size - 1):
+            raise HarnessError(f"{name}={size}: query and key blocks are powers of two of at least 16",
+                               f"use e.g. {name}=64")
     wc = bn // rows
     if bn % rows or wc < 16 or (rows > 1 and wc < W):
         raise HarnessError(f"a key block of {bn} keys in {rows} rows needs {rows} rows of at least 16 and, for "
@@ -139,12 +139,17 @@ def attend(q, k, v, rel_h, rel_w, H: int, W: int, bm: int | None = None, bn: int
     q, k, v, rel_h, rel_w = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, rel_h, rel_w))
     out = torch.empty(B, S, nh, D, dtype=q.dtype, device=q.device)
     strides = [s for t in (q, k, v, rel_h, rel_w, out.permute(0, 2, 1, 3)) for s in t.stride()[:3]]
-    _rel_bias_fwd[(triton.cdiv(S, bm), B * nh)](
+    _rel_bias_fwd[launch_grid(S, bm, B * nh)](
         q, k, v, rel_h, rel_w, out, D ** -0.5, S, H, W, nh, *strides,
         D=D, BM=bm, BN=bn, R=rows, NWB=nwb, HOIST_RW=hoist_rw,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps or (8 if bm == 128 else 4), num_stages=num_stages or 3)
     return out
+
+
+def launch_grid(S: int, bm: int, bh: int) -> tuple:
+    """The kernel's 1-D grid: cdiv(S, bm) query blocks for each of the bh (image or window, head) pairs."""
+    return (triton.cdiv(S, bm) * bh,)
 
 
 @torch.library.custom_op("harness::sam_rel_bias_attention", mutates_args=())

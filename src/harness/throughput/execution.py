@@ -41,9 +41,10 @@ def changed_knobs(ex: ExecutionConfig) -> dict:
     return {k: v for k, v in ex.execution().items() if v != getattr(defaults, k)}
 
 
-def layered(cfg: HarnessConfig, best: bool) -> ExecutionConfig:
-    """``best``'s knobs (when ``best``), ``execution.*``'s changed knobs on top, then ``throughput.execution``'s."""
-    ex = cfg.execution
+def layered(cfg: HarnessConfig, best: bool, execution: ExecutionConfig | None = None) -> ExecutionConfig:
+    """``best``'s knobs (when ``best``), ``execution`` (default ``execution.*``)'s changed knobs on top,
+    then ``throughput.execution``'s."""
+    ex = cfg.execution if execution is None else execution
     if best:
         ex = dataclasses.replace(ex, **{**best_execution(cfg), **changed_knobs(ex)})
     return case_execution(ex, cfg.throughput)

@@ -137,7 +137,7 @@ class Throughput(Experiment):
         """``best``'s knobs under ``execution.*`` (``execution.layered``): what a knob override is checked with."""
         from ..setup import resolve_device
         from .execution import layered
-        return layered(cfg, plan.resolve(cfg.throughput, resolve_device(cfg.device).type == "cuda").best)
+        return layered(cfg, plan.resolve(cfg.throughput, resolve_device(cfg.device).type == "cuda").best, execution)
 
     def data(self, rd: RunDir) -> RunData:
         self.out, self.gpus = Outputs(rd), self.gpu_plan()

@@ -40,7 +40,8 @@ Where it pays: global blocks (base mode: 862 MB -> 133 MB per block, for 2x the 
 3x with flash's padded v). For 196-token windows the mask (2*S = 392 values per query) costs
 about what q' and k' do (4*d' = 384), so bytes barely change there and FLOPs grow 1.25-1.5x:
 keep the dense path for windows unless the bench says otherwise. ``sam_attention_triton``
-adds the bias inside the kernel instead (no mask, no extra FLOPs) for both block kinds.
+adds the bias inside the kernel instead (no mask, no wider head dim; its masked key and query slots
+are the only extra FLOPs: 256 x 224 slots for a window's 196 x 196 scores) for both block kinds.
 
 Backends (torch SDPA, chosen with ``torch.nn.attention.sdpa_kernel``; nothing falls back
 silently: an explicit backend that cannot run raises ``HarnessError`` with torch's reasons):
@@ -358,18 +359,20 @@ def augmented_cost(bh: int, H: int, W: int, d: int = 64, dv_x: int | None = None
 
 
 def inkernel_bias_cost(bh: int, H: int, W: int, d: int = 64, key_slots: int | None = None,
-                       elem_bytes: int = 2) -> AttentionCost:
+                       query_slots: int | None = None, elem_bytes: int = 2) -> AttentionCost:
     """A kernel that adds rel_h[i, h(j)] + rel_w[i, w(j)] on the fly (``sam_attention_triton``,
-    flex_attention with a score_mod). It visits ``key_slots`` keys per query (default S; the
-    Triton kernel's row-aligned key blocks visit H * cdiv(W, BN) * BN, masked slots included):
-    flops_kernel 4*BH*S*key_slots*d; bytes_prep = einsums (read q, write rel_h, rel_w);
-    bytes_kernel = read q, k, v, rel_h, rel_w and write o, each once."""
+    flex_attention with a score_mod). It visits ``query_slots`` queries (default S) x ``key_slots`` keys
+    per query (default S); the Triton kernel's slots, masked ones included, are
+    ``harness.sam_attention_tiles.slots`` / ``key_slots``: flops_kernel 4*BH*query_slots*key_slots*d;
+    vector: scale, the two bias adds and softmax (1 + 2 + 5) per slot; bytes_prep = einsums (read q,
+    write rel_h, rel_w); bytes_kernel = read q, k, v, rel_h, rel_w and write o, each once."""
     S = H * W
-    slots = S if key_slots is None else key_slots
+    keys = S if key_slots is None else key_slots
+    queries = S if query_slots is None else query_slots
     e = elem_bytes
     return AttentionCost(
-        flops_useful=4 * bh * S * S * d, flops_kernel=4 * bh * S * slots * d,
-        flops_relpos=2 * bh * S * (H + W) * d, flops_vector=8 * bh * S * slots,
+        flops_useful=4 * bh * S * S * d, flops_kernel=4 * bh * queries * keys * d,
+        flops_relpos=2 * bh * S * (H + W) * d, flops_vector=8 * bh * queries * keys,
         bytes_prep=e * (bh * S * d + bh * S * (H + W)),
         bytes_kernel=e * (4 * bh * S * d + bh * S * (H + W)))
 

@@ -2,8 +2,9 @@
 decomposed rel-pos bias inside (``kernels.sam_attention_triton``): no S x S mask and no wider head dim.
 
 - ``TritonSAMAttention``: the reference ``SAMAttention`` computing the same function by
-  ``sam_attention.forward(method="triton")``: q, k, v stay strided views of the qkv linear's output,
-  rel_h / rel_w are the vendor's einsums, the kernel writes proj's [B, H, W, C] layout. Under
+  ``sam_attention.forward(method="triton")``: the kernel reads q, k, v as strided views of the qkv
+  linear's output and writes proj's [B, H, W, C] layout; rel_h / rel_w are the vendor's einsums (which
+  copy q, as the vendor's do). Under
   ``vision_compile`` it is the custom op ``torch.ops.harness.sam_rel_bias_attention``, which inductor
   keeps whole (no graph break).
 - ``triton-windows``: the 8 windowed blocks (14 x 14 windows, in place of the dense mask that cuDNN
