@@ -34,6 +34,16 @@ def test_pass_order_follows_pillow_13_rule():
     assert pd.pass_order((1240, 1754), (1024, 1024), (12, 1)) == "hv"   # older Pillow: always horizontal first
 
 
+def test_passes_skip_the_axes_that_keep_their_length(monkeypatch):
+    monkeypatch.setattr(pd, "pass_order", lambda a, b, pillow=None: "vh")     # whatever the installed Pillow says
+    assert pd.passes((400, 600), (400, 300)) == [("v", 600, 300)]            # the width stays: one pass
+    assert pd.passes((400, 600), (200, 600)) == [("h", 400, 200)]
+    assert pd.passes((400, 600), (200, 300)) == [("v", 600, 300), ("h", 400, 200)]
+    assert pd.passes((400, 600), (400, 600)) == []
+    monkeypatch.setattr(pd, "pass_order", lambda a, b, pillow=None: "hv")
+    assert pd.passes((400, 600), (200, 300)) == [("h", 400, 200), ("v", 600, 300)]
+
+
 def test_contain_size_by_hand():
     assert pd.contain_size((1240, 1754), (1024, 1024)) == (724, 1024)   # round(1240 / 1754 * 1024) = round(723.9)
     assert pd.contain_size((600, 400), (1024, 1024)) == (1024, 683)     # round(400 / 600 * 1024) = round(682.67)

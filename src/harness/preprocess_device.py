@@ -170,6 +170,14 @@ def _taps(in_size: int, out_size: int, device) -> Optional[tuple]:
     return _kept(_MATRICES, ("taps", in_size, out_size, str(device)), make, 64)
 
 
+def passes(in_size: tuple, out_size: tuple) -> list:
+    """The passes a resize from ``in_size`` to ``out_size`` = (w, h) [px] runs, in PIL's order: [(axis, in
+    length, out length)] for the axes whose length changes ("h": width, "v": height)."""
+    (w0, h0), (w1, h1) = in_size, out_size
+    lengths = {"h": (w0, w1), "v": (h0, h1)}
+    return [(a, *lengths[a]) for a in pass_order(in_size, out_size) if lengths[a][0] != lengths[a][1]]
+
+
 def resize_triton(x: torch.Tensor, size: tuple) -> Optional[torch.Tensor]:
     """``resize`` by the Triton kernel (``kernels.pil_resample_triton``) on ``x``'s device (compiled on
     CUDA; on the CPU only under ``TRITON_INTERPRET=1``): ``x`` [B, 3, H, W] (8-bit values, uint8 or
@@ -179,14 +187,13 @@ def resize_triton(x: torch.Tensor, size: tuple) -> Optional[torch.Tensor]:
     from .kernels.pil_resample_triton import pil_pass
 
     h0, w0 = x.shape[-2:]
-    w1, h1 = size
-    axes = [a for a in pass_order((w0, h0), (w1, h1)) if (a == "h" and w0 != w1) or (a == "v" and h0 != h1)]
-    taps = [_taps(w0, w1, x.device) if a == "h" else _taps(h0, h1, x.device) for a in axes]
+    steps = passes((w0, h0), size)
+    taps = [_taps(n_in, n_out, x.device) for _, n_in, n_out in steps]
     if any(t is None for t in taps):
         return None
     y = x if x.dtype in (torch.uint8, torch.float32) else x.float()
-    for j, (axis, (xmin, k)) in enumerate(zip(axes, taps)):
-        y = pil_pass(y, axis, xmin, k, PRECISION_BITS, torch.float32 if j == len(axes) - 1 else torch.uint8)
+    for j, ((axis, _, _), (xmin, k)) in enumerate(zip(steps, taps)):
+        y = pil_pass(y, axis, xmin, k, PRECISION_BITS, torch.float32 if j == len(steps) - 1 else torch.uint8)
     return y.float()
 
 
@@ -206,11 +213,8 @@ def resize(x: torch.Tensor, size: tuple) -> torch.Tensor:
     out = []
     for page in x:                  # one page at a time: float64 copies of a whole batch would not fit
         y = page.double()
-        for axis in pass_order((w0, h0), (w1, h1)):
-            if axis == "h" and y.shape[-1] != w1:
-                y = _pass(y, "h", w1)
-            elif axis == "v" and y.shape[-2] != h1:
-                y = _pass(y, "v", h1)
+        for axis, _, n_out in passes((w0, h0), size):
+            y = _pass(y, axis, n_out)
         out.append(y.float())
     return torch.stack(out)
 
@@ -409,6 +413,6 @@ def timed_request(pages: list, mode, device: torch.device, dtype: torch.dtype, *
     return req, {"prep_ms": ((t1 - t0) + (t3 - t2)) * 1e3, "h2d_ms": (t2 - t1) * 1e3}
 
 
-__all__ = ["VERTICAL_FIRST_FROM", "PRECISION_BITS", "page_pixels", "pass_order", "contain_size", "pil_taps",
+__all__ = ["VERTICAL_FIRST_FROM", "PRECISION_BITS", "page_pixels", "pass_order", "passes", "contain_size", "pil_taps",
            "pil_coefficients", "resize", "resize_triton", "pad", "normalise", "tiles", "views_and_tiles",
            "HostPages", "host_pages", "to_device", "request", "timed_request"]
