@@ -119,7 +119,8 @@ def test_sam_attention_smoke_writes_its_run_directory(capsys, tmp_path):
     from harness.bench.sam_attention import COLUMNS
 
     rc, err = main_lines(capsys, ["bench", "sam_attention", "bench.sam_attention.smoke=true",
-                                  "bench.sam_attention.reps=2", "bench.sam_attention.warmup=0", f"run.root={tmp_path}"])
+                                  "bench.sam_attention.reps=2", "bench.sam_attention.warmup=0",
+                                  "bench.sam_attention.compiled=true", f"run.root={tmp_path}"])
     assert rc == 0, err
     run, manifest = _run_dir(tmp_path)
     assert run.name.endswith("-bench-sam_attention") and manifest["status"] == "complete"
@@ -137,6 +138,7 @@ def test_sam_attention_smoke_writes_its_run_directory(capsys, tmp_path):
     report = (run / "report.md").read_text()
     assert "| case | method | ran as | per call ms (measured, median) | p25 ms (measured) |" in report
     assert "skipped: smoke_global aug[efficient] (d_qk=80): backend 'efficient' needs a CUDA device" in report
+    assert "skipped: smoke_window compiled rows: they need CUDA (inductor's GPU code)" in report
 
 
 @needs_triton

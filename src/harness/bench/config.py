@@ -135,6 +135,7 @@ class SamAttentionBench:
     flex: bool = False                        # flex_attention rows (compiles: slow start)
     triton: bool = False                      # the Triton in-kernel-bias rows
     cuda_graph: bool = False                  # time CUDA-graph replays (no host launch gaps)
+    compiled: bool = False                    # rows of the cuDNN-augmented and Triton paths torch.compile'd whole (CUDA)
     smoke: bool = False                       # tiny cases on the CPU (fp32, host clock): plumbing only
 
 

@@ -2,6 +2,7 @@
 
     python -m harness bench sam_attention                                   # all cases, SDPA rows
     python -m harness bench sam_attention bench.sam_attention.flex=true bench.sam_attention.triton=true
+    python -m harness bench sam_attention bench.sam_attention.compiled=true bench.sam_attention.cuda_graph=true
     python -m harness bench sam_attention bench.sam_attention.smoke=true device=cpu   # the plumbing, on a CPU
 
 Self-contained: random bf16 q, k, v [B, 12, S, 64] and rel-pos tables, no model build. Cases
@@ -26,6 +27,8 @@ attention kernel alone on prebuilt inputs):
     flex aug / flex score_mod (flex)    torch.compile(flex_attention) on (q', k', v), and with the
                                         bias gathered in a score_mod (the issue's 2.85 ms row)
     triton (triton)                     harness.kernels.sam_attention_triton (bias added in-kernel)
+    aug[cudnn] / triton compiled        (compiled) each path torch.compile'd whole, as in vision_compile's
+                                        blocks (inductor fuses the augmentation or the einsums); CUDA only
 
 Times (measured): CUDA events around each call, L2 flushed (256 MB write) before each, median and
 IQR over ``reps`` after ``warmup``; eager launches by default (a small window case can be
@@ -175,6 +178,31 @@ def bench_case(case: Case) -> None:
         bench_flex(case, q_aug, k_aug)
     if case.opts.triton:
         bench_triton(case)
+    if case.opts.compiled:
+        bench_compiled(case)
+
+
+def bench_compiled(case: Case) -> None:
+    """The cuDNN-augmented and Triton paths from q, k, v and the tables, each torch.compile'd whole, as
+    inside vision_compile's blocks (inductor fuses the augmentation, or the einsums, around the kernel)."""
+    from ..variants import sam_attention as sa
+
+    q, k, v, Rh, Rw, H, W = case.q, case.k, case.v, case.Rh, case.Rw, case.H, case.W
+    if not q.is_cuda:
+        case.skip("compiled rows: they need CUDA (inductor's GPU code)")
+        return
+    paths = {"aug[cudnn] compiled": (lambda q, k, v: sa.augmented_attention(q, k, v, Rh, Rw, H, W, backend="cudnn"),
+                                     sa.augmented_cost(case.bh, H, W, D), "sdpa:cudnn"),
+             "triton compiled": (lambda q, k, v: sa.triton_attention(q, k, v, Rh, Rw, H, W).permute(0, 2, 1, 3),
+                                 sa.inkernel_bias_cost(case.bh, H, W, D), "triton (custom op)")}
+    for label, (fn, cost, ran) in paths.items():
+        compiled = torch.compile(fn, dynamic=False)
+        try:
+            out = compiled(q, k, v)
+        except Exception as exc:  # noqa: BLE001 - compile or lowering errors: noted, not hidden
+            case.skip(f"{label}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            continue
+        case.add(f"{label} full", lambda compiled=compiled: compiled(q, k, v), out, cost, False, ran)
 
 
 def bench_flex(case: Case, q_aug, k_aug) -> None:
