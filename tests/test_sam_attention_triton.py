@@ -29,7 +29,6 @@ TOL = 1e-5
     (14, 14, {"bn": 16, "rows": 1}),            # the same window one row per block (14 steps)
     (6, 10, {"bn": 64, "rows": 4}),             # 4 rows per block; the 2nd block's last 2 rows past H
     (4, 20, {"bn": 16}),                        # one row per block, two blocks per row (rel_w loaded per block)
-    (5, 20, {"rows": 1}),                       # rows=1 alone: default_bn(20) = 16, two blocks per row
     (8, 8, {"bm": 16, "hoist_rw": False}),      # small query blocks, rel_w not hoisted
     (7, 10, {"hoist_rw": False}),               # rows past H with rel_w loaded per block
 ])
@@ -60,12 +59,41 @@ def test_triton_reads_strided_views_and_the_custom_op_equals_attend():
     torch.library.opcheck(torch.ops.harness.sam_rel_bias_attention.default, (*dev, H, W))  # fake vs real, schema
 
 
-def test_the_launch_grid_is_one_axis():
-    """A 2-D grid's second axis stops at 65,535 programs: base mode at batch 219 already has 5,475
-    windows x 12 heads = 65,700 (window, head) pairs; gundam's tiles at batch 128, 128 x 6 tiles x 9
-    windows x 12 heads = 82,944. The kernel's grid is one axis of query blocks x pairs."""
-    assert st.launch_grid(196, 64, 128 * 6 * 9 * 12) == (4 * 82944,)
-    assert st.launch_grid(4096, 64, 128 * 12) == (64 * 1536,)
+class _Launch:
+    """Stands in for the jitted kernel: records the grid and the tile constants of one launch."""
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.grid, self.kw = grid, kw
+        return launch
+
+
+def test_the_launch_grid_is_one_axis(monkeypatch):
+    """A 2-D grid's second axis stops at 65,535 programs: 5,462 windows x 12 heads = 65,544 (window, head)
+    pairs would not launch (base mode at batch 219: 25 windows a page; gundam pages of 9 tiles at batch
+    68: 81 windows a page). The kernel's grid is one axis: 1 query block x 65,544 pairs here (inputs are
+    expanded views: nothing that large is allocated but the output)."""
+    rec = _Launch()
+    monkeypatch.setattr(st, "_rel_bias_fwd", rec)
+    B, nh, H, W, d = 5462, 12, 2, 2, 16
+    q = torch.zeros(1, 1, H * W, d).expand(B, nh, H * W, d)
+    rel = torch.zeros(1, 1, H * W, H).expand(B, nh, H * W, H)
+    out = st.attend(q, q, q, rel, rel, H, W)
+    assert rec.grid == (B * nh,) and B * nh > 65535 and out.shape == (B, H * W, nh, d)
+    assert st.launch_grid(196, 64, 128 * 25 * 12) == (4 * 38400,)      # base mode at batch 128: 4 query blocks
+
+
+def test_the_tiles_attend_picks(monkeypatch):
+    """Which key block ``attend`` launches: rows=1 alone takes default_bn(W) (40 -> 16, three blocks per
+    row; not pow2(40) = 64), rows=2 alone 2 x pow2(W), neither the default block (14 -> 2 rows of 16)."""
+    rec = _Launch()
+    monkeypatch.setattr(st, "_rel_bias_fwd", rec)
+    for (H, W), kw, want in [((3, 40), {"rows": 1}, (16, 1, 3)), ((6, 10), {"rows": 2}, (32, 2, 1)),
+                             ((14, 14), {}, (32, 2, 1)), ((64, 64), {}, (64, 1, 1))]:
+        q, k, v, Rh, Rw = draw(1, 1, H, W, d=16, seed=3)
+        sa.triton_attention(q, k, v, Rh, Rw, H, W, **kw)
+        assert (rec.kw["BN"], rec.kw["R"], rec.kw["NWB"]) == want, (H, W, kw)
+        assert rec.grid == (-(-H * W // 64),)
 
 
 def test_block_choice_and_slots():
@@ -78,6 +106,9 @@ def test_block_choice_and_slots():
     assert tiles.slots(14, 14) == (256, 224) and tiles.slots(64, 64) == (4096, 4096)
     c = sa.inkernel_bias_cost(12, 64, 64, 64, st.key_slots(64, 64, 64))
     assert c.flops_kernel == c.flops_useful == 4 * 12 * 4096 ** 2 * 64
+    w = sa.inkernel_bias_cost(12, 14, 14, 64, key_slots=224, query_slots=256)       # a window's slots
+    assert w.flops_kernel == 4 * 12 * 256 * 224 * 64 and w.flops_vector == 8 * 12 * 196 * 196
+    assert tiles.query_slots(196) == 256 and tiles.query_slots(196, 128) == 256 and tiles.query_slots(4096) == 4096
     assert c.bytes_kernel == 2 * (4 * 12 * 4096 * 64 + 12 * 4096 * 128)
     one_row = [c for c in st.bench_configs(80, 80, 6400) if c.get("rows", 1) == 1]
     assert {c["bn"] for c in one_row} == {32, 16} and len(one_row) == len(st.bench_configs(80, 80, 6400))

@@ -202,7 +202,9 @@ def test_a_knob_override_is_checked_over_best_not_alone():
     with pytest.raises(HarnessError, match="^execution.cuda_graphs=decode needs a CUDA device"):  # best on a CPU
         check_cases(cfg, device=torch.device("cpu"), execution_of=EXPERIMENT.execution_of)
     case = dataclasses.replace(cfg.execution, decode_attention="sdpa", moe_kernel="torch")   # a case's own execution
-    assert EXPERIMENT.execution_of(cfg, case).moe_kernel == "torch"
+    layered = EXPERIMENT.execution_of(cfg, case)
+    assert layered.moe_kernel == "torch"           # the case's knob that differs from its default wins
+    assert layered.decode_attention == "triton"    # sdpa is the default: best's triton stays (docs/throughput.md)
     cfg.throughput.best = False
     assert EXPERIMENT.execution_of(cfg, cfg.execution) == cfg.execution
     with pytest.raises(HarnessError, match="^execution.sam_attention=triton needs vision_impl=fused"):

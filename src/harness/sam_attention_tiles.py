@@ -45,7 +45,11 @@ def key_slots(H: int, W: int, bn: int | None = None, rows: int = 1) -> int:
     return -(-H // rows) * rows * -(-W // wc) * wc
 
 
+def query_slots(S: int, bm: int = BM) -> int:
+    """Queries the kernel visits for a sequence of S tokens (masked ones included): cdiv(S, bm) * bm."""
+    return -(-S // bm) * bm
+
+
 def slots(H: int, W: int) -> tuple[int, int]:
     """(query slots, key slots per query) of one sequence with the default tiles."""
-    S = H * W
-    return -(-S // BM) * BM, key_slots(H, W)
+    return query_slots(H * W), key_slots(H, W)

@@ -185,16 +185,20 @@ def bench_case(case: Case) -> None:
 def bench_compiled(case: Case) -> None:
     """The cuDNN-augmented and Triton paths from q, k, v and the tables, each torch.compile'd whole, as
     inside vision_compile's blocks (inductor fuses the augmentation, or the einsums, around the kernel)."""
+    from .. import sam_attention_tiles as tiles
     from ..variants import sam_attention as sa
 
     q, k, v, Rh, Rw, H, W = case.q, case.k, case.v, case.Rh, case.Rw, case.H, case.W
     if not q.is_cuda:
         case.skip("compiled rows: they need CUDA (inductor's GPU code)")
         return
+    qs, ks = tiles.slots(H, W)
     paths = {"aug[cudnn] compiled": (lambda q, k, v: sa.augmented_attention(q, k, v, Rh, Rw, H, W, backend="cudnn"),
                                      sa.augmented_cost(case.bh, H, W, D), "sdpa:cudnn"),
              "triton compiled": (lambda q, k, v: sa.triton_attention(q, k, v, Rh, Rw, H, W).permute(0, 2, 1, 3),
-                                 sa.inkernel_bias_cost(case.bh, H, W, D), "triton (custom op)")}
+                                 sa.inkernel_bias_cost(case.bh, H, W, D, key_slots=ks, query_slots=qs),
+                                 "triton (custom op)")}
+    torch._dynamo.reset()          # each case compiles anew (guards on its tables): stay under the recompile limit
     for label, (fn, cost, ran) in paths.items():
         compiled = torch.compile(fn, dynamic=False)
         try:
@@ -243,6 +247,7 @@ def bench_triton(case: Case) -> None:
     from ..variants import sam_attention as sa
 
     q, k, v, Rh, Rw, H, W = case.q, case.k, case.v, case.Rh, case.Rw, case.H, case.W
+    from .. import sam_attention_tiles as tiles
     try:
         from ..kernels import sam_attention_triton as st
     except ImportError as exc:
@@ -259,8 +264,8 @@ def bench_triton(case: Case) -> None:
         except Exception as exc:  # noqa: BLE001
             case.skip(f"{label}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
             continue
-        cost = sa.inkernel_bias_cost(case.bh, H, W, D, st.key_slots(H, W, cfg["bn"], cfg.get("rows", 1)),
-                                     -(-H * W // cfg["bm"]) * cfg["bm"])
+        cost = sa.inkernel_bias_cost(case.bh, H, W, D, key_slots=st.key_slots(H, W, cfg["bn"], cfg.get("rows", 1)),
+                                     query_slots=tiles.query_slots(H * W, cfg["bm"]))
         case.add(f"{label} full", call, out, cost, False, "triton")
 
 

@@ -14,7 +14,8 @@ The output is [B, S, nh, D] contiguous, the layout SAM's proj reads as [B, H, W,
 two >= 16. Under torch.compile the kernel runs as the opaque custom op
 ``torch.ops.harness.sam_rel_bias_attention`` (inductor compiles what is around it; no graph break).
 Tested under TRITON_INTERPRET=1 on the CPU. Tile rules: ``harness.sam_attention_tiles``. Cost:
-``sam_attention.inkernel_bias_cost(bh, H, W, D, key_slots(H, W, bn, rows), query_slots)``.
+``sam_attention.inkernel_bias_cost(bh, H, W, D, key_slots(H, W, bn, rows), query_slots(S, bm))``
+(``harness.sam_attention_tiles``).
 
 Design notes (how key blocks follow the grid, what masked slots cost, the sweep, the one-block
 kernel for windows that was measured slower and removed): ``docs/kernels/sam_attention_triton.md``.
@@ -37,7 +38,7 @@ def _rel_bias_fwd(Q, K, V, RH, RW, O, sm_scale, S, H, W, NH,
                   D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, R: tl.constexpr, NWB: tl.constexpr,
                   HOIST_RW: tl.constexpr, PRECISION: tl.constexpr):
     # one program: BM queries of one (image or window, head); a 1-D grid, the query blocks of a head
-    # adjacent (a 2-D grid's second axis stops at 65,535: 5,461 windows of 12 heads)
+    # adjacent (a 2-D grid's second axis stops at 65,535 programs: 5,461 windows of 12 heads)
     nm = tl.cdiv(S, BM)
     pid = tl.program_id(0)
     bh = pid // nm
@@ -104,8 +105,9 @@ def attend(q, k, v, rel_h, rel_w, H: int, W: int, bm: int | None = None, bn: int
     """SAM attention with the bias added in-kernel: [B, S, nh, D] (module docstring for the layouts).
 
     A key block holds ``rows`` grid rows of bn // rows columns. Defaults (``harness.sam_attention_tiles``):
-    bm = BM (64); (bn, rows) = default_block(W); hoist_rw when one block spans a row's columns;
-    num_warps 8 for bm 128 else 4; num_stages 3. fp32 inputs use IEEE fp32 dots (no TF32).
+    bm = BM (64); neither bn nor rows: (bn, rows) = default_block(W); rows = 1 alone: bn = default_bn(W);
+    rows > 1 alone: bn = rows * pow2(W); bn alone: rows = 1; hoist_rw when one block spans a row's
+    columns; num_warps 8 for bm 128 else 4; num_stages 3. fp32 inputs use IEEE fp32 dots (no TF32).
     """
     B, nh, S, D = q.shape
     if S != H * W:

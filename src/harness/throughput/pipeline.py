@@ -134,7 +134,8 @@ class Throughput(Experiment):
 
     @classmethod
     def execution_of(cls, cfg: HarnessConfig, execution):
-        """``best``'s knobs under ``execution.*`` (``execution.layered``): what a knob override is checked with."""
+        """``best``'s knobs under ``execution`` (a case's, or ``execution.*``; ``execution.layered``): what a
+        knob override is checked with."""
         from ..setup import resolve_device
         from .execution import layered
         return layered(cfg, plan.resolve(cfg.throughput, resolve_device(cfg.device).type == "cuda").best, execution)

@@ -307,8 +307,9 @@ class AttentionCost:
     flops_useful: 4*BH*S^2*d (QK^T + PV at the model's head dim; counted convention).
     flops_kernel: tensor-core FLOPs the attention kernel executes at the dims it is given.
     flops_relpos: rel-pos einsums 2*BH*S*(H+W)*d (both methods).
-    flops_vector: per-score elementwise work (dense: bias build 1 + scale 1 + mask add 1 +
-    softmax 5; augmented: scale 1 + softmax 5) times BH*S^2.
+    flops_vector: elementwise work per real score, times BH*S^2 (dense: bias build 1 + scale 1 + mask
+    add 1 + softmax 5; augmented: scale 1 + softmax 5; in-kernel: scale 1 + the two bias adds 2 +
+    softmax 5, as ``harness.analytic``'s SAM attention family counts it).
     bytes_prep: everything before the attention kernel (einsums, bias build or q'/k'/v padding).
     bytes_kernel: the attention kernel's reads and writes, each tensor once.
     """
@@ -363,8 +364,8 @@ def inkernel_bias_cost(bh: int, H: int, W: int, d: int = 64, key_slots: int | No
     """A kernel that adds rel_h[i, h(j)] + rel_w[i, w(j)] on the fly (``sam_attention_triton``,
     flex_attention with a score_mod). It visits ``query_slots`` queries (default S) x ``key_slots`` keys
     per query (default S); the Triton kernel's slots, masked ones included, are
-    ``harness.sam_attention_tiles.slots`` / ``key_slots``: flops_kernel 4*BH*query_slots*key_slots*d;
-    vector: scale, the two bias adds and softmax (1 + 2 + 5) per slot; bytes_prep = einsums (read q,
+    ``harness.sam_attention_tiles.slots``: flops_kernel 4*BH*query_slots*key_slots*d;
+    vector: scale, the two bias adds and softmax (1 + 2 + 5) per real score; bytes_prep = einsums (read q,
     write rel_h, rel_w); bytes_kernel = read q, k, v, rel_h, rel_w and write o, each once."""
     S = H * W
     keys = S if key_slots is None else key_slots
@@ -372,7 +373,7 @@ def inkernel_bias_cost(bh: int, H: int, W: int, d: int = 64, key_slots: int | No
     e = elem_bytes
     return AttentionCost(
         flops_useful=4 * bh * S * S * d, flops_kernel=4 * bh * queries * keys * d,
-        flops_relpos=2 * bh * S * (H + W) * d, flops_vector=8 * bh * queries * keys,
+        flops_relpos=2 * bh * S * (H + W) * d, flops_vector=8 * bh * S * S,
         bytes_prep=e * (bh * S * d + bh * S * (H + W)),
         bytes_kernel=e * (4 * bh * S * d + bh * S * (H + W)))
 
