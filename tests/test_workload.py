@@ -49,6 +49,9 @@ def test_modes_table():
     assert layout.PATCH_SIZE == 16 and layout.DOWNSAMPLE == 4
     # the vendor's process() resizes to a square first only without crop at <= 640 px (tiny, small)
     assert {k for k, m in layout.MODES.items() if m.squares_first} == {"tiny", "small"}
+    assert {k: m.view_size for k, m in layout.MODES.items()} == {"tiny": 512, "small": 640, "base": 1024,
+                                                                 "large": 1280, "gundam": 1024}
+    assert layout.CropMode("c", 1024, 640, True).view_size == 1024 and layout.CropMode("u", 96, 64, False).view_size == 64
     assert not layout.CropMode("c", 1024, 640, True).squares_first and layout.CropMode("u", 64, 64, False).squares_first
 
 

@@ -37,6 +37,11 @@ class CropMode:
     crop: bool
 
     @property
+    def view_size(self) -> int:
+        """The global view's side [px]: base_size with crop, else image_size."""
+        return self.base_size if self.crop else self.image_size
+
+    @property
     def squares_first(self) -> bool:
         """Whether the vendor resizes the page to an image_size square before padding it: modes without
         crop of at most 640 px (tiny, small); larger ones keep the aspect ratio."""

@@ -100,7 +100,7 @@ def free_bytes(device) -> tuple:
 def pixel_values(case) -> int:
     """Preprocessed values per row of ``case`` (a ``workload.Case``): 3 x (S^2 + c*r x T^2)."""
     mode = case.mode
-    side = mode.base_size if mode.crop else mode.image_size
+    side = mode.view_size
     tiles = case.grid[0] * case.grid[1] if case.grid else 0
     return 3 * (side * side + tiles * mode.image_size * mode.image_size)
 

@@ -83,7 +83,7 @@ def resolve(case, cfg: ModelConfig) -> Resolved:
         g, q = sam_grids(cfg, mode.image_size)
         views.append(View("tiles", B * cols * rows, mode.image_size, g, q))
         tokens += (q * cols + 1) * (q * rows)
-    gsize = mode.base_size if mode.crop else mode.image_size
+    gsize = mode.view_size
     g, q = sam_grids(cfg, gsize)
     views.append(View("global", B, gsize, g, q))
     tokens += q * (q + 1)

@@ -71,7 +71,7 @@ def page_steps(data: bytes, mode, device: torch.device, sync) -> tuple:
     mode = get_mode(mode)
     ms = {}
     image, ms[DECODE] = _timed(lambda: _decode(data))
-    side = mode.base_size if mode.crop else mode.image_size
+    side = mode.view_size
     view, ms["host path: resize + pad (ImageOps.pad)"] = _timed(lambda: ImageOps.pad(
         image.resize((side, side)) if mode.squares_first else image, (side, side), color=wl.PAD_COLOR))
     _, ms["host path: normalise the view (to_tensor)"] = _timed(lambda: wl.to_tensor(view))

@@ -53,14 +53,15 @@ class GemmPatchEmbed(Variant, PatchEmbed):
 
 class GraphedStage(Variant):
     """A vision stage module replayed from one CUDA graph per input shapes. State set by the converter:
-    ``stage`` (its name), ``graphs`` ({input shapes and dtypes: CapturedCall}), ``compiled`` (its
-    blocks are torch.compile'd), ``built_for`` (the knobs that shaped the captured blocks: vision_compile,
+    ``stage`` (its name), ``graphs`` ({input shapes and dtypes: CapturedCall}), ``built_for`` (the knobs
+    that shaped the captured blocks: vision_compile, i.e. whether they are torch.compile'd, and
     sam_attention), ``setup_s`` (the model's set-up seconds)."""
 
     def forward(self, *args):
         key = tuple((tuple(a.shape), a.dtype) for a in args)
         if key not in self.graphs:
-            if self.compiled:   # one eager pass first: attention probes and backend choices
+            if self.built_for[0]:   # compiled blocks (vision_compile): one eager pass first, for the attention
+                # probes and backend choices
                 with torch.compiler.set_stance("force_eager"):
                     super().forward(*args)
             self.graphs[key] = CapturedCall(super().forward, args)
@@ -94,8 +95,7 @@ class FusedVision(Converter):
             if blk.window_size == 0:
                 swap(blk.attn, AugmentedSAMAttention)
         for name, mod in stages.items() if graphed else ():
-            mod.stage, mod.compiled, mod.setup_s = name, ex.vision_compile, model.info.setdefault("setup_s", {})
-            mod.built_for = built_for
+            mod.stage, mod.built_for, mod.setup_s = name, built_for, model.info.setdefault("setup_s", {})
             swap(mod, GraphedStage)
         return {self.manifest_key: "fused: SAM global blocks by augmented q.k (no dense rel-pos mask), SAM patch embedding as a GEMM; sam, clip, "
                 "projector each a CUDA graph per input shape" + ("" if graphed else " (no CUDA here: eager)")}
