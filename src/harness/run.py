@@ -29,6 +29,7 @@ from .config import HarnessConfig, cost_config
 from .errors import HarnessError
 from .lifecycle import Experiment, RunContext, run_experiment, setup_seconds
 from .measure import host
+from .measure.step_clock import kinds as launch_kinds
 from .measure.kernels import llm_attention_kernels
 from .measure.nvtx_ranges import NvtxRanges
 from .measure.runner import CaseMeasurement, measure_case
@@ -184,12 +185,11 @@ class CaseTables:
                          "requests (or no median request): step_clock.csv not written for it")
             return None
         stamps = clock[warm + int(repeat)]
-        moe = {layer for _, _, label, layer, *_ in stamps if label == "router"}
+        kind = launch_kinds([s[2] for s in stamps], [s[3] for s in stamps])
         return CASE_TABLES["step_clock"].frame([
             {"case": case, "repeat": int(repeat), "row": row, "launch": launch, "label": label, "layer": layer,
-             "kind": "" if label == "lm_head" else "moe" if layer in moe else "dense", "entry": entry,
-             "release": release, "end": end}
-            for row, launch, label, layer, entry, release, end in stamps])
+             "kind": k, "entry": entry, "release": release, "end": end}
+            for (row, launch, label, layer, entry, release, end), k in zip(stamps, kind)])
 
 
 def run(cfg: HarnessConfig, run_path: Path, progress=None) -> RunDir:

@@ -49,17 +49,26 @@ LAUNCH_COLUMNS = ["row", "launch", "label", "layer", "entry", "release", "end"]
 TIMES = ["interval_us", "work_us", "handoff_us"]
 
 
-def launches(stamps: list, moe_layers: set) -> pd.DataFrame:
-    """One row per launch of each timed step from ``FusedDecodeStep.clock_stamps()`` (rows = clock
-    rows in position order, each a step): the stamps, ``kind`` ("moe", "dense"; "" for lm_head) and the times of
-    the module docstring. A step follows the one before only when its row is the next one
-    (consecutive positions)."""
+def kinds(labels, layers, moe_layers: Optional[set] = None) -> list:
+    """Each launch's layer kind: "moe" or "dense" ("" for lm_head). ``moe_layers`` None: the layers
+    with a router launch among these (a MoE layer routes every step; the dense layer never does)."""
+    labels, layers = list(labels), list(layers)
+    if moe_layers is None:
+        moe_layers = {layer for label, layer in zip(labels, layers) if label == "router"}
+    return ["" if label == "lm_head" else "moe" if layer in moe_layers else "dense"
+            for label, layer in zip(labels, layers)]
+
+
+def launches(stamps, moe_layers: Optional[set] = None) -> pd.DataFrame:
+    """One row per launch of each timed step from ``FusedDecodeStep.clock_stamps()`` (or a frame of
+    ``LAUNCH_COLUMNS``; rows = clock rows in position order, each a step): the stamps, ``kind``
+    (``kinds``) and the times of the module docstring. A step follows the one before only when its
+    row is the next one (consecutive positions)."""
     df = pd.DataFrame(stamps, columns=LAUNCH_COLUMNS)
     if df.empty:
         return df.assign(kind=[], lead_us=[], **{c: [] for c in TIMES})
     df = df.sort_values(["row", "launch"], kind="stable").reset_index(drop=True)
-    df["kind"] = ["" if label == "lm_head" else "moe" if layer in moe_layers else "dense"
-                  for label, layer in zip(df["label"], df["layer"])]
+    df["kind"] = kinds(df["label"], df["layer"], moe_layers)
     # differences in int64 ns first (a %globaltimer reading, ~1.8e18, steps by 256 ns as a float64)
     release = df["release"].astype("Int64")
     end = pd.Series(pd.array(list(df["end"]), dtype="Int64"), index=df.index)    # None (no end) -> NA

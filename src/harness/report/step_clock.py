@@ -25,7 +25,7 @@ def section(run) -> list:
         return []
     rows, notes = [], []
     for case, g in clock.groupby("case", sort=False):
-        df = step_clock.launches(g[step_clock.LAUNCH_COLUMNS], set(g.loc[g["kind"] == "moe", "layer"]))
+        df = step_clock.launches(g[step_clock.LAUNCH_COLUMNS])
         mods = step_clock.modules(df)
         rows += [{"case": case, **m} for m in mods]
         whole = step_clock.steps(df)

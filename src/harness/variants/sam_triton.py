@@ -21,7 +21,7 @@ from .. import knobs
 from ..kernels.availability import triton_available
 from ..models.vision import SAMAttention, rel_pos_table
 from . import sam_attention
-from .base import Converter, Variant, need
+from .base import Converter, Variant, need, reference_class, swap
 
 
 class TritonSAMAttention(Variant, SAMAttention):
@@ -52,8 +52,9 @@ class SamTriton(Converter):
                     "as vision_impl says)"}
         every = ex.sam_attention == "triton"
         for blk in model.model.sam_model.blocks:
-            if every or blk.window_size > 0:
-                blk.attn.__class__ = TritonSAMAttention       # over fused vision's AugmentedSAMAttention
+            if every or blk.window_size > 0:      # in place of fused vision's AugmentedSAMAttention, not over it
+                blk.attn.__class__ = reference_class(blk.attn)
+                swap(blk.attn, TritonSAMAttention)
         which = "every block" if every else "the windowed blocks (global blocks: augmented SDPA)"
         return {self.manifest_key: f"{ex.sam_attention}: {which} by sam_attention_triton (rel-pos bias added in "
                 f"the kernel, no mask); {triton_available(device)[1]}"}
