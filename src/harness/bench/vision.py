@@ -92,11 +92,11 @@ def vision_executions(cfg, opts) -> list:
     out = []
     for name in opts.executions:
         named = named_execution(cfg, name)
-        values = opts.sam_attention if opts.sam_attention and named.vision_impl == "fused" else [named.sam_attention]
-        for value in values:
-            label = f"{name} sam={value}" if opts.sam_attention and named.vision_impl == "fused" else name
-            out.append((label, ExecutionConfig(vision_impl=named.vision_impl, vision_compile=named.vision_compile,
-                                               sam_attention=value)))
+        sweep = bool(opts.sam_attention) and named.vision_impl == "fused"
+        for value in opts.sam_attention if sweep else [named.sam_attention]:
+            out.append((f"{name} sam={value}" if sweep else name,
+                        ExecutionConfig(vision_impl=named.vision_impl, vision_compile=named.vision_compile,
+                                        sam_attention=value)))
     return out
 
 
