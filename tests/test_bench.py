@@ -300,3 +300,14 @@ def test_vision_bench_on_cpu(capsys, tmp_path):
     kern = pd.read_csv(run / "vision_kernels.csv")
     for (_, _), g in kern.groupby(["batch", "stage"]):
         assert abs(g["busy_share"].sum() - 1.0) < 1e-9
+
+
+def test_moe_block_candidates_follow_the_rows_per_expert():
+    from harness.bench import moe
+
+    # 300 tokens x top-6 over 64 experts: 28.1 rows per expert (decode-size tiles, block_m 16);
+    # a prefill of 128 base pages, 128 x 286 tokens x 6: 3,432 rows per expert (64- and 128-row tiles)
+    assert moe.block_candidates(300 * 6, 64) is moe.BLOCK_CANDIDATES
+    assert moe.block_candidates(33 * 64, 64) is moe.LARGE_BLOCK_CANDIDATES
+    assert {c[0] for c in moe.block_candidates(128 * 286 * 6, 64)} == {64, 128}
+    assert len(moe.LARGE_BLOCK_CANDIDATES) == 2 * 3 * 2 * 2 * 2

@@ -6,6 +6,7 @@ of ``harness.variants.fast_moe``, at DeepSeek-OCR's sizes (H=1280, I=896, E=64, 
     python -m harness bench moe bench.moe.sweep=rows bench.moe.shared=true bench.moe.tokens=[1]   # ... with the
                                                                               # shared expert folded in
     python -m harness bench moe bench.moe.sweep=blocks bench.moe.tokens=[32]  # tiles of the sorted, blocked kernels
+    python -m harness bench moe bench.moe.sweep=blocks bench.moe.tokens=[36608]  # ... at a prefill of 128 base pages
 
 Self-contained: one MoE layer of ``model.llm``'s shape with random weights (std 0.02, the harness's
 init_std), routing from its own fp32 softmax gate on random activations. For each T and
@@ -41,6 +42,15 @@ ROWS_CANDIDATES = [(2, 256, 4), (2, 512, 4), (4, 128, 4), (4, 256, 2), (4, 256, 
                    (32, 64, 2)]
 BLOCK_CANDIDATES = [(bm, bn, bk, w, st) for bm in (16,) for bn in (32, 64, 128) for bk in (64, 128, 256)
                     for w in (4, 8) for st in (3, 4)]
+#: the blocked kernels' candidates at prefill sizes (more than 32 routed rows per expert on average:
+#: ``default_triton_config``'s large-batch branch), where tiles of 64-128 rows fill the tensor cores
+LARGE_BLOCK_CANDIDATES = [(bm, bn, bk, w, st) for bm in (64, 128) for bn in (64, 128, 256) for bk in (32, 64)
+                          for w in (4, 8) for st in (3, 4)]
+
+
+def block_candidates(routed_rows: int, experts: int) -> list:
+    """``BLOCK_CANDIDATES`` at decode and small-batch sizes, ``LARGE_BLOCK_CANDIDATES`` above 32 rows per expert."""
+    return LARGE_BLOCK_CANDIDATES if routed_rows / max(experts, 1) > 32 else BLOCK_CANDIDATES
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -178,7 +188,7 @@ def rows_sweep(moe, weights, opts, flush, table, report) -> None:
 def blocks_sweep(moe, weights, opts, flush, table, report) -> None:
     """The sorted, blocked kernels (``fast_moe_triton.routed_experts_triton`` with an explicit
     ``TritonMoEConfig``: row alignment, gate_up, down and the sum over k) under each (block_m,
-    block_n, block_k, num_warps, num_stages) of ``BLOCK_CANDIDATES``, each call graph-captured; the
+    block_n, block_k, num_warps, num_stages) of ``block_candidates``, each call graph-captured; the
     first row is ``default_triton_config``'s choice."""
     from ..kernels import fast_moe_triton as fmt
     from ..kernels.moe_blocks import TritonMoEConfig, default_triton_config
@@ -189,7 +199,7 @@ def blocks_sweep(moe, weights, opts, flush, table, report) -> None:
             ref = moe.moe_infer(x, ids, w)
         base = default_triton_config(ids.numel(), weights.num_experts)
         configs = [("default " + str(tuple(vars(base).values())), base)]
-        configs += [(str(c), TritonMoEConfig(*c)) for c in BLOCK_CANDIDATES]
+        configs += [(str(c), TritonMoEConfig(*c)) for c in block_candidates(ids.numel(), weights.num_experts)]
         report.note(f"T={T}: {torch.unique(ids).numel()} experts touched")
         for label, cfg in configs:
             def call(cfg=cfg):
