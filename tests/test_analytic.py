@@ -333,3 +333,16 @@ def test_generated_docs_are_committed_and_current():
         assert path.exists(), f"{path} missing: run python -m harness.analytic.docs"
         assert path.read_text() == text, f"{path} is stale: run python -m harness.analytic.docs"
     assert {p.stem for p in (ROOT / "docs" / "formulations").glob("*.md")} - {"README"} == set(F.FAMILY_BY_NAME)
+
+
+def test_prefill_logits_last_counts_one_lm_head_row_per_page():
+    """execution.prefill_logits=last: the prefill's lm_head on B rows instead of B x S (base mode, 2 pages of
+    S = 1 BOS + 12 text + 273 image tokens = 286): 2 h V FLOPs per row fewer, h = 1280, V = 129,280."""
+    case = compose.Case("base", batch=2, text_tokens=12, decode_tokens=1)
+    every = workload_costs(case, cost_config(None, {}))
+    last = workload_costs(case, cost_config(None, {"prefill_logits": "last"}))
+    head = [df[(df.stage == "prefill") & (df.family == "lm_head")].iloc[0] for df in (every, last)]
+    assert head[0].flops_useful == 2 * (2 * 286) * 1280 * 129_280
+    assert head[1].flops_useful == 2 * 2 * 1280 * 129_280
+    no_head = ModelConfig(lm_head_all_positions=False)            # the model's own switch counts the same
+    assert workload_costs(case, cost_config(no_head, {})).equals(last)

@@ -168,12 +168,14 @@ def test_command_line_refusal_exits_2_before_any_model_is_built(tmp_path):
 VENDOR_STYLE = {"kv_cache": "growing", "moe_impl": "vendor_loop", "moe_kernel": "auto", "cuda_graphs": "none",
                 "compile": False, "static_cache_len": None, "vision_impl": "vendor", "prefill_graphs": False,
                 "linear_impl": "vendor", "vision_compile": False, "decode_attention": "sdpa", "decode_step": "modules",
-                "pdl": False, "step_clock": False, "preprocess": "host", "sam_attention": "sdpa"}
+                "pdl": False, "step_clock": False, "preprocess": "host", "sam_attention": "sdpa", "prefill_logits": "all",
+                "prefill_compile": False}
 #: optimize.yaml's best and best-fused rows as written before the executions became a config group (by hand),
-#: with sam_attention=triton since it was measured faster (runs/examples/h200-sam-triton)
+#: with sam_attention=triton since it was measured faster (runs/examples/h200-sam-triton) and prefill_logits=last
+#: since the prefill's logits of every position were measured to cost a batch of 128 pages 29 ms (runs/examples/h200-prefill)
 ROWS = {"best": {"kv_cache": "static", "moe_impl": "grouped", "cuda_graphs": "decode", "compile": True,
                  "prefill_graphs": True, "linear_impl": "fused", "decode_attention": "triton", "vision_impl": "fused",
-                 "vision_compile": True, "sam_attention": "triton"}}
+                 "vision_compile": True, "sam_attention": "triton", "prefill_logits": "last"}}
 ROWS["best-fused"] = {**ROWS["best"], "compile": False, "decode_step": "fused", "pdl": True}
 BEST, BEST_FUSED = ({**VENDOR_STYLE, **ROWS[n]} for n in ("best", "best-fused"))
 

@@ -201,6 +201,11 @@ def test_default_triton_config_by_rows_per_expert():
     assert fm.default_triton_config(64 * 6, 64).block_m == 16
     assert fm.default_triton_config(300 * 6, 64).block_m == 32   # ~28 rows per expert
     assert fm.default_triton_config(1024 * 6, 64).block_m == 64
+    # 512 rows per expert is still a 64-row tile; a prefill of 128 base pages (128 x 286 tokens x top-6:
+    # 3,432 rows per expert) takes 128 x 128 tiles with 8 warps
+    assert fm.default_triton_config(512 * 64, 64).block_m == 64
+    big = fm.default_triton_config(128 * 286 * 6, 64)
+    assert (big.block_m, big.block_n, big.block_k, big.num_warps, big.num_stages) == (128, 128, 64, 8, 3)
 
 
 # ---------------------------------------------------------------- torch._grouped_mm conventions

@@ -433,7 +433,7 @@ def test_stage_mfus_by_hand(monkeypatch):
     seen = []
 
     def costs(case, cfg, dtype):
-        seen.append(case.text_tokens)
+        seen.append((case.text_tokens, cfg.prefill_logits))
         return pd.DataFrame([{"family": "TOTAL", "stage": "sam", "flops_useful": 5e11 * case.batch},
                              {"family": "TOTAL", "stage": "clip", "flops_useful": 7e11 * case.batch},
                              {"family": "TOTAL", "stage": "prefill", "flops_useful": 3e11 * case.batch}])
@@ -445,7 +445,9 @@ def test_stage_mfus_by_hand(monkeypatch):
     assert got["sam_mfu"] == pytest.approx(1e12 / 0.1 / 989.4e12, rel=1e-12)
     assert got["clip_mfu"] == pytest.approx(1.4e12 / 0.05 / 989.4e12, rel=1e-12)
     assert got["prefill_mfu"] == pytest.approx(6e11 / 0.04 / 989.4e12, rel=1e-12)
-    assert seen == [12]
+    assert seen == [(12, "all")]
+    stage_mfus(model, setup, 2, row, {"name": "NVIDIA H200"}, torch.bfloat16, {"prefill_logits": "last"})
+    assert seen[-1] == (12, "last")          # the cost model counts under the knobs that ran
     assert stage_mfus(model, setup, 2, {**row, "clip_ms": float("nan")}, {"name": "NVIDIA H200"},
                       torch.bfloat16)["clip_mfu"] is None                      # nothing timed
     assert set(stage_mfus(model, setup, 2, row, {"name": "cpu"}, torch.bfloat16).values()) == {None}   # no peak

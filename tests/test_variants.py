@@ -100,6 +100,62 @@ def test_variant_matches_vendor_style_fp32(tiny, reference, wide_gemv_tiles, nam
         variants.apply(model, ExecutionConfig())
 
 
+@pytest.mark.parametrize("extra", [{}, dict(kv_cache="static", moe_impl="grouped", moe_kernel="torch")],
+                         ids=["growing", "static+grouped-torch"])
+def test_last_position_logits_match_vendor_style_fp32(tiny, reference, extra):
+    """execution.prefill_logits=last: the prefill returns the last prompt position's logits alone, equal
+    (fp32) to that position of vendor-style's [1, 28, V]; the decode steps and generate()'s tokens are the same."""
+    model, req = tiny
+    ref, ref_logits = reference
+    ex = ExecutionConfig(prefill_logits="last", **extra)
+    info = variants.apply(model, ex)
+    try:
+        if ex.kv_cache == "static":
+            L = model.cfg.llm
+            cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, ex.cache_len(req.prefill_tokens, CPU_STEPS + 1),
+                                  L.head_dim, torch.float32, "cpu")
+            cache.position = torch.zeros(1, dtype=torch.int64)
+        else:
+            cache = KVCache(model.cfg.llm.num_layers)
+        logits = _run(model, req, cache, ref.tokens)
+        V = model.cfg.llm.vocab_size
+        assert ref_logits[0].shape == (1, CPU_PREFILL, V) and logits[0].shape == (1, 1, V)
+        assert _rel(logits[0][:, 0], ref_logits[0][:, -1]) <= 1e-5
+        for j, (a, b) in enumerate(zip(logits[1:], ref_logits[1:])):
+            assert _rel(a, b) <= 1e-5, (j, _rel(a, b))
+        assert torch.equal(generate(model, req).tokens, ref.tokens)
+        assert "last prompt position" in info[knobs.PREFILL_LOGITS.manifest_key]
+    finally:
+        variants.apply(model, ExecutionConfig())
+    assert model.logits_all_positions()                 # restored: the vendor's lm_head on every position
+
+
+def test_compiled_prefill_core_matches_eager_fp32(tiny, reference):
+    """What execution.prefill_compile captures (CUDA only), compiled on the CPU: ``prefill_core`` of the
+    static-grouped execution under torch.compile gives vendor-style's prefill logits (fp32) and first token."""
+    from harness.models.adapter import greedy
+
+    model, req = tiny
+    ref, ref_logits = reference
+    ex = ExecutionConfig(kv_cache="static", moe_impl="grouped", moe_kernel="torch")
+    variants.apply(model, ex)
+    try:
+        L = model.cfg.llm
+        cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, ex.cache_len(req.prefill_tokens, 1), L.head_dim,
+                              torch.float32, "cpu")
+        cache.position = torch.zeros(1, dtype=torch.int64)
+        ids, start = req.input_ids, req.image_start
+        with torch.inference_mode():
+            img = model.image_embeddings(req.global_views, req.tiles, req.grid)
+            fn = torch.compile(lambda i, e: model.prefill_core(i, e, cache, lambda x: x, start), dynamic=False)
+            logits = fn(ids, img)
+        assert _rel(logits, ref_logits[0]) <= 1e-5
+        assert torch.equal(greedy(logits), ref.tokens[:, :1])
+        assert int(cache.position) == CPU_PREFILL
+    finally:
+        variants.apply(model, ExecutionConfig())
+
+
 def test_compiled_static_grouped_decode_matches(tiny):
     """The compiled static-grouped step: vendor-style's tokens and per-step routing under the weights'
     routing and under balanced routing, from one compile (the routing is a runtime input of the
@@ -150,6 +206,8 @@ def test_counted_flops_equal_analytic_for_the_static_grouped_variant(tiny_cfg):
     (dict(cuda_graphs="decode"), "kv_cache=static and moe_impl=grouped"),
     (dict(cuda_graphs="decode", kv_cache="static"), "moe_impl=grouped"),
     (dict(vision_compile=True), "vision_compile=true needs vision_impl=fused"),
+    (dict(prefill_compile=True, kv_cache="static", moe_impl="grouped"),
+     "prefill_compile=true compiles the captured prefill, which is off"),
 ])
 def test_impossible_knob_combinations_are_refused(ex, words):
     with pytest.raises(HarnessError, match=words):
@@ -170,6 +228,9 @@ GPU_VARIANTS = {
     "graphs+compile": dict(kv_cache="static", moe_impl="grouped", cuda_graphs="decode", compile=True),
     "graphs+compile+fused-linears+attention": dict(kv_cache="static", moe_impl="grouped", cuda_graphs="decode",
                                                    compile=True, linear_impl="fused", decode_attention="triton"),
+    "graphs+compile+prefill-compile+last-logits": dict(kv_cache="static", moe_impl="grouped", cuda_graphs="decode",
+                                                       compile=True, prefill_graphs=True, prefill_compile=True,
+                                                       prefill_logits="last"),
     "graphs+fused-step": dict(kv_cache="static", moe_impl="grouped", cuda_graphs="decode", linear_impl="fused",
                               decode_attention="triton", decode_step="fused"),
     "graphs+fused-step+pdl": dict(kv_cache="static", moe_impl="grouped", cuda_graphs="decode", linear_impl="fused",

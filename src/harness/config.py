@@ -144,6 +144,9 @@ class ExecutionConfig:
       blocks as with sdpa | ``triton``: every block by it
       (``variants.sam_triton``); needs a device where Triton runs.
     * ``prefill_graphs``: capture the prefill forward (static cache, grouped MoE) per request shape.
+    * ``prefill_compile``: with ``prefill_graphs``, the prefill forward torch.compile'd (inductor: norms,
+      RoPE, residuals and activations fused around the GEMMs) per request shape before its graph is
+      captured; compile time reported apart (``variants.prefill_compile``).
     * ``vision_compile``: with ``vision_impl=fused`` on CUDA, each SAM and CLIP block is
       torch.compile'd (window partition/padding, norms, GELU and residuals fused around the GEMMs and
       attention) before its stage's CUDA graph is captured; compile time reported apart.
@@ -175,6 +178,10 @@ class ExecutionConfig:
       pad, normalisation and tiles on the host, float32 copied to the device | ``device``: the page's
       8-bit pixels copied, then resized, padded, normalised and tiled on the device with PIL's
       arithmetic (``harness.preprocess_device``: the same bytes as PIL).
+    * ``prefill_logits``: which prompt positions the prefill's lm_head runs on. ``all``: every one, as
+      the vendor does (``model.lm_head_all_positions``) | ``last``: the last position of each sequence
+      only, the one greedy decoding reads (``variants.prefill_logits``: the same first token; at a
+      batch of 128 base pages the vendor's way computes and casts 4.7 G logits that nothing reads).
     """
 
     kv_cache: str = _f("growing", choices=("growing", "static"))
@@ -193,6 +200,8 @@ class ExecutionConfig:
     pdl: bool = False
     step_clock: bool = False
     preprocess: str = _f("host", choices=("host", "device"))
+    prefill_logits: str = _f("all", choices=("all", "last"))
+    prefill_compile: bool = False
 
     @staticmethod
     def positions(prefill_tokens: int, decode_tokens: int) -> int:
@@ -254,6 +263,18 @@ def cost_config(model: Optional[ModelConfig] = None, knobs: Optional[dict] = Non
     model = model or ModelConfig()
     kept = {f.name: getattr(model, f.name) for f in fields(CostModelConfig) if hasattr(model, f.name)}
     return CostModelConfig(**{**kept, **(knobs or {})})
+
+
+def logits_every_position(cfg) -> bool:
+    """Whether the prefill's lm_head runs on every prompt position (``cfg``: a ``CostModelConfig``):
+    the vendor's ``lm_head_all_positions``, unless the execution's ``prefill_logits=last`` keeps each
+    sequence's last (``variants.prefill_logits``)."""
+    return cfg.lm_head_all_positions and cfg.prefill_logits == "all"
+
+
+def prefill_logit_rows(cfg, batch: int, tokens: int) -> int:
+    """Rows the prefill's lm_head runs on for ``batch`` sequences of ``tokens`` prompt positions in all."""
+    return tokens if logits_every_position(cfg) else batch
 
 
 #: the execution knobs (``execution.<knob>``; an old ``model.<knob>`` override is refused with this name)

@@ -46,6 +46,7 @@ GROUPED_MOE = Knob("moe_impl", "grouped", "grouped MoE", "moe", cost_knobs=("moe
 DECODE_GRAPHS = Knob("cuda_graphs", "decode", "decode graph", "decode_graphs", module_hooks=False)
 DECODE_COMPILE = Knob("compile", True, "compiled", "decode_compile", module_hooks=False)
 PREFILL_GRAPHS = Knob("prefill_graphs", True, "prefill graph", "prefill", module_hooks=False)
+PREFILL_COMPILE = Knob("prefill_compile", True, "compiled prefill", "prefill_compile_is", module_hooks=False)
 FUSED_VISION = Knob("vision_impl", "fused", "fused vision", "vision", module_hooks=False, cost_knobs=("vision_impl",))
 SAM_TRITON = Knob("sam_attention", ("triton-windows", "triton"), "triton SAM attention", "sam_attention_is",
                   cost_knobs=("sam_attention",))
@@ -57,11 +58,13 @@ FUSED_STEP = Knob("decode_step", "fused", "fused decode step", "decode_step_is",
 PDL = Knob("pdl", True, "PDL", "pdl_is", module_hooks=False)
 STEP_CLOCK = Knob("step_clock", True, "in-kernel clock", "step_clock_is", module_hooks=False)
 DEVICE_PREPROCESS = Knob("preprocess", "device", "device preprocessing", "preprocess_is")
+PREFILL_LOGITS = Knob("prefill_logits", "last", "last-position logits", "prefill_logits_are",
+                      cost_knobs=("prefill_logits",))
 
 #: every knob, in the order of conversion (the static cache before what runs on it, the fused vision
 #: before its compiled blocks) and of the report's label
-KNOBS: tuple = (STATIC_CACHE, GROUPED_MOE, DECODE_GRAPHS, DECODE_COMPILE, PREFILL_GRAPHS, FUSED_VISION, SAM_TRITON, FUSED_LINEARS,
-                VISION_COMPILE, DECODE_ATTENTION, FUSED_STEP, PDL, STEP_CLOCK, DEVICE_PREPROCESS)
+KNOBS: tuple = (STATIC_CACHE, GROUPED_MOE, DECODE_GRAPHS, DECODE_COMPILE, PREFILL_GRAPHS, PREFILL_COMPILE, FUSED_VISION, SAM_TRITON, FUSED_LINEARS,
+                VISION_COMPILE, DECODE_ATTENTION, FUSED_STEP, PDL, STEP_CLOCK, DEVICE_PREPROCESS, PREFILL_LOGITS)
 
 
 def _config(execution) -> ExecutionConfig:
@@ -95,9 +98,11 @@ def allows_module_hooks(execution: Optional[ExecutionConfig]) -> bool:
     return execution is None or all(k.module_hooks for k in active(execution))
 
 
-def cost_knobs(execution: ExecutionConfig) -> dict:
-    """{knob: value} of the knobs that change the analytic cost (``harness.config.cost_config``)."""
-    return {name: getattr(execution, name) for k in KNOBS for name in k.cost_knobs}
+def cost_knobs(execution) -> dict:
+    """{knob: value} of the knobs that change the analytic cost (``harness.config.cost_config``) of
+    ``execution`` (an ``ExecutionConfig`` or a manifest's execution dict)."""
+    ex = _config(execution)
+    return {name: getattr(ex, name) for k in KNOBS for name in k.cost_knobs}
 
 
 def augmented_dim(d: int, H: int, W: int, multiple: int = 8) -> int:
@@ -112,7 +117,7 @@ def augmented_dim(d: int, H: int, W: int, multiple: int = 8) -> int:
     return -(-(d + H + W) // multiple) * multiple
 
 
-__all__ = ["Knob", "KNOBS", "STATIC_CACHE", "GROUPED_MOE", "DECODE_GRAPHS", "DECODE_COMPILE", "PREFILL_GRAPHS",
+__all__ = ["Knob", "KNOBS", "STATIC_CACHE", "GROUPED_MOE", "DECODE_GRAPHS", "DECODE_COMPILE", "PREFILL_GRAPHS", "PREFILL_COMPILE",
            "FUSED_VISION", "SAM_TRITON", "FUSED_LINEARS", "VISION_COMPILE", "DECODE_ATTENTION", "FUSED_STEP", "PDL", "STEP_CLOCK", "DEVICE_PREPROCESS",
-           "active",
+           "PREFILL_LOGITS", "active",
            "label", "allows_module_hooks", "cost_knobs", "augmented_dim"]

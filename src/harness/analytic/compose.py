@@ -9,7 +9,7 @@ runs for that case and returns a DataFrame. ``resolve(case, cfg)`` adds the visi
 Execution followed (as ``DeepseekOCR.generate`` runs a request): per view (Gundam tiles first,
 then the global view) SAM -> CLIP -> projector; the newline/separator layout (projector stage);
 ``prefill`` over the whole prompt (embedding + image scatter, decoder layers, final norm,
-lm_head on every position when ``lm_head_all_positions``); then ``decode_tokens - 1`` decode steps
+lm_head on every position when ``lm_head_all_positions`` and not ``prefill_logits=last``); then ``decode_tokens - 1`` decode steps
 (the first new token comes from prefill) against caches of length S, S+1, ..., S+decode_tokens-2.
 
 DataFrame columns (``COLUMNS``): ``harness.schema.analytic.COST_COLUMNS``, each with its unit there.
@@ -26,7 +26,7 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
-from ..config import ModelConfig, cost_config
+from ..config import ModelConfig, cost_config, prefill_logit_rows
 from ..dtypes import nbytes as dtype_bytes
 from ..errors import HarnessError
 from ..anatomy.stages import STAGES
@@ -219,7 +219,7 @@ def llm_items(cfg: ModelConfig, stage: str, B: int, S: int, n: int, b: int, imag
                 items.append(Item(stage, F.MoERouted(T, h, L.moe_intermediate_size, L.n_routed_experts,
                                                      L.num_experts_per_tok, t, b, kernel), 1, **kw))
         items.append(Item(stage, F.MoEShared(T, h, L.moe_intermediate_size * L.n_shared_experts, b), moe, **kw))
-    rows = T if cfg.lm_head_all_positions else B
+    rows = prefill_logit_rows(cfg, B, T)
     items.append(Item(stage, F.LMHead(rows, h, L.vocab_size, b), **kw))
     return items
 

@@ -905,7 +905,8 @@ class MoEShared(Family):
 @dataclass
 class LMHead(Family):
     """Untied LM head h -> V (no bias) on R rows (every prefill position when
-    ``lm_head_all_positions``, as the vendor does; 1 per sequence in decode), logits cast to fp32.
+    ``lm_head_all_positions``, as the vendor does, unless ``execution.prefill_logits=last``: 1 per
+    sequence then, as in decode; ``harness.config.prefill_logit_rows``), logits cast to fp32.
 
     * flops_counted = tensor_flops = flops_useful = 2*R*h*V.
     * vector_flops = 0.

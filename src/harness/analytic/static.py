@@ -14,7 +14,7 @@ from typing import Iterable, Optional
 import pandas as pd
 
 from ..anatomy.stages import VISION_STAGES
-from ..config import ModelConfig, cost_config
+from ..config import ModelConfig, cost_config, logits_every_position
 from ..markdown import table as md_table
 from .compose import (activated_params_per_token, case_summary, component_params, decode_step_costs,
                       default_sweep_cases, kv_bytes_per_token, workload_costs)
@@ -93,7 +93,7 @@ def analyze(cases: Optional[Iterable] = None, out_dir="runs/analyze", model_cfg:
     paths = {}
     doc = {"cases": summaries, "anchors": anchors,
            "model": {"name": cfg.name, "dtype": str(dtype), "attn_implementation": attn, "kv_cache": kv,
-                     "lm_head_all_positions": cfg.lm_head_all_positions},
+                     "lm_head_all_positions": logits_every_position(cfg)},
            "units": {"flops_*": "FLOP (2 per multiply-accumulate)", "bytes": "B", "params": "parameters"},
            "conventions": {
                "flops_counted": "FlopCounterMode convention: matmul/conv/attention, full S x T attention, "

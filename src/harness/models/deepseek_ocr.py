@@ -110,9 +110,14 @@ class DeepseekOCR(nn.Module):
         for layer in self.model.layers:
             h = layer(h, position_ids, cache)
         h = self.model.norm(h)
-        if not self.cfg.lm_head_all_positions:
+        if not self.logits_all_positions():
             h = h[:, -1:]
         return self.lm_head(h).float()
+
+    def logits_all_positions(self) -> bool:
+        """Whether ``decoder`` applies lm_head to every position (the vendor's way,
+        ``model.lm_head_all_positions``) rather than to each sequence's last."""
+        return self.cfg.lm_head_all_positions
 
     def embed_prompt(self, input_ids, images_seq_mask, image_embeds) -> torch.Tensor:
         """Token embeddings [B, S, hidden] with the image embeddings scattered into the image positions."""

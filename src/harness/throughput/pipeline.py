@@ -281,7 +281,7 @@ def _measure(cfg: HarnessConfig, ctx: RunContext, out: Outputs) -> None:
         row.update(config=name, batch=batch, workers=s.workers, pages=len(setup.sources),
                    tokens=plan.tokens_text(s.tokens, cfg.workload.decode_tokens),
                    routing=routing_label(cfg.workload.routing, cfg.workload.routing_seed),
-                   **stage_mfus(model, setup, batch, row, rd.manifest.get("device"), dtype))
+                   **stage_mfus(model, setup, batch, row, rd.manifest.get("device"), dtype, execution))
         where.at("case", name, i + 1, "writing")
         timeline.enter("writing")
         entry = {**run.last_case.to_dict(), "name": name, "execution": {**execution, **setup_seconds(model)},
@@ -296,14 +296,19 @@ def _measure(cfg: HarnessConfig, ctx: RunContext, out: Outputs) -> None:
 MFU_STAGES = ("sam", "clip", "prefill")
 
 
-def stage_mfus(model, setup: Setup, batch: int, row: dict, device: Optional[dict], dtype) -> dict:
+def stage_mfus(model, setup: Setup, batch: int, row: dict, device: Optional[dict], dtype,
+               execution: Optional[dict] = None) -> dict:
     """{``<stage>_mfu``: model FLOPs utilisation at ``batch``} of each of ``MFU_STAGES``: the stage's
     analytic useful FLOPs for ``batch`` pages (``harness.analytic``: every view of the mode's layout;
     the prefill over the layout's prompt, BOS + text + image tokens, top-k experts per token) / its
     measured span per batch (``row["<stage>_ms"]``) / the device's dense datasheet peak in ``dtype``
-    (``roofline.specs``). None where the pages have more than one layout (their FLOPs differ), the
-    device has no datasheet peak or nothing was timed."""
+    (``roofline.specs``), counted under the knobs of ``execution`` (what ``variants.apply`` returned:
+    with ``prefill_logits=last`` the prefill's lm_head runs on one row per page). None where the pages
+    have more than one layout (their FLOPs differ), the device has no datasheet peak or nothing was
+    timed."""
     from ..analytic import useful_flops
+    from ..config import cost_config
+    from ..knobs import cost_knobs
     from ..roofline.point import mfu
     from ..roofline.specs import device_name_of, resolve_peaks
 
@@ -313,7 +318,7 @@ def stage_mfus(model, setup: Setup, batch: int, row: dict, device: Optional[dict
     if len(layouts) != 1 or not peak:
         return out
     case = Case(setup.mode, layouts[0].grid, batch, layouts[0].text_tokens, 1, "mfu")
-    flops = useful_flops(case, model.cfg)
+    flops = useful_flops(case, cost_config(model.cfg, cost_knobs(execution or {})))
     return {f"{st}_mfu": mfu(flops[st], row.get(f"{st}_ms"), peak) for st in MFU_STAGES}
 
 

@@ -34,14 +34,17 @@ from .fused_linears import FUSED_LINEARS
 from .fused_step import FUSED_STEP, PDL, STEP_CLOCK
 from .fused_vision import FUSED_VISION
 from .grouped_moe import GROUPED_MOE
+from .prefill_compile import PREFILL_COMPILE
 from .prefill_graphs import PREFILL_GRAPHS
+from .prefill_logits import PREFILL_LOGITS
 from .sam_triton import SAM_TRITON
 from .static_cache import STATIC_CACHE
 from .vision_compile import VISION_COMPILE
 
-_BY_KNOB = {c.spec: c for c in (STATIC_CACHE, GROUPED_MOE, DECODE_GRAPHS, DECODE_COMPILE, PREFILL_GRAPHS, FUSED_VISION, SAM_TRITON,
+_BY_KNOB = {c.spec: c for c in (STATIC_CACHE, GROUPED_MOE, DECODE_GRAPHS, DECODE_COMPILE, PREFILL_GRAPHS,
+                                 PREFILL_COMPILE, FUSED_VISION, SAM_TRITON,
                                  FUSED_LINEARS, VISION_COMPILE, DECODE_ATTENTION, FUSED_STEP, PDL, STEP_CLOCK,
-                                 DEVICE_PREPROCESS)}
+                                 DEVICE_PREPROCESS, PREFILL_LOGITS)}
 #: every execution variant, in the order of conversion (and of the report's label): ``knobs.KNOBS``
 CONVERTERS: tuple = tuple(_BY_KNOB[k] for k in KNOBS)
 

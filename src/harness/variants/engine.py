@@ -46,7 +46,9 @@ class Plan:
     compile: bool = False                # compile: torch.compile of the static decode step
     decode_graphs: bool = False          # cuda_graphs=decode
     prefill_graphs: bool = False         # prefill_graphs
+    prefill_compile: bool = False        # prefill_compile: the captured prefill compiled first
     decode_step: Optional[Callable] = None   # decode_step=fused: StaticDecoder -> its step (fused_step.FusedCore)
+    last_logits: bool = False            # prefill_logits=last: lm_head on each sequence's last position only
 
 
 def attach(model) -> Plan:
@@ -64,6 +66,9 @@ class Engine(Variant, DeepseekOCR):
     the request running now)."""
 
     plan: Plan
+
+    def logits_all_positions(self) -> bool:
+        return super().logits_all_positions() and not self.plan.last_logits
 
     # ------------------------------------------------------------ static-cache forward passes
     def decoder(self, embeds: torch.Tensor, position_ids: torch.Tensor, cache) -> torch.Tensor:
@@ -131,6 +136,7 @@ class Engine(Variant, DeepseekOCR):
             select = greedy_chunked if plan.compile else greedy   # same token; see greedy_chunked
             self.static_decoders[key] = StaticDecoder(self, batch, max_len, p.device, p.dtype, select,
                                                       compile=plan.compile, graphs=plan.decode_graphs,
+                                                      compile_prefill=plan.prefill_compile,
                                                       device_routing=plan.device_routing,
                                                       bind=plan.decode_step)
             self.info.setdefault("setup_s", {})[f"b{batch}-L{max_len}"] = self.static_decoders[key].setup_s

@@ -46,12 +46,13 @@ class StaticDecoder:
     with ``device_routing`` (grouped MoE), else None (the vendor loop counts on the host);
     ``bind`` (``decode_step=fused``) gives the step function instead: ``bind(decoder)`` -> a callable
     like ``decode_core``, built once the cache, the token buffer and the routing exist (not
-    compiled). ``setup_s`` holds the one-off set-up seconds (compile, captures).
+    compiled). ``compile_prefill`` (``prefill_compile``): ``prefill`` compiles the forward it captures.
+    ``setup_s`` holds the one-off set-up seconds (compile, captures).
     """
 
     def __init__(self, model, batch: int, max_len: int, device, dtype, select: Callable, compile: bool = False,
                  graphs: bool = False, device_routing: bool = False,
-                 bind: Optional[Callable] = None):
+                 bind: Optional[Callable] = None, compile_prefill: bool = False):
         L = model.cfg.llm
         self.model, self.select = model, select
         self.cache = StaticKVCache(L.num_layers, batch, L.num_kv_heads, max_len, L.head_dim, dtype, device,
@@ -63,6 +64,7 @@ class StaticDecoder:
                                      table_shape=(batch, max_len, L.num_layers, L.num_experts_per_tok),
                                      rows=batch * L.num_experts_per_tok) if device_routing else None
         self.use_graphs = graphs
+        self.compile_prefill = compile_prefill
         self.decode_graphs: dict = {}      # routing mode -> (CUDAGraph, its output buffer)
         self.token_in = torch.zeros((batch, 1), dtype=torch.long, device=device)
         self._returned = None       # the token the last replay returned (its value is in token_in, see step)
@@ -138,6 +140,8 @@ class StaticDecoder:
         if key not in self.graphs:
             def fn(ids, img):
                 return self.model.prefill_core(ids, img, self.cache, self.select, start)
+            if self.compile_prefill:           # compiled in the capture's warm-up (setup_s)
+                fn = torch.compile(fn, dynamic=False)
             self.model.prefill_core(request.input_ids, image_embeds, self.cache, self.select, start)   # eager first
             self.graphs[key] = CapturedCall(fn, (request.input_ids, image_embeds))
             self.setup_s[f"prefill_capture_S{S}" + ("_forced" if key[-1] is True else "")] = self.graphs[key].setup_s
