@@ -172,10 +172,11 @@ VENDOR_STYLE = {"kv_cache": "growing", "moe_impl": "vendor_loop", "moe_kernel": 
                 "prefill_compile": False}
 #: optimize.yaml's best and best-fused rows as written before the executions became a config group (by hand),
 #: with sam_attention=triton since it was measured faster (runs/examples/h200-sam-triton) and prefill_logits=last
-#: since the prefill's logits of every position were measured to cost a batch of 128 pages 29 ms (runs/examples/h200-prefill)
+#: and prefill_compile=true since both were measured faster at a batch of 128 pages (runs/examples/h200-prefill)
 ROWS = {"best": {"kv_cache": "static", "moe_impl": "grouped", "cuda_graphs": "decode", "compile": True,
                  "prefill_graphs": True, "linear_impl": "fused", "decode_attention": "triton", "vision_impl": "fused",
-                 "vision_compile": True, "sam_attention": "triton", "prefill_logits": "last"}}
+                 "vision_compile": True, "sam_attention": "triton", "prefill_logits": "last",
+                 "prefill_compile": True}}
 ROWS["best-fused"] = {**ROWS["best"], "compile": False, "decode_step": "fused", "pdl": True}
 BEST, BEST_FUSED = ({**VENDOR_STYLE, **ROWS[n]} for n in ("best", "best-fused"))
 

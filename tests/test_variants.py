@@ -67,6 +67,17 @@ def _run(model, req, cache, tokens):
     return logits
 
 
+def _cache(model, req, ex: ExecutionConfig):
+    """The request's KV cache under ``ex``: a static one (CPU_STEPS + 1 decode tokens, position 0) or a growing one."""
+    if ex.kv_cache != "static":
+        return KVCache(model.cfg.llm.num_layers)
+    L = model.cfg.llm
+    cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, ex.cache_len(req.prefill_tokens, CPU_STEPS + 1),
+                          L.head_dim, torch.float32, "cpu")
+    cache.position = torch.zeros(1, dtype=torch.int64)
+    return cache
+
+
 def _rel(a, b) -> float:
     return float((a - b).norm() / b.norm())
 
@@ -80,13 +91,7 @@ def test_variant_matches_vendor_style_fp32(tiny, reference, wide_gemv_tiles, nam
     ex = ExecutionConfig(**CPU_VARIANTS[name])
     variants.apply(model, ex)
     try:
-        if ex.kv_cache == "static":
-            L = model.cfg.llm
-            cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, ex.cache_len(req.prefill_tokens, CPU_STEPS + 1),
-                                  L.head_dim, torch.float32, "cpu")
-            cache.position = torch.zeros(1, dtype=torch.int64)
-        else:
-            cache = KVCache(model.cfg.llm.num_layers)
+        cache = _cache(model, req, ex)
         logits = _run(model, req, cache, ref.tokens)
         assert len(logits) == len(ref_logits) == 1 + CPU_STEPS
         for j, (a, b) in enumerate(zip(logits, ref_logits)):
@@ -110,13 +115,7 @@ def test_last_position_logits_match_vendor_style_fp32(tiny, reference, extra):
     ex = ExecutionConfig(prefill_logits="last", **extra)
     info = variants.apply(model, ex)
     try:
-        if ex.kv_cache == "static":
-            L = model.cfg.llm
-            cache = StaticKVCache(L.num_layers, 1, L.num_kv_heads, ex.cache_len(req.prefill_tokens, CPU_STEPS + 1),
-                                  L.head_dim, torch.float32, "cpu")
-            cache.position = torch.zeros(1, dtype=torch.int64)
-        else:
-            cache = KVCache(model.cfg.llm.num_layers)
+        cache = _cache(model, req, ex)
         logits = _run(model, req, cache, ref.tokens)
         V = model.cfg.llm.vocab_size
         assert ref_logits[0].shape == (1, CPU_PREFILL, V) and logits[0].shape == (1, 1, V)
