@@ -211,6 +211,28 @@ def test_a_knob_override_is_checked_over_best_not_alone():
         check_cases(cfg, device=torch.device("cpu"), execution_of=EXPERIMENT.execution_of)
 
 
+def test_a_default_valued_knob_that_best_would_shadow_is_refused():
+    """Under throughput.best, execution.sam_attention=sdpa (the knob's default) is not a change, so best's
+    triton would run: the run verb refuses it in one line naming throughput.execution.sam_attention=sdpa;
+    that spelling, a knob best leaves at its default and best off all pass the check."""
+    from harness.cli import check_overrides
+    from harness.throughput.pipeline import EXPERIMENT
+
+    base = ["+experiment=throughput", "model=tiny", "throughput.best=true"]
+    cfg = check_overrides(base + ["execution.sam_attention=sdpa"], verb="analyze")
+    with pytest.raises(HarnessError, match=r"^execution.sam_attention=sdpa is the knob's default, which does not "
+                                           r"override the named execution best's sam_attention=triton under "
+                                           r"throughput.best; fix: write throughput.execution.sam_attention=sdpa"):
+        EXPERIMENT.check_overrides(cfg, base + ["execution.sam_attention=sdpa"])
+    with pytest.raises(HarnessError, match="^execution.prefill_logits=all is the knob's default"):
+        check_overrides(base + ["execution.prefill_logits=all"], verb="run")            # the CLI's check
+    spelled = check_overrides(base + ["throughput.execution.sam_attention=sdpa"], verb="analyze")
+    EXPERIMENT.check_overrides(spelled, base + ["throughput.execution.sam_attention=sdpa"])
+    EXPERIMENT.check_overrides(cfg, base + ["execution.pdl=false"])                 # best leaves pdl at its default
+    cfg.throughput.best = False
+    EXPERIMENT.check_overrides(cfg, base + ["execution.sam_attention=sdpa"])           # best off: honoured as given
+
+
 # -------------------------------------------------------------------------- end to end (CLI)
 
 def start_runs(tmp_path_factory, submit) -> dict:

@@ -237,6 +237,8 @@ def _compose_checked(args: list[str], verb: str = "run") -> tuple:
             from .lifecycle import experiment_class
             kind = experiment_class(hc, None if not _multirun(args) else "gpus" if "hydra/launcher=gpus" in args
                                     else "other")
+        if kind is not None:
+            kind.check_overrides(hc, overrides)
         if verb in MODEL_VERBS:
             from .setup import check_cases
             check_cases(hc, execution_of=kind.execution_of if kind is not None else None)

@@ -131,6 +131,11 @@ class Experiment:
         one-GPU-per-job launcher, ``other``)."""
 
     @classmethod
+    def check_overrides(cls, cfg: HarnessConfig, overrides: list) -> None:
+        """Raise ``HarnessError`` for a command-line override (``key=value`` strings, as given) that this
+        experiment would not honour as written (before any run directory); the default: none."""
+
+    @classmethod
     def execution_of(cls, cfg: HarnessConfig, execution):
         """The execution this experiment runs where the config says ``execution`` (the CLI's check of
         every case, ``setup.check_cases``, checks that one); the default: ``execution`` itself."""

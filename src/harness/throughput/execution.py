@@ -5,7 +5,8 @@
 name the same file, so the two experiments cannot drift apart). ``execution_for``: the execution a run
 runs: with ``best`` (the CUDA default) those knobs, with every ``execution.*`` knob that differs
 from its default on top; without it ``execution.*`` as given (the vendor-style default on the CPU);
-then ``throughput.execution``'s knobs over either. A static cache without
+then ``throughput.execution``'s knobs over either (``shadowed``: the command-line ``execution.*``
+overrides at their default that best's value would shadow, which the CLI refuses). A static cache without
 ``execution.static_cache_len`` gets the length of the longest request of the run (``cache_len``),
 so one decoder (one compile, one capture) serves every batch of a batch size whatever its pages'
 budgets. ``apply_execution``: ``harness.variants.apply`` with it.
@@ -41,6 +42,29 @@ def changed_knobs(ex: ExecutionConfig) -> dict:
     return {k: v for k, v in ex.execution().items() if v != getattr(defaults, k)}
 
 
+def shadowed(cfg: HarnessConfig, best: bool, overrides: list) -> list:
+    """[(knob, best's value)] of the ``execution.<knob>=...`` overrides that ``layered`` would not honour:
+    with ``best`` on, a knob set to its default on the command line is not a change, so best's value
+    of it stays (unless ``throughput.execution`` sets it): ``execution.sam_attention=sdpa`` would run
+    best's ``triton``."""
+    if not best:
+        return []
+    named, defaults = best_execution(cfg), ExecutionConfig()
+    given = cfg.throughput.execution if cfg.throughput is not None else None
+    out = []
+    for text in overrides:
+        key = text.lstrip("+~").split("=", 1)[0]
+        if not key.startswith("execution."):
+            continue
+        knob = key.split(".", 1)[1]
+        if not hasattr(defaults, knob) or (given is not None and getattr(given, knob, None) is not None):
+            continue
+        if getattr(cfg.execution, knob) == getattr(defaults, knob) and named.get(knob, getattr(defaults, knob)) \
+                != getattr(defaults, knob):
+            out.append((knob, named[knob]))
+    return out
+
+
 def layered(cfg: HarnessConfig, best: bool, execution: ExecutionConfig | None = None) -> ExecutionConfig:
     """``best``'s knobs (when ``best``), ``execution`` (default ``execution.*``)'s changed knobs on top,
     then ``throughput.execution``'s."""
@@ -67,4 +91,4 @@ def apply_execution(model, cfg: HarnessConfig, best: bool, cache_len: int) -> di
     return variants.apply(model, execution_for(cfg, best, cache_len), p.device)
 
 
-__all__ = ["BEST", "best_execution", "changed_knobs", "layered", "execution_for", "apply_execution"]
+__all__ = ["BEST", "best_execution", "changed_knobs", "shadowed", "layered", "execution_for", "apply_execution"]

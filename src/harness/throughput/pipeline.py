@@ -47,7 +47,7 @@ from . import plan, prep
 from .ahead import launch, use
 from .barrier import window_barrier
 from .clock import BatchClock, Marks
-from .execution import apply_execution, changed_knobs, execution_for
+from .execution import apply_execution, changed_knobs, execution_for, shadowed
 from .feeder import Feeder, HostBatch, Layout
 from .section import write_outputs
 from .staging import Staged, Stager
@@ -131,6 +131,18 @@ class Throughput(Experiment):
                                "model; model=vendor runs the vendor's own code", "leave overlap_vision off")
         from .gpus import plan_for
         plan_for(cfg, sweep)         # throughput.gpus: more than visible, a CPU or a one-GPU-per-job sweep refused
+
+    @classmethod
+    def check_overrides(cls, cfg: HarnessConfig, overrides: list) -> None:
+        """Refuse an ``execution.<knob>=<default>`` override that ``best`` would shadow (``execution.shadowed``)."""
+        best = plan.resolve(cfg.throughput, resolve_device(cfg.device).type == "cuda").best
+        lost = shadowed(cfg, best, overrides)
+        if lost:
+            knob, value = lost[0]
+            raise HarnessError(f"execution.{knob}={getattr(cfg.execution, knob)} is the knob's default, which does not "
+                               f"override the named execution best's {knob}={value} under throughput.best",
+                               f"write throughput.execution.{knob}={getattr(cfg.execution, knob)}, or set "
+                               "throughput.best=false")
 
     @classmethod
     def execution_of(cls, cfg: HarnessConfig, execution):
