@@ -208,7 +208,9 @@ def test_union_of_kernel_intervals():
 
 
 def test_named_executions_of_the_decode_step_rows():
+    from harness import variants
     from harness.bench.decode_step_state import decode_execution
+    from harness.variants.base import CannotRunHere
     from harness.bench.verb import named_execution
     from harness.cli import check_overrides
 
@@ -219,6 +221,12 @@ def test_named_executions_of_the_decode_step_rows():
         (True, "modules", False, "vendor", False)
     fused = decode_execution(cfg, "best-fused", pdl=False)
     assert (fused.compile, fused.decode_step, fused.pdl) == (False, "fused", False)
+    for ex in (best, fused):       # no prefill or vision knob left that needs one set back (sam_attention=triton
+        assert (ex.sam_attention, ex.prefill_compile, ex.prefill_logits) == ("sdpa", False, "all")  # needs fused vision)
+        try:                       # the knobs' own rules hold; only this machine may lack what they need
+            variants.check(ex, torch.device("cuda"), torch.bfloat16)
+        except CannotRunHere:
+            pass
     assert named_execution(cfg, "best-fused").pdl is True
     with pytest.raises(HarnessError, match="names the execution 'fast', which conf/bench/decode_step.yaml does not "
                                            "load"):
