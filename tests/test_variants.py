@@ -183,10 +183,12 @@ def test_compiled_static_grouped_decode_matches(tiny):
         variants.apply(model, ExecutionConfig())
 
 
-def test_counted_flops_equal_analytic_for_the_static_grouped_variant(tiny_cfg):
+@pytest.mark.parametrize("logits", ["all", "last"])
+def test_counted_flops_equal_analytic_for_the_static_grouped_variant(tiny_cfg, logits):
     from harness.analytic import check, compose
 
-    ex = ExecutionConfig(kv_cache="static", moe_impl="grouped", moe_kernel="torch", vision_impl="fused")
+    ex = ExecutionConfig(kv_cache="static", moe_impl="grouped", moe_kernel="torch", vision_impl="fused",
+                         prefill_logits=logits)
     cfg = cost_config(tiny_cfg, knobs.cost_knobs(ex))
     model = build_model(tiny_cfg, "cpu", torch.float32, seed=0)
     variants.apply(model, ex)
