@@ -103,10 +103,10 @@ def test_each_factor_sets_the_direct_step_up_as_the_run_path():
                 (40, None, 5, 2, 1)
             assert fs.step.counts[0].shape[0] == 2 + 8
 
-            chooses = dataclasses.replace(INTERPRETER_CONFIG, gate_up_chooses=False)
-            us = run_path_us(model, req, [INTERPRETER_CONFIG, chooses], 64, 1, False)    # the host clock here
+            other = dataclasses.replace(INTERPRETER_CONFIG, gate_up_norm=True)
+            us = run_path_us(model, req, [INTERPRETER_CONFIG, other], 64, 1, False)    # the host clock here
             assert len(us) == 2 and all(len(u) == 1 and u[0] > 0 for u in us)
             (dec,) = model.static_decoders.values()                 # the last configuration's, swapped in
-            assert dec.core.config == chooses and dec.core.step.config == chooses
+            assert dec.core.config == other and dec.core.step.config == other
     finally:
         variants.apply(model, ExecutionConfig())

@@ -87,36 +87,6 @@ def test_fused_variant_generates_the_vendor_tokens_and_routing_fp32():
         variants.apply(model, ExecutionConfig())
 
 
-@needs_triton
-@cpu_triton
-def test_generate_raises_once_a_down_kernel_gave_up(monkeypatch):
-    """After a request the decoder reads its fused step's flags (``StaticDecoder.check``): a healthy
-    request of one decode step passes; with the gate/up launch of MoE layer 1 left out of the step
-    (its expert ids never stored) and ``SPIN_LIMIT`` at 2, the next ``generate`` raises naming the
-    MoE down kernel and layer 1."""
-    from harness.kernels import decode_step_triton
-    from harness.kernels.decode_step import SpinTimeout
-
-    from harness.kernels.decode_step import default_config
-    from harness.variants import fused_step
-
-    # the waiting placement (gate_up_chooses=True; the default is the router's choice, no wait)
-    monkeypatch.setattr(fused_step, "default_config",
-                        lambda device: dataclasses.replace(default_config(device), gate_up_chooses=True))
-    model, req = tiny_model_and_request("cpu", torch.float32, 2)
-    variants.apply(model, ExecutionConfig(**FUSED))
-    try:
-        generate(model, req)
-        (dec,) = model.static_decoders.values()
-        step = dec.core.step
-        step.calls = [c for c in step.calls if c[:2] != ("gate_up", 1)]
-        monkeypatch.setattr(decode_step_triton, "SPIN_LIMIT", 2)
-        with pytest.raises(SpinTimeout, match=r"_down_kernel\) of layer\(s\) \[1\]"):
-            generate(model, req)
-    finally:
-        variants.apply(model, ExecutionConfig())
-
-
 def assert_launches_attributed(model, dec):
     """Kernel attribution's eager reference step (``measure.alignment.reference_step``): each of the
     fused step's 18 launches runs inside the interval of the module whose work it does, in the

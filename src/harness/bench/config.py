@@ -61,7 +61,7 @@ class DecodeStepBench:
     only: Optional[List[str]] = None          # with sweep: only these DecodeStepConfig fields
     match: List[str] = _opt(factory=list)     # only the paths table: the direct step matched to the run path
     #                                           by each of these PATH_FACTORS alone, then all (harness.bench.decode_step_paths)
-    configs: List[str] = _opt(factory=lambda: ["", "gate_up_chooses=False;router=(2, 2)"])   # with match: the
+    configs: List[str] = _opt(factory=lambda: ["", "router=(2, 2)"])   # with match: the
     #                                           DecodeStepConfig changes compared ('': the defaults)
 
 

@@ -1,6 +1,5 @@
 """What the decode-step benches build their timed steps from (``decode_step``, ``decode_step_paths``,
-``decode_step_ablation``): the decode knobs of a named execution, a fused step's buffers, and the
-check of a fused step after its timed steps."""
+``decode_step_ablation``): the decode knobs of a named execution and a fused step's buffers."""
 from __future__ import annotations
 
 import dataclasses
@@ -39,16 +38,4 @@ def decode_execution(cfg, name: str, pdl: bool):
     return dataclasses.replace(ex, pdl=ex.pdl and pdl, **{k: getattr(default, k) for k in NOT_DECODE})
 
 
-def checked(steps: dict, report) -> None:
-    """Each fused step's ``check`` after its timed steps: a MoE down kernel that gave up waiting for
-    its expert ids is a failure of the bench (its rows timed a broken step)."""
-    from ..kernels.decode_step import SpinTimeout
-
-    for label, step in steps.items():
-        try:
-            step.check()
-        except SpinTimeout as exc:
-            report.fail(f"{label}: {exc}")
-
-
-__all__ = ["NOT_DECODE", "fused_step_state", "decode_execution", "checked"]
+__all__ = ["NOT_DECODE", "fused_step_state", "decode_execution"]

@@ -28,9 +28,6 @@ stamps when it entered and when it passed its wait (was released) into ``clock``
 3], row = the step's position (rows: at least the cache length); with ``clock_every`` every program
 stamps, and the launch keeps its first entry, first release and last end (atomics). ``clock_stamps()`` reads them and
 ``harness.measure.step_clock`` turns them into per-launch and per-module times.
-A MoE down kernel waiting on the gate/up kernel's expert ids gives up after
-``decode_step_triton.SPIN_LIMIT`` reads and flags its layer on the device; ``check()`` (after a
-request: one device read) raises ``SpinTimeout`` naming the kernel and the layers.
 """
 from __future__ import annotations
 
@@ -65,11 +62,9 @@ class DecodeStepConfig:
     gate/up kernel recomputes RMSNorm(h) itself instead of reading the router's. ``lm_head_stages``:
     0, each lm_head program holds its next tile in registers; 2-6, its tiles stream through Triton's
     software pipeline with that many stages (``decode_step_triton.lm_head_argmax``).
-    ``gate_up_chooses``: the MoE gate/up kernel makes the router's choice from its logits (the router
-    stores the logits only, the down kernel waits on the stored ids, a bounded spin); False (the
-    default since the bounded spin: on an H200 the waiting placement then took 465-471 µs per step
-    against 437-445 µs under every timing path, ``bench decode_step`` with ``match``), the router's
-    last program makes it. How each default was measured and chosen: ``docs/kernels/decode_step.md``."""
+    The router's last program makes the router's choice (the waiting placement, the gate/up kernel
+    choosing and the down kernel spinning on its ids, was measured slower on every timing path and
+    removed). How each default was measured and chosen: ``docs/kernels/decode_step.md``."""
     qkv: tuple = (4, 2)
     attention: tuple = (32, 2)
     o_proj: tuple = (4, 4, 1)
@@ -82,7 +77,6 @@ class DecodeStepConfig:
     sms: Optional[int] = None
     gate_up_norm: bool = False
     lm_head_stages: int = 4
-    gate_up_chooses: bool = False
 
     def check(self) -> None:
         for name in _TILES:
@@ -169,11 +163,6 @@ class DecodeWeights:
     scale: float
 
 
-class SpinTimeout(RuntimeError):
-    """A MoE down kernel gave up waiting for its expert ids (``FusedDecodeStep.check``): a kernel
-    bug, not a user's problem, so no fix line."""
-
-
 def _refuse(what: str, fix: str = "build the step from the reference model's weights (variants.fused_step)"):
     raise HarnessError(f"FusedDecodeStep: {what}", fix)
 
@@ -228,8 +217,6 @@ class FusedDecodeStep:
             self.ids = zeros(len(w.layers), w.top_k, dtype=torch.int64)     # the rows of MoE layers are used
             self.wts = zeros(len(w.layers), w.top_k, dtype=f32)
             self.moe_act = zeros(parts + w.top_k, inter)        # rows: the shared parts, then the routed slots
-        # per layer: 1 once its MoE down kernel gave up waiting for the expert ids (``check``)
-        self.spin_failed = zeros(len(w.layers), dtype=i32) if moe and config.gate_up_chooses else None
         if dense:
             self.dense_act = zeros(1, dense[0].down.shape[1])
         self.sms = config.sms or (torch.cuda.get_device_properties(dev).multi_processor_count
@@ -362,7 +349,6 @@ class FusedDecodeStep:
         p = functools.partial
         calls = []
         o_parts = cfg.o_proj[2]
-        chooses = cfg.gate_up_chooses
         for i, lw in enumerate(w.layers):
             first = i == 0
             calls += [
@@ -372,22 +358,19 @@ class FusedDecodeStep:
                 ("attention", i, p(k.attention, self.q, cache.k[i], cache.v[i], self.pos, self.attn_out, self.attn_acc,
                                    self.attn_m, self.attn_l, self.attn_sem, tile=cfg.attention, pdl=pdl)),
                 ("o_proj", i, p(k.down_residual, self.attn_out.view(o_parts, -1), lw.o, self.h, tile=cfg.o_proj[:2],
-                                clear=self.ids[i] if lw.moe and chooses else None, pdl=pdl))]
+                                pdl=pdl))]
             if lw.moe:
                 forced = (self.forced, self.pos, i) if self.forced is not None else None
                 norm = cfg.gate_up_norm
-                choose = k.Choice(self.router_logits, self.wts[i], w.top_k, w.norm_topk, w.scale, forced) \
-                    if chooses else None
                 calls += [
                     ("router", i, p(k.route, self.h, lw.ln_post, lw.router, self.xn, self.router_logits,
                                     self.router_sem, self.ids[i], self.wts[i], w.eps, w.top_k, w.norm_topk, w.scale,
-                                    forced=forced, select=not chooses, tile=cfg.router, pdl=pdl)),
+                                    forced=forced, tile=cfg.router, pdl=pdl)),
                     ("gate_up", i, p(k.gate_up, self.h if norm else self.xn, lw.gate_up, self.moe_act,
                                      ln=lw.ln_post if norm else None, eps=w.eps, experts_gate_up=lw.experts_gate_up,
-                                     ids=self.ids[i], choose=choose, tile=cfg.gate_up, pdl=pdl)),
+                                     ids=self.ids[i], tile=cfg.gate_up, pdl=pdl)),
                     ("down", i, p(k.down_residual, self.moe_act, lw.down, self.h, experts=lw.experts_down,
-                                  ids=self.ids[i], wts=self.wts[i], spin=chooses,
-                                  failed=self.spin_failed[i:i + 1] if chooses else None, tile=cfg.down, pdl=pdl))]
+                                  ids=self.ids[i], wts=self.wts[i], tile=cfg.down, pdl=pdl))]
             else:
                 calls += [
                     ("gate_up", i, p(k.gate_up, self.h, lw.gate_up, self.dense_act, ln=lw.ln_post, eps=w.eps,
@@ -417,19 +400,6 @@ class FusedDecodeStep:
             else:
                 with scope(label, layer):
                     call()
-
-    def check(self) -> None:
-        """Raise ``SpinTimeout`` if a MoE down kernel of any step run so far gave up waiting for its
-        expert ids (``decode_step_triton.SPIN_LIMIT``): one device read (a sync), so call it after a
-        request or a timed loop, never between a step's launches or inside a graph capture."""
-        if self.spin_failed is None:
-            return
-        layers = self.spin_failed.nonzero().flatten().tolist()
-        if layers:
-            raise SpinTimeout(f"FusedDecodeStep: the MoE down kernel (_down_kernel) of layer(s) {layers} gave up "
-                              f"waiting for its expert ids after {k.SPIN_LIMIT:,} reads: the gate/up kernel "
-                              "(_gate_up_kernel) never stored them, so those steps read expert 0 and their "
-                              "tokens are wrong")
 
     # ------------------------------------------------------------------------------- accounting
     def weight_bytes(self) -> dict:

@@ -48,15 +48,7 @@ except ImportError:                         # pragma: no cover - older Triton
 
 LOG2E = 1.4426950408889634
 
-#: reads of the expert ids after which a spinning MoE down kernel gives up (``down_residual(spin=True)``).
-#: A healthy wait ends within the MoE gate/up kernel that stores the ids (the down kernel launches once
-#: every gate/up program has passed its wait, the storing one included): 14.3 µs per launch on an H200
-#: (measured: ``runs/examples/h200-decode-choose/step_kernels.txt``). Each read is a dependent load from
-#: L2, at least 100 ns (about 200 cycles at 2 GHz), so a healthy wait takes at most ~143 reads, and
-#: 2^20 reads take at least 0.1 s: 7,000x the longest healthy wait, 240x a whole step (0.44 ms).
-SPIN_LIMIT = 1 << 20
-
-__all__ = ["Clock", "HAS_GDC", "INTERPRETED", "SPIN_LIMIT", "k_parts", "pdl_support", "check_runnable", "tiles", "attention_splits", "Choice"]
+__all__ = ["Clock", "HAS_GDC", "INTERPRETED", "k_parts", "pdl_support", "check_runnable", "tiles", "attention_splits", "Choice"]
 
 
 def k_parts(k: int, pieces: int = 2) -> tuple:
@@ -493,8 +485,8 @@ def _pair_dot_f32(w2, x_lo, x_hi):
 
 
 @triton.jit
-def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, clear_ptr, failed_ptr, stride_ar, stride_we,
-                 stride_wn, stride_sn, spin_limit, CLEAR: tl.constexpr, SPIN: tl.constexpr, H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, IC: tl.constexpr,
+def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, stride_ar, stride_we,
+                 stride_wn, stride_sn, H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, IC: tl.constexpr,
                  TOP_K: tl.constexpr, PARTS: tl.constexpr, SP2: tl.constexpr, BLOCK_N: tl.constexpr,
                  ALIGNED: tl.constexpr, PACKED: tl.constexpr,
                  clk_ptr, clk_tick, clk_pos, clk_stride, clk_rows, USE_PDL: tl.constexpr, CLOCK: tl.constexpr,
@@ -511,19 +503,8 @@ def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, clear_ptr, fa
     a_row = slot - TOP_K
     if TOP_K > 0:           # the router (two launches back) has completed: its experts and weights, from L2
         is_r = slot < TOP_K
-        expert = tl.load(ids_ptr + slot, mask=is_r, other=0, cache_modifier=".cg")
-        if SPIN:            # the gate/up kernel (the previous one) stores them; -1 until then (o_proj's CLEAR)
-            reads = 1       # bounded (``SPIN_LIMIT``): a counter and a compare per read
-            while (tl.min(expert, axis=0) < 0) & (reads < spin_limit):
-                expert = tl.load(ids_ptr + slot, mask=is_r, other=0, volatile=True)
-                reads += 1
-            if reads >= spin_limit:
-                if tl.min(expert, axis=0) < 0:     # never stored: flag it for the host, read expert 0's rows
-                    tl.store(failed_ptr, 1)
-                    expert = tl.maximum(expert, 0)
-        else:
-            gate_w = tl.load(wts_ptr + slot, mask=is_r, other=0.0, cache_modifier=".cg")
-        expert = expert.to(tl.int64)
+        expert = tl.load(ids_ptr + slot, mask=is_r, other=0, cache_modifier=".cg").to(tl.int64)
+        gate_w = tl.load(wts_ptr + slot, mask=is_r, other=0.0, cache_modifier=".cg")
         r_rows = ew_ptr + expert[:, None, None] * stride_we + offs_n[None, :, None].to(tl.int64) * stride_wn
         rows = tl.where(is_r[:, None, None], r_rows, rows)
         if ALIGNED:         # (checked on the host) the selection hides the rows' 16-byte alignment
@@ -544,12 +525,6 @@ def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, clear_ptr, fa
     res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
     _pdl_wait(USE_PDL)
     c_release, c_row = _clock_released(clk_tick, clk_pos, clk_rows, CLOCK)
-    if CLEAR > 0:           # (o_proj) the next router's expert ids: -1 until its gate/up kernel stores them
-        if tl.program_id(0) == 0:
-            offs_c = tl.arange(0, triton.next_power_of_2(CLEAR))
-            tl.store(clear_ptr + offs_c, -1, mask=offs_c < CLEAR)
-    if TOP_K > 0 and SPIN:
-        gate_w = tl.load(wts_ptr + slot, mask=is_r, other=0.0)
     act = h_ptr.dtype.element_ty
     a_rows = act_ptr + a_row[:, None, None] * stride_ar
     if PACKED:
@@ -631,7 +606,7 @@ def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, w
                    n_exp, forced_offset, forced_positions, forced_pos_stride, stride_wn,
                    H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, ROWS: tl.constexpr, TOP_K: tl.constexpr,
                    BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr, NORM_TOPK: tl.constexpr, SCALE: tl.constexpr,
-                   EPS: tl.constexpr, FORCED: tl.constexpr, SELECT: tl.constexpr, SINGLE: tl.constexpr,
+                   EPS: tl.constexpr, FORCED: tl.constexpr, SINGLE: tl.constexpr,
                    clk_ptr, clk_tick, clk_pos, clk_stride, clk_rows, USE_PDL: tl.constexpr, CLOCK: tl.constexpr,
                    EMU: tl.constexpr):
     c_entry = _clock_start(clk_tick, CLOCK)
@@ -646,18 +621,17 @@ def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, w
     _store_first(xn_ptr, na, nb, H, HA, HB)          # post_attention_layernorm(h), for the gate_up kernel
     # the vendor gate: F.linear(x.float(), w.float()): exact products, fp32 sums
     tl.store(logits_ptr + offs_r, _dot_rows(wa, wb, na, nb, HB), mask=r_ok)
-    if SELECT:              # (else the gate/up kernel chooses from the logits: ``gate_up(choose=...)``)
-        tl.debug_barrier()                               # every thread's logits stored
-        if SINGLE:          # one program holds every row: no other program to wait for
-            _route_store(logits_ptr, forced_ptr, pos_ptr, ids_ptr, wts_ptr, n_exp, forced_offset, forced_positions,
-                         forced_pos_stride, TOP_K, BLOCK_E, BLOCK_TOPK, NORM_TOPK, SCALE, FORCED)
-        else:
-            arrived = tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu")
-            if arrived == tl.num_programs(0) - 1:        # every logit is stored: softmax, top-k
-                _route_store(logits_ptr, forced_ptr, pos_ptr, ids_ptr, wts_ptr, n_exp, forced_offset,
-                             forced_positions, forced_pos_stride, TOP_K, BLOCK_E, BLOCK_TOPK, NORM_TOPK, SCALE,
-                             FORCED)
-                tl.store(sem_ptr, 0)
+    tl.debug_barrier()                                   # every thread's logits stored
+    if SINGLE:              # one program holds every row: no other program to wait for
+        _route_store(logits_ptr, forced_ptr, pos_ptr, ids_ptr, wts_ptr, n_exp, forced_offset, forced_positions,
+                     forced_pos_stride, TOP_K, BLOCK_E, BLOCK_TOPK, NORM_TOPK, SCALE, FORCED)
+    else:
+        arrived = tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu")
+        if arrived == tl.num_programs(0) - 1:            # every logit is stored: softmax, top-k
+            _route_store(logits_ptr, forced_ptr, pos_ptr, ids_ptr, wts_ptr, n_exp, forced_offset,
+                         forced_positions, forced_pos_stride, TOP_K, BLOCK_E, BLOCK_TOPK, NORM_TOPK, SCALE,
+                         FORCED)
+            tl.store(sem_ptr, 0)
     _clock_end(clk_ptr, clk_tick, c_row, clk_stride, c_entry, c_release, CLOCK)
 
 
@@ -676,11 +650,8 @@ def _weight_rows(rows, n_ok, H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, wts_ptr, logits_ptr, forced_ptr, pos_ptr,
-                    n_exp, forced_offset, forced_positions, forced_pos_stride,
-                    stride_we, stride_wn, stride_sn, stride_ar, CHOOSE: tl.constexpr, TOP_K: tl.constexpr,
-                    BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr, NORM_TOPK: tl.constexpr, SCALE: tl.constexpr,
-                    FORCED: tl.constexpr, H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, INTER: tl.constexpr,
+def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr,
+                    stride_we, stride_wn, stride_sn, stride_ar, H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, INTER: tl.constexpr,
                     S_INTER: tl.constexpr, PARTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
                     ROUTED: tl.constexpr, NORM: tl.constexpr, EPS: tl.constexpr, ALIGNED: tl.constexpr,
                     PACKED: tl.constexpr,
@@ -711,16 +682,7 @@ def _gate_up_kernel(x_ptr, ln_ptr, ew_ptr, sw_ptr, ids_ptr, act_ptr, wts_ptr, lo
     _pdl_wait(USE_PDL)
     c_release, c_row = _clock_released(clk_tick, clk_pos, clk_rows, CLOCK)
     if ROUTED and s >= PARTS:                        # routed: the expert the router (previous kernel) chose
-        if CHOOSE:          # from the router's logits, here; the first routed program stores the choice
-            sel_i, sel_w = _select_experts(logits_ptr, forced_ptr, pos_ptr, n_exp, forced_offset, forced_positions,
-                                           forced_pos_stride, TOP_K, BLOCK_E, BLOCK_TOPK, NORM_TOPK, SCALE, FORCED)
-            offs_k = tl.arange(0, BLOCK_TOPK)
-            expert = tl.sum(tl.where(offs_k == s - PARTS, sel_i, 0), axis=0).to(tl.int64)
-            if tl.program_id(0) == PARTS * BLOCKS:
-                tl.store(wts_ptr + offs_k, sel_w, mask=offs_k < TOP_K)
-                tl.store(ids_ptr + offs_k, sel_i, mask=offs_k < TOP_K)
-        else:
-            expert = tl.load(ids_ptr + s - PARTS).to(tl.int64)
+        expert = tl.load(ids_ptr + s - PARTS).to(tl.int64)
         gate = ew_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn
         up = gate + INTER * stride_wn
         if ALIGNED:
@@ -950,29 +912,17 @@ def attention(q, k_cache, v_cache, pos, out, acc, m, ls, sem, *, tile=(32, 4), p
             SPLITS_P2=triton.next_power_of_2(splits), clock=clock, USE_PDL=pdl, EMU=emulates_bf16_rne(q.dtype))
 
 
-def down_residual(act, w, h, *, experts=None, ids=None, wts=None, clear=None, spin: bool = False, failed=None,
-                  spin_limit: Optional[int] = None, tile=(4, 4), pdl: bool = False,
-                                                          clock: Optional[Clock] = None) -> None:
+def down_residual(act, w, h, *, experts=None, ids=None, wts=None, tile=(4, 4), pdl: bool = False,
+                  clock: Optional[Clock] = None) -> None:
     """h [H] <- h + y, y the vendor's rounding of a down projection whose input is cut into the
     rows of ``act`` [P + k, I]: rows p < P are parts of one input times ``w`` [H, P*I] (columns
     [p*I, (p+1)*I): o_proj, a dense or the shared down_proj), summed in fp32 and rounded once; with
     ``experts`` [E, H, I], ``ids`` int64 [k] and ``wts`` fp32 [k], rows P + j are routed expert
     ids[j]'s input: routed = sum_j wts[j] * round(experts[ids[j]] @ act[P + j]) (fp32 sum, rounded)
     and y = round(routed + round(shared)). ``tile[0]``: output rows per tile, one program each
-    holding all P + k slots of its rows (no scratch). ``clear`` (int64 [n]): set to -1 by program 0
-    after its wait (o_proj: the next router's ids, for ``spin``). ``spin``: the ids are the gate/up
-    kernel's (``gate_up(choose=...)``, the previous launch), -1 until it stores them: each program
-    reads them again until none is negative before its wait, and ``wts`` after it; after
-    ``spin_limit`` reads (default ``SPIN_LIMIT``, read at the call) it gives up, sets ``failed``
-    (int32 [1], required with ``spin``; left as it is otherwise) to 1 and reads expert 0 for the
-    missing ids (h is then wrong: the host reads ``failed`` after the step, ``FusedDecodeStep.check``)."""
+    holding all P + k slots of its rows (no scratch). The ids and weights are the router's (two
+    launches back: complete before the previous launch's wait), read before this kernel's wait."""
     top_k = ids.numel() if experts is not None else 0
-    spin = bool(spin and top_k)
-    if spin and (failed is None or failed.dtype != torch.int32 or failed.numel() != 1):
-        raise HarnessError("down_residual(spin=True) needs failed=int32 [1] (the flag a timed-out wait sets)")
-    spin_limit = SPIN_LIMIT if spin_limit is None else int(spin_limit)
-    if spin_limit < 1:
-        raise HarnessError(f"down_residual: spin_limit={spin_limit} must be >= 1")
     inter = act.shape[1]
     parts = w.shape[1] // inter
     ia, ib, ic = k_parts(inter, 3)
@@ -982,8 +932,7 @@ def down_residual(act, w, h, *, experts=None, ids=None, wts=None, clear=None, sp
     stride_we, stride_wn = (ew.stride(0), ew.stride(1)) if experts is not None else (0, 0)
     _launch(_down_kernel, (tiles(H, block_n),), warps, pdl,
             act, ew, w, ids if ids is not None else act, wts if wts is not None else act, h,
-            clear if clear is not None else h, failed if spin else h, act.stride(0), stride_we, stride_wn, w.stride(0),
-            spin_limit, CLEAR=clear.numel() if clear is not None else 0, SPIN=spin,
+            act.stride(0), stride_we, stride_wn, w.stride(0),
             H=H, INTER=inter, IA=ia, IB=ib, IC=ic, TOP_K=top_k, PARTS=parts,
             SP2=triton.next_power_of_2(top_k + parts), BLOCK_N=block_n,
             ALIGNED=top_k > 0 and aligned16((ew, w), (ew.stride(0), ew.stride(1), w.stride(0), inter)),
@@ -1010,13 +959,10 @@ class Choice(NamedTuple):
     forced: Optional[tuple] = None
 
 
-def _choice_launch(choice: Optional[Choice], dummy) -> tuple:
+def _choice_launch(choice: Choice, dummy) -> tuple:
     """(args, meta) of ``_select_experts`` for a kernel's launch: the forced table, the position,
     E, the table's offset, positions and stride (``dummy`` in the pointers' place without a table),
-    and the constexprs TOP_K .. FORCED; ``choice`` None: placeholders (a kernel that does not choose)."""
-    if choice is None:
-        return (dummy, dummy, 0, 0, 1, 0), dict(TOP_K=1, BLOCK_E=1, BLOCK_TOPK=1, NORM_TOPK=False, SCALE=1.0,
-                                                FORCED=False)
+    and the constexprs TOP_K .. FORCED."""
     n_exp, k = choice.logits.numel(), choice.top_k
     if choice.forced is not None:
         table, pos, layer = choice.forced
@@ -1029,27 +975,27 @@ def _choice_launch(choice: Optional[Choice], dummy) -> tuple:
 
 
 def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk: bool, scale: float, *,
-          forced=None, select: bool = True, tile=(2, 2), pdl: bool = False, clock: Optional[Clock] = None) -> None:
+          forced=None, tile=(2, 2), pdl: bool = False, clock: Optional[Clock] = None) -> None:
     """The MoE router of one token: xn [H] <- RMSNorm(h); fp32 logits [E] = w [E, H] @ xn; ids
     int64 [k] and wts fp32 [k] <- the top-k softmax probabilities (descending, ties to the lowest
     index), renormalised if ``norm_topk``, times ``scale``. ``sem`` int32 [1] zero (left zero).
     (The routing count is the lm_head kernel's: ``lm_head_argmax(counts=...)``.) ``forced`` =
     (table int64 [rows, P, layers, k], pos int64 [1], layer): the experts are table[0, min(pos, P-1),
-    layer] with their softmax probabilities instead of the top-k. ``select`` False: the logits only
-    (the gate/up kernel chooses: ``gate_up(choose=...)``; ids, wts, sem untouched). With ``tile[0]``
-    >= E one program holds every gate row and chooses without the semaphore (``sem`` untouched)."""
+    layer] with their softmax probabilities instead of the top-k. With ``tile[0]`` >= E one program
+    holds every gate row and chooses without the semaphore (``sem`` untouched); else the last program
+    to store its logits chooses."""
     H, E = h.numel(), w.shape[0]
     ha, hb = k_parts(H)
     rows, warps = tile
     sel_args, sel_meta = _choice_launch(Choice(logits, wts, top_k, norm_topk, scale, forced), ids)
     _launch(_router_kernel, (triton.cdiv(E, rows),), warps, pdl,
             h, ln, w, xn, logits, sem, ids, wts, *sel_args, w.stride(0),
-            H=H, HA=ha, HB=hb, ROWS=rows, **sel_meta, EPS=float(eps), SELECT=bool(select),
+            H=H, HA=ha, HB=hb, ROWS=rows, **sel_meta, EPS=float(eps),
             SINGLE=triton.cdiv(E, rows) == 1, clock=clock, USE_PDL=pdl,
             EMU=emulates_bf16_rne(xn.dtype))
 
 
-def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_up=None, ids=None, choose=None,
+def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_up=None, ids=None,
             tile=(4, 4), pdl: bool = False, clock: Optional[Clock] = None) -> None:
     """SwiGLU rows silu(x @ gate^T) * (x @ up^T) into ``act`` [P + k, I] (act dtype).
 
@@ -1057,10 +1003,8 @@ def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_u
     columns [p*I, (p+1)*I) of the shared expert; a dense SwiGLU is P = S / I parts, no routed row).
     With ``experts_gate_up`` [E, 2I, H] and ``ids`` int64 [k], row P + j is expert ids[j]'s.
     ``ln`` given: x is h and RMSNorm(h) (weight ``ln``, ``eps``) is recomputed once per program.
-    ``tile[0]``: columns of the expert width per tile (one program each, slot by slot). ``choose``
-    (a ``Choice``): the router left only its logits (``route(select=False)``); each routed program
-    makes the router's choice from them (``route``'s softmax and top-k, or the forced table) and the
-    first routed program stores it in ``ids`` and ``choose.wts``."""
+    ``tile[0]``: columns of the expert width per tile (one program each, slot by slot). The ids are
+    the router's (the previous launch), read after this kernel's wait."""
     H = x.numel()
     ha, hb = k_parts(H)
     inter = act.shape[1]
@@ -1071,12 +1015,10 @@ def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_u
     ew = experts_gate_up if experts_gate_up is not None else shared_gate_up
     aligned = aligned16((shared_gate_up, ew), (inter, s_inter, shared_gate_up.stride(0))
                         + ((ew.stride(0), ew.stride(1)) if experts_gate_up is not None else ()))
-    sel_args, sel_meta = _choice_launch(choose, act)
-    sel_args = ((choose.wts, choose.logits) if choose is not None else (act, act)) + sel_args
     _launch(_gate_up_kernel, (tiles(inter, block_n, parts + top_k),), warps, pdl,
-            x, ln if ln is not None else x, ew, shared_gate_up, ids if ids is not None else act, act, *sel_args,
+            x, ln if ln is not None else x, ew, shared_gate_up, ids if ids is not None else act, act,
             ew.stride(0) if experts_gate_up is not None else 0, ew.stride(1), shared_gate_up.stride(0),
-            act.stride(0), CHOOSE=choose is not None, **sel_meta, H=H, HA=ha, HB=hb, INTER=inter, S_INTER=s_inter, PARTS=parts, BLOCK_N=block_n,
+            act.stride(0), H=H, HA=ha, HB=hb, INTER=inter, S_INTER=s_inter, PARTS=parts, BLOCK_N=block_n,
             BLOCKS=tiles(inter, block_n), ROUTED=top_k > 0, NORM=ln is not None, EPS=float(eps), ALIGNED=aligned,
             PACKED=packed_pairs(x, shared_gate_up, ew, strides=(
                 H, s_inter, shared_gate_up.stride(0)) + ((ew.stride(0), ew.stride(1)) if top_k > 0 else ())),

@@ -149,8 +149,8 @@ class Engine(Variant, DeepseekOCR):
         length, set up on first use). MoE routing goes to ``counter``: with the static cache and the
         grouped MoE through the decoder's ``DeviceRouting`` (begun for this request), else to the
         counter itself (host counts from the vendor loop; device counts of the grouped MoE in its own
-        host-driven ``DeviceRouting``). After the request the decoder checks what its step's kernels
-        flagged (``StaticDecoder.check``)."""
+        host-driven ``DeviceRouting``). After the request the decoder's step takes what it keeps of the
+        request (``StaticDecoder.after_request``: the fused step's clock stamps)."""
         plan = self.plan
         self._run_decoder = None
         shared = None
@@ -163,8 +163,8 @@ class Engine(Variant, DeepseekOCR):
         self.route_moe(target)
         try:
             yield cache
-            if self._run_decoder is not None:      # after the request: what its step's kernels flagged
-                self._run_decoder.check()
+            if self._run_decoder is not None:      # after the request: the step's clock stamps
+                self._run_decoder.after_request()
         finally:
             self.route_moe(None)
             self._run_decoder = None

@@ -38,7 +38,7 @@ from .engine import attach
 from .fast_moe import stacked
 from .fused_linears import fused_weight
 
-#: numbers the clocked requests of this process in order (``FusedCore.check``)
+#: numbers the clocked requests of this process in order (``FusedCore.after_request``)
 _REQUESTS = itertools.count()
 #: the knobs the fused step runs on (it reads their weights and cache; its attention reads positions
 #: 0..pos as decode_attention=triton's, which the analytic cost counts)
@@ -93,7 +93,7 @@ class FusedCore:
              "add execution.moe_impl=grouped")
         self.dec, self.pdl, self.clock = dec, pdl, clock
         #: with ``clock``: (request number, stamps) of each request: the stamps of the step that ran
-        #: (``FusedDecodeStep.clock_stamps``), taken after the request (``check``); the reader empties it
+        #: (``FusedDecodeStep.clock_stamps``), taken after the request (``after_request``); the reader empties it
         #: (``take_stamps``). The numbers order the requests of every decoder of a process.
         self.stamps: list = []
         self.config = config or default_config(dec.cache.position.device)
@@ -124,12 +124,9 @@ class FusedCore:
                                                  clock_rows=dec.cache.max_len if self.clock else 0)
         return self.steps[forced]
 
-    def check(self) -> None:
-        """``FusedDecodeStep.check`` of each step built (a device read each; ``StaticDecoder.check``
-        calls it after a request): raises if a MoE down kernel gave up waiting for its expert ids.
-        With ``clock``, the stamps of the request's step (its routing's) are kept in ``stamps``."""
-        for step in self.steps.values():
-            step.check()
+    def after_request(self) -> None:
+        """After a request (``StaticDecoder.after_request``): with ``clock``, the stamps of the request's
+        step (its routing's) are kept in ``stamps`` (one device read)."""
         active = bool(self.dec.routing.active) if self.dec.routing is not None else False
         if self.clock and active in self.steps:
             self.stamps.append((next(_REQUESTS), self.steps[active].clock_stamps()))

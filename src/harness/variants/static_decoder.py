@@ -177,12 +177,12 @@ class StaticDecoder:
         with self._decoding():
             return self.core(self.token_in, self.cache, self.select, self.routing)
 
-    def check(self) -> None:
-        """After a request (``Engine.running``; never inside a step): the step function's check of what
-        its kernels flagged on the device, if it has one (``FusedCore.check``: one device read)."""
-        check = getattr(self.core, "check", None)
-        if check is not None:
-            check()
+    def after_request(self) -> None:
+        """After a request (``Engine.running``; never inside a step): the step function's own
+        ``after_request``, if it has one (``FusedCore.after_request``: the clock's stamps, one device read)."""
+        after = getattr(self.core, "after_request", None)
+        if after is not None:
+            after()
 
     def step(self, token: torch.Tensor) -> torch.Tensor:
         if self.use_graphs:
