@@ -46,6 +46,16 @@ from harness.measure.summary import summarize
     ("_gate_up_silu_kernel", "gemm"),                 # the harness's routed-expert GEMVs (fast_moe_triton)
     ("_rows_down_weighted_kernel", "gemm"),
     ("_down_kernel", "gemm"),                         # the fused decode step's down projection
+    ("_qkv_rope_kernel", "gemm"),                     # its q/k/v GEMV (and gemv_triton's)
+    ("_lm_head_argmax_kernel", "gemm"),               # its lm_head GEMV with the greedy token
+    ("_split_kernel", "attention"),                   # the split-KV decode attention
+    ("_combine_kernel", "attention"),
+    ("_rel_bias_fwd", "attention"),                   # SAM's attention with the rel-pos bias inside
+    ("_attention_kernel", "attention"),               # the fused step's attention
+    ("_align_kernel", "moe routing/indexing"),        # the MoE row alignment
+    ("_router_kernel", "moe routing/indexing"),       # the fused step's router
+    ("_topk_kernel", "moe routing/indexing"),
+    ("_pil_pass", "other"),                           # the device resize: none of these
 ])
 def test_categorize(name, cat):
     assert categorize(name) == cat

@@ -48,14 +48,20 @@ CATEGORIES = [  # first match wins; patterns are case-insensitive regexes over t
     # "LoadWithCast"/"StoreWithCast" are the operand loaders of any mixed-dtype elementwise op (an fp32 +
     # bf16 add): not a cast kernel
     ("copy/cast", r"memcpy|copy_|direct_copy|to_copy|(?<!no)(?<!with)cast|convert|unrolled_elementwise_kernel.*copy"),
-    ("attention", r"flash|fmha|attention|sdpa|efficient_attention|mem_eff|softmax_warp_forward.*causal"),
+    # _split_kernel / _combine_kernel: the split-KV decode attention (kernels/decode_attention_triton.py);
+    # _rel_bias_fwd: SAM's attention with the rel-pos bias inside (kernels/sam_attention_triton.py)
+    ("attention", r"flash|fmha|attention|sdpa|efficient_attention|mem_eff|softmax_warp_forward.*causal"
+                  r"|^_split_kernel|^_combine_kernel|^_rel_bias_fwd"),
     ("conv", r"conv|implicit_gemm|winograd|im2col|cudnn|nchw|nhwc"),
-    # gate_up / down_weighted / _down_kernel: the harness's own routed-expert and MLP GEMV kernels
-    # (kernels/fast_moe_triton.py, kernels/decode_step_triton.py)
+    # gate_up / down_weighted / _down_kernel / _qkv_rope_kernel / _lm_head_argmax_kernel: the harness's own
+    # routed-expert, MLP, q/k/v and lm_head GEMV kernels (kernels/fast_moe_triton.py, kernels/gemv_triton.py,
+    # kernels/decode_step_triton.py)
     ("gemm", r"linear|gemm|gemv|sm90_xmma|cutlass|cublas|matmul|\bmm\b|addmm|bmm|nvjet|xmma|splitk|dot_product"
-             r"|gate_up|down_weighted|_down_kernel"),
+             r"|gate_up|down_weighted|_down_kernel|^_qkv_rope_kernel|^_lm_head_argmax_kernel"),
     ("norm", r"layer_norm|layernorm|rms|norm_kernel|welford|batch_norm"),
-    ("moe routing/indexing", r"index|scatter|gather|nonzero|masked|bincount|histc|where|sort|topk|radix|unique|cumsum|scan"),
+    # _align_kernel / _router_kernel: the MoE row alignment (kernels/moe_align_triton.py) and the fused step's router
+    ("moe routing/indexing", r"index|scatter|gather|nonzero|masked|bincount|histc|where|sort|topk|radix|unique|cumsum|scan"
+                             r"|^_align_kernel|^_router_kernel"),
     ("softmax/reduce", r"softmax|reduce|sum_kernel|mean|argmax|max_kernel"),
     ("activation/elementwise", r"elementwise|vectorized|silu|gelu|sigmoid|mul|add|div|pow|rsqrt|exp|tanh|neg|cat|fill|triu|arange|sin|cos"),
 ]
