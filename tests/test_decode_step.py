@@ -138,6 +138,19 @@ def test_fused_step_decodes_the_reference_tokens_fp32():
     assert int(ref_counts.sum()) == steps * 2 * L.num_experts_per_tok      # 2 MoE layers, k each
 
 
+def test_each_launch_names_the_kernel_it_runs():
+    """``kernel_names``: the Triton function behind each launch label (the clock's per-kernel table reads
+    it), by hand from ``decode_step_triton``: o_proj and both downs are the one down kernel."""
+    from harness.kernels.decode_step import FusedDecodeStep
+
+    model = tiny_model(torch.float32)
+    cache, token = prefilled(model, torch.float32)
+    step = FusedDecodeStep(weights(model), cache, cache.position, token=token.view(1).clone(), config=small_tiles())
+    assert step.kernel_names() == {"qkv": "_qkv_rope_kernel", "attention": "_attention_kernel",
+                                   "o_proj": "_down_kernel", "router": "_router_kernel", "gate_up": "_gate_up_kernel",
+                                   "down": "_down_kernel", "lm_head": "_lm_head_argmax_kernel"}
+
+
 def test_fused_step_bf16_teacher_forced_logits():
     """bf16, 4 steps fed the reference's tokens: logits within 2e-2 of the reference's largest (the
     norms, attention and summation orders round differently at bf16's 8 bits), the same greedy

@@ -37,10 +37,6 @@ MODULE_TABLE = ["module_group", "clock_launches", "interval_us", "work_us", "han
                 "bw_floor_us", "floor_interval"]
 LAUNCH_TABLE = ["launch", "kernel", "layer", "interval_us", "work_us", "handoff_us", "lead_us"]
 KERNEL_TABLE = ["kernel", "launches", "entry_end_us", "step", "us_sum"]
-#: the kernel function each launch label runs (``decode_step_triton``)
-KERNEL_OF = {"qkv": "_qkv_rope_kernel", "attention": "_attention_kernel", "o_proj": "_down_kernel",
-             "router": "_router_kernel", "gate_up": "_gate_up_kernel", "down": "_down_kernel",
-             "lm_head": "_lm_head_argmax_kernel"}
 
 
 def run(state: dict, opts, pdl: bool, spec, report, add_row, kernel_rows, plain_graph=None) -> None:
@@ -86,7 +82,7 @@ def _one(state: dict, opts, pdl: bool, spec, report, add_row, kernel_rows, plain
     for rec in step_clock.by_launch(df):
         launches.add(**rec)
     if every:
-        _reconcile(done, len(whole), graph, plain_graph, label, report, kernel_rows)
+        _reconcile(done, len(whole), graph, plain_graph, label, report, kernel_rows, step.kernel_names())
     if len(whole):
         report.note(f"{label}: median step by the in-kernel clock {median_low(whole):.1f} µs over {len(whole)} "
                     f"steps; the clock's least non-zero step within a launch {_granularity(stamps)} ns")
@@ -99,9 +95,10 @@ def _granularity(stamps: list) -> int:
     return min(diffs) if diffs else 0
 
 
-def _reconcile(done, n_steps: int, graph, plain_graph, label: str, report, kernel_rows) -> None:
-    """The ``clock_kernels`` table (module docstring) from the launches of ``n_steps`` complete steps."""
-    done = done.assign(span_us=lambda d: (d["end"] - d["entry"]) / 1e3, kernel=lambda d: d["label"].map(KERNEL_OF))
+def _reconcile(done, n_steps: int, graph, plain_graph, label: str, report, kernel_rows, kernel_of: dict) -> None:
+    """The ``clock_kernels`` table (module docstring) from the launches of ``n_steps`` complete steps;
+    ``kernel_of``: {launch label: kernel function name} (``FusedDecodeStep.kernel_names``)."""
+    done = done.assign(span_us=lambda d: (d["end"] - d["entry"]) / 1e3, kernel=lambda d: d["label"].map(kernel_of))
     clock = done.groupby(["kernel", "row"])["span_us"].sum().groupby("kernel").agg(median_low)
     launches = done.groupby("kernel").size() / max(n_steps, 1)
     profiled = {f"{label} (graph)": graph}

@@ -385,6 +385,10 @@ class FusedDecodeStep:
             history=self.history, xn_out=self.norm_out, tile=cfg.lm_head[:2], stages=cfg.lm_head_stages, pdl=pdl)))
         return calls
 
+    def kernel_names(self) -> dict:
+        """{launch label: the name of the Triton function it runs} (``decode_step_triton.launches``)."""
+        return {label: call.func.kernel.fn.__name__ for label, _, call in self.calls}
+
     @property
     def launches(self) -> int:
         """Kernel launches per step."""

@@ -857,6 +857,15 @@ def _launch(kernel, grid, warps: int, pdl: bool, *args, clock: Optional[Clock] =
     kernel[grid](*args, num_warps=warps, **launch_meta(pdl, args, meta, clock))
 
 
+def launches(kernel):
+    """Decorator of a launch wrapper: ``wrapper.kernel`` is the Triton function its one launch runs
+    (``FusedDecodeStep.kernel_names`` reads it)."""
+    def mark(wrapper):
+        wrapper.kernel = kernel
+        return wrapper
+    return mark
+
+
 def tiles(rows: int, block: int, slots: int = 1) -> int:
     """Tiles of ``block`` rows over ``rows`` rows of each of ``slots`` matrices."""
     return triton.cdiv(rows, block) * slots
@@ -870,6 +879,7 @@ def aligned16(tensors: tuple, strides: tuple, nbytes: int = 16) -> bool:
     return all(t.data_ptr() % nbytes == 0 for t in tensors) and all(s * size % nbytes == 0 for s in strides)
 
 
+@launches(_qkv_rope_kernel)
 def qkv_rope(h, ln, w, cos, sin, pos, q, k_cache, v_cache, eps: float, *, embed=None, token=None, xn_out=None,
              tile=(4, 4), pdl: bool = False, clock: Optional[Clock] = None) -> None:
     """q [nh*d] <- RoPE(q rows of w @ RMSNorm(x)); k, v rows written into ``k_cache``/``v_cache``
@@ -896,6 +906,7 @@ def attention_splits(max_len: int, split_n: int) -> int:
     return triton.cdiv(max_len, split_n)
 
 
+@launches(_attention_kernel)
 def attention(q, k_cache, v_cache, pos, out, acc, m, ls, sem, *, tile=(32, 4), pdl: bool = False,
               clock: Optional[Clock] = None) -> None:
     """out [nh*d] <- softmax(q . k_j / sqrt(d), j = 0..pos) . v over ``k_cache``/``v_cache``
@@ -912,6 +923,7 @@ def attention(q, k_cache, v_cache, pos, out, acc, m, ls, sem, *, tile=(32, 4), p
             SPLITS_P2=triton.next_power_of_2(splits), clock=clock, USE_PDL=pdl, EMU=emulates_bf16_rne(q.dtype))
 
 
+@launches(_down_kernel)
 def down_residual(act, w, h, *, experts=None, ids=None, wts=None, tile=(4, 4), pdl: bool = False,
                   clock: Optional[Clock] = None) -> None:
     """h [H] <- h + y, y the vendor's rounding of a down projection whose input is cut into the
@@ -974,6 +986,7 @@ def _choice_launch(choice: Choice, dummy) -> tuple:
                       FORCED=choice.forced is not None)
 
 
+@launches(_router_kernel)
 def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk: bool, scale: float, *,
           forced=None, tile=(2, 2), pdl: bool = False, clock: Optional[Clock] = None) -> None:
     """The MoE router of one token: xn [H] <- RMSNorm(h); fp32 logits [E] = w [E, H] @ xn; ids
@@ -995,6 +1008,7 @@ def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk
             EMU=emulates_bf16_rne(xn.dtype))
 
 
+@launches(_gate_up_kernel)
 def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_up=None, ids=None,
             tile=(4, 4), pdl: bool = False, clock: Optional[Clock] = None) -> None:
     """SwiGLU rows silu(x @ gate^T) * (x @ up^T) into ``act`` [P + k, I] (act dtype).
@@ -1025,6 +1039,7 @@ def gate_up(x, shared_gate_up, act, *, ln=None, eps: float = 0.0, experts_gate_u
             clock=clock, USE_PDL=pdl, EMU=emulates_bf16_rne(act.dtype))
 
 
+@launches(_lm_head_argmax_kernel)
 def lm_head_argmax(h, ln, w, logits, pmax, pidx, sem, token, pos, eps: float, *, step=None, xn_out=None,
                    counts=None, history=None, tile=(8, 8), stages: int = 0, pdl: bool = False,
                                                     clock: Optional[Clock] = None) -> None:
