@@ -221,6 +221,8 @@ def test_named_executions_of_the_decode_step_rows():
         (True, "modules", False, "vendor", False)
     fused = decode_execution(cfg, "best-fused", pdl=False)
     assert (fused.compile, fused.decode_step, fused.pdl) == (False, "fused", False)
+    assert set(NOT_DECODE) == {"prefill_graphs", "prefill_compile", "prefill_logits", "vision_impl", "sam_attention",
+                               "vision_compile"}                 # the knobs that change only the prefill or vision
     for ex in (best, fused):       # no prefill or vision knob left that needs one set back (sam_attention=triton
         assert (ex.sam_attention, ex.prefill_compile, ex.prefill_logits) == ("sdpa", False, "all")  # needs fused vision)
         try:                       # the knobs' own rules hold; only this machine may lack what they need

@@ -7,7 +7,8 @@ take each converter's facts from here (``Converter.spec``).
   variant on (``on``), the report's words for it (``label``), its manifest entry (``manifest_key``:
   what runs), whether forward hooks still see the modules that run (``module_hooks``: False where a
   step is compiled, replayed from a CUDA graph or fused into kernels) and the knobs the analytic cost
-  model reads (``cost_knobs``).
+  model reads (``cost_knobs``), and the one stage of a request it changes, where it changes one only
+  (``only``: ``vision`` or ``prefill``; None: several, or how the request is built).
 * ``KNOBS``: every knob, in the order of conversion and of the report's label.
 * ``label(execution)``: 'static KV + grouped MoE (triton) + ...' or 'vendor-style';
   ``active(execution)``, ``allows_module_hooks(execution)``, ``cost_knobs(execution)``.
@@ -34,6 +35,7 @@ class Knob:
     manifest_key: str
     module_hooks: bool = True
     cost_knobs: tuple = ()
+    only: Optional[str] = None
 
     def active(self, ex) -> bool:
         """Whether ``ex`` (an ``ExecutionConfig``) turns this variant on (``on``: a value, or a tuple of them)."""
@@ -45,13 +47,15 @@ STATIC_CACHE = Knob("kv_cache", "static", "static KV", "kv_cache_is", cost_knobs
 GROUPED_MOE = Knob("moe_impl", "grouped", "grouped MoE", "moe", cost_knobs=("moe_impl", "moe_kernel"))
 DECODE_GRAPHS = Knob("cuda_graphs", "decode", "decode graph", "decode_graphs", module_hooks=False)
 DECODE_COMPILE = Knob("compile", True, "compiled", "decode_compile", module_hooks=False)
-PREFILL_GRAPHS = Knob("prefill_graphs", True, "prefill graph", "prefill", module_hooks=False)
-PREFILL_COMPILE = Knob("prefill_compile", True, "compiled prefill", "prefill_compile_is", module_hooks=False)
-FUSED_VISION = Knob("vision_impl", "fused", "fused vision", "vision", module_hooks=False, cost_knobs=("vision_impl",))
+PREFILL_GRAPHS = Knob("prefill_graphs", True, "prefill graph", "prefill", module_hooks=False, only="prefill")
+PREFILL_COMPILE = Knob("prefill_compile", True, "compiled prefill", "prefill_compile_is", module_hooks=False,
+                       only="prefill")
+FUSED_VISION = Knob("vision_impl", "fused", "fused vision", "vision", module_hooks=False, cost_knobs=("vision_impl",),
+                    only="vision")
 SAM_TRITON = Knob("sam_attention", ("triton-windows", "triton"), "triton SAM attention", "sam_attention_is",
-                  cost_knobs=("sam_attention",))
+                  cost_knobs=("sam_attention",), only="vision")
 FUSED_LINEARS = Knob("linear_impl", "fused", "fused linears", "linears")
-VISION_COMPILE = Knob("vision_compile", True, "compiled vision", "vision_compile_is", module_hooks=False)
+VISION_COMPILE = Knob("vision_compile", True, "compiled vision", "vision_compile_is", module_hooks=False, only="vision")
 DECODE_ATTENTION = Knob("decode_attention", "triton", "triton decode attention", "decode_attention_is",
                         cost_knobs=("decode_attention",))
 FUSED_STEP = Knob("decode_step", "fused", "fused decode step", "decode_step_is", module_hooks=False)
@@ -59,7 +63,7 @@ PDL = Knob("pdl", True, "PDL", "pdl_is", module_hooks=False)
 STEP_CLOCK = Knob("step_clock", True, "in-kernel clock", "step_clock_is", module_hooks=False)
 DEVICE_PREPROCESS = Knob("preprocess", "device", "device preprocessing", "preprocess_is")
 PREFILL_LOGITS = Knob("prefill_logits", "last", "last-position logits", "prefill_logits_are",
-                      cost_knobs=("prefill_logits",))
+                      cost_knobs=("prefill_logits",), only="prefill")
 
 #: every knob, in the order of conversion (the static cache before what runs on it, the fused vision
 #: before its compiled blocks) and of the report's label
@@ -98,6 +102,11 @@ def allows_module_hooks(execution: Optional[ExecutionConfig]) -> bool:
     return execution is None or all(k.module_hooks for k in active(execution))
 
 
+def only_in(*stages: str) -> tuple:
+    """The names of the knobs that change only one of ``stages`` (``Knob.only``), in ``KNOBS`` order."""
+    return tuple(k.name for k in KNOBS if k.only in stages)
+
+
 def cost_knobs(execution) -> dict:
     """{knob: value} of the knobs that change the analytic cost (``harness.config.cost_config``) of
     ``execution`` (an ``ExecutionConfig`` or a manifest's execution dict)."""
@@ -119,5 +128,5 @@ def augmented_dim(d: int, H: int, W: int, multiple: int = 8) -> int:
 
 __all__ = ["Knob", "KNOBS", "STATIC_CACHE", "GROUPED_MOE", "DECODE_GRAPHS", "DECODE_COMPILE", "PREFILL_GRAPHS", "PREFILL_COMPILE",
            "FUSED_VISION", "SAM_TRITON", "FUSED_LINEARS", "VISION_COMPILE", "DECODE_ATTENTION", "FUSED_STEP", "PDL", "STEP_CLOCK", "DEVICE_PREPROCESS",
-           "PREFILL_LOGITS", "active",
+           "PREFILL_LOGITS", "active", "only_in",
            "label", "allows_module_hooks", "cost_knobs", "augmented_dim"]

@@ -6,12 +6,13 @@ import dataclasses
 
 import torch
 
+from ..knobs import only_in
 from .verb import named_execution
 
 #: the knobs of a named execution set back to their defaults for the step table's harness rows: they
 #: change no decode step (and vision_compile would compile SAM and CLIP first); each prefill or vision
 #: knob goes with the knob it needs (prefill_compile with prefill_graphs, sam_attention with vision_impl)
-NOT_DECODE = ("prefill_graphs", "prefill_compile", "prefill_logits", "vision_impl", "sam_attention", "vision_compile")
+NOT_DECODE = only_in("prefill", "vision")
 
 
 def fused_step_state(model, length: int, token_id: int = 0) -> tuple:

@@ -88,15 +88,15 @@ def vision_executions(cfg, opts) -> list:
     """[(row name, ExecutionConfig of its vision knobs)]: each named execution, and for one with
     ``vision_impl=fused`` once per value of ``opts.sam_attention`` (rows ``best sam=triton``) when given."""
     from ..config import ExecutionConfig
+    from ..knobs import only_in
 
     out = []
     for name in opts.executions:
         named = named_execution(cfg, name)
+        vision = {k: getattr(named, k) for k in only_in("vision")}
         sweep = bool(opts.sam_attention) and named.vision_impl == "fused"
         for value in opts.sam_attention if sweep else [named.sam_attention]:
-            out.append((f"{name} sam={value}" if sweep else name,
-                        ExecutionConfig(vision_impl=named.vision_impl, vision_compile=named.vision_compile,
-                                        sam_attention=value)))
+            out.append((f"{name} sam={value}" if sweep else name, ExecutionConfig(**{**vision, "sam_attention": value})))
     return out
 
 
