@@ -209,7 +209,7 @@ def test_union_of_kernel_intervals():
 
 def test_named_executions_of_the_decode_step_rows():
     from harness import variants
-    from harness.bench.decode_step_state import decode_execution
+    from harness.bench.decode_step_state import NOT_DECODE, decode_execution
     from harness.variants.base import CannotRunHere
     from harness.bench.verb import named_execution
     from harness.cli import check_overrides
