@@ -32,6 +32,9 @@ from ..errors import HarnessError
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 #: compiled kernels (not the interpreter): CUDA's libdevice and inline PTX are available
 _COMPILED = tl.constexpr(not INTERPRETED)
+#: log2(e): softmaxes run in the exp2 domain (scores times it, then exp2). A constexpr, so kernels read
+#: it as a global; host code multiplies by ``LOG2E.value``
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 def check_runnable(x: torch.Tensor) -> None:

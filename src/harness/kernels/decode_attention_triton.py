@@ -25,9 +25,8 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .common import check_runnable, emulates_bf16_rne, rne
+from .common import LOG2E, check_runnable, emulates_bf16_rne, rne
 
-LOG2E = 1.4426950408889634
 #: streaming multiprocessors of an H100 / H200 SXM: the default split count aims at 2 waves of them
 SMS = 132
 
@@ -197,7 +196,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
         q = q.contiguous()
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         k, v = k.contiguous(), v.contiguous()
-    scale_log2 = (D ** -0.5 if scale is None else scale) * LOG2E
+    scale_log2 = (D ** -0.5 if scale is None else scale) * LOG2E.value
     config = config.for_programs(B * nh)
     splits, per = config.splits(B * nh, L)
     emulate_rne = emulates_bf16_rne(q.dtype)

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .common import (INTERPRETED, check_runnable, counts_row, div_f32, emulates_bf16_rne, exp_f32, fp32_rounded, rne,
+from .common import (INTERPRETED, LOG2E, check_runnable, counts_row, div_f32, emulates_bf16_rne, exp_f32, fp32_rounded, rne,
                      rounded, swiglu)
 
 try:                                        # %globaltimer (ns, one clock for every SM)
@@ -45,8 +45,6 @@ try:                                        # Triton >= 3.4 (grid dependency con
 except ImportError:                         # pragma: no cover - older Triton
     gdc_wait = gdc_launch_dependents = None
     HAS_GDC = False
-
-LOG2E = 1.4426950408889634
 
 __all__ = ["Clock", "HAS_GDC", "INTERPRETED", "k_parts", "pdl_support", "check_runnable", "tiles", "attention_splits", "Choice"]
 
@@ -919,7 +917,7 @@ def attention(q, k_cache, v_cache, pos, out, acc, m, ls, sem, *, tile=(32, 4), p
     _launch(_attention_kernel, (nh, splits), warps, pdl,
             q, k_cache, v_cache, pos, out, acc, m, ls, sem, L,
             k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
-            GROUP=nh // nkv, SCALE_LOG2=d ** -0.5 * LOG2E, D=d, SPLIT_N=split_n, NUM_SPLITS=splits,
+            GROUP=nh // nkv, SCALE_LOG2=d ** -0.5 * LOG2E.value, D=d, SPLIT_N=split_n, NUM_SPLITS=splits,
             SPLITS_P2=triton.next_power_of_2(splits), clock=clock, USE_PDL=pdl, EMU=emulates_bf16_rne(q.dtype))
 
 

@@ -28,9 +28,10 @@ import triton.language as tl
 
 from ..errors import HarnessError
 from ..sam_attention_tiles import BN_CHOICES, BM, default_block, default_bn, key_slots, pow2  # noqa: F401 (re-exported)
+from .common import LOG2E
 
 
-# log2(e) = 1.4426950408889634 is written out below: the softmax runs in the exp2 domain
+# the softmax runs in the exp2 domain: scores, rel_h and rel_w times log2(e) (common.LOG2E)
 @triton.jit
 def _rel_bias_fwd(Q, K, V, RH, RW, O, sm_scale, S, H, W, NH,
                   s_qb, s_qh, s_qs, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs,
@@ -55,7 +56,7 @@ def _rel_bias_fwd(Q, K, V, RH, RW, O, sm_scale, S, H, W, NH,
     c_n = offs_n % WC
     k_base = K + b * s_kb + hd * s_kh
     v_base = V + b * s_vb + hd * s_vh
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * LOG2E
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
@@ -63,16 +64,16 @@ def _rel_bias_fwd(Q, K, V, RH, RW, O, sm_scale, S, H, W, NH,
     rw_ptr = RW + b * s_wb + hd * s_wh + offs_m[:, None] * s_ws
     if HOIST_RW:  # W <= WC: one rel_w tile serves every key block
         rw0 = tl.load(rw_ptr + c_n[None, :], mask=mask_m[:, None] & (c_n[None, :] < W), other=0.0)
-        rw0 = tl.where(c_n[None, :] < W, rw0.to(tl.float32) * 1.4426950408889634, float("-inf"))
+        rw0 = tl.where(c_n[None, :] < W, rw0.to(tl.float32) * LOG2E, float("-inf"))
     for hb in range(0, tl.cdiv(H, R)):
         h0 = hb * R
         if R == 1:
-            rh = (tl.load(rh_ptr + h0, mask=mask_m, other=0.0).to(tl.float32) * 1.4426950408889634)[:, None]
+            rh = (tl.load(rh_ptr + h0, mask=mask_m, other=0.0).to(tl.float32) * LOG2E)[:, None]
         else:   # one rel_h column per row of the block, spread over its slots
             rh = tl.zeros([BM, BN], tl.float32)
             for r in tl.static_range(R):
                 col = tl.load(rh_ptr + tl.minimum(h0 + r, H - 1), mask=mask_m, other=0.0).to(tl.float32)  # rows past H: masked below
-                rh = tl.where(r_n[None, :] == r, col[:, None] * 1.4426950408889634, rh)
+                rh = tl.where(r_n[None, :] == r, col[:, None] * LOG2E, rh)
         h_n = h0 + r_n
         for wb in tl.static_range(NWB):
             w = wb * WC + c_n
@@ -81,7 +82,7 @@ def _rel_bias_fwd(Q, K, V, RH, RW, O, sm_scale, S, H, W, NH,
                 rw = rw0
             else:
                 rw = tl.load(rw_ptr + w[None, :], mask=mask_m[:, None] & mask_n[None, :], other=0.0)
-                rw = tl.where(mask_n[None, :], rw.to(tl.float32) * 1.4426950408889634, float("-inf"))
+                rw = tl.where(mask_n[None, :], rw.to(tl.float32) * LOG2E, float("-inf"))
             j = h_n * W + w
             k = tl.load(k_base + j[:, None] * s_ks + offs_d[None, :], mask=mask_n[:, None], other=0.0)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale + rh + rw
