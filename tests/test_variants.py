@@ -155,6 +155,36 @@ def test_compiled_prefill_core_matches_eager_fp32(tiny, reference):
         variants.apply(model, ExecutionConfig())
 
 
+def test_each_prefill_shape_compiles_past_dynamos_recompile_limit():
+    """``static_decoder.own_code``: closures of one code object share dynamo's recompile limit (here 1: the
+    second shape runs eagerly, no new graph); each with its own code object compiles its own graph."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from harness.variants.static_decoder import own_code
+
+    torch._dynamo.reset()
+
+    def closure(k):
+        def fn(x):
+            return (x * k).sin() + 1
+        return fn
+
+    def graphs(wrap, sizes):
+        made = []
+        for n in sizes:
+            before = counters["stats"]["unique_graphs"]
+            out = torch.compile(wrap(closure(n)), dynamic=False)(torch.ones(n))
+            assert torch.allclose(out, torch.ones(n).mul(n).sin() + 1)
+            made.append(counters["stats"]["unique_graphs"] - before)
+        return made
+
+    with torch._dynamo.config.patch(recompile_limit=1):
+        assert graphs(lambda f: f, (3, 4)) == [1, 0]      # the limit hit: shape 4 ran eagerly
+        assert graphs(own_code, (5, 6)) == [1, 1]
+    torch._dynamo.reset()
+
+
 def test_compiled_static_grouped_decode_matches(tiny):
     """The compiled static-grouped step: vendor-style's tokens and per-step routing under the weights'
     routing and under balanced routing, from one compile (the routing is a runtime input of the

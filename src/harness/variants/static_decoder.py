@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import types
 from typing import Callable, Optional
 
 import torch
@@ -23,6 +24,13 @@ import torch
 from ..errors import HarnessError
 from ..models.routing import DeviceRouting
 from .static_kv import StaticKVCache
+
+
+def own_code(fn: Callable) -> Callable:
+    """``fn`` with a code object of its own (same body, globals and closure). Dynamo keeps compiled
+    graphs per code object and, once one holds ``recompile_limit`` (8) guard sets, runs the function
+    eagerly with a warning; the prefill compiles one closure per request shape, so each gets its own."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
 def on_side_stream(fn: Callable, n: int) -> None:
@@ -141,7 +149,7 @@ class StaticDecoder:
             def fn(ids, img):
                 return self.model.prefill_core(ids, img, self.cache, self.select, start)
             if self.compile_prefill:           # compiled in the capture's warm-up (setup_s)
-                fn = torch.compile(fn, dynamic=False)
+                fn = torch.compile(own_code(fn), dynamic=False)
             self.model.prefill_core(request.input_ids, image_embeds, self.cache, self.select, start)   # eager first
             self.graphs[key] = CapturedCall(fn, (request.input_ids, image_embeds))
             self.setup_s[f"prefill_capture_S{S}" + ("_forced" if key[-1] is True else "")] = self.graphs[key].setup_s
