@@ -273,13 +273,10 @@ def views_and_tiles(pixels: list, mode, dtype: torch.dtype = torch.float32) -> t
     for shape in dict.fromkeys(tuple(p.shape) for p in pixels):
         rows = [k for k, p in enumerate(pixels) if tuple(p.shape) == shape]
         x = torch.stack([pixels[k] for k in rows]).permute(0, 3, 1, 2)[:, :3]   # uint8 RGB (of RGB + unused)
-        if mode.crop:
-            view = pad(x, mode.base_size)
-            cut = None if grid is None else normalise(tiles(x, grid, mode.image_size), dtype)
-        else:
-            if mode.squares_first:
-                x = resize(x, (mode.image_size, mode.image_size))
-            view, cut = pad(x, mode.image_size), None
+        cut = None if not mode.crop or grid is None else normalise(tiles(x, grid, mode.image_size), dtype)
+        if mode.squares_first:                      # (no crop)
+            x = resize(x, (mode.image_size, mode.image_size))
+        view = pad(x, mode.view_size)
         if len(rows) == len(pixels):                # one size: the batch as it is, in page order
             return normalise(view, dtype), cut
         per = 0 if cut is None else cut.shape[0] // len(rows)

@@ -88,13 +88,12 @@ def preprocess(image: Image.Image, mode) -> PreparedImage:
         image = image.convert("RGB")
     grid = tile_grid_for(*image.size, mode)
     if mode.crop:
-        view = ImageOps.pad(image, (mode.base_size, mode.base_size), color=PAD_COLOR)
         tiles = None if grid is None else torch.stack([to_tensor(t) for t in _tiles(image, grid, mode.image_size)])
     else:
         grid, tiles = None, None
         if mode.squares_first:
             image = image.resize((mode.image_size, mode.image_size))
-        view = ImageOps.pad(image, (mode.image_size, mode.image_size), color=PAD_COLOR)
+    view = ImageOps.pad(image, (mode.view_size, mode.view_size), color=PAD_COLOR)
     return PreparedImage(to_tensor(view), tiles, grid, image_token_count(mode, grid))
 
 
