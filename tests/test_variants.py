@@ -163,8 +163,6 @@ def test_each_prefill_shape_compiles_past_dynamos_recompile_limit():
 
     from harness.variants.static_decoder import own_code
 
-    torch._dynamo.reset()
-
     def closure(k):
         def fn(x):
             return (x * k).sin() + 1
@@ -182,7 +180,6 @@ def test_each_prefill_shape_compiles_past_dynamos_recompile_limit():
     with torch._dynamo.config.patch(recompile_limit=1):
         assert graphs(lambda f: f, (3, 4)) == [1, 0]      # the limit hit: shape 4 ran eagerly
         assert graphs(own_code, (5, 6)) == [1, 1]
-    torch._dynamo.reset()
 
 
 def test_compiled_static_grouped_decode_matches(tiny):
