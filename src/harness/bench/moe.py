@@ -49,8 +49,11 @@ LARGE_BLOCK_CANDIDATES = [(bm, bn, bk, w, st) for bm in (64, 128) for bn in (64,
 
 
 def block_candidates(routed_rows: int, experts: int) -> list:
-    """``BLOCK_CANDIDATES`` at decode and small-batch sizes, ``LARGE_BLOCK_CANDIDATES`` above 32 rows per expert."""
-    return LARGE_BLOCK_CANDIDATES if routed_rows / max(experts, 1) > 32 else BLOCK_CANDIDATES
+    """``LARGE_BLOCK_CANDIDATES`` where ``default_triton_config`` takes tiles of 64 rows or more, else
+    ``BLOCK_CANDIDATES``."""
+    from ..kernels.moe_blocks import default_triton_config
+
+    return LARGE_BLOCK_CANDIDATES if default_triton_config(routed_rows, experts).block_m >= 64 else BLOCK_CANDIDATES
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -46,7 +46,7 @@ except ImportError:                         # pragma: no cover - older Triton
     gdc_wait = gdc_launch_dependents = None
     HAS_GDC = False
 
-__all__ = ["Clock", "HAS_GDC", "INTERPRETED", "k_parts", "pdl_support", "check_runnable", "tiles", "attention_splits", "Choice"]
+__all__ = ["Clock", "HAS_GDC", "INTERPRETED", "k_parts", "pdl_support", "check_runnable", "tiles", "attention_splits"]
 
 
 def k_parts(k: int, pieces: int = 2) -> tuple:
@@ -957,31 +957,17 @@ def packed_pairs(*tensors, strides: tuple, compiled: bool = not INTERPRETED) -> 
     return compiled and all(t.dtype == torch.bfloat16 for t in tensors) and aligned16(tensors, strides, 4)
 
 
-class Choice(NamedTuple):
-    """What the router's choice needs besides its logits' producer: ``logits`` fp32 [E] (the gate
-    GEMV's), ``wts`` fp32 [k] (written with the ids), k, renormalisation, scale, and ``forced`` =
-    (table int64 [rows, P, layers, k], pos int64 [1], layer) or None (``route``)."""
-    logits: torch.Tensor
-    wts: torch.Tensor
-    top_k: int
-    norm_topk: bool
-    scale: float
-    forced: Optional[tuple] = None
-
-
-def _choice_launch(choice: Choice, dummy) -> tuple:
-    """(args, meta) of ``_select_experts`` for a kernel's launch: the forced table, the position,
+def _choice_launch(n_exp: int, top_k: int, norm_topk: bool, scale: float, forced: Optional[tuple], dummy) -> tuple:
+    """(args, meta) of ``_select_experts`` for the router's launch: the forced table, the position,
     E, the table's offset, positions and stride (``dummy`` in the pointers' place without a table),
     and the constexprs TOP_K .. FORCED."""
-    n_exp, k = choice.logits.numel(), choice.top_k
-    if choice.forced is not None:
-        table, pos, layer = choice.forced
-        args = (table, pos, n_exp, layer * k, table.shape[1], table.stride(1))
+    if forced is not None:
+        table, pos, layer = forced
+        args = (table, pos, n_exp, layer * top_k, table.shape[1], table.stride(1))
     else:
         args = (dummy, dummy, n_exp, 0, 1, 0)
-    return args, dict(TOP_K=k, BLOCK_E=triton.next_power_of_2(n_exp), BLOCK_TOPK=triton.next_power_of_2(k),
-                      NORM_TOPK=bool(choice.norm_topk and k > 1), SCALE=float(choice.scale),
-                      FORCED=choice.forced is not None)
+    return args, dict(TOP_K=top_k, BLOCK_E=triton.next_power_of_2(n_exp), BLOCK_TOPK=triton.next_power_of_2(top_k),
+                      NORM_TOPK=bool(norm_topk and top_k > 1), SCALE=float(scale), FORCED=forced is not None)
 
 
 @launches(_router_kernel)
@@ -998,7 +984,7 @@ def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk
     H, E = h.numel(), w.shape[0]
     ha, hb = k_parts(H)
     rows, warps = tile
-    sel_args, sel_meta = _choice_launch(Choice(logits, wts, top_k, norm_topk, scale, forced), ids)
+    sel_args, sel_meta = _choice_launch(logits.numel(), top_k, norm_topk, scale, forced, ids)
     _launch(_router_kernel, (triton.cdiv(E, rows),), warps, pdl,
             h, ln, w, xn, logits, sem, ids, wts, *sel_args, w.stride(0),
             H=H, HA=ha, HB=hb, ROWS=rows, **sel_meta, EPS=float(eps),
