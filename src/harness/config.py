@@ -265,16 +265,17 @@ def cost_config(model: Optional[ModelConfig] = None, knobs: Optional[dict] = Non
     return CostModelConfig(**{**kept, **(knobs or {})})
 
 
-def logits_every_position(cfg) -> bool:
-    """Whether the prefill's lm_head runs on every prompt position (``cfg``: a ``CostModelConfig``):
-    the vendor's ``lm_head_all_positions``, unless the execution's ``prefill_logits=last`` keeps each
-    sequence's last (``variants.prefill_logits``)."""
-    return cfg.lm_head_all_positions and cfg.prefill_logits == "all"
+def logits_every_position(all_positions: bool, prefill_logits: str) -> bool:
+    """Whether the prefill's lm_head runs on every prompt position: the model's ``lm_head_all_positions``
+    (the vendor's way), unless the execution's ``prefill_logits=last`` keeps each sequence's last
+    (``variants.prefill_logits``; the model's ``logits_all_positions`` and the cost model both ask here)."""
+    return all_positions and prefill_logits == "all"
 
 
 def prefill_logit_rows(cfg, batch: int, tokens: int) -> int:
-    """Rows the prefill's lm_head runs on for ``batch`` sequences of ``tokens`` prompt positions in all."""
-    return tokens if logits_every_position(cfg) else batch
+    """Rows the prefill's lm_head runs on (``cfg``: a ``CostModelConfig``) for ``batch`` sequences of
+    ``tokens`` prompt positions in all."""
+    return tokens if logits_every_position(cfg.lm_head_all_positions, cfg.prefill_logits) else batch
 
 
 #: the execution knobs (``execution.<knob>``; an old ``model.<knob>`` override is refused with this name)

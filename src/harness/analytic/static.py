@@ -93,7 +93,7 @@ def analyze(cases: Optional[Iterable] = None, out_dir="runs/analyze", model_cfg:
     paths = {}
     doc = {"cases": summaries, "anchors": anchors,
            "model": {"name": cfg.name, "dtype": str(dtype), "attn_implementation": attn, "kv_cache": kv,
-                     "lm_head_all_positions": logits_every_position(cfg)},
+                     "lm_head_all_positions": logits_every_position(cfg.lm_head_all_positions, cfg.prefill_logits)},
            "units": {"flops_*": "FLOP (2 per multiply-accumulate)", "bytes": "B", "params": "parameters"},
            "conventions": {
                "flops_counted": "FlopCounterMode convention: matmul/conv/attention, full S x T attention, "

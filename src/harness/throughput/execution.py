@@ -51,16 +51,12 @@ def shadowed(cfg: HarnessConfig, best: bool, overrides: list) -> list:
         return []
     named, defaults = best_execution(cfg), ExecutionConfig()
     given = cfg.throughput.execution if cfg.throughput is not None else None
+    keys = (text.lstrip("+~").split("=", 1)[0] for text in overrides)
     out = []
-    for text in overrides:
-        key = text.lstrip("+~").split("=", 1)[0]
-        if not key.startswith("execution."):
-            continue
-        knob = key.split(".", 1)[1]
-        if not hasattr(defaults, knob) or (given is not None and getattr(given, knob, None) is not None):
-            continue
-        if getattr(cfg.execution, knob) == getattr(defaults, knob) and named.get(knob, getattr(defaults, knob)) \
-                != getattr(defaults, knob):
+    for knob in (key[len("execution."):] for key in keys if key.startswith("execution.")):
+        default = getattr(defaults, knob, None)
+        set_apart = given is not None and getattr(given, knob, None) is not None     # throughput.execution wins
+        if not set_apart and getattr(cfg.execution, knob, None) == default and named.get(knob, default) != default:
             out.append((knob, named[knob]))
     return out
 

@@ -47,7 +47,7 @@ from . import plan, prep
 from .ahead import launch, use
 from .barrier import window_barrier
 from .clock import BatchClock, Marks
-from .execution import apply_execution, changed_knobs, execution_for, shadowed
+from .execution import apply_execution, changed_knobs, execution_for, layered, shadowed
 from .feeder import Feeder, HostBatch, Layout
 from .section import write_outputs
 from .staging import Staged, Stager
@@ -132,11 +132,15 @@ class Throughput(Experiment):
         from .gpus import plan_for
         plan_for(cfg, sweep)         # throughput.gpus: more than visible, a CPU or a one-GPU-per-job sweep refused
 
+    @staticmethod
+    def _best(cfg: HarnessConfig) -> bool:
+        """Whether the run layers the named execution ``best`` (``throughput.best``, or the device's default)."""
+        return plan.resolve(cfg.throughput, resolve_device(cfg.device).type == "cuda").best
+
     @classmethod
     def check_overrides(cls, cfg: HarnessConfig, overrides: list) -> None:
         """Refuse an ``execution.<knob>=<default>`` override that ``best`` would shadow (``execution.shadowed``)."""
-        best = plan.resolve(cfg.throughput, resolve_device(cfg.device).type == "cuda").best
-        lost = shadowed(cfg, best, overrides)
+        lost = shadowed(cfg, cls._best(cfg), overrides)
         if lost:
             knob, value = lost[0]
             raise HarnessError(f"execution.{knob}={getattr(cfg.execution, knob)} is the knob's default, which does not "
@@ -148,9 +152,7 @@ class Throughput(Experiment):
     def execution_of(cls, cfg: HarnessConfig, execution):
         """``best``'s knobs under ``execution`` (a case's, or ``execution.*``; ``execution.layered``): what a
         knob override is checked with."""
-        from ..setup import resolve_device
-        from .execution import layered
-        return layered(cfg, plan.resolve(cfg.throughput, resolve_device(cfg.device).type == "cuda").best, execution)
+        return layered(cfg, cls._best(cfg), execution)
 
     def data(self, rd: RunDir) -> RunData:
         self.out, self.gpus = Outputs(rd), self.gpu_plan()

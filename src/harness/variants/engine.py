@@ -27,6 +27,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..config import logits_every_position
 from ..knobs import Knob
 from ..models.adapter import Select, StageFn, greedy, greedy_chunked
 from ..models.deepseek_ocr import DeepseekOCR
@@ -48,7 +49,7 @@ class Plan:
     prefill_graphs: bool = False         # prefill_graphs
     prefill_compile: bool = False        # prefill_compile: the captured prefill compiled first
     decode_step: Optional[Callable] = None   # decode_step=fused: StaticDecoder -> its step (fused_step.FusedCore)
-    last_logits: bool = False            # prefill_logits=last: lm_head on each sequence's last position only
+    prefill_logits: str = "all"          # prefill_logits: lm_head on every prompt position, or each sequence's last
 
 
 def attach(model) -> Plan:
@@ -68,7 +69,7 @@ class Engine(Variant, DeepseekOCR):
     plan: Plan
 
     def logits_all_positions(self) -> bool:
-        return super().logits_all_positions() and not self.plan.last_logits
+        return logits_every_position(self.cfg.lm_head_all_positions, self.plan.prefill_logits)
 
     # ------------------------------------------------------------ static-cache forward passes
     def decoder(self, embeds: torch.Tensor, position_ids: torch.Tensor, cache) -> torch.Tensor:
