@@ -342,3 +342,76 @@ def test_the_in_kernel_clock_stamps_every_launch_in_order_and_changes_no_token()
          PROMPT + 1: (first_release[PROMPT + 2] - first_release[PROMPT + 1]) / 1e3}, rel=1e-12)
     assert (df["work_us"] + df["handoff_us"] - df["interval_us"]).abs().max() < 1e-12
     assert df[df["row"] == PROMPT + 2]["interval_us"].isna().tolist() == [False] * 17 + [True]
+
+
+def test_l2_prefetch_items_are_checked_and_planned_per_layer():
+    """``l2_prefetch``: each item WHAT@WHERE names a known tensor and launch, at most two per launch.
+    The tiny model has a dense layer 0 and MoE layers 1 and 2: the router and the shared expert exist
+    in layers 1 and 2 only, the next layer's q/k/v in layers 0 and 1 only; ``o`` everywhere."""
+    from harness.kernels.decode_step import DecodeStepConfig, FusedDecodeStep, config_changes
+
+    model = tiny_model(torch.float32)
+    w = weights(model)
+    cache = new_cache(model, torch.float32)
+    items = ("shared_down@router", "next_qkv@router", "shared_gate_up@attention", "o@attention", "next_qkv@o_proj")
+    step = FusedDecodeStep(w, cache, cache.position, config=small_tiles(l2_prefetch=items))
+    names = {id(t): n for i, lw in enumerate(w.layers)
+             for n, t in ((f"o{i}", lw.o), (f"qkv{i}", lw.qkv), (f"gate_up{i}", lw.gate_up), (f"down{i}", lw.down))}
+    plan = [{where: tuple(names[id(t)] for t in ts) for where, ts in step._prefetch(i).items()} for i in range(3)]
+    assert plan == [
+        {"attention": ("o0",), "o_proj": ("qkv1",), "router": ()},
+        {"attention": ("gate_up1", "o1"), "o_proj": ("qkv2",), "router": ("down1", "qkv2")},
+        {"attention": ("gate_up2", "o2"), "o_proj": (), "router": ("down2",)}]
+    assert config_changes("l2_prefetch=('o@attention',)") == DecodeStepConfig(l2_prefetch=("o@attention",))
+    for bad, match in ((("qkv@attention",), "item 'qkv@attention': WHAT@WHERE expected"),
+                       (("o@down",), "item 'o@down'"), (("o",), "item 'o'"),
+                       (("o@router", "next_qkv@router", "shared_down@router"), "3 tensors sent from router")):
+        with pytest.raises(HarnessError, match=match):
+            DecodeStepConfig(l2_prefetch=bad).check()
+
+
+def test_prefetch_meta_shares_whole_lines_over_the_programs(monkeypatch):
+    """A compiled launch's prefetch arguments, by hand: fp32 [1000, 33] is 132,000 bytes = 1,031.25,
+    so 1,032 lines of 128 B; bf16 [64] is 128 bytes, 1 line; over 10 programs the larger needs 104
+    lines per program, held in a power-of-two vector of 128. Nothing: PF 0. Under the interpreter
+    (which has no PTX) nothing is ever prefetched; more than two tensors, or a strided one, are refused."""
+    from harness.kernels import decode_step_triton as kt
+
+    a, b = torch.zeros(1000, 33), torch.zeros(64, dtype=torch.bfloat16)
+    monkeypatch.setattr(kt, "INTERPRETED", False)
+    meta = kt.prefetch_meta((a, b), 10, b)
+    assert (meta["pf0"] is a, meta["pf1"] is b) == (True, True)
+    assert {k: meta[k] for k in ("pf0_lines", "pf1_lines", "PF", "PF_LINES")} == {
+        "pf0_lines": 1032, "pf1_lines": 1, "PF": 2, "PF_LINES": 128}
+    none = kt.prefetch_meta((), 10, b)
+    assert (none["PF"], none["pf0"] is b, none["pf0_lines"], none["PF_LINES"]) == (0, True, 0, 1)
+    with pytest.raises(HarnessError, match="at most two tensors"):
+        kt.prefetch_meta((a, a, b), 10, b)
+    with pytest.raises(HarnessError, match="needs a contiguous tensor"):
+        kt.prefetch_meta((a.t(),), 10, b)
+    monkeypatch.setattr(kt, "INTERPRETED", True)
+    assert kt.prefetch_meta((a, b), 10, b)["PF"] == 0
+
+
+@pytest.mark.gpu
+def test_gpu_l2_prefetch_changes_no_token_or_logit():
+    """On a GPU the prefetches compile (inline PTX): 6 steps with every tensor sent from every launch
+    that can send it give the tokens and logits of the step without, bit for bit (a prefetch moves no
+    value)."""
+    from harness.kernels.decode_step import FusedDecodeStep
+    from harness.kernels.decode_step_triton import pdl_support
+
+    dt = torch.float32
+    model = tiny_model(dt)
+    cache, token = prefilled(model, dt)
+    items = ("shared_down@router", "next_qkv@router", "shared_gate_up@attention", "o@attention", "next_qkv@o_proj")
+    pdl = pdl_support(DEV)[0]
+    steps = [FusedDecodeStep(weights(model), c, c.position, token=token.view(1).clone(), pdl=pdl,
+                             config=small_tiles(l2_prefetch=pf))
+             for c, pf in ((copy_of(model, cache, dt), ()), (copy_of(model, cache, dt), items))]
+    with torch.inference_mode():
+        for _ in range(6):
+            for s in steps:
+                s.run()
+            assert int(steps[0].token) == int(steps[1].token)
+            assert torch.equal(steps[0].logits, steps[1].logits)
