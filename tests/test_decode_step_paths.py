@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import needs_triton
+from conftest import cpu_triton, needs_triton
 from harness.bench import config as bc
 from harness.errors import HarnessError
 from test_decode_step_triton import one_cpu_thread  # noqa: F401 (the module's autouse fixture)
@@ -55,6 +55,7 @@ def test_rows_and_their_order():
 
 
 @needs_triton
+@cpu_triton
 def test_each_factor_sets_the_direct_step_up_as_the_run_path():
     """``prompt``: the direct step, on a cache of its own (40 positions), starts at the request's
     prompt (28) from its first token and decodes the request's own 2 decode tokens; ``buffers``: the step

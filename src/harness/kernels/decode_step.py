@@ -47,10 +47,6 @@ from .common import check_counts
 _TILES = ("qkv", "attention", "o_proj", "router", "gate_up", "down", "dense_gate_up", "dense_down", "lm_head")
 #: the tiles with a third entry: (what it holds, its least value)
 _THIRD = {"o_proj": ("parts", 1), "dense_down": ("parts", 1), "lm_head": ("programs per SM", 0)}
-#: what ``DecodeStepConfig.l2_prefetch`` may send to L2 (a layer's tensors; the MoE layers' shared
-#: expert, the next layer's q/k/v), and the latency-bound launches of that layer that may send it
-PREFETCH_WHAT = ("o", "shared_gate_up", "shared_down", "next_qkv")
-PREFETCH_WHERE = ("attention", "o_proj", "router")
 
 
 @dataclass(frozen=True)
@@ -66,11 +62,6 @@ class DecodeStepConfig:
     gate/up kernel recomputes RMSNorm(h) itself instead of reading the router's. ``lm_head_stages``:
     0, each lm_head program holds its next tile in registers; 2-6, its tiles stream through Triton's
     software pipeline with that many stages (``decode_step_triton.lm_head_argmax``).
-    ``l2_prefetch``: ``"WHAT@WHERE"`` items: in every layer that has both, the launch WHERE
-    (``PREFETCH_WHERE``: attention, o_proj or the router, which leave DRAM mostly idle) sends the
-    tensor WHAT (``PREFETCH_WHAT``: o_proj's weight, the MoE shared expert's gate/up or down, the next
-    layer's q/k/v) to L2 after its wait, so the launch that reads it finds it there; at most two per
-    launch. Empty: nothing is prefetched (the kernels compile without it).
     The router's last program makes the router's choice (the waiting placement, the gate/up kernel
     choosing and the down kernel spinning on its ids, was measured slower on every timing path and
     removed). How each default was measured and chosen: ``docs/kernels/decode_step.md``."""
@@ -86,7 +77,6 @@ class DecodeStepConfig:
     sms: Optional[int] = None
     gate_up_norm: bool = False
     lm_head_stages: int = 4
-    l2_prefetch: tuple = ()
 
     def check(self) -> None:
         for name in _TILES:
@@ -104,22 +94,8 @@ class DecodeStepConfig:
         if self.lm_head_stages not in (0, 2, 3, 4, 5, 6):
             raise HarnessError(f"DecodeStepConfig.lm_head_stages={self.lm_head_stages}: 0 (register double "
                                "buffer) or 2-6 (software-pipelined stages) expected")
-        where = [prefetch_item(item)[1] for item in self.l2_prefetch]
-        for place in set(where):
-            if where.count(place) > 2:
-                raise HarnessError(f"DecodeStepConfig.l2_prefetch={self.l2_prefetch}: {where.count(place)} tensors "
-                                   f"sent from {place}; a launch prefetches at most two")
         if self.sms is not None and self.sms < 1:
             raise HarnessError(f"DecodeStepConfig.sms={self.sms} must be >= 1 (or None)")
-
-
-def prefetch_item(item) -> tuple:
-    """(what, where) of one ``DecodeStepConfig.l2_prefetch`` item ``"WHAT@WHERE"``, checked."""
-    what, at, where = str(item).partition("@")
-    if not at or what not in PREFETCH_WHAT or where not in PREFETCH_WHERE:
-        raise HarnessError(f"DecodeStepConfig.l2_prefetch item {item!r}: WHAT@WHERE expected, WHAT one of "
-                           f"{', '.join(PREFETCH_WHAT)}, WHERE one of {', '.join(PREFETCH_WHERE)}")
-    return what, where
 
 
 #: tiles for Triton's interpreter (CPU tests): few, large programs (its cost is per program and per op)
@@ -375,23 +351,21 @@ class FusedDecodeStep:
         o_parts = cfg.o_proj[2]
         for i, lw in enumerate(w.layers):
             first = i == 0
-            pf = self._prefetch(i)
             calls += [
                 ("qkv", i, p(k.qkv_rope, self.h, lw.ln_in, lw.qkv, self.cos, self.sin, self.pos, self.q, cache.k[i],
                              cache.v[i], w.eps, embed=w.embed if first else None,
                              token=self.token if first else None, xn_out=self.norm_out, tile=cfg.qkv, pdl=pdl)),
                 ("attention", i, p(k.attention, self.q, cache.k[i], cache.v[i], self.pos, self.attn_out, self.attn_acc,
-                                   self.attn_m, self.attn_l, self.attn_sem, tile=cfg.attention, pdl=pdl,
-                                   prefetch=pf["attention"])),
+                                   self.attn_m, self.attn_l, self.attn_sem, tile=cfg.attention, pdl=pdl)),
                 ("o_proj", i, p(k.down_residual, self.attn_out.view(o_parts, -1), lw.o, self.h, tile=cfg.o_proj[:2],
-                                pdl=pdl, prefetch=pf["o_proj"]))]
+                                pdl=pdl))]
             if lw.moe:
                 forced = (self.forced, self.pos, i) if self.forced is not None else None
                 norm = cfg.gate_up_norm
                 calls += [
                     ("router", i, p(k.route, self.h, lw.ln_post, lw.router, self.xn, self.router_logits,
                                     self.router_sem, self.ids[i], self.wts[i], w.eps, w.top_k, w.norm_topk, w.scale,
-                                    forced=forced, tile=cfg.router, pdl=pdl, prefetch=pf["router"])),
+                                    forced=forced, tile=cfg.router, pdl=pdl)),
                     ("gate_up", i, p(k.gate_up, self.h if norm else self.xn, lw.gate_up, self.moe_act,
                                      ln=lw.ln_post if norm else None, eps=w.eps, experts_gate_up=lw.experts_gate_up,
                                      ids=self.ids[i], tile=cfg.gate_up, pdl=pdl)),
@@ -410,20 +384,6 @@ class FusedDecodeStep:
             else None,
             history=self.history, xn_out=self.norm_out, tile=cfg.lm_head[:2], stages=cfg.lm_head_stages, pdl=pdl)))
         return calls
-
-    def _prefetch(self, i: int) -> dict:
-        """{launch of layer ``i``: the tensors it sends to L2} (``DecodeStepConfig.l2_prefetch``): an item
-        whose tensor or launch the layer lacks (a dense layer's router or shared expert, the last layer's
-        next q/k/v) sends nothing there."""
-        w, lw = self.w, self.w.layers[i]
-        have = {"o": lw.o, "shared_gate_up": lw.gate_up if lw.moe else None, "shared_down": lw.down if lw.moe else None,
-                "next_qkv": w.layers[i + 1].qkv if i + 1 < len(w.layers) else None}
-        out = {where: () for where in PREFETCH_WHERE}
-        for item in self.config.l2_prefetch:
-            what, where = prefetch_item(item)
-            if have[what] is not None and (where != "router" or lw.moe):
-                out[where] += (have[what],)
-        return out
 
     def kernel_names(self) -> dict:
         """{launch label: the name of the Triton function it runs} (``decode_step_triton.launches``)."""

@@ -276,49 +276,6 @@ def _store_first(p, xa, xb, K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr)
         _store_vec(p, xa, xb, K, KA, KB)
 
 
-# ------------------------------------------------------------------------------- L2 prefetch
-
-#: bytes of one L2 line, the unit a prefetch names
-L2_LINE = 128
-
-
-@triton.jit
-def _l2_prefetch(addr, ok):
-    """``prefetch.global.L2::evict_last`` of the line holding each address (int64) where ``ok`` (int32
-    != 0): the line is sent to L2, no register is written and nothing waits for it. Compiled code only
-    (inline PTX); not pure, so it is never dropped as unused."""
-    return tl.inline_asm_elementwise(
-        """{
-        .reg .pred p;
-        setp.ne.b32 p, $2, 0;
-        @p prefetch.global.L2::evict_last [$1];
-        mov.u32 $0, 0;
-        }""", "=r,l,r", [addr, ok], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_share(p, n_lines, LINES: tl.constexpr):
-    """This program's contiguous share of the ``n_lines`` 128-byte lines from ``p`` (a tensor's first
-    element) prefetched into L2; the programs of both grid axes share the lines (``LINES`` >= a share)."""
-    pid = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
-    n = tl.num_programs(0) * tl.num_programs(1)
-    per = (n_lines + n - 1) // n
-    offs = tl.arange(0, LINES)
-    line = pid * per + offs
-    ok = (offs < per) & (line < n_lines)
-    _l2_prefetch(p.to(tl.int64) + line.to(tl.int64) * 128, ok.to(tl.int32))
-
-
-@triton.jit
-def _prefetch(pf0, pf0_lines, pf1, pf1_lines, PF: tl.constexpr, PF_LINES: tl.constexpr):
-    """Weights a later launch reads sent to L2 while this latency-bound launch leaves DRAM idle: PF
-    regions (0, 1 or 2; ``prefetch_meta``), each shared by the launch's programs."""
-    if PF > 0:
-        _prefetch_share(pf0, pf0_lines, PF_LINES)
-    if PF > 1:
-        _prefetch_share(pf1, pf1_lines, PF_LINES)
-
-
 # ------------------------------------------------------------------------ 1. q/k/v + RoPE + KV
 
 
@@ -408,7 +365,6 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, acc_ptr, m_ptr, l_p
                       stride_kh, stride_kn, stride_vh, stride_vn,
                       GROUP: tl.constexpr, SCALE_LOG2: tl.constexpr, D: tl.constexpr, SPLIT_N: tl.constexpr,
                       NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-                      pf0, pf0_lines, pf1, pf1_lines, PF: tl.constexpr, PF_LINES: tl.constexpr,
                       clk_ptr, clk_tick, clk_pos, clk_stride, clk_rows, USE_PDL: tl.constexpr, CLOCK: tl.constexpr,
                       EMU: tl.constexpr):
     c_entry = _clock_start(clk_tick, CLOCK)
@@ -419,9 +375,6 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, acc_ptr, m_ptr, l_p
     n_keys = tl.minimum(pos + 1, max_len)
     start = split * SPLIT_N
     if start >= n_keys:                                      # wholly past the position: nothing to do
-        if PF > 0:                                           # but its share of the prefetch, after the wait
-            _pdl_wait(USE_PDL)
-            _prefetch(pf0, pf0_lines, pf1, pf1_lines, PF, PF_LINES)
         return
     offs_n = start + tl.arange(0, SPLIT_N)
     offs_d = tl.arange(0, D)
@@ -432,7 +385,6 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, acc_ptr, m_ptr, l_p
     v = tl.load(v_tile, mask=earlier, other=0.0, cache_modifier=".cg")
     _pdl_wait(USE_PDL)
     c_release, c_row = _clock_released(clk_tick, clk_pos, clk_rows, CLOCK)
-    _prefetch(pf0, pf0_lines, pf1, pf1_lines, PF, PF_LINES)
     now = ((offs_n == pos) & (offs_n < max_len))[:, None]    # written by this step's q/k/v kernel
     k = tl.where(now, tl.load(k_tile, mask=now, other=0.0), k).to(tl.float32)
     v = tl.where(now, tl.load(v_tile, mask=now, other=0.0), v).to(tl.float32)
@@ -535,7 +487,6 @@ def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, stride_ar, st
                  stride_wn, stride_sn, H: tl.constexpr, INTER: tl.constexpr, IA: tl.constexpr, IB: tl.constexpr, IC: tl.constexpr,
                  TOP_K: tl.constexpr, PARTS: tl.constexpr, SP2: tl.constexpr, BLOCK_N: tl.constexpr,
                  ALIGNED: tl.constexpr, PACKED: tl.constexpr,
-                 pf0, pf0_lines, pf1, pf1_lines, PF: tl.constexpr, PF_LINES: tl.constexpr,
                  clk_ptr, clk_tick, clk_pos, clk_stride, clk_rows, USE_PDL: tl.constexpr, CLOCK: tl.constexpr,
                  EMU: tl.constexpr):
     c_entry = _clock_start(clk_tick, CLOCK)
@@ -572,7 +523,6 @@ def _down_kernel(act_ptr, ew_ptr, sw_ptr, ids_ptr, wts_ptr, h_ptr, stride_ar, st
     res = tl.load(h_ptr + offs_n, mask=n_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
     _pdl_wait(USE_PDL)
     c_release, c_row = _clock_released(clk_tick, clk_pos, clk_rows, CLOCK)
-    _prefetch(pf0, pf0_lines, pf1, pf1_lines, PF, PF_LINES)
     act = h_ptr.dtype.element_ty
     a_rows = act_ptr + a_row[:, None, None] * stride_ar
     if PACKED:
@@ -655,7 +605,6 @@ def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, w
                    H: tl.constexpr, HA: tl.constexpr, HB: tl.constexpr, ROWS: tl.constexpr, TOP_K: tl.constexpr,
                    BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr, NORM_TOPK: tl.constexpr, SCALE: tl.constexpr,
                    EPS: tl.constexpr, FORCED: tl.constexpr, SINGLE: tl.constexpr,
-                   pf0, pf0_lines, pf1, pf1_lines, PF: tl.constexpr, PF_LINES: tl.constexpr,
                    clk_ptr, clk_tick, clk_pos, clk_stride, clk_rows, USE_PDL: tl.constexpr, CLOCK: tl.constexpr,
                    EMU: tl.constexpr):
     c_entry = _clock_start(clk_tick, CLOCK)
@@ -665,7 +614,6 @@ def _router_kernel(h_ptr, ln_ptr, w_ptr, xn_ptr, logits_ptr, sem_ptr, ids_ptr, w
     lna, lnb = _load_vec(ln_ptr, H, HA, HB)
     _pdl_wait(USE_PDL)
     c_release, c_row = _clock_released(clk_tick, clk_pos, clk_rows, CLOCK)
-    _prefetch(pf0, pf0_lines, pf1, pf1_lines, PF, PF_LINES)
     xa, xb = _load_vec(h_ptr, H, HA, HB)
     na, nb = _rms_norm(xa, xb, lna, lnb, xn_ptr.dtype.element_ty, H, HB, EPS, EMU)
     _store_first(xn_ptr, na, nb, H, HA, HB)          # post_attention_layernorm(h), for the gate_up kernel
@@ -903,25 +851,6 @@ def launch_meta(pdl: bool, args: tuple, meta: dict, clock: Optional[Clock] = Non
     return meta
 
 
-def prefetch_meta(prefetch: tuple, programs: int, dummy: torch.Tensor) -> dict:
-    """The L2-prefetch arguments of an attention, down or router launch of ``programs`` programs:
-    ``prefetch``, up to two contiguous tensors whose bytes the launch's programs send to L2 after
-    their wait (``_prefetch``; ``DecodeStepConfig.l2_prefetch``), as 128-byte lines shared evenly.
-    Compiled code only: under the interpreter, and with nothing to prefetch, PF is 0 and ``dummy``
-    fills the pointers."""
-    regions = [] if INTERPRETED else list(prefetch)
-    if len(regions) > 2:
-        raise HarnessError(f"a launch prefetches at most two tensors into L2; {len(regions)} were given")
-    for t in regions:
-        if not t.is_contiguous():
-            raise HarnessError(f"an L2 prefetch needs a contiguous tensor; got {tuple(t.shape)} stride {t.stride()}")
-    lines = [triton.cdiv(t.numel() * t.element_size(), L2_LINE) for t in regions]
-    pad = [dummy] * (2 - len(regions))
-    per = triton.cdiv(max(lines, default=1), max(1, programs))
-    return dict(pf0=(regions + pad)[0], pf0_lines=(lines + [0, 0])[0], pf1=(regions + pad)[1],
-                pf1_lines=(lines + [0, 0])[1], PF=len(regions), PF_LINES=triton.next_power_of_2(max(1, per)))
-
-
 def _launch(kernel, grid, warps: int, pdl: bool, *args, clock: Optional[Clock] = None, **meta) -> None:
     kernel[grid](*args, num_warps=warps, **launch_meta(pdl, args, meta, clock))
 
@@ -977,11 +906,10 @@ def attention_splits(max_len: int, split_n: int) -> int:
 
 @launches(_attention_kernel)
 def attention(q, k_cache, v_cache, pos, out, acc, m, ls, sem, *, tile=(32, 4), pdl: bool = False,
-              clock: Optional[Clock] = None, prefetch: tuple = ()) -> None:
+              clock: Optional[Clock] = None) -> None:
     """out [nh*d] <- softmax(q . k_j / sqrt(d), j = 0..pos) . v over ``k_cache``/``v_cache``
     [1, nkv, L, d]. Scratch: ``acc`` fp32 [nh * splits, d], ``m``, ``ls`` fp32 [nh * splits],
-    ``sem`` int32 [nh] zeros (left zero), splits = ``attention_splits(L, tile[0])``. ``prefetch``:
-    tensors sent to L2 (``prefetch_meta``; every program, those past the position too, after its wait)."""
+    ``sem`` int32 [nh] zeros (left zero), splits = ``attention_splits(L, tile[0])``."""
     d, nkv, L = k_cache.shape[-1], k_cache.shape[1], k_cache.shape[2]
     nh = q.numel() // d
     split_n, warps = tile
@@ -990,13 +918,12 @@ def attention(q, k_cache, v_cache, pos, out, acc, m, ls, sem, *, tile=(32, 4), p
             q, k_cache, v_cache, pos, out, acc, m, ls, sem, L,
             k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
             GROUP=nh // nkv, SCALE_LOG2=d ** -0.5 * LOG2E.value, D=d, SPLIT_N=split_n, NUM_SPLITS=splits,
-            SPLITS_P2=triton.next_power_of_2(splits), **prefetch_meta(prefetch, nh * splits, q), clock=clock,
-            USE_PDL=pdl, EMU=emulates_bf16_rne(q.dtype))
+            SPLITS_P2=triton.next_power_of_2(splits), clock=clock, USE_PDL=pdl, EMU=emulates_bf16_rne(q.dtype))
 
 
 @launches(_down_kernel)
 def down_residual(act, w, h, *, experts=None, ids=None, wts=None, tile=(4, 4), pdl: bool = False,
-                  clock: Optional[Clock] = None, prefetch: tuple = ()) -> None:
+                  clock: Optional[Clock] = None) -> None:
     """h [H] <- h + y, y the vendor's rounding of a down projection whose input is cut into the
     rows of ``act`` [P + k, I]: rows p < P are parts of one input times ``w`` [H, P*I] (columns
     [p*I, (p+1)*I): o_proj, a dense or the shared down_proj), summed in fp32 and rounded once; with
@@ -1004,8 +931,7 @@ def down_residual(act, w, h, *, experts=None, ids=None, wts=None, tile=(4, 4), p
     ids[j]'s input: routed = sum_j wts[j] * round(experts[ids[j]] @ act[P + j]) (fp32 sum, rounded)
     and y = round(routed + round(shared)). ``tile[0]``: output rows per tile, one program each
     holding all P + k slots of its rows (no scratch). The ids and weights are the router's (two
-    launches back: complete before the previous launch's wait), read before this kernel's wait.
-    ``prefetch``: tensors sent to L2 after the wait (``prefetch_meta``)."""
+    launches back: complete before the previous launch's wait), read before this kernel's wait."""
     top_k = ids.numel() if experts is not None else 0
     inter = act.shape[1]
     parts = w.shape[1] // inter
@@ -1021,7 +947,7 @@ def down_residual(act, w, h, *, experts=None, ids=None, wts=None, tile=(4, 4), p
             SP2=triton.next_power_of_2(top_k + parts), BLOCK_N=block_n,
             ALIGNED=top_k > 0 and aligned16((ew, w), (ew.stride(0), ew.stride(1), w.stride(0), inter)),
             PACKED=packed_pairs(act, ew, w, strides=(act.stride(0), stride_we, stride_wn, w.stride(0), inter)),
-            **prefetch_meta(prefetch, tiles(H, block_n), h), clock=clock, USE_PDL=pdl, EMU=emulates_bf16_rne(h.dtype))
+            clock=clock, USE_PDL=pdl, EMU=emulates_bf16_rne(h.dtype))
 
 
 def packed_pairs(*tensors, strides: tuple, compiled: bool = not INTERPRETED) -> bool:
@@ -1046,7 +972,7 @@ def _choice_launch(n_exp: int, top_k: int, norm_topk: bool, scale: float, forced
 
 @launches(_router_kernel)
 def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk: bool, scale: float, *,
-          forced=None, tile=(2, 2), pdl: bool = False, clock: Optional[Clock] = None, prefetch: tuple = ()) -> None:
+          forced=None, tile=(2, 2), pdl: bool = False, clock: Optional[Clock] = None) -> None:
     """The MoE router of one token: xn [H] <- RMSNorm(h); fp32 logits [E] = w [E, H] @ xn; ids
     int64 [k] and wts fp32 [k] <- the top-k softmax probabilities (descending, ties to the lowest
     index), renormalised if ``norm_topk``, times ``scale``. ``sem`` int32 [1] zero (left zero).
@@ -1054,7 +980,7 @@ def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk
     (table int64 [rows, P, layers, k], pos int64 [1], layer): the experts are table[0, min(pos, P-1),
     layer] with their softmax probabilities instead of the top-k. With ``tile[0]`` >= E one program
     holds every gate row and chooses without the semaphore (``sem`` untouched); else the last program
-    to store its logits chooses. ``prefetch``: tensors sent to L2 after the wait (``prefetch_meta``)."""
+    to store its logits chooses."""
     H, E = h.numel(), w.shape[0]
     ha, hb = k_parts(H)
     rows, warps = tile
@@ -1062,8 +988,7 @@ def route(h, ln, w, xn, logits, sem, ids, wts, eps: float, top_k: int, norm_topk
     _launch(_router_kernel, (triton.cdiv(E, rows),), warps, pdl,
             h, ln, w, xn, logits, sem, ids, wts, *sel_args, w.stride(0),
             H=H, HA=ha, HB=hb, ROWS=rows, **sel_meta, EPS=float(eps),
-            SINGLE=triton.cdiv(E, rows) == 1, **prefetch_meta(prefetch, triton.cdiv(E, rows), h), clock=clock,
-            USE_PDL=pdl,
+            SINGLE=triton.cdiv(E, rows) == 1, clock=clock, USE_PDL=pdl,
             EMU=emulates_bf16_rne(xn.dtype))
 
 
