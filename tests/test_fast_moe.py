@@ -443,9 +443,12 @@ def test_rows_kernel_tiles_cover_ragged_reduction_lengths():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rows_kernels_run_the_shared_expert_as_extra_rows(dtype):
-    """With ``shared``, the per-row kernels return routed + shared(x) (the shared expert, width S = 2I,
-    as the vendor SwiGLU, each rounded to x's dtype before the add): fp32 to 1e-5; bf16 within one
-    rounding of the two-launch path. A width that is no multiple of I, a bigger batch or tiles are refused."""
+    """With ``shared``, the per-row kernels (T = 1, 2: T*k <= 16) and above them the blocked kernels
+    (T = 9, 40: the shared expert's 2 parts as pseudo-experts 8 and 9) return routed + shared(x) (the
+    shared expert, width S = 2I, as the vendor SwiGLU, each rounded to x's dtype before the add):
+    fp32 to 1e-5 against the torch path plus the module; bf16 within one rounding. A width that is no
+    multiple of I, or more rows with the parts than the alignment kernel holds (206 x 5 = 1,030), are
+    refused; ``folds_shared`` at that boundary (204 x 5 = 1,020 rows fold, 205 x 5 = 1,025 do not)."""
     ok, why = triton_available(TRITON_DEVICE)
     if not ok:
         pytest.skip(why)
@@ -459,20 +462,22 @@ def test_rows_kernels_run_the_shared_expert_as_extra_rows(dtype):
     torch.manual_seed(0)
     sh = SwiGLU(H, 2 * I).to(TRITON_DEVICE, dtype)
     gate_up = torch.cat([sh.gate_proj.weight, sh.up_proj.weight]).detach()
-    for T in (1, 2):
+    for T in (1, 2, 9, 40):     # per-row kernels; above decode size the blocked ones (parts as pseudo-experts)
         x = torch.randn(T, H, generator=gen).to(TRITON_DEVICE, dtype)
         ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)]).to(TRITON_DEVICE)
         w = torch.rand(T, k, generator=gen).to(TRITON_DEVICE)
         with torch.no_grad():
-            ref = fm.routed_experts(x, ids, w, weights, "triton") + sh(x)
+            ref = fm.routed_experts(x, ids, w, weights, "torch") + sh(x)
             got = fm.routed_experts(x, ids, w, weights, "triton", shared=(gate_up, sh.down_proj.weight))
         tol = 1e-5 if dtype == torch.float32 else 2e-2
-        assert float((got.float() - ref.float()).norm() / ref.float().norm()) <= tol
+        assert float((got.float() - ref.float()).norm() / ref.float().norm()) <= tol, T
         assert got.dtype == dtype and got.shape == (T, H)
     with pytest.raises(HarnessError, match="multiple of the width"):
         fmt.routed_experts_rows(x, ids, w, weights, shared=(gate_up[:, :H][: 2 * 30], sh.down_proj.weight[:, :30]))
-    x9 = torch.randn(9, H).to(TRITON_DEVICE, dtype)
-    ids9 = torch.stack([torch.randperm(E)[:k] for _ in range(9)]).to(TRITON_DEVICE)
-    with pytest.raises(HarnessError, match="folds into impl=triton"):
-        fm.routed_experts(x9, ids9, torch.rand(9, k).to(TRITON_DEVICE), weights, "triton",
+    assert fm.folds_shared("triton", 204, 3, 2) and not fm.folds_shared("triton", 205, 3, 2)   # 1,020; 1,025 rows
+    assert not fm.folds_shared("grouped_mm", 1, 3, 2) and fm.folds_shared("triton", 5, 3, 300)  # 15 rows: per-row
+    xb = torch.randn(206, H).to(TRITON_DEVICE, dtype)
+    idsb = torch.stack([torch.randperm(E)[:k] for _ in range(206)]).to(TRITON_DEVICE)
+    with pytest.raises(HarnessError, match=r"up to 1024 rows with its parts \(shared_rows\); got 206 tokens x \(3 \+ 2\)"):
+        fm.routed_experts(xb, idsb, torch.rand(206, k).to(TRITON_DEVICE), weights, "triton",
                           shared=(gate_up, sh.down_proj.weight))

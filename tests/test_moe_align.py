@@ -74,6 +74,30 @@ def test_align_kernel_counts_at_the_device_step():
     assert torch.equal(buf.cpu(), want)
 
 
+def test_align_kernel_shared_parts_are_pseudo_experts_never_counted():
+    """``shared_parts`` P: token t's rows t*(k + P) + k + p belong to expert E + p. Hand case: 3 tokens,
+    k = 2 of E = 4, P = 2, blocks of 4: rows (flat t*4 + j) 0:2 1:0 | 4:2 5:1 | 8:0 9:2 and the shared
+    rows 2, 6, 10 (expert 4) and 3, 7, 11 (expert 5); padding holds 12. Expert 0: rows 1, 8; 1: 5;
+    2: 0, 4, 9; 3: none; 4: 2, 6, 10; 5: 3, 7, 11. The count adds the routed experts only (1 block each
+    of 0, 1, 2, 4, 5 = 20 padded rows). The same layout as the torch alignment of the ids with the
+    pseudo-experts written out, at a batch-32 size too."""
+    from harness.kernels.moe_align_triton import align_rows
+
+    ids = torch.tensor([[2, 0], [2, 1], [0, 2]], device=DEV)
+    buf = torch.zeros(2, 1, 4, dtype=torch.int64, device=DEV)
+    al = align_rows(ids, 4, 4, counts=(buf, torch.zeros(1, dtype=torch.int64, device=DEV), 0), shared_parts=2)
+    pad = 12
+    assert al.num_rows == 12 and al.num_padded.tolist() == [20]
+    assert al.sorted_rows.tolist()[:20] == [1, 8, pad, pad, 5, pad, pad, pad, 0, 4, 9, pad, 2, 6, 10, pad,
+                                            3, 7, 11, pad]
+    assert al.block_expert.tolist()[:5] == [0, 1, 2, 4, 5]
+    assert buf[0, 0].tolist() == [2, 1, 3, 0] and int(buf[1].sum()) == 0
+    for T, k, E, block_m, parts in ((3, 2, 4, 4, 2), (32, 6, 64, 16, 2), (5, 1, 3, 16, 1)):
+        ids = _random_ids(T, k, E, seed=T + k)
+        written = torch.cat([ids, (E + torch.arange(parts, device=DEV)).expand(T, parts)], dim=1)
+        _same(align_rows(ids, E, block_m, shared_parts=parts), align_rows_to_blocks(written, E + parts, block_m))
+
+
 def test_align_kernel_refuses():
     from harness.kernels.moe_align_triton import ALIGN_KERNEL_MAX_ROWS, align_rows
 

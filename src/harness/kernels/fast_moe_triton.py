@@ -52,8 +52,8 @@ def _block_rows(sorted_rows_ptr, block_expert_ptr, pid_m, num_rows, BLOCK_M: tl.
 
 @triton.jit
 def _gate_up_silu_kernel(
-    x_ptr, w_ptr, h_ptr, sorted_rows_ptr, block_expert_ptr, num_padded_ptr,
-    num_rows, top_k, hidden, inter,
+    x_ptr, w_ptr, sw_ptr, h_ptr, sorted_rows_ptr, block_expert_ptr, num_padded_ptr,
+    num_rows, slots, hidden, inter, n_routed, s_inter,
     stride_xt, stride_xh, stride_we, stride_wn, stride_wh, stride_hm, stride_hi,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
@@ -64,13 +64,19 @@ def _gate_up_silu_kernel(
     if pid_m * BLOCK_M >= num_padded:
         return
     offs_m, rows, row_ok, expert = _block_rows(sorted_rows_ptr, block_expert_ptr, pid_m, num_rows, BLOCK_M)
-    tokens = (rows // top_k).to(tl.int64)
+    tokens = (rows // slots).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < inter
     offs_k = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + tokens[:, None] * stride_xt + offs_k[None, :] * stride_xh
-    wg_ptrs = w_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wh
-    wu_ptrs = wg_ptrs + inter * stride_wn
+    if expert < n_routed:           # a routed expert: gate rows [0, I), up rows [I, 2I) of its [2I, H]
+        w0 = w_ptr + expert * stride_we
+        up = inter
+    else:                           # shared part p: gate rows [pI, (p+1)I), up rows S + those of [2S, H]
+        w0 = sw_ptr + (expert - n_routed) * inter * stride_wn
+        up = s_inter
+    wg_ptrs = w0 + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wh
+    wu_ptrs = wg_ptrs + up * stride_wn
     acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(hidden, BLOCK_K)):
@@ -91,9 +97,9 @@ def _gate_up_silu_kernel(
 
 @triton.jit
 def _down_weighted_kernel(
-    h_ptr, w_ptr, out_ptr, topk_w_ptr, sorted_rows_ptr, block_expert_ptr, num_padded_ptr,
-    num_rows, hidden, inter,
-    stride_hm, stride_hi, stride_we, stride_wn, stride_wi, stride_om, stride_oh,
+    h_ptr, w_ptr, sw_ptr, out_ptr, topk_w_ptr, sorted_rows_ptr, block_expert_ptr, num_padded_ptr,
+    num_rows, hidden, inter, n_routed, top_k, slots,
+    stride_hm, stride_hi, stride_we, stride_wn, stride_wi, stride_sn, stride_om, stride_oh,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
 ):
@@ -107,7 +113,14 @@ def _down_weighted_kernel(
     n_ok = offs_n < hidden
     offs_k = tl.arange(0, BLOCK_K)
     h_ptrs = h_ptr + offs_m[:, None].to(tl.int64) * stride_hm + offs_k[None, :] * stride_hi
-    w_ptrs = w_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wi
+    routed = expert < n_routed
+    if routed:                      # a routed expert's down_proj [H, I]
+        w0 = w_ptr + expert * stride_we
+        sn = stride_wn
+    else:                           # shared part p: columns [pI, (p+1)I) of the shared down_proj [H, S]
+        w0 = sw_ptr + (expert - n_routed) * inter * stride_wi
+        sn = stride_sn
+    w_ptrs = w0 + offs_n[None, :] * sn + offs_k[:, None] * stride_wi
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(inter, BLOCK_K)):
         k_ok = offs_k < inter - kb * BLOCK_K
@@ -116,9 +129,13 @@ def _down_weighted_kernel(
         acc = _mma(a, b, acc, DOT_PRECISION, DOT_IN_FP32)
         h_ptrs += BLOCK_K * stride_hi
         w_ptrs += BLOCK_K * stride_wi
-    gate_w = tl.load(topk_w_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-    # down_proj's rounding to the activation dtype, then the vendor's fp32 weighting
-    y = rounded(acc, h_ptr.dtype.element_ty, EMULATE_BF16_RNE) * gate_w[:, None]
+    if routed:
+        # row t*slots + j's gate weight is topk_w[t, j]; down_proj's rounding to the activation dtype,
+        # then the vendor's fp32 weighting
+        gate_w = tl.load(topk_w_ptr + (rows // slots) * top_k + rows % slots, mask=row_ok, other=0.0).to(tl.float32)
+        y = rounded(acc, h_ptr.dtype.element_ty, EMULATE_BF16_RNE) * gate_w[:, None]
+    else:                           # a shared part: its fp32 partial, summed over the parts and rounded once
+        y = acc
     out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + offs_n[None, :] * stride_oh
     tl.store(out_ptrs, y, mask=row_ok[:, None] & n_ok[None, :])
 
@@ -127,7 +144,10 @@ def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch
                           weights, config: TritonMoEConfig | None = None, shared: tuple | None = None,
                           counts: tuple | None = None) -> torch.Tensor:
     """Routed-expert output [T, H] in x's dtype; see the module docstring. Inputs as ``fast_moe``.
-    ``shared`` (decode size only, see ``routed_experts_rows``) adds the shared expert's output.
+    ``shared`` = (gate_up [2S, H], down [H, S]) adds the shared expert's output (``shared_rows``): at
+    decode size as extra rows of ``routed_experts_rows``; above it as P = S / I pseudo-experts E .. E + P - 1
+    of the blocked kernels, every token a row of each (T*(k + P) <= ALIGN_KERNEL_MAX_ROWS), their down
+    rows fp32 partials summed and rounded once, as the rows path does (one GEMM over S rounds once).
     ``counts`` (only where ``counts_in_alignment``): (buffer, step index, layer) of
     ``moe_align_triton.align_rows``, which adds the routing count in the alignment's launch. Step 1
     is that kernel up to ALIGN_KERNEL_MAX_ROWS rows, torch beyond."""
@@ -140,10 +160,14 @@ def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch
                            f"{ROWS_KERNEL_MAX + 1} to {ALIGN_KERNEL_MAX_ROWS} routed rows; got {T * k}")
     if config is None and T * k <= ROWS_KERNEL_MAX:
         return routed_experts_rows(x, topk_ids, topk_w, weights, shared=shared)
-    if shared is not None:
-        raise HarnessError(f"the shared expert folds into impl=triton's per-row kernels only at decode size "
-                           f"(T*k <= {ROWS_KERNEL_MAX}, default tiles); got T*k = {T * k}")
     E, H, inter = weights.num_experts, weights.hidden, weights.inter
+    gu, dn = weights.gate_up, weights.down
+    parts = _shared_parts(shared, gu, dn) if shared is not None else 0
+    slots = k + parts
+    if shared is not None and T * slots > ALIGN_KERNEL_MAX_ROWS:
+        raise HarnessError(f"the shared expert folds into impl=triton's kernels up to {ALIGN_KERNEL_MAX_ROWS} rows "
+                           f"with its parts (shared_rows); got {T} tokens x ({k} + {parts}) = {T * slots}")
+    sgu, sdn = shared if shared is not None else (gu, dn)
     cfg = config or default_triton_config(T * k, E)
     for name in ("block_m", "block_n", "block_k"):
         size = getattr(cfg, name)
@@ -151,29 +175,53 @@ def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch
             raise HarnessError(f"TritonMoEConfig.{name}={size}: tl.dot needs a power of two >= 16")
     x = x.contiguous()
     topk_w32 = topk_w.contiguous()
-    al = align_rows(topk_ids, E, cfg.block_m, counts) if T * k <= ALIGN_KERNEL_MAX_ROWS else \
+    al = align_rows(topk_ids, E, cfg.block_m, counts, parts) if T * slots <= ALIGN_KERNEL_MAX_ROWS else \
         align_rows_to_blocks(topk_ids, E, cfg.block_m)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"   # fp32 inputs: no TF32 rounding
     dot_in_fp32 = INTERPRETED and x.dtype != torch.float32
     emulate_rne = emulates_bf16_rne(x.dtype)
     h = torch.empty(al.max_blocks * cfg.block_m, inter, dtype=x.dtype, device=x.device)
-    out_rows = torch.empty(T * k, H, dtype=torch.float32, device=x.device)
-    gu, dn = weights.gate_up, weights.down
+    out_rows = torch.empty(T * slots, H, dtype=torch.float32, device=x.device)
     grid_gate_up = (al.max_blocks, triton.cdiv(inter, cfg.block_n))
     _gate_up_silu_kernel[grid_gate_up](
-        x, gu, h, al.sorted_rows, al.block_expert, al.num_padded,
-        al.num_rows, k, H, inter,
+        x, gu, sgu, h, al.sorted_rows, al.block_expert, al.num_padded,
+        al.num_rows, slots, H, inter, E, parts * inter,
         x.stride(0), x.stride(1), gu.stride(0), gu.stride(1), gu.stride(2), h.stride(0), h.stride(1),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_PRECISION=precision,
         DOT_IN_FP32=dot_in_fp32, EMULATE_BF16_RNE=emulate_rne, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     grid_down = (al.max_blocks, triton.cdiv(H, cfg.block_n))
     _down_weighted_kernel[grid_down](
-        h, dn, out_rows, topk_w32, al.sorted_rows, al.block_expert, al.num_padded,
-        al.num_rows, H, inter,
-        h.stride(0), h.stride(1), dn.stride(0), dn.stride(1), dn.stride(2), out_rows.stride(0), out_rows.stride(1),
+        h, dn, sdn, out_rows, topk_w32, al.sorted_rows, al.block_expert, al.num_padded,
+        al.num_rows, H, inter, E, k, slots,
+        h.stride(0), h.stride(1), dn.stride(0), dn.stride(1), dn.stride(2), sdn.stride(0), out_rows.stride(0),
+        out_rows.stride(1),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_PRECISION=precision,
         DOT_IN_FP32=dot_in_fp32, EMULATE_BF16_RNE=emulate_rne, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return out_rows.view(T, k, H).sum(dim=1).to(x.dtype)
+    return _routed_plus_shared(out_rows.view(T, slots, H), k, x.dtype, shared is not None)
+
+
+def _routed_plus_shared(out: torch.Tensor, k: int, dtype: torch.dtype, shared: bool) -> torch.Tensor:
+    """[T, H] from the fp32 rows [T, slots, H]: the k weighted routed rows summed and rounded; with
+    ``shared``, plus the shared expert's fp32 partials (slots k ..) summed and rounded once (an fp32
+    GEMM's rounding), each rounded to ``dtype`` before the add, as ``MoE.forward`` adds them."""
+    routed = out[:, :k].sum(dim=1).to(dtype)
+    return routed + out[:, k:].sum(dim=1).to(dtype) if shared else routed
+
+
+def _shared_parts(shared: tuple, gu: torch.Tensor, dn: torch.Tensor) -> int:
+    """P = S / I of the shared expert (gate_up [2S, H], down [H, S]) over experts of width I (``gu``
+    [E, 2I, H], ``dn`` [E, H, I]), refused unless S is a multiple of I with the experts' dtype and the
+    experts' strides along H (gate/up) and I (down)."""
+    sgu, sdn = shared
+    inter, H = dn.shape[2], dn.shape[1]
+    s_inter = sdn.shape[1] if sdn.dim() == 2 else 0
+    if (not s_inter or s_inter % inter or tuple(sgu.shape) != (2 * s_inter, H) or sdn.shape[0] != H
+            or sgu.dtype != gu.dtype or sdn.dtype != gu.dtype or sgu.stride() != (gu.stride(1), gu.stride(2))
+            or sdn.stride(1) != dn.stride(2)):
+        raise HarnessError(f"shared weights {tuple(sgu.shape)}, {tuple(sdn.shape)} {sgu.dtype} do not fit experts of "
+                           f"width {inter}, hidden {H}, {gu.dtype} (need [2S, H], [H, S], S a multiple of the width, "
+                           "the experts' strides)")
+    return s_inter // inter
 
 
 # ------------------------------------------------------------------------------ decode-size batches
@@ -279,12 +327,7 @@ def routed_experts_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.T
     H, inter = weights.hidden, weights.inter
     gu, dn = weights.gate_up, weights.down
     sgu, sdn = shared if shared is not None else (gu, dn)
-    s_inter = sdn.shape[1] if shared is not None else 0
-    if shared is not None and (s_inter % inter or tuple(sgu.shape) != (2 * s_inter, H) or sdn.shape[0] != H
-                               or sgu.dtype != gu.dtype or sdn.dtype != gu.dtype):
-        raise HarnessError(f"routed_experts_rows: shared weights {tuple(sgu.shape)}, {tuple(sdn.shape)} {sgu.dtype} "
-                           f"do not fit experts of width {inter}, hidden {H}, {gu.dtype} (need [2S, H], [H, S], "
-                           "S a multiple of the width)")
+    s_inter = _shared_parts(shared, gu, dn) * inter if shared is not None else 0
     slots = k + s_inter // inter                # routed rows, then the shared expert's P parts
     x = x.contiguous()
     ids = topk_ids.reshape(-1).contiguous()
@@ -301,9 +344,4 @@ def routed_experts_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.T
         h, dn, sdn, out_rows, ids, w32, k, slots, H, h.stride(0), h.stride(1), dn.stride(0),
         dn.stride(1), dn.stride(2), sdn.stride(0), sdn.stride(1), out_rows.stride(0), out_rows.stride(1),
         INTER=inter, BLOCK_N=bn_d, BLOCK_K=bk_d, EMULATE_BF16_RNE=emulate_rne, num_warps=warps_d)
-    out = out_rows.view(T, slots, H)
-    routed = out[:, :k].sum(dim=1).to(x.dtype)
-    if shared is None:
-        return routed
-    # the shared down_proj: its P fp32 partials summed, then rounded once (an fp32 GEMM's rounding)
-    return routed + out[:, k:].sum(dim=1).to(x.dtype)
+    return _routed_plus_shared(out_rows.view(T, slots, H), k, x.dtype, shared is not None)

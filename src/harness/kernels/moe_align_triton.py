@@ -5,7 +5,10 @@ At decode sizes (T*k rows up to ``ALIGN_KERNEL_MAX_ROWS``) one program holds eve
 expert and writes what the torch path writes: ``sorted_rows`` (the rows sorted by (expert, flat
 row), each expert's padded to ``block_m``; padding = ``num_rows``), ``block_expert`` and
 ``num_padded``; with ``counts`` (``DeviceRouting.device_counts``: buffer int64 [steps + 1, layers, E]
-and the device step index) the per-expert counts added at row min(step, steps), layer ``layer``.
+and the device step index) the per-expert counts added at row min(step, steps), layer ``layer``. With
+``shared_parts`` P each token also gets P rows of the pseudo-experts E .. E + P - 1 (the layer's shared
+expert cut into parts of the expert width, ``fast_moe_triton.routed_experts_triton``): flat row t*(k + P) + j,
+made in the kernel (no extra launch) and never counted.
 Every output is an integer: equal to the torch path's, bit for bit (tests). No host sync and outputs
 from ``torch.empty``: callable inside torch.compile and CUDA-graph capture. Importing this module
 imports triton; ``TRITON_INTERPRET=1`` before the first import of ``common`` runs it on the CPU.
@@ -26,14 +29,17 @@ from .moe_blocks import ALIGN_KERNEL_MAX_ROWS, BlockAlignment
 
 @triton.jit
 def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, shift_ptr, counts_ptr, step_ptr,
-                  num_rows, n_exp, max_blocks, steps, n_layers, layer,
+                  num_rows, n_exp, max_blocks, steps, n_layers, layer, top_k, slots, n_routed,
                   BLOCK_M: tl.constexpr, ROWS: tl.constexpr, EXPERTS: tl.constexpr, BLOCKS: tl.constexpr,
                   HAS_COUNTS: tl.constexpr):
     offs_n = tl.arange(0, ROWS)
     n_ok = offs_n < num_rows
     offs_e = tl.arange(0, EXPERTS)
     e_ok = offs_e < n_exp
-    ids = tl.load(ids_ptr + offs_n, mask=n_ok, other=0).to(tl.int32)
+    j = offs_n % slots                                                   # row t*slots + j: slot j of token t
+    routed = j < top_k
+    ids = tl.load(ids_ptr + (offs_n // slots) * top_k + j, mask=n_ok & routed, other=0).to(tl.int32)
+    ids = tl.where(n_ok & (j >= top_k), n_routed + j - top_k, ids)      # the shared parts' pseudo-experts
     counts = tl.histogram(ids, EXPERTS)                                  # 1. padding rows counted as expert 0
     counts = tl.where(offs_e == 0, counts - (ROWS - num_rows), counts)
     padded = (counts + (BLOCK_M - 1)) // BLOCK_M * BLOCK_M               # 2.
@@ -55,18 +61,28 @@ def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, shift_p
     expert = tl.minimum(tl.sum(below.to(tl.int32), axis=1), n_exp - 1)
     tl.store(block_expert_ptr + tl.arange(0, BLOCKS), expert, mask=tl.arange(0, BLOCKS) < max_blocks)
     tl.store(num_padded_ptr, total)
-    if HAS_COUNTS:                                                       # 4.
-        at = counts_row(counts_ptr, step_ptr, steps, n_layers, layer, n_exp) + offs_e
-        tl.store(at, tl.load(at, mask=e_ok, other=0) + counts.to(tl.int64), mask=e_ok)
+    if HAS_COUNTS:                                                       # 4. the routed experts only
+        c_ok = offs_e < n_routed
+        at = counts_row(counts_ptr, step_ptr, steps, n_layers, layer, n_routed) + offs_e
+        tl.store(at, tl.load(at, mask=c_ok, other=0) + counts.to(tl.int64), mask=c_ok)
 
 
-def align_rows(topk_ids: torch.Tensor, num_experts: int, block_m: int, counts: tuple | None = None) -> BlockAlignment:
-    """``moe_blocks.align_rows_to_blocks`` of ``topk_ids`` [T, k] (T*k <= ``ALIGN_KERNEL_MAX_ROWS``) in one
-    launch; ``counts`` = (buffer int64 [steps + 1, layers, E] contiguous, step index int64 [1], layer):
-    the rows per expert added at (min(step, steps), layer) of the buffer, on the device."""
+def align_rows(topk_ids: torch.Tensor, num_experts: int, block_m: int, counts: tuple | None = None,
+               shared_parts: int = 0) -> BlockAlignment:
+    """``moe_blocks.align_rows_to_blocks`` of ``topk_ids`` [T, k] (T*(k + ``shared_parts``) <=
+    ``ALIGN_KERNEL_MAX_ROWS``) in one launch; ``counts`` = (buffer int64 [steps + 1, layers, E] contiguous,
+    step index int64 [1], layer): the rows per routed expert added at (min(step, steps), layer) of the
+    buffer, on the device. ``shared_parts`` P: token t's rows t*(k + P) + k + p belong to the pseudo-expert
+    E + p (``num_experts`` stays E, the routed experts; the alignment's experts are E + P)."""
     check_runnable(topk_ids)
-    flat = topk_ids.reshape(-1)
-    num_rows = flat.numel()
+    if topk_ids.dim() != 2 or shared_parts < 0:
+        raise HarnessError(f"align_rows: topk_ids [T, k] and shared_parts >= 0 expected, got {tuple(topk_ids.shape)}, "
+                           f"{shared_parts}")
+    flat = topk_ids.contiguous()
+    T, k = flat.shape
+    slots = k + shared_parts
+    num_rows = T * slots
+    num_routed, num_experts = num_experts, num_experts + shared_parts
     if not 1 <= num_rows <= ALIGN_KERNEL_MAX_ROWS or block_m < 1:
         raise HarnessError(f"align_rows: 1 to {ALIGN_KERNEL_MAX_ROWS} routed rows and block_m >= 1, got "
                            f"{num_rows} rows, block_m {block_m}")
@@ -79,14 +95,14 @@ def align_rows(topk_ids: torch.Tensor, num_experts: int, block_m: int, counts: t
     shift = torch.empty(experts_pow2, dtype=torch.int32, device=dev)
     if counts is not None:
         buf, step, layer = counts
-        check_counts("align_rows", buf, step, layer, num_experts, dev)
+        check_counts("align_rows", buf, step, layer, num_routed, dev)
     else:
         buf, step, layer = num_padded, num_padded, 0
     rows_pow2 = triton.next_power_of_2(num_rows)
     _align_kernel[(1,)](
         flat, sorted_rows, block_expert, num_padded, shift, buf, step,
         num_rows, num_experts, max_blocks, buf.shape[0] - 1 if counts is not None else 0,
-        buf.shape[1] if counts is not None else 1, layer,
+        buf.shape[1] if counts is not None else 1, layer, k, slots, num_routed,
         BLOCK_M=block_m, ROWS=rows_pow2, EXPERTS=experts_pow2, BLOCKS=triton.next_power_of_2(max_blocks),
         HAS_COUNTS=counts is not None, num_warps=4)
     return BlockAlignment(sorted_rows=sorted_rows, block_expert=block_expert, num_padded=num_padded,

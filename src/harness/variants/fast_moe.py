@@ -50,7 +50,8 @@ from torch import nn
 
 from ..errors import HarnessError
 from ..kernels.availability import triton_available
-from ..kernels.moe_blocks import (ROWS_KERNEL_MAX, BlockAlignment, TritonMoEConfig,  # noqa: F401 (re-exported)
+from ..kernels.moe_blocks import (ALIGN_KERNEL_MAX_ROWS, ROWS_KERNEL_MAX, BlockAlignment,  # noqa: F401 (re-exported)
+                                  TritonMoEConfig,
                                   align_rows_to_blocks, counts_in_alignment, default_triton_config, expert_counts)
 
 IMPLEMENTATIONS = ("torch", "grouped_mm", "triton")
@@ -187,10 +188,12 @@ def combine_rows(rows: torch.Tensor, topk_w: torch.Tensor, out_dtype: torch.dtyp
     return rows.view(T, k, -1).to(topk_w.dtype).mul_(topk_w.unsqueeze(-1)).sum(dim=1).to(out_dtype)
 
 
-def folds_shared(impl: str, routed_rows: int) -> bool:
-    """Whether ``routed_experts(..., shared=...)`` can run the shared expert inside the routed kernels:
-    impl triton with ``routed_rows`` = T*k <= ROWS_KERNEL_MAX (the per-row decode kernels)."""
-    return impl == "triton" and routed_rows <= ROWS_KERNEL_MAX
+def folds_shared(impl: str, tokens: int, k: int, parts: int) -> bool:
+    """Whether ``routed_experts(..., shared=...)`` can run the shared expert (``parts`` = its width over the
+    expert width) inside the routed kernels of ``tokens`` tokens with ``k`` experts each: impl triton, as
+    extra rows of the per-row decode kernels (T*k <= ROWS_KERNEL_MAX) or as pseudo-experts of the blocked
+    kernels while the alignment kernel holds every row (T*(k + parts) <= ALIGN_KERNEL_MAX_ROWS)."""
+    return impl == "triton" and (tokens * k <= ROWS_KERNEL_MAX or tokens * (k + parts) <= ALIGN_KERNEL_MAX_ROWS)
 
 
 def counts_routing(impl: str, routed_rows: int) -> bool:
@@ -208,6 +211,7 @@ def routed_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
     ``torch_strategy`` applies to ``impl="torch"``; ``triton_config`` (a ``TritonMoEConfig``, None
     for ``default_triton_config``) to ``impl="triton"``. ``shared`` = (gate_up [2S, H], down [H, S])
     of the layer's shared expert, only where ``folds_shared``: the output is then routed + shared(x).
+    ``counts`` and ``shared`` go together above decode size (the alignment kernel counts the routed rows only).
     ``counts`` = (buffer [steps + 1, layers, E], step index [1], layer), only where ``counts_routing``:
     the rows per expert are added there in the kernels (``DeviceRouting.device_counts``).
     """

@@ -44,17 +44,21 @@ class GroupedMoE(Variant, MoE):
                 else:                       # in the Triton alignment kernel, at the device step index
                     counts = (*counts, self.layer_idx)
         sh = self.shared_experts
-        if self.shares_kernels(idx.numel()):
-            return routed_experts(x.reshape(-1, shape[-1]), idx, w, self.experts_stacked, self.kernel,
+        if self.shares_kernels(*idx.shape):
+            return routed_experts(x.reshape(-1, shape[-1]), idx, w, self.experts_stacked, self.kernel, counts=counts,
                                   shared=(sh.gate_up_weight, sh.down_proj.weight)).view(*shape)
         y = routed_experts(x.reshape(-1, shape[-1]), idx, w, self.experts_stacked, self.kernel, counts=counts)
         return y.view(*shape) + self.shared_experts(x)
 
-    def shares_kernels(self, routed_rows: int) -> bool:
-        """Whether the shared expert runs as extra rows of the routed kernels (``fast_moe.folds_shared``:
-        moe kernel triton at decode size) rather than as its own GEMVs: with linear_impl=fused, whose
-        fused gate/up weight those kernels read."""
-        return isinstance(self.shared_experts, FusedSwiGLU) and folds_shared(self.kernel, routed_rows)
+    def shares_kernels(self, tokens: int, k: int) -> bool:
+        """Whether the shared expert runs inside the routed kernels of ``tokens`` x ``k`` rows
+        (``fast_moe.folds_shared``: moe kernel triton, as extra rows at decode size, as pseudo-experts up to
+        the alignment kernel's rows) rather than as its own GEMMs: with linear_impl=fused, whose fused
+        gate/up weight those kernels read."""
+        if not isinstance(self.shared_experts, FusedSwiGLU):
+            return False
+        parts = self.shared_experts.down_proj.weight.shape[1] // self.experts_stacked.inter
+        return folds_shared(self.kernel, tokens, k, parts)
 
 
 def resolve_kernel(ex, device: torch.device, dtype: torch.dtype) -> tuple:
