@@ -66,6 +66,9 @@ CASES = {  # name: (B, nh, nkv, L, d, pos, config, scale)
     "model-shape": (1, 10, 10, 448, 128, 413, Cfg(), None),                   # default: 14 splits of 32 keys
     # 8 programs from wide_from = 8: 32-key tiles
     "wide": (2, 4, 4, 100, 32, 70, Cfg(block_n=16, wide_from=8, wide_block_n=32, wide_warps=2), None),
+    # the software-pipelined loop: 7 blocks in 2 splits (4 + 3), and one split of all 7
+    "pipelined": (1, 2, 2, 100, 16, 99, Cfg(block_n=16, num_splits=2, stages=3), None),
+    "pipelined-one-split": (2, 4, 2, 100, 16, 60, Cfg(block_n=16, num_splits=1, stages=2), 0.2),
 }
 
 
@@ -138,6 +141,8 @@ def test_bad_inputs_are_refused():
         dat.decode_attention(torch.zeros(1, 3, 1, 16), k, v, torch.tensor([3]))
     with pytest.raises(HarnessError, match="block_n=48"):
         dat.decode_attention(q, k, v, torch.tensor([3]), config=Cfg(block_n=48))
+    with pytest.raises(HarnessError, match=r"stages=1: 0 \(one tile at a time\) or 2-6"):
+        dat.decode_attention(q, k, v, torch.tensor([3]), config=Cfg(stages=1))
     with pytest.raises(HarnessError, match="sem must be int32"):
         dat.decode_attention(q, k, v, torch.tensor([3]), sem=torch.zeros(1, dtype=torch.int32))
 

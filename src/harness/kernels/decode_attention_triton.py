@@ -36,7 +36,10 @@ class DecodeAttentionConfig:
     """Tiles of ``decode_attention``: ``block_n`` keys per tile (a power of two), ``num_splits``
     (None: enough splits for about ``target_programs`` programs in all), ``num_warps``; from
     ``wide_from`` programs per split on, ``wide_block_n`` keys per tile with ``wide_warps`` warps
-    (``for_programs``). How the defaults were measured: ``docs/kernels/decode_attention_triton.md``.
+    (``for_programs``). ``stages``: 0, each program loads a tile and reduces it before it loads the
+    next; 2-6, its tiles stream through Triton's software pipeline with that many stages (stages - 1
+    tiles in flight while one is reduced). How the defaults were measured:
+    ``docs/kernels/decode_attention_triton.md``.
     """
 
     block_n: int = 32
@@ -46,6 +49,7 @@ class DecodeAttentionConfig:
     wide_from: Optional[int] = 80
     wide_block_n: int = 64
     wide_warps: int = 2
+    stages: int = 0
 
     def for_programs(self, bh: int) -> "DecodeAttentionConfig":
         """The tiles a launch of ``bh`` = B*nh programs per split runs: from ``wide_from`` programs on
@@ -74,6 +78,9 @@ class DecodeAttentionConfig:
         if not wide_ok or self.wide_warps not in (1, 2, 4, 8, 16):
             raise HarnessError(f"DecodeAttentionConfig.wide_block_n={self.wide_block_n}, wide_warps={self.wide_warps}: "
                                "a power of two and one of 1, 2, 4, 8, 16")
+        if self.stages not in (0, 2, 3, 4, 5, 6):
+            raise HarnessError(f"DecodeAttentionConfig.stages={self.stages}: 0 (one tile at a time) or 2-6 "
+                               "(software-pipelined stages)")
         if self.num_splits is not None and self.num_splits < 1:
             raise HarnessError(f"DecodeAttentionConfig.num_splits={self.num_splits}: must be >= 1 (or None)")
 
@@ -95,11 +102,26 @@ def _combine(ACC, M, LS, O, bh, b, h, s_ob, s_oh, D: tl.constexpr, NUM_SPLITS: t
 
 
 @triton.jit
+def _attend_tile(q, k_tile, v_tile, first, n_keys, offs_n, s_kn, s_vn, m_i, l_i, acc):
+    """The online softmax over the keys [first, first + BLOCK_N) below ``n_keys``: (m, l, acc) updated."""
+    ok = first + offs_n < n_keys
+    k = tl.load(k_tile + first * s_kn, mask=ok[:, None], other=0.0).to(tl.float32)
+    s = tl.where(ok, tl.sum(k * q[None, :], 1), float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 0))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new)                                    # exactly 0 for masked keys
+    v = tl.load(v_tile + first * s_vn, mask=ok[:, None], other=0.0).to(tl.float32)
+    acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+    l_i = l_i * alpha + tl.sum(p, 0)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _split_kernel(Q, K, V, POS, O, ACC, M, LS, SEM, heads, group, L,
                   s_qb, s_qh, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ob, s_oh,
                   SCALE_LOG2: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCKS_PER_SPLIT: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-                  LAST_COMBINES: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr):
+                  LAST_COMBINES: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr, STAGES: tl.constexpr):
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = (bh // heads).to(tl.int64)
@@ -117,18 +139,14 @@ def _split_kernel(Q, K, V, POS, O, ACC, M, LS, SEM, heads, group, L,
     m_i = tl.full([1], float("-inf"), tl.float32)
     l_i = tl.zeros([1], tl.float32)
     acc = tl.zeros([D], tl.float32)
-    for i in range(0, n_blocks):
-        first = start + i * BLOCK_N
-        ok = first + offs_n < n_keys
-        k = tl.load(k_tile + first * s_kn, mask=ok[:, None], other=0.0).to(tl.float32)
-        s = tl.where(ok, tl.sum(k * q[None, :], 1), float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new)                                    # exactly 0 for masked keys
-        v = tl.load(v_tile + first * s_vn, mask=ok[:, None], other=0.0).to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
-        l_i = l_i * alpha + tl.sum(p, 0)
-        m_i = m_new
+    if STAGES == 0:                                               # one tile at a time
+        for i in range(0, n_blocks):
+            m_i, l_i, acc = _attend_tile(q, k_tile, v_tile, start + i * BLOCK_N, n_keys, offs_n, s_kn, s_vn, m_i,
+                                         l_i, acc)
+    else:                                                         # STAGES - 1 tiles in flight
+        for i in tl.range(0, n_blocks, num_stages=STAGES):
+            m_i, l_i, acc = _attend_tile(q, k_tile, v_tile, start + i * BLOCK_N, n_keys, offs_n, s_kn, s_vn, m_i,
+                                         l_i, acc)
     if NUM_SPLITS == 1:
         out = rne(acc / l_i, EMULATE_BF16_RNE)
         tl.store(O + b * s_ob + h * s_oh + offs_d, out.to(O.dtype.element_ty))
@@ -211,7 +229,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1),
         SCALE_LOG2=scale_log2, D=D, BLOCK_N=config.block_n, BLOCKS_PER_SPLIT=per, NUM_SPLITS=splits,
-        SPLITS_P2=splits_p2, LAST_COMBINES=last_combines, EMULATE_BF16_RNE=emulate_rne, num_warps=config.num_warps)
+        SPLITS_P2=splits_p2, LAST_COMBINES=last_combines, EMULATE_BF16_RNE=emulate_rne, STAGES=config.stages,
+        num_warps=config.num_warps)
     if splits > 1 and not last_combines:
         _combine_kernel[(B * nh,)](
             acc, m, ls, out, nh, out.stride(0), out.stride(1),
@@ -225,6 +244,10 @@ def bench_configs() -> list:
     then block_n x split counts at 4 warps, then 2 and 8 warps at the default splits (none spills
     registers on sm90: ``docs/kernels/decode_attention_triton.md``)."""
     out = [DecodeAttentionConfig()]
+    for stages in (2, 3, 4):                                      # the default's tiles, software-pipelined
+        out.append(DecodeAttentionConfig(stages=stages))
+        for bn, warps in ((32, 2), (64, 4)):
+            out.append(DecodeAttentionConfig(stages=stages, wide_block_n=bn, wide_warps=warps))
     for bn in (32, 64, 128):
         for splits in (None, 1, 2, 4, 8, 14):
             out.append(DecodeAttentionConfig(block_n=bn, num_splits=splits, wide_from=None))
