@@ -66,6 +66,9 @@ CASES = {  # name: (B, nh, nkv, L, d, pos, config, scale)
     "model-shape": (1, 10, 10, 448, 128, 413, Cfg(), None),                   # default: 14 splits of 32 keys
     # 8 programs from wide_from = 8: 32-key tiles
     "wide": (2, 4, 4, 100, 32, 70, Cfg(block_n=16, wide_from=8, wide_block_n=32, wide_warps=2), None),
+    # 8 programs from deep_from = 8: 16-key tiles through 2 stages, 7 blocks in one split
+    "deep": (2, 4, 4, 100, 32, 99, Cfg(block_n=64, deep_from=8, deep_block_n=16, deep_warps=2, deep_stages=2,
+                                       num_splits=1), None),
     # the software-pipelined loop: 7 blocks in 2 splits (4 + 3), and one split of all 7
     "pipelined": (1, 2, 2, 100, 16, 99, Cfg(block_n=16, num_splits=2, stages=3), None),
     "pipelined-one-split": (2, 4, 2, 100, 16, 60, Cfg(block_n=16, num_splits=1, stages=2), 0.2),
@@ -113,7 +116,21 @@ def test_wide_launches_take_the_wide_tiles():
     b8 = Cfg().for_programs(80)
     assert (b8.block_n, b8.num_warps, b8.splits(80, 448)) == (64, 2, (4, 2))
     assert Cfg().for_programs(79) == Cfg() and Cfg().for_programs(79).splits(79, 448) == (4, 4)   # 264 / 79 -> 4
-    assert Cfg(wide_from=None).for_programs(10_000) == Cfg(wide_from=None)
+    assert Cfg(wide_from=None, deep_from=None).for_programs(10_000) == Cfg(wide_from=None, deep_from=None)
+
+
+def test_deep_launches_take_the_pipelined_tiles():
+    """From 1,280 programs (B = 128 at 10 heads) the default runs 32 keys per tile with 2 warps through 3
+    pipeline stages, in one split (14 blocks of a 448-position cache: 264 / 1,280 -> 1 wanted); at 1,279
+    the wide tiles, unpipelined; with deep_from None the wide tiles at any size. A bad deep tile is refused."""
+    deep = Cfg().for_programs(1280)
+    assert (deep.block_n, deep.num_warps, deep.stages, deep.splits(1280, 448)) == (32, 2, 3, (1, 14))
+    wide = Cfg().for_programs(1279)
+    assert (wide.block_n, wide.num_warps, wide.stages) == (64, 2, 0)
+    assert Cfg(deep_from=None).for_programs(10_000).block_n == 64
+    for bad, match in ((Cfg(deep_stages=1), "deep_stages=1"), (Cfg(deep_block_n=48), "deep_block_n=48")):
+        with pytest.raises(HarnessError, match=match):
+            bad.check()
 
 
 @pytest.mark.parametrize("bh,L,block_n,want", [

@@ -36,8 +36,9 @@ class DecodeAttentionConfig:
     """Tiles of ``decode_attention``: ``block_n`` keys per tile (a power of two), ``num_splits``
     (None: enough splits for about ``target_programs`` programs in all), ``num_warps``; from
     ``wide_from`` programs per split on, ``wide_block_n`` keys per tile with ``wide_warps`` warps
-    (``for_programs``). ``stages``: 0, each program loads a tile and reduces it before it loads the
-    next; 2-6, its tiles stream through Triton's software pipeline with that many stages (stages - 1
+    (``for_programs``), and from ``deep_from`` programs on ``deep_block_n`` keys with ``deep_warps``
+    warps and ``deep_stages``. ``stages``: 0, each program loads a tile and reduces it before it loads
+    the next; 2-6, its tiles stream through Triton's software pipeline with that many stages (stages - 1
     tiles in flight while one is reduced). How the defaults were measured:
     ``docs/kernels/decode_attention_triton.md``.
     """
@@ -50,14 +51,23 @@ class DecodeAttentionConfig:
     wide_block_n: int = 64
     wide_warps: int = 2
     stages: int = 0
+    deep_from: Optional[int] = 1280
+    deep_block_n: int = 32
+    deep_warps: int = 2
+    deep_stages: int = 3
 
     def for_programs(self, bh: int) -> "DecodeAttentionConfig":
-        """The tiles a launch of ``bh`` = B*nh programs per split runs: from ``wide_from`` programs on
-        (B >= 8 at 10 heads) ``wide_block_n`` keys per tile with ``wide_warps`` warps, else this config
-        (``wide_from`` None: always this config)."""
+        """The tiles a launch of ``bh`` = B*nh programs per split runs: from ``deep_from`` programs on
+        (B >= 128 at 10 heads) ``deep_block_n`` keys per tile with ``deep_warps`` warps through
+        ``deep_stages`` pipeline stages; from ``wide_from`` (B >= 8) ``wide_block_n`` keys with
+        ``wide_warps`` warps; else this config (either threshold None: that tier never)."""
+        if self.deep_from is not None and bh >= self.deep_from:
+            return dataclasses.replace(self, block_n=self.deep_block_n, num_warps=self.deep_warps,
+                                       stages=self.deep_stages, wide_from=None, deep_from=None)
         if self.wide_from is None or bh < self.wide_from:
             return self
-        return dataclasses.replace(self, block_n=self.wide_block_n, num_warps=self.wide_warps, wide_from=None)
+        return dataclasses.replace(self, block_n=self.wide_block_n, num_warps=self.wide_warps, wide_from=None,
+                                   deep_from=None)
 
     def splits(self, bh: int, L: int) -> tuple:
         """(NUM_SPLITS, BLOCKS_PER_SPLIT) for ``bh`` = B*nh programs per split and L cache positions:
@@ -78,9 +88,14 @@ class DecodeAttentionConfig:
         if not wide_ok or self.wide_warps not in (1, 2, 4, 8, 16):
             raise HarnessError(f"DecodeAttentionConfig.wide_block_n={self.wide_block_n}, wide_warps={self.wide_warps}: "
                                "a power of two and one of 1, 2, 4, 8, 16")
-        if self.stages not in (0, 2, 3, 4, 5, 6):
-            raise HarnessError(f"DecodeAttentionConfig.stages={self.stages}: 0 (one tile at a time) or 2-6 "
-                               "(software-pipelined stages)")
+        for name in ("stages", "deep_stages"):
+            if getattr(self, name) not in (0, 2, 3, 4, 5, 6):
+                raise HarnessError(f"DecodeAttentionConfig.{name}={getattr(self, name)}: 0 (one tile at a time) or "
+                                   "2-6 (software-pipelined stages)")
+        deep_ok = self.deep_block_n >= 1 and not self.deep_block_n & (self.deep_block_n - 1)
+        if not deep_ok or self.deep_warps not in (1, 2, 4, 8, 16):
+            raise HarnessError(f"DecodeAttentionConfig.deep_block_n={self.deep_block_n}, deep_warps={self.deep_warps}: "
+                               "a power of two and one of 1, 2, 4, 8, 16")
         if self.num_splits is not None and self.num_splits < 1:
             raise HarnessError(f"DecodeAttentionConfig.num_splits={self.num_splits}: must be >= 1 (or None)")
 
@@ -240,17 +255,17 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
 
 
 def bench_configs() -> list:
-    """A small sweep for ``python -m harness bench attention bench.attention.sweep=true``: the default,
-    then block_n x split counts at 4 warps, then 2 and 8 warps at the default splits (none spills
-    registers on sm90: ``docs/kernels/decode_attention_triton.md``)."""
-    out = [DecodeAttentionConfig()]
-    for stages in (2, 3, 4):                                      # the default's tiles, software-pipelined
-        out.append(DecodeAttentionConfig(stages=stages))
-        for bn, warps in ((32, 2), (64, 4)):
-            out.append(DecodeAttentionConfig(stages=stages, wide_block_n=bn, wide_warps=warps))
+    """A small sweep for ``python -m harness bench attention bench.attention.sweep=true``: the default
+    with and without its deep tier, the wide tiles software-pipelined, then block_n x split counts at 4
+    warps, then 2 and 8 warps at the default splits (none spills registers on sm90:
+    ``docs/kernels/decode_attention_triton.md``)."""
+    out = [DecodeAttentionConfig(), DecodeAttentionConfig(deep_from=None)]    # with and without the deep tier
+    for stages in (2, 3, 4):                                      # the wide tiles, software-pipelined
+        for bn, warps in ((64, 2), (32, 2), (64, 4)):
+            out.append(DecodeAttentionConfig(stages=stages, wide_block_n=bn, wide_warps=warps, deep_from=None))
     for bn in (32, 64, 128):
         for splits in (None, 1, 2, 4, 8, 14):
-            out.append(DecodeAttentionConfig(block_n=bn, num_splits=splits, wide_from=None))
+            out.append(DecodeAttentionConfig(block_n=bn, num_splits=splits, wide_from=None, deep_from=None))
         for warps in (2, 8) if bn < 128 else (8,):
-            out.append(DecodeAttentionConfig(block_n=bn, num_warps=warps, wide_from=None))
+            out.append(DecodeAttentionConfig(block_n=bn, num_warps=warps, wide_from=None, deep_from=None))
     return list(dict.fromkeys(out))
