@@ -232,6 +232,10 @@ def test_the_optimize_ladder_names_the_executions_and_runs_what_it_ran_before():
     cfg = check_overrides(["+experiment=optimize"], verb="analyze")
     own = {c.name: {k: v for k, v in dataclasses.asdict(c.execution).items() if v is not None} if c.execution else {}
            for c in cfg.cases}
+    # the one row added since: best-fused with the in-kernel clock, right after best-fused
+    assert own.pop("best-fused-clock") == {**ROWS["best-fused"], "step_clock": True}
+    assert [c.name for c in cfg.cases].index("best-fused-clock") == list(LADDER).index("best-fused") + 1
+    cfg = dataclasses.replace(cfg, cases=[c for c in cfg.cases if c.name != "best-fused-clock"])
     assert own == {name: ROWS[row] if isinstance(row, str) else row for name, row in LADDER.items()}
     assert list(own) == list(LADDER)
     assert {c.name: c.execution_name for c in cfg.cases if c.execution_name} == {

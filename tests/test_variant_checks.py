@@ -84,7 +84,7 @@ def test_the_optimize_ladder_on_a_cpu_skips_the_cases_needing_cuda_and_names_the
     cfg = check_overrides(["+experiment=optimize"] + TINY)
     skipped = check_cases(cfg)
     best = ["best", "best-b8", "best-b32", "best-b64"]
-    assert sorted(skipped) == sorted(["graphs", "compiled", "gundam-best", "best-fused"] + best
+    assert sorted(skipped) == sorted(["graphs", "compiled", "gundam-best", "best-fused", "best-fused-clock"] + best
                                      + [f"{b}-balanced" for b in best])
     assert set(skipped.values()) == {"execution.cuda_graphs=decode needs a CUDA device (this run is on cpu); "
                                      "fix: run on a GPU, or leave it out"}

@@ -257,8 +257,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
 def bench_configs() -> list:
     """A small sweep for ``python -m harness bench attention bench.attention.sweep=true``: the default
     with and without its deep tier, the wide tiles software-pipelined, then block_n x split counts at 4
-    warps, then 2 and 8 warps at the default splits (none spills registers on sm90:
-    ``docs/kernels/decode_attention_triton.md``)."""
+    warps, then 1, 2 and 8 warps at the default splits, and 1 or 2 warps with 2 or 4 splits or 3 stages
+    (none spills registers on sm90: ``docs/kernels/decode_attention_triton.md``)."""
     out = [DecodeAttentionConfig(), DecodeAttentionConfig(deep_from=None)]    # with and without the deep tier
     for stages in (2, 3, 4):                                      # the wide tiles, software-pipelined
         for bn, warps in ((64, 2), (32, 2), (64, 4)):
@@ -266,6 +266,11 @@ def bench_configs() -> list:
     for bn in (32, 64, 128):
         for splits in (None, 1, 2, 4, 8, 14):
             out.append(DecodeAttentionConfig(block_n=bn, num_splits=splits, wide_from=None, deep_from=None))
-        for warps in (2, 8) if bn < 128 else (8,):
+        for warps in (1, 2, 8) if bn < 128 else (8,):
             out.append(DecodeAttentionConfig(block_n=bn, num_warps=warps, wide_from=None, deep_from=None))
+        for warps in (1, 2) if bn < 128 else ():           # fewer warps, more splits: no cross-warp sums
+            for splits in (2, 4):
+                out.append(DecodeAttentionConfig(block_n=bn, num_warps=warps, num_splits=splits, wide_from=None,
+                                                 deep_from=None))
+            out.append(DecodeAttentionConfig(block_n=bn, num_warps=warps, stages=3, wide_from=None, deep_from=None))
     return list(dict.fromkeys(out))

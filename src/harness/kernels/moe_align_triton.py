@@ -8,7 +8,7 @@ row), each expert's padded to ``block_m``; padding = ``num_rows``), ``block_expe
 and the device step index) the per-expert counts added at row min(step, steps), layer ``layer``. With
 ``shared_parts`` P each token also gets P rows of the pseudo-experts E .. E + P - 1 (the layer's shared
 expert cut into parts of the expert width, ``fast_moe_triton.routed_experts_triton``): flat row t*(k + P) + j,
-made in the kernel (no extra launch) and never counted.
+placed in the kernel after the routed experts' blocks (no extra launch, no wider sort), never counted.
 Every output is an integer: equal to the torch path's, bit for bit (tests). No host sync and outputs
 from ``torch.empty``: callable inside torch.compile and CUDA-graph capture. Importing this module
 imports triton; ``TRITON_INTERPRET=1`` before the first import of ``common`` runs it on the CPU.
@@ -29,19 +29,16 @@ from .moe_blocks import ALIGN_KERNEL_MAX_ROWS, BlockAlignment
 
 @triton.jit
 def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, shift_ptr, counts_ptr, step_ptr,
-                  num_rows, n_exp, max_blocks, steps, n_layers, layer, top_k, slots, n_routed,
+                  num_ids, n_exp, max_blocks, steps, n_layers, layer, top_k, slots, tokens, num_rows,
                   BLOCK_M: tl.constexpr, ROWS: tl.constexpr, EXPERTS: tl.constexpr, BLOCKS: tl.constexpr,
-                  HAS_COUNTS: tl.constexpr):
-    offs_n = tl.arange(0, ROWS)
-    n_ok = offs_n < num_rows
+                  PARTS: tl.constexpr, TOKENS: tl.constexpr, HAS_COUNTS: tl.constexpr):
+    offs_n = tl.arange(0, ROWS)                                          # routed id t*k + j: out row t*slots + j
+    n_ok = offs_n < num_ids
     offs_e = tl.arange(0, EXPERTS)
     e_ok = offs_e < n_exp
-    j = offs_n % slots                                                   # row t*slots + j: slot j of token t
-    routed = j < top_k
-    ids = tl.load(ids_ptr + (offs_n // slots) * top_k + j, mask=n_ok & routed, other=0).to(tl.int32)
-    ids = tl.where(n_ok & (j >= top_k), n_routed + j - top_k, ids)      # the shared parts' pseudo-experts
+    ids = tl.load(ids_ptr + offs_n, mask=n_ok, other=0).to(tl.int32)
     counts = tl.histogram(ids, EXPERTS)                                  # 1. padding rows counted as expert 0
-    counts = tl.where(offs_e == 0, counts - (ROWS - num_rows), counts)
+    counts = tl.where(offs_e == 0, counts - (ROWS - num_ids), counts)
     padded = (counts + (BLOCK_M - 1)) // BLOCK_M * BLOCK_M               # 2.
     padded_end = tl.cumsum(padded, axis=0)
     start = tl.cumsum(counts, axis=0) - counts
@@ -55,16 +52,23 @@ def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, shift_p
     e_s = keys // ROWS
     ok_s = e_s < EXPERTS
     dest = offs_n + tl.load(shift_ptr + e_s, mask=ok_s, other=0)
-    tl.store(sorted_ptr + dest, keys % ROWS, mask=ok_s)
+    r = keys % ROWS
+    tl.store(sorted_ptr + dest, (r // top_k) * slots + r % top_k, mask=ok_s)
+    per_part = (tokens + BLOCK_M - 1) // BLOCK_M * BLOCK_M               # the shared parts after the routed rows:
+    if PARTS > 0:                                                        # part p's row of token t at total + p
+        offs_t = tl.arange(0, TOKENS)                                    # * per_part + t, in token order
+        for q in tl.static_range(PARTS):
+            tl.store(sorted_ptr + total + q * per_part + offs_t, offs_t * slots + top_k + q, mask=offs_t < tokens)
     first = tl.arange(0, BLOCKS) * BLOCK_M                               # 3.
     below = (padded_end[None, :] <= first[:, None]) & e_ok[None, :]
     expert = tl.minimum(tl.sum(below.to(tl.int32), axis=1), n_exp - 1)
+    if PARTS > 0:                                                        # part blocks: the pseudo-experts E + p
+        expert = tl.where(first >= total, tl.minimum(n_exp + (first - total) // per_part, n_exp + PARTS - 1), expert)
     tl.store(block_expert_ptr + tl.arange(0, BLOCKS), expert, mask=tl.arange(0, BLOCKS) < max_blocks)
-    tl.store(num_padded_ptr, total)
-    if HAS_COUNTS:                                                       # 4. the routed experts only
-        c_ok = offs_e < n_routed
-        at = counts_row(counts_ptr, step_ptr, steps, n_layers, layer, n_routed) + offs_e
-        tl.store(at, tl.load(at, mask=c_ok, other=0) + counts.to(tl.int64), mask=c_ok)
+    tl.store(num_padded_ptr, total + PARTS * per_part)
+    if HAS_COUNTS:                                                       # 4. the routed experts
+        at = counts_row(counts_ptr, step_ptr, steps, n_layers, layer, n_exp) + offs_e
+        tl.store(at, tl.load(at, mask=e_ok, other=0) + counts.to(tl.int64), mask=e_ok)
 
 
 def align_rows(topk_ids: torch.Tensor, num_experts: int, block_m: int, counts: tuple | None = None,
@@ -73,21 +77,22 @@ def align_rows(topk_ids: torch.Tensor, num_experts: int, block_m: int, counts: t
     ``ALIGN_KERNEL_MAX_ROWS``) in one launch; ``counts`` = (buffer int64 [steps + 1, layers, E] contiguous,
     step index int64 [1], layer): the rows per routed expert added at (min(step, steps), layer) of the
     buffer, on the device. ``shared_parts`` P: token t's rows t*(k + P) + k + p belong to the pseudo-expert
-    E + p (``num_experts`` stays E, the routed experts; the alignment's experts are E + P)."""
+    E + p, whose blocks follow the routed experts' (``num_experts`` stays E: the routed experts, the only
+    ones sorted and counted; a part's T rows are in token order, padded to ``block_m``)."""
     check_runnable(topk_ids)
     if topk_ids.dim() != 2 or shared_parts < 0:
         raise HarnessError(f"align_rows: topk_ids [T, k] and shared_parts >= 0 expected, got {tuple(topk_ids.shape)}, "
                            f"{shared_parts}")
-    flat = topk_ids.contiguous()
-    T, k = flat.shape
+    T, k = topk_ids.shape
+    flat = topk_ids.reshape(-1).contiguous()
     slots = k + shared_parts
     num_rows = T * slots
-    num_routed, num_experts = num_experts, num_experts + shared_parts
     if not 1 <= num_rows <= ALIGN_KERNEL_MAX_ROWS or block_m < 1:
         raise HarnessError(f"align_rows: 1 to {ALIGN_KERNEL_MAX_ROWS} routed rows and block_m >= 1, got "
                            f"{num_rows} rows, block_m {block_m}")
     dev = flat.device
-    max_blocks = num_rows // block_m + min(num_experts, num_rows)
+    per_part = triton.cdiv(T, block_m) * block_m              # each shared part's rows, padded
+    max_blocks = (T * k) // block_m + min(num_experts, T * k) + shared_parts * per_part // block_m
     sorted_rows = torch.empty(max_blocks * block_m, dtype=torch.int32, device=dev)
     block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
     num_padded = torch.empty(1, dtype=torch.int32, device=dev)
@@ -95,15 +100,15 @@ def align_rows(topk_ids: torch.Tensor, num_experts: int, block_m: int, counts: t
     shift = torch.empty(experts_pow2, dtype=torch.int32, device=dev)
     if counts is not None:
         buf, step, layer = counts
-        check_counts("align_rows", buf, step, layer, num_routed, dev)
+        check_counts("align_rows", buf, step, layer, num_experts, dev)
     else:
         buf, step, layer = num_padded, num_padded, 0
-    rows_pow2 = triton.next_power_of_2(num_rows)
+    rows_pow2 = triton.next_power_of_2(T * k)
     _align_kernel[(1,)](
         flat, sorted_rows, block_expert, num_padded, shift, buf, step,
-        num_rows, num_experts, max_blocks, buf.shape[0] - 1 if counts is not None else 0,
-        buf.shape[1] if counts is not None else 1, layer, k, slots, num_routed,
+        T * k, num_experts, max_blocks, buf.shape[0] - 1 if counts is not None else 0,
+        buf.shape[1] if counts is not None else 1, layer, k, slots, T, num_rows,
         BLOCK_M=block_m, ROWS=rows_pow2, EXPERTS=experts_pow2, BLOCKS=triton.next_power_of_2(max_blocks),
-        HAS_COUNTS=counts is not None, num_warps=4)
+        PARTS=shared_parts, TOKENS=triton.next_power_of_2(T), HAS_COUNTS=counts is not None, num_warps=4)
     return BlockAlignment(sorted_rows=sorted_rows, block_expert=block_expert, num_padded=num_padded,
                           num_rows=num_rows, block_m=block_m, max_blocks=max_blocks)
