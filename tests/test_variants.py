@@ -182,6 +182,28 @@ def test_each_prefill_shape_compiles_past_dynamos_recompile_limit():
         assert graphs(own_code, (5, 6)) == [1, 1]
 
 
+def test_each_compiled_decoder_compiles_its_own_decode_core(tiny, monkeypatch):
+    """The decode step compiles ``decode_core`` once per decoder (batch, cache length): each decoder's on a
+    code object of its own (``own_code`` of the bound method: still bound to the model), so a ninth decoder
+    does not hit dynamo's recompile limit and run eagerly while the manifest says compiled. The compile is
+    recorded, not run (the warm-up calls the same function eagerly)."""
+    import types
+
+    from harness.variants.static_decoder import StaticDecoder
+
+    model, _ = tiny
+    variants.apply(model, ExecutionConfig(kv_cache="static"))
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append(fn) or fn)
+    for batch, max_len in ((1, 32), (2, 64)):
+        StaticDecoder(model, batch, max_len, torch.device("cpu"), torch.float32, lambda x: x, compile=True)
+    (a, b), base = compiled, type(model).decode_core
+    assert all(isinstance(f, types.MethodType) and f.__self__ is model for f in (a, b))
+    assert len({id(a.__func__.__code__), id(b.__func__.__code__), id(base.__code__)}) == 3
+    assert a.__func__.__code__.co_code == base.__code__.co_code
+    variants.apply(model, ExecutionConfig())
+
+
 def test_compiled_static_grouped_decode_matches(tiny):
     """The compiled static-grouped step: vendor-style's tokens and per-step routing under the weights'
     routing and under balanced routing, from one compile (the routing is a runtime input of the

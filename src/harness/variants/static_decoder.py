@@ -27,9 +27,12 @@ from .static_kv import StaticKVCache
 
 
 def own_code(fn: Callable) -> Callable:
-    """``fn`` with a code object of its own (same body, globals and closure). Dynamo keeps compiled
-    graphs per code object and, once one holds ``recompile_limit`` (8) guard sets, runs the function
-    eagerly with a warning; the prefill compiles one closure per request shape, so each gets its own."""
+    """``fn`` with a code object of its own (same body, globals and closure; a bound method stays bound
+    to its object). Dynamo keeps compiled graphs per code object and, once one holds ``recompile_limit``
+    (8) guard sets, runs the function eagerly with a warning: the prefill compiles one closure per request
+    shape and the decode step one ``decode_core`` per decoder (batch, cache length), so each gets its own."""
+    if isinstance(fn, types.MethodType):
+        return types.MethodType(own_code(fn.__func__), fn.__self__)
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
@@ -81,7 +84,7 @@ class StaticDecoder:
         self.core = bind(self) if bind is not None else model.decode_core
         self.fn = self.core
         if compile and bind is None:
-            self.fn = torch.compile(model.decode_core, dynamic=False)
+            self.fn = torch.compile(own_code(model.decode_core), dynamic=False)   # a code object per decoder
         if graphs and device.type != "cuda":
             raise HarnessError("execution.cuda_graphs=decode needs a CUDA device", "use execution.cuda_graphs=none")
         if compile or graphs:
