@@ -478,6 +478,6 @@ def test_rows_kernels_run_the_shared_expert_as_extra_rows(dtype):
     assert not fm.folds_shared("grouped_mm", 1, 3, 2) and fm.folds_shared("triton", 5, 3, 300)  # 15 rows: per-row
     xb = torch.randn(206, H).to(TRITON_DEVICE, dtype)
     idsb = torch.stack([torch.randperm(E)[:k] for _ in range(206)]).to(TRITON_DEVICE)
-    with pytest.raises(HarnessError, match=r"up to 1024 rows with its parts \(shared_rows\); got 206 tokens x \(3 \+ 2\)"):
+    with pytest.raises(HarnessError, match=r"up to 1024 rows with its parts; got 206 tokens x \(3 \+ 2\) = 1030"):
         fm.routed_experts(xb, idsb, torch.rand(206, k).to(TRITON_DEVICE), weights, "triton",
                           shared=(gate_up, sh.down_proj.weight))

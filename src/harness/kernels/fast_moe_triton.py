@@ -6,7 +6,7 @@ kernel and a down kernel that weights each row by its gate weight into an fp32 [
 over k by PyTorch in the vendor's order (deterministic); each program reads its expert's weight tile
 once, so a decode step (T=1) reads exactly the k touched experts' weights. At decode sizes the
 per-row kernels (``routed_experts_rows``, ``RowsConfig``) run instead, optionally with the layer's
-shared expert as extra rows. Importing this module imports triton and defines the kernels; with
+shared expert as extra rows; above decode size the blocked kernels take it as pseudo-experts. Importing this module imports triton and defines the kernels; with
 ``TRITON_INTERPRET=1`` set before the first import they run in Triton's numpy interpreter on CPU
 tensors (tests only).
 
@@ -144,9 +144,9 @@ def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch
                           weights, config: TritonMoEConfig | None = None, shared: tuple | None = None,
                           counts: tuple | None = None) -> torch.Tensor:
     """Routed-expert output [T, H] in x's dtype; see the module docstring. Inputs as ``fast_moe``.
-    ``shared`` = (gate_up [2S, H], down [H, S]) adds the shared expert's output (``shared_rows``): at
-    decode size as extra rows of ``routed_experts_rows``; above it as P = S / I pseudo-experts E .. E + P - 1
-    of the blocked kernels, every token a row of each (T*(k + P) <= ALIGN_KERNEL_MAX_ROWS), their down
+    ``shared`` = (gate_up [2S, H], down [H, S]) adds the shared expert's output: at decode size as extra
+    rows of ``routed_experts_rows``; above it as P = S / I pseudo-experts E .. E + P - 1 of the blocked
+    kernels (``docs/kernels/fast_moe_triton.md``, "The shared expert in the blocked kernels"), every token a row of each (T*(k + P) <= ALIGN_KERNEL_MAX_ROWS), their down
     rows fp32 partials summed and rounded once, as the rows path does (one GEMM over S rounds once).
     ``counts`` (only where ``counts_in_alignment``): (buffer, step index, layer) of
     ``moe_align_triton.align_rows``, which adds the routing count in the alignment's launch. Step 1
@@ -166,7 +166,7 @@ def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch
     slots = k + parts
     if shared is not None and T * slots > ALIGN_KERNEL_MAX_ROWS:
         raise HarnessError(f"the shared expert folds into impl=triton's kernels up to {ALIGN_KERNEL_MAX_ROWS} rows "
-                           f"with its parts (shared_rows); got {T} tokens x ({k} + {parts}) = {T * slots}")
+                           f"with its parts; got {T} tokens x ({k} + {parts}) = {T * slots}")
     sgu, sdn = shared if shared is not None else (gu, dn)
     cfg = config or default_triton_config(T * k, E)
     for name in ("block_m", "block_n", "block_k"):

@@ -38,12 +38,14 @@ def expert_counts(flat_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
 class BlockAlignment:
     """Rows sorted by expert and padded per expert to a multiple of ``block_m`` (all on the device).
 
-    - ``sorted_rows`` [max_blocks * block_m] int32: flat row t*k + j at each padded position;
-      padding holds ``num_rows`` (= T*k), which no real row has.
+    - ``sorted_rows`` [max_blocks * block_m] int32: flat row t*k + j at each padded position (with the
+      shared expert's P parts of ``moe_align_triton.align_rows``: t*(k + P) + j, the parts' blocks last);
+      padding holds ``num_rows`` (= T*k, or T*(k + P)), which no real row has.
     - ``block_expert`` [max_blocks] int32: the expert of each block (blocks past the end repeat the
       last expert; kernels skip them).
     - ``num_padded`` [1] int32: padded rows in use (sum over experts of ceil(count / block_m) * block_m).
-    - ``max_blocks``: host upper bound T*k // block_m + min(E, T*k) on the blocks in use, from shapes only.
+    - ``max_blocks``: host upper bound T*k // block_m + min(E, T*k) on the blocks in use (plus P * cdiv(T,
+      block_m) with the shared parts), from shapes only.
     """
 
     sorted_rows: torch.Tensor

@@ -211,9 +211,9 @@ def routed_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor
     ``torch_strategy`` applies to ``impl="torch"``; ``triton_config`` (a ``TritonMoEConfig``, None
     for ``default_triton_config``) to ``impl="triton"``. ``shared`` = (gate_up [2S, H], down [H, S])
     of the layer's shared expert, only where ``folds_shared``: the output is then routed + shared(x).
-    ``counts`` and ``shared`` go together above decode size (the alignment kernel counts the routed rows only).
     ``counts`` = (buffer [steps + 1, layers, E], step index [1], layer), only where ``counts_routing``:
-    the rows per expert are added there in the kernels (``DeviceRouting.device_counts``).
+    the rows per routed expert are added there in the kernels (``DeviceRouting.device_counts``), with
+    ``shared`` or without it (the shared expert's rows are never counted).
     """
     _check_inputs(x, topk_ids, topk_w, weights)
     if shared is not None and impl != "triton":     # the size and tile rule: routed_experts_triton
