@@ -150,6 +150,18 @@ def test_every_split_owns_a_block():
                 assert splits >= 1 and per >= 1 and (splits - 1) * per < n_blocks <= splits * per
 
 
+def test_bench_tile_changes_parse_onto_the_attention_config():
+    """``bench attention configs``: DecodeAttentionConfig changes in the decode-step benches' syntax, checked."""
+    from harness.kernels.decode_step import config_changes
+
+    assert config_changes("num_splits=4; wide_block_n=32;wide_warps=1", Cfg()) == Cfg(num_splits=4, wide_block_n=32,
+                                                                                      wide_warps=1)
+    with pytest.raises(HarnessError, match="FIELD=VALUE with a DecodeAttentionConfig field"):
+        config_changes("down=(4, 4)", Cfg())
+    with pytest.raises(HarnessError, match="deep_stages=1"):
+        config_changes("deep_stages=1", Cfg())
+
+
 def test_bad_inputs_are_refused():
     q, k, v = draw(1, 2, 2, 32, 16, 31)
     with pytest.raises(HarnessError, match="pos must be int64"):

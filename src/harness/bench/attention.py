@@ -4,6 +4,8 @@ split-KV Triton kernel (``harness.kernels.decode_attention_triton``), at DeepSee
     python -m harness bench attention [bench.attention.batch=[1,8,32,64]] [bench.attention.cache_len=448] \\
         [bench.attention.pos=413] [bench.attention.reps=300]
     python -m harness bench attention bench.attention.sweep=true      # also every config of bench_configs()
+    python -m harness bench attention 'bench.attention.batch=[32]' \
+        "bench.attention.configs=['num_splits=4;wide_block_n=32;wide_warps=1']"   # also these tile changes
 
 Self-contained: random bf16 q [B, 10, 1, 128] and, per layer, k, v [B, 10, L, 128] (``layers``
 distinct buffers, 12 as in the model, so a call does not find the previous call's K/V in L2); the
@@ -92,7 +94,10 @@ def run(cfg, opts, device, report) -> None:
                 f"sm{''.join(map(str, torch.cuda.get_device_capability(device)))}, torch {torch.__version__}, triton "
                 f"{triton.__version__}; bf16, heads {opts.heads}, head dim {opts.head_dim}, L {opts.cache_len}, "
                 f"pos {opts.pos}, {opts.layers} calls per graph")
-    configs = dat.bench_configs() if opts.sweep else [dat.DecodeAttentionConfig()]
+    from ..kernels.decode_step import config_changes
+
+    configs = (dat.bench_configs() if opts.sweep else [dat.DecodeAttentionConfig()]) + [
+        config_changes(text, dat.DecodeAttentionConfig()) for text in opts.configs]
     flush = flush_buffer(device)
     table = report.table("attention", f"decode attention, {opts.reps} graph replays (L2 flushed) per row", COLUMNS)
     for B in opts.batch:

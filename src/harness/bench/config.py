@@ -111,6 +111,7 @@ class AttentionBench:
     reps: int = _opt(300, min=1)
     warmup: int = _opt(20, min=0)
     sweep: bool = False                       # also every config of decode_attention_triton.bench_configs()
+    configs: List[str] = _opt(factory=list)   # also these DecodeAttentionConfig changes, e.g. 'num_splits=4;wide_warps=1'
 
 
 @dataclass
