@@ -152,7 +152,7 @@ def test_every_split_owns_a_block():
 
 def test_bench_tile_changes_parse_onto_the_attention_config():
     """``bench attention configs``: DecodeAttentionConfig changes in the decode-step benches' syntax, checked."""
-    from harness.kernels.decode_step import config_changes
+    from harness.bench.config import config_changes
 
     assert config_changes("num_splits=4; wide_block_n=32;wide_warps=1", Cfg()) == Cfg(num_splits=4, wide_block_n=32,
                                                                                       wide_warps=1)

@@ -256,7 +256,8 @@ def test_refusals():
 
 
 def test_config_changes_parse_literals_onto_a_base_and_refuse_bad_text():
-    from harness.kernels.decode_step import DecodeStepConfig, config_changes
+    from harness.bench.config import config_changes
+    from harness.kernels.decode_step import DecodeStepConfig
 
     base = DecodeStepConfig(sms=132)
     assert config_changes("", base) == base

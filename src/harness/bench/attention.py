@@ -31,6 +31,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
+from .config import config_changes
 from .timing import capture, event_ms, flush_buffer, quantile
 
 TOL = 2e-2
@@ -70,7 +71,8 @@ def bench(B: int, opts, configs, flush, table) -> None:
         run_cfg = cfg.for_programs(B * nh)                # the tiles this launch runs (the default's wide ones)
         splits, per = run_cfg.splits(B * nh, L)
         name = (f"triton bn={run_cfg.block_n} w={run_cfg.num_warps}"
-                + ("" if cfg.num_splits is None else f" s={cfg.num_splits}") + (f" st={run_cfg.stages}" if run_cfg.stages else ""))
+                + ("" if cfg.num_splits is None else f" s={cfg.num_splits}")
+                + (f" st={run_cfg.stages}" if run_cfg.stages else ""))
         add(name + (" (default)" if cfg == dat.DecodeAttentionConfig() else ""),
             lambda k, v, cfg=cfg: dat.decode_attention(q, k, v, pos, config=cfg), opts.pos + 1, splits, per)
         if splits > 1:                                    # the last split combines (one launch)
@@ -94,8 +96,6 @@ def run(cfg, opts, device, report) -> None:
                 f"sm{''.join(map(str, torch.cuda.get_device_capability(device)))}, torch {torch.__version__}, triton "
                 f"{triton.__version__}; bf16, heads {opts.heads}, head dim {opts.head_dim}, L {opts.cache_len}, "
                 f"pos {opts.pos}, {opts.layers} calls per graph")
-    from ..kernels.decode_step import config_changes
-
     configs = (dat.bench_configs() if opts.sweep else [dat.DecodeAttentionConfig()]) + [
         config_changes(text, dat.DecodeAttentionConfig()) for text in opts.configs]
     flush = flush_buffer(device)

@@ -34,6 +34,8 @@ Targets (``TARGETS``; which need a GPU: ``GPU_ONLY``):
   normalise, tiles, request build) beside ``execution.preprocess=device`` (host part, copy, device
   part) and how close its pixels are (runs on the CPU too: its "device" is then the CPU).
 """
+import ast
+import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import List, Optional
 
@@ -277,5 +279,29 @@ def check_options(bench: BenchConfig) -> None:
                                f"write it like bench.{t}.{name}=[1,8]")
 
 
+def config_changes(text: str, base=None):
+    """``base`` (a frozen tile config with a ``check()``: default ``kernels.decode_step.DecodeStepConfig()``;
+    ``bench attention`` passes a ``DecodeAttentionConfig``) with the changes of ``text``, the benches'
+    ``FIELD=VALUE[;FIELD=VALUE]`` options (python literals, e.g. ``down=(2, 4);lm_head_stages=3``), checked."""
+    if base is None:
+        from ..kernels.decode_step import DecodeStepConfig
+
+        base = DecodeStepConfig()
+    changes, names = {}, {f.name for f in fields(base)}
+    for item in filter(None, (t.strip() for t in text.split(";"))):
+        name, eq, value = item.partition("=")
+        name = name.strip()
+        if not eq or name not in names:
+            raise HarnessError(f"config change {item!r}: FIELD=VALUE with a {type(base).__name__} field expected")
+        try:
+            changes[name] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError) as exc:
+            raise HarnessError(f"config change {item!r}: the value is not a python literal") from exc
+    config = dataclasses.replace(base, **changes)
+    config.check()
+    return config
+
+
 __all__ = ["BenchConfig", "TARGETS", "GPU_ONLY", "SAM_CASES", "PATH_FACTORS", "bench_args", "options", "check_options",
+           "config_changes",
            *(c.__name__ for c in TARGETS.values())]

@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 
 from ..kernels.decode_step_triton import _pdl_wait, _tile_range
+from .config import config_changes
 from .decode_step_state import fused_step_state
 from .timing import capture_reset, first_line, per_step_us
 
@@ -157,7 +158,7 @@ def run(cfg, opts, device, report) -> None:
     if opts.eager_steps:
         pos.fill_(opts.pos)
         eager = ds.FusedDecodeStep(weights, cache, pos, token=token, pdl=pdl,
-                                   config=ds.config_changes(opts.configs[0] if opts.configs else ""))
+                                   config=config_changes(opts.configs[0] if opts.configs else ""))
         for _ in range(opts.eager_steps):
             eager.run()
         torch.cuda.synchronize()
@@ -188,7 +189,7 @@ def run(cfg, opts, device, report) -> None:
     regs = report.table("residency", "each kernel of each config, run once", ["change", "kernel", "grid", "warps",
                         "regs", "spills", "shared_bytes", "per_sm", "waves"]) if opts.regs else None
     for text, changes in [("routing counted (as the ladder)", "")] + [(c, c) for c in opts.configs]:
-        other = ds.FusedDecodeStep(weights, cache, pos, token=token, pdl=pdl, config=ds.config_changes(changes),
+        other = ds.FusedDecodeStep(weights, cache, pos, token=token, pdl=pdl, config=config_changes(changes),
                                    counts=(counts, step_index))
         step_index.zero_()
         us = time_calls(other.calls)

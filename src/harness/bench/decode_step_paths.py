@@ -164,7 +164,7 @@ def run(cfg, opts, device, report, model, pdl: bool) -> None:
     """The paths table (module docstring) on ``device`` (CUDA), ``model`` built by the caller; ``pdl``:
     whether the GPU has programmatic dependent launch."""
     from .. import workload as wl
-    from ..kernels.decode_step import config_changes
+    from .config import config_changes
     from ..setup import synthetic_pages
     from .decode_step_state import decode_execution
 

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from .config import config_changes
+
 #: the meta-parameters shown in the ``tiles`` column
 TILE_KEYS = ("BLOCK_N", "BLOCK_P", "SPLIT_N", "ROWS", "INTER", "TOP_K", "PARTS")
 
@@ -126,7 +128,7 @@ def run(cfg, opts, device, report) -> None:
         counts = (torch.zeros(4, L.num_layers, L.n_routed_experts, dtype=torch.int64, device="meta"),
                   torch.zeros(1, dtype=torch.int64, device="meta"))
         step = ds.FusedDecodeStep(weights_from_model(model), cache, pos, pdl=opts.pdl, counts=counts,
-                                  config=ds.config_changes(opts.config, ds.DecodeStepConfig(sms=132)))
+                                  config=config_changes(opts.config, ds.DecodeStepConfig(sms=132)))
         step.run()
     finally:
         triton_driver._active = kept[0]

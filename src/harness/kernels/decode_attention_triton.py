@@ -84,18 +84,15 @@ class DecodeAttentionConfig:
             raise HarnessError(f"DecodeAttentionConfig.block_n={self.block_n}: must be a power of two")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise HarnessError(f"DecodeAttentionConfig.num_warps={self.num_warps}: one of 1, 2, 4, 8, 16")
-        wide_ok = self.wide_block_n >= 1 and not self.wide_block_n & (self.wide_block_n - 1)
-        if not wide_ok or self.wide_warps not in (1, 2, 4, 8, 16):
-            raise HarnessError(f"DecodeAttentionConfig.wide_block_n={self.wide_block_n}, wide_warps={self.wide_warps}: "
-                               "a power of two and one of 1, 2, 4, 8, 16")
+        for tier in ("wide", "deep"):                            # the tiers' tiles: the same rules
+            bn, warps = getattr(self, f"{tier}_block_n"), getattr(self, f"{tier}_warps")
+            if bn < 1 or bn & (bn - 1) or warps not in (1, 2, 4, 8, 16):
+                raise HarnessError(f"DecodeAttentionConfig.{tier}_block_n={bn}, {tier}_warps={warps}: "
+                                   "a power of two and one of 1, 2, 4, 8, 16")
         for name in ("stages", "deep_stages"):
             if getattr(self, name) not in (0, 2, 3, 4, 5, 6):
                 raise HarnessError(f"DecodeAttentionConfig.{name}={getattr(self, name)}: 0 (one tile at a time) or "
                                    "2-6 (software-pipelined stages)")
-        deep_ok = self.deep_block_n >= 1 and not self.deep_block_n & (self.deep_block_n - 1)
-        if not deep_ok or self.deep_warps not in (1, 2, 4, 8, 16):
-            raise HarnessError(f"DecodeAttentionConfig.deep_block_n={self.deep_block_n}, deep_warps={self.deep_warps}: "
-                               "a power of two and one of 1, 2, 4, 8, 16")
         if self.num_splits is not None and self.num_splits < 1:
             raise HarnessError(f"DecodeAttentionConfig.num_splits={self.num_splits}: must be >= 1 (or None)")
 
@@ -259,18 +256,17 @@ def bench_configs() -> list:
     with and without its deep tier, the wide tiles software-pipelined, then block_n x split counts at 4
     warps, then 1, 2 and 8 warps at the default splits, and 1 or 2 warps with 2 or 4 splits or 3 stages
     (none spills registers on sm90: ``docs/kernels/decode_attention_triton.md``)."""
+    def flat(**tiles):                                            # these tiles at every batch size (no tier)
+        return DecodeAttentionConfig(wide_from=None, deep_from=None, **tiles)
+
     out = [DecodeAttentionConfig(), DecodeAttentionConfig(deep_from=None)]    # with and without the deep tier
     for stages in (2, 3, 4):                                      # the wide tiles, software-pipelined
         for bn, warps in ((64, 2), (32, 2), (64, 4)):
             out.append(DecodeAttentionConfig(stages=stages, wide_block_n=bn, wide_warps=warps, deep_from=None))
     for bn in (32, 64, 128):
-        for splits in (None, 1, 2, 4, 8, 14):
-            out.append(DecodeAttentionConfig(block_n=bn, num_splits=splits, wide_from=None, deep_from=None))
-        for warps in (1, 2, 8) if bn < 128 else (8,):
-            out.append(DecodeAttentionConfig(block_n=bn, num_warps=warps, wide_from=None, deep_from=None))
+        out += [flat(block_n=bn, num_splits=splits) for splits in (None, 1, 2, 4, 8, 14)]
+        out += [flat(block_n=bn, num_warps=warps) for warps in ((1, 2, 8) if bn < 128 else (8,))]
         for warps in (1, 2) if bn < 128 else ():           # fewer warps, more splits: no cross-warp sums
-            for splits in (2, 4):
-                out.append(DecodeAttentionConfig(block_n=bn, num_warps=warps, num_splits=splits, wide_from=None,
-                                                 deep_from=None))
-            out.append(DecodeAttentionConfig(block_n=bn, num_warps=warps, stages=3, wide_from=None, deep_from=None))
+            out += [flat(block_n=bn, num_warps=warps, num_splits=splits) for splits in (2, 4)]
+            out.append(flat(block_n=bn, num_warps=warps, stages=3))
     return list(dict.fromkeys(out))

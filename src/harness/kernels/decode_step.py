@@ -31,8 +31,6 @@ stamps, and the launch keeps its first entry, first release and last end (atomic
 """
 from __future__ import annotations
 
-import ast
-import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Optional
@@ -102,26 +100,6 @@ class DecodeStepConfig:
 INTERPRETER_CONFIG = DecodeStepConfig(qkv=(64, 4), attention=(16, 4), o_proj=(64, 4, 2), router=(8, 2),
                                       gate_up=(32, 4), down=(64, 4), dense_gate_up=(128, 4), dense_down=(64, 4, 2),
                                       lm_head=(1024, 4, 1), sms=2)
-
-
-def config_changes(text: str, base=None):
-    """``base`` (a frozen tile config with a ``check()``: default ``DecodeStepConfig()``; the benches also
-    pass a ``DecodeAttentionConfig``) with the changes of ``text``, ``FIELD=VALUE[;FIELD=VALUE]`` (python
-    literals, e.g. ``down=(2, 4);lm_head_stages=3``), checked."""
-    base = base if base is not None else DecodeStepConfig()
-    changes, fields = {}, {f.name for f in dataclasses.fields(base)}
-    for item in filter(None, (t.strip() for t in text.split(";"))):
-        field, eq, value = item.partition("=")
-        field = field.strip()
-        if not eq or field not in fields:
-            raise HarnessError(f"config change {item!r}: FIELD=VALUE with a {type(base).__name__} field expected")
-        try:
-            changes[field] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError) as exc:
-            raise HarnessError(f"config change {item!r}: the value is not a python literal") from exc
-    config = dataclasses.replace(base, **changes)
-    config.check()
-    return config
 
 
 def default_config(device) -> DecodeStepConfig:
