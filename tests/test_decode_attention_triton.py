@@ -119,6 +119,20 @@ def test_wide_launches_take_the_wide_tiles():
     assert Cfg(wide_from=None, deep_from=None).for_programs(10_000) == Cfg(wide_from=None, deep_from=None)
 
 
+def test_wide_target_programs_sets_the_wide_tiers_splits():
+    """``wide_target_programs`` replaces ``target_programs`` in the wide tier only: 1,280 wanted at
+    B = 32 (320 programs per split) is 4 splits of 4 32-key blocks of a 448-position cache (14 blocks);
+    at B = 8 (80) 16 wanted, clamped to the 14 blocks; below wide_from the 264 of the default. A
+    target below 1 is refused."""
+    cfg = Cfg(wide_target_programs=1280, wide_block_n=32, wide_warps=1)
+    b32 = cfg.for_programs(320)
+    assert (b32.block_n, b32.num_warps, b32.splits(320, 448)) == (32, 1, (4, 4))
+    assert cfg.for_programs(80).splits(80, 448) == (14, 1)
+    assert cfg.for_programs(79).splits(79, 448) == (4, 4)          # 264 / 79 -> 4 of the 32-key default tiles
+    with pytest.raises(HarnessError, match="wide_target_programs=0"):
+        Cfg(wide_target_programs=0).check()
+
+
 def test_deep_launches_take_the_pipelined_tiles():
     """From 1,280 programs (B = 128 at 10 heads) the default runs 32 keys per tile with 2 warps through 3
     pipeline stages, in one split (14 blocks of a 448-position cache: 264 / 1,280 -> 1 wanted); at 1,279

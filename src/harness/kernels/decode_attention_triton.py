@@ -35,8 +35,9 @@ SMS = 132
 class DecodeAttentionConfig:
     """Tiles of ``decode_attention``: ``block_n`` keys per tile (a power of two), ``num_splits``
     (None: enough splits for about ``target_programs`` programs in all), ``num_warps``; from
-    ``wide_from`` programs per split on, ``wide_block_n`` keys per tile with ``wide_warps`` warps
-    (``for_programs``), and from ``deep_from`` programs on ``deep_block_n`` keys with ``deep_warps``
+    ``wide_from`` programs per split on, ``wide_block_n`` keys per tile with ``wide_warps`` warps and
+    splits for about ``wide_target_programs`` programs (None: ``target_programs``) (``for_programs``),
+    and from ``deep_from`` programs on ``deep_block_n`` keys with ``deep_warps``
     warps and ``deep_stages``. ``stages``: 0, each program loads a tile and reduces it before it loads
     the next; 2-6, its tiles stream through Triton's software pipeline with that many stages (stages - 1
     tiles in flight while one is reduced). How the defaults were measured:
@@ -50,6 +51,7 @@ class DecodeAttentionConfig:
     wide_from: Optional[int] = 80
     wide_block_n: int = 64
     wide_warps: int = 2
+    wide_target_programs: Optional[int] = None
     stages: int = 0
     deep_from: Optional[int] = 1280
     deep_block_n: int = 32
@@ -67,7 +69,7 @@ class DecodeAttentionConfig:
         if self.wide_from is None or bh < self.wide_from:
             return self
         return dataclasses.replace(self, block_n=self.wide_block_n, num_warps=self.wide_warps, wide_from=None,
-                                   deep_from=None)
+                                   deep_from=None, target_programs=self.wide_target_programs or self.target_programs)
 
     def splits(self, bh: int, L: int) -> tuple:
         """(NUM_SPLITS, BLOCKS_PER_SPLIT) for ``bh`` = B*nh programs per split and L cache positions:
@@ -93,6 +95,8 @@ class DecodeAttentionConfig:
             if getattr(self, name) not in (0, 2, 3, 4, 5, 6):
                 raise HarnessError(f"DecodeAttentionConfig.{name}={getattr(self, name)}: 0 (one tile at a time) or "
                                    "2-6 (software-pipelined stages)")
+        if self.wide_target_programs is not None and self.wide_target_programs < 1:
+            raise HarnessError(f"DecodeAttentionConfig.wide_target_programs={self.wide_target_programs}: >= 1 or None")
         if self.num_splits is not None and self.num_splits < 1:
             raise HarnessError(f"DecodeAttentionConfig.num_splits={self.num_splits}: must be >= 1 (or None)")
 
