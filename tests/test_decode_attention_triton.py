@@ -108,27 +108,19 @@ def test_position_is_read_on_the_device():
 
 
 def test_wide_launches_take_the_wide_tiles():
-    """From 80 programs (B*nh: B = 8 at 10 heads) the default runs 64 keys per tile with 2 warps: at
-    B = 32 in one split (7 blocks of a 448-position cache), at B = 8 in 4 splits of 2 blocks (264 / 80
-    -> 4 wanted); below it, and for a config with wide_from None, its own."""
-    wide = Cfg().for_programs(320)
-    assert (wide.block_n, wide.num_warps, wide.splits(320, 448)) == (64, 2, (1, 7))
+    """From 80 programs (B*nh: B = 8 at 10 heads) the default runs 32 keys per tile with 1 warp and
+    splits for about 1,280 programs (``wide_target_programs``) over a 448-position cache (14 blocks):
+    B = 32 (320 programs per split) 4 wanted, 4 splits of 4 blocks; B = 8 16 wanted, clamped to the 14
+    blocks; B = 64 2 splits of 7. Below it the default's own (264 programs: 4 wanted at 79), and a
+    config with wide_from None keeps its own at any size. A target below 1 is refused."""
+    b32 = Cfg().for_programs(320)
+    assert (b32.block_n, b32.num_warps, b32.splits(320, 448)) == (32, 1, (4, 4))
     b8 = Cfg().for_programs(80)
-    assert (b8.block_n, b8.num_warps, b8.splits(80, 448)) == (64, 2, (4, 2))
+    assert (b8.block_n, b8.num_warps, b8.splits(80, 448)) == (32, 1, (14, 1))
+    assert Cfg().for_programs(640).splits(640, 448) == (2, 7)
     assert Cfg().for_programs(79) == Cfg() and Cfg().for_programs(79).splits(79, 448) == (4, 4)   # 264 / 79 -> 4
     assert Cfg(wide_from=None, deep_from=None).for_programs(10_000) == Cfg(wide_from=None, deep_from=None)
-
-
-def test_wide_target_programs_sets_the_wide_tiers_splits():
-    """``wide_target_programs`` replaces ``target_programs`` in the wide tier only: 1,280 wanted at
-    B = 32 (320 programs per split) is 4 splits of 4 32-key blocks of a 448-position cache (14 blocks);
-    at B = 8 (80) 16 wanted, clamped to the 14 blocks; below wide_from the 264 of the default. A
-    target below 1 is refused."""
-    cfg = Cfg(wide_target_programs=1280, wide_block_n=32, wide_warps=1)
-    b32 = cfg.for_programs(320)
-    assert (b32.block_n, b32.num_warps, b32.splits(320, 448)) == (32, 1, (4, 4))
-    assert cfg.for_programs(80).splits(80, 448) == (14, 1)
-    assert cfg.for_programs(79).splits(79, 448) == (4, 4)          # 264 / 79 -> 4 of the 32-key default tiles
+    assert Cfg(wide_target_programs=None).for_programs(320).splits(320, 448) == (1, 14)          # 264 / 320 -> 1
     with pytest.raises(HarnessError, match="wide_target_programs=0"):
         Cfg(wide_target_programs=0).check()
 
@@ -140,8 +132,8 @@ def test_deep_launches_take_the_pipelined_tiles():
     deep = Cfg().for_programs(1280)
     assert (deep.block_n, deep.num_warps, deep.stages, deep.splits(1280, 448)) == (32, 2, 3, (1, 14))
     wide = Cfg().for_programs(1279)
-    assert (wide.block_n, wide.num_warps, wide.stages) == (64, 2, 0)
-    assert Cfg(deep_from=None).for_programs(10_000).block_n == 64
+    assert (wide.block_n, wide.num_warps, wide.stages) == (32, 1, 0)
+    assert Cfg(deep_from=None).for_programs(10_000).num_warps == 1
     for bad, match in ((Cfg(deep_stages=1), "deep_stages=1"), (Cfg(deep_block_n=48), "deep_block_n=48")):
         with pytest.raises(HarnessError, match=match):
             bad.check()

@@ -1,6 +1,5 @@
-"""The Triton MoE router (fp32 logits, then softmax/top-k/scale; the interpreter on the CPU) against
-MoEGate's torch math, each test through both of its paths: the logits and the rest in one launch,
-and the GEMV then the top-k kernel."""
+"""The Triton MoE router (fp32 GEMV, then softmax/top-k/scale in one kernel; the interpreter on the CPU)
+against MoEGate's torch math."""
 from __future__ import annotations
 
 import types
@@ -15,15 +14,6 @@ from harness.models.llm import MoE, MoEGate
 from harness.models.routing import DeviceRouting
 
 pytestmark = needs_triton
-
-
-@pytest.fixture(autouse=True, params=["one launch", "gemv + topk"])
-def path(request, monkeypatch):
-    """Every test runs once per path of ``route`` (``ONE_LAUNCH_MIN_ROWS``: 1 or never)."""
-    from harness.kernels import router_triton
-
-    monkeypatch.setattr(router_triton, "ONE_LAUNCH_MIN_ROWS", 1 if request.param == "one launch" else 10**9)
-    return request.param
 
 # (E, k, H, norm, scale)
 CASES = [(64, 6, 1280, False, 1.0), (8, 2, 96, True, 2.5), (16, 1, 200, True, 1.0)]

@@ -26,16 +26,17 @@ def test_skinny_linear_matches_linear(M, N, K):
 
     torch.manual_seed(M * N + K)
     x, w = torch.randn(M, K, device=DEV), torch.randn(N, K, device=DEV) * 0.05
-    cfg = SkinnyConfig(block_n=16, block_k=64, num_warps=2, num_stages=2)
-    y = skinny_linear(x, w, cfg)
-    assert y.shape == (M, N) and y.dtype == torch.float32
-    assert _rel(y, F.linear(x, w)) <= 1e-6
-    xb, wb = x.bfloat16(), w.bfloat16()
-    yb = skinny_linear(xb, wb, cfg)
-    exact = xb.double() @ wb.double().T
-    assert yb.dtype == torch.bfloat16
-    half_step = exact.abs() * 2.0 ** -8                          # >= half a bf16 ulp of each value
-    assert bool(((yb.double() - exact).abs() <= half_step).all())
+    for unroll in (False, True):                                  # the pipelined loop and the unrolled one
+        cfg = SkinnyConfig(block_n=16, block_k=64, num_warps=2, num_stages=2, unroll=unroll)
+        y = skinny_linear(x, w, cfg)
+        assert y.shape == (M, N) and y.dtype == torch.float32
+        assert _rel(y, F.linear(x, w)) <= 1e-6
+        xb, wb = x.bfloat16(), w.bfloat16()
+        yb = skinny_linear(xb, wb, cfg)
+        exact = xb.double() @ wb.double().T
+        assert yb.dtype == torch.bfloat16
+        half_step = exact.abs() * 2.0 ** -8                      # >= half a bf16 ulp of each value
+        assert bool(((yb.double() - exact).abs() <= half_step).all())
 
 
 def test_rows_tiles_and_shapes_are_refused():

@@ -25,7 +25,7 @@ Targets (``TARGETS``; which need a GPU: ``GPU_ONLY``):
 * ``sam_attention``: one SAM attention call, dense rel-pos mask against the augmented head dim
   (``smoke``: tiny cases on the CPU, plumbing only).
 * ``linear``: decode-size linear layers, cuBLAS against the Triton GEMV kernels (one row), the skinny
-  tensor-core kernel (more rows; ``skinny``: its tile changes) and the router's two paths; ``sweep``: tiles.
+  tensor-core kernel (more rows; ``skinny``: its tile changes); ``sweep``: tiles; ``shapes``: some shapes.
 * ``overhead``: what the measurement adds to a request (NVTX + CUDA events, kernel capture, one range).
 * ``host_noise``: how steady the host is (Python loop, launch-bound loops, host-sync paths).
 * ``outside_tpot``: TPOT from outside the harness's timers (``generate()`` of 2 and of 130 tokens).
@@ -150,6 +150,7 @@ class LinearBench:
     sweep: bool = False                       # GEMV tiles at the first rows value
     inductor: bool = False                    # also torch.compile of (x * w).sum(-1)
     skinny: List[str] = _opt(factory=list)    # skinny-kernel tiles besides its default (FIELD=VALUE;...)
+    shapes: List[str] = _opt(factory=list)    # these shapes of bench.linear.SHAPES only (empty: all)
 
 
 @dataclass

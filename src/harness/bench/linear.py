@@ -1,11 +1,11 @@
 """Decode-size linear layers on the GPU: cuBLAS (F.linear) against the Triton GEMV kernels of
 ``harness.kernels.gemv_triton`` (one row), the skinny tensor-core kernel of ``skinny_gemm_triton``
-(2-64 rows) and an inductor reduction, at DeepSeek-OCR's decoder shapes (bf16); for the router's
-shape also ``router_triton.route``'s two paths (logits and top-k in one launch or two).
+(2-64 rows) and an inductor reduction, at DeepSeek-OCR's decoder shapes (bf16).
 
     python -m harness bench linear [bench.linear.rows=[1,8]] [bench.linear.sweep=true] \\
         [bench.linear.inductor=true] [bench.linear.replays=50] \\
-        ["bench.linear.skinny=['block_n=16;num_stages=3']"]     # skinny tiles besides the default
+        ["bench.linear.skinny=['block_n=16;num_stages=3']"] \\     # skinny tiles besides the default
+        ["bench.linear.shapes=['q|k|v|o','qkv (fused)']"]            # these shapes only (default: all)
 
 Each (shape, rows, method) is timed as it runs in a decode graph: ``copies`` calls on distinct
 weight copies (more bytes than the L2 holds, so weights come from HBM) captured back to back in
@@ -21,6 +21,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
+from ..errors import HarnessError
 from .timing import capture, event_ms, first_line
 
 SHAPES = {          # name: (N, K); the fused ones concatenate weights the model holds apart
@@ -37,6 +38,11 @@ L2_BYTES = 128 * 2**20
 COLUMNS = ["shape", "gemv_rows", "method", "us_call", "gbs", "rel_err"]
 
 
+def skinny_label(c) -> str:
+    """A ``SkinnyConfig``'s method label: "skinny {block_n}x{block_k} w{warps} s{stages}" or "... unrolled"."""
+    return f"skinny {c.block_n}x{c.block_k} w{c.num_warps} " + ("unrolled" if c.unroll else f"s{c.num_stages}")
+
+
 def graph_us(call, copies: int, replays: int) -> float:
     """Median µs per call of ``copies`` calls (call(i) uses copy i) captured in one CUDA graph."""
     g, _ = capture(lambda: [call(i) for i in range(copies)])
@@ -46,7 +52,6 @@ def graph_us(call, copies: int, replays: int) -> float:
 def run(cfg, opts, device, report) -> None:
     """The bench (module docstring) on ``device`` (CUDA)."""
     from ..kernels.gemv_triton import GemvConfig, gemv, gemv_swiglu
-    from ..kernels.router_triton import route
     from ..kernels.skinny_gemm_triton import MAX_ROWS, SkinnyConfig, skinny_linear
     from .config import config_changes
 
@@ -61,7 +66,12 @@ def run(cfg, opts, device, report) -> None:
     red = torch.compile(lambda x, w: (x.unsqueeze(-2).float() * w.float()).sum(-1).to(x.dtype), dynamic=False)
     table = report.table("linear", f"decode-size linear layers in a graph of weight copies, {opts.replays} replays",
                          COLUMNS)
+    unknown = set(opts.shapes) - set(SHAPES)
+    if unknown:
+        raise HarnessError(f"bench.linear.shapes: unknown {sorted(unknown)}; the shapes are {list(SHAPES)}")
     for name, (N, K) in SHAPES.items():
+        if opts.shapes and name not in opts.shapes:
+            continue
         swiglu, fp32_out = "swiglu" in name, "fp32" in name
         wbytes = N * K * 2
         copies = max(8, min(64, -(-L2_BYTES // wbytes)))
@@ -76,9 +86,7 @@ def run(cfg, opts, device, report) -> None:
                 ours = lambda i, c: gemv_swiglu(x, ws[i], c)  # noqa: E731
             elif fp32_out:
                 ref = F.linear(x.float(), ws[0].float())
-                base = {"cublas fp32 (vendor gate)": lambda i: F.linear(x.float(), ws[i].float()),
-                        "route: gemv + top-k (2 launches)": lambda i: route(x, ws[i], 6, False, 1.0, one_launch=False),
-                        "route: one launch": lambda i: route(x, ws[i], 6, False, 1.0, one_launch=True)}
+                base = {"cublas fp32 (vendor gate)": lambda i: F.linear(x.float(), ws[i].float())}
                 ours = lambda i, c: gemv(x, ws[i], torch.float32, c)  # noqa: E731
             else:
                 ref = F.linear(x, ws[0])
@@ -86,8 +94,7 @@ def run(cfg, opts, device, report) -> None:
                 if opts.inductor:
                     base["inductor reduction"] = lambda i: red(x, ws[i])
                 if 1 < M <= MAX_ROWS:
-                    base.update({f"skinny {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}":
-                                 (lambda i, c=c: skinny_linear(x, ws[i], c)) for c in skinny})
+                    base.update({skinny_label(c): (lambda i, c=c: skinny_linear(x, ws[i], c)) for c in skinny})
                 ours = lambda i, c: gemv(x, ws[i], None, c)  # noqa: E731
             methods = list(base.items())
             methods += [(f"gemv {c.block_n}x{c.block_k} w{c.num_warps}", lambda i, c=c: ours(i, c))
@@ -99,12 +106,7 @@ def run(cfg, opts, device, report) -> None:
                 except Exception as exc:   # noqa: BLE001 - a tile that does not compile: noted, go on
                     report.note(f"{name} rows {M} {label} failed: {first_line(exc)}")
                     continue
-                out = fn(0)
-                if label.startswith("route"):     # (idx, weights): the weights against the softmax's top-6
-                    out, ref_w = out[1].sort(-1).values, ref.softmax(-1).topk(6, -1).values.sort(-1).values
-                    err = ((out - ref_w).abs().max() / ref_w.abs().max()).item()
-                else:
-                    err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+                err = ((fn(0).float() - ref.float()).abs().max() / ref.float().abs().max()).item()
                 table.add(shape=name, gemv_rows=M, method=label, us_call=us, gbs=wbytes / us / 1e3, rel_err=err)
                 if label.startswith("gemv") and (best is None or us < best[1]):
                     best = (label, us, err)

@@ -49,9 +49,9 @@ class DecodeAttentionConfig:
     target_programs: int = 2 * SMS
     num_warps: int = 4
     wide_from: Optional[int] = 80
-    wide_block_n: int = 64
-    wide_warps: int = 2
-    wide_target_programs: Optional[int] = None
+    wide_block_n: int = 32
+    wide_warps: int = 1
+    wide_target_programs: Optional[int] = 1280
     stages: int = 0
     deep_from: Optional[int] = 1280
     deep_block_n: int = 32
@@ -62,7 +62,8 @@ class DecodeAttentionConfig:
         """The tiles a launch of ``bh`` = B*nh programs per split runs: from ``deep_from`` programs on
         (B >= 128 at 10 heads) ``deep_block_n`` keys per tile with ``deep_warps`` warps through
         ``deep_stages`` pipeline stages; from ``wide_from`` (B >= 8) ``wide_block_n`` keys with
-        ``wide_warps`` warps; else this config (either threshold None: that tier never)."""
+        ``wide_warps`` warps, split toward ``wide_target_programs``; else this config (either threshold
+        None: that tier never)."""
         if self.deep_from is not None and bh >= self.deep_from:
             return dataclasses.replace(self, block_n=self.deep_block_n, num_warps=self.deep_warps,
                                        stages=self.deep_stages, wide_from=None, deep_from=None)

@@ -236,7 +236,7 @@ class FusedLinears(Converter):
             f"fused: q/k/v and dense/shared gate/up as one weight each; at <= {GEMV_MAX_ROWS} token(s) Triton GEMV "
             f"kernels for K <= {GEMV_MAX_K}, at 2-{SKINNY_MAX_ROWS} rows the linears with K <= {GEMV_MAX_K} a Triton "
             "tensor-core kernel, the router's softmax, top-k, scale and routing count one Triton kernel "
-            f"after its GEMV, from 2 rows with its logits (the router so up to {ROUTER_MAX_ROWS} decode rows); "
+            f"after its GEMV (the router so up to {ROUTER_MAX_ROWS} decode rows); "
             "with the static cache q/k/v, RoPE and the KV write one kernel; with moe_kernel=triton "
             "the shared expert as extra rows of the routed-expert kernels; cuBLAS otherwise")}
 
