@@ -71,31 +71,21 @@ def test_fuse_rows_keeps_the_state_dict_and_shares_storage():
         fused_linear.fuse_rows([nn.Linear(16, 8, bias=False), nn.Linear(8, 8, bias=False)])
 
 
-def test_linear_dispatch_by_rows_and_reduction_length(monkeypatch):
-    """One row with K <= GEMV_MAX_K: the GEMV kernel; 2 to SKINNY_MAX_ROWS rows with K <= GEMV_MAX_K
-    and the activation dtype out: the skinny kernel; more rows, a longer K or fp32 out of bf16
-    inputs (the vendor gate): F.linear, neither kernel runs."""
-    from harness.kernels import gemv_triton, skinny_gemm_triton
+def test_linear_dispatch_uses_cublas_beyond_one_row(monkeypatch):
+    """More rows than GEMV_MAX_ROWS, or K > GEMV_MAX_K, go to F.linear (the GEMV kernel never runs)."""
+    from harness.kernels import gemv_triton
 
-    calls, skinny = [], []
+    calls = []
     monkeypatch.setattr(gemv_triton, "gemv", lambda x, w, out_dtype=None: calls.append(x.shape) or x.new_zeros(1, 8))
-    monkeypatch.setattr(skinny_gemm_triton, "skinny_linear",
-                        lambda x, w: skinny.append(x.shape) or x.new_zeros(x.shape[0], 8))
     w = torch.randn(8, 16)
     assert (fused_linear.linear(torch.randn(1, 1, 16), w) == 0).all() and calls == [(1, 16)]
-    for rows in (2, fused_linear.SKINNY_MAX_ROWS):
-        assert (fused_linear.linear(torch.randn(rows, 1, 16), w) == 0).all() and skinny[-1] == (rows, 16)
-    x65 = torch.randn(fused_linear.SKINNY_MAX_ROWS + 1, 1, 16)
-    assert torch.equal(fused_linear.linear(x65, w), F.linear(x65, w))
+    x2 = torch.randn(2, 1, 16)
+    assert torch.equal(fused_linear.linear(x2, w), F.linear(x2, w)) and len(calls) == 1
     K = fused_linear.GEMV_MAX_K + 1
-    for rows in (1, 2):
-        xw, wide = torch.randn(rows, 1, K), torch.randn(8, K)
-        assert torch.equal(fused_linear.linear(xw, wide), F.linear(xw, wide))
-        assert torch.equal(fused_linear.linear(xw.bfloat16(), wide.bfloat16(), torch.float32),
-                           F.linear(xw.bfloat16().float(), wide.bfloat16().float()))
-    x2 = torch.randn(2, 1, 16).bfloat16()
-    assert torch.equal(fused_linear.linear(x2, w.bfloat16(), torch.float32), F.linear(x2.float(), w.bfloat16().float()))
-    assert len(calls) == 1 and len(skinny) == 2
+    xw, wide = torch.randn(1, 1, K), torch.randn(8, K)
+    assert torch.equal(fused_linear.linear(xw, wide), F.linear(xw, wide)) and len(calls) == 1
+    assert torch.equal(fused_linear.linear(xw.bfloat16(), wide.bfloat16(), torch.float32),
+                       F.linear(xw.bfloat16().float(), wide.bfloat16().float())) and len(calls) == 1
 
 
 #: the model's attention shape (10 heads of 128) on the GPU; in Triton's interpreter (one program per

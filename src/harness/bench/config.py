@@ -24,8 +24,8 @@ Targets (``TARGETS``; which need a GPU: ``GPU_ONLY``):
   per-row (``rows``) or the sorted, blocked (``blocks``) kernels' tiles.
 * ``sam_attention``: one SAM attention call, dense rel-pos mask against the augmented head dim
   (``smoke``: tiny cases on the CPU, plumbing only).
-* ``linear``: decode-size linear layers, cuBLAS against the Triton GEMV kernels (one row), the skinny
-  tensor-core kernel (more rows; ``skinny``: its tile changes); ``sweep``: tiles; ``shapes``: some shapes.
+* ``linear``: decode-size linear layers, cuBLAS against the Triton GEMV kernels; ``sweep``: tiles;
+  ``shapes``: some shapes only.
 * ``overhead``: what the measurement adds to a request (NVTX + CUDA events, kernel capture, one range).
 * ``host_noise``: how steady the host is (Python loop, launch-bound loops, host-sync paths).
 * ``outside_tpot``: TPOT from outside the harness's timers (``generate()`` of 2 and of 130 tokens).
@@ -149,7 +149,6 @@ class LinearBench:
     replays: int = _opt(50, min=1)
     sweep: bool = False                       # GEMV tiles at the first rows value
     inductor: bool = False                    # also torch.compile of (x * w).sum(-1)
-    skinny: List[str] = _opt(factory=list)    # skinny-kernel tiles besides its default (FIELD=VALUE;...)
     shapes: List[str] = _opt(factory=list)    # these shapes of bench.linear.SHAPES only (empty: all)
 
 

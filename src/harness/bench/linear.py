@@ -1,10 +1,8 @@
 """Decode-size linear layers on the GPU: cuBLAS (F.linear) against the Triton GEMV kernels of
-``harness.kernels.gemv_triton`` (one row), the skinny tensor-core kernel of ``skinny_gemm_triton``
-(2-64 rows) and an inductor reduction, at DeepSeek-OCR's decoder shapes (bf16).
+``harness.kernels.gemv_triton`` and an inductor reduction, at DeepSeek-OCR's decoder shapes (bf16).
 
     python -m harness bench linear [bench.linear.rows=[1,8]] [bench.linear.sweep=true] \\
         [bench.linear.inductor=true] [bench.linear.replays=50] \\
-        ["bench.linear.skinny=['block_n=16;num_stages=3']"] \\     # skinny tiles besides the default
         ["bench.linear.shapes=['q|k|v|o','qkv (fused)']"]            # these shapes only (default: all)
 
 Each (shape, rows, method) is timed as it runs in a decode graph: ``copies`` calls on distinct
@@ -38,11 +36,6 @@ L2_BYTES = 128 * 2**20
 COLUMNS = ["shape", "gemv_rows", "method", "us_call", "gbs", "rel_err"]
 
 
-def skinny_label(c) -> str:
-    """A ``SkinnyConfig``'s method label: "skinny {block_n}x{block_k} w{warps} s{stages}" or "... unrolled"."""
-    return f"skinny {c.block_n}x{c.block_k} w{c.num_warps} " + ("unrolled" if c.unroll else f"s{c.num_stages}")
-
-
 def graph_us(call, copies: int, replays: int) -> float:
     """Median µs per call of ``copies`` calls (call(i) uses copy i) captured in one CUDA graph."""
     g, _ = capture(lambda: [call(i) for i in range(copies)])
@@ -52,8 +45,6 @@ def graph_us(call, copies: int, replays: int) -> float:
 def run(cfg, opts, device, report) -> None:
     """The bench (module docstring) on ``device`` (CUDA)."""
     from ..kernels.gemv_triton import GemvConfig, gemv, gemv_swiglu
-    from ..kernels.skinny_gemm_triton import MAX_ROWS, SkinnyConfig, skinny_linear
-    from .config import config_changes
 
     dt = torch.bfloat16
     report.note(f"device: {torch.cuda.get_device_name(device)}  torch {torch.__version__}")
@@ -62,7 +53,6 @@ def run(cfg, opts, device, report) -> None:
         d = GemvConfig()
         configs += [GemvConfig(bn, bk, w) for bn in (2, 4, 8) for bk in (128, 256, 512) for w in (4, 8)
                     if (bn, bk, w) != (d.block_n, d.block_k, d.num_warps)]
-    skinny = [SkinnyConfig()] + [config_changes(text, SkinnyConfig()) for text in opts.skinny]
     red = torch.compile(lambda x, w: (x.unsqueeze(-2).float() * w.float()).sum(-1).to(x.dtype), dynamic=False)
     table = report.table("linear", f"decode-size linear layers in a graph of weight copies, {opts.replays} replays",
                          COLUMNS)
@@ -93,8 +83,6 @@ def run(cfg, opts, device, report) -> None:
                 base = {"cublas": lambda i: F.linear(x, ws[i])}
                 if opts.inductor:
                     base["inductor reduction"] = lambda i: red(x, ws[i])
-                if 1 < M <= MAX_ROWS:
-                    base.update({skinny_label(c): (lambda i, c=c: skinny_linear(x, ws[i], c)) for c in skinny})
                 ours = lambda i, c: gemv(x, ws[i], None, c)  # noqa: E731
             methods = list(base.items())
             methods += [(f"gemv {c.block_n}x{c.block_k} w{c.num_warps}", lambda i, c=c: ours(i, c))

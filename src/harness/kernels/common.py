@@ -16,8 +16,6 @@ modules import this one, so the flag is read once, here (``INTERPRETED``).
   ``expf``, IEEE round-to-nearest division); ``fp32_rounded(x)``: x kept as a rounded fp32 value (no
   fused multiply-add may absorb its rounding, as when an eager op writes it out).
 - ``row_times_tile(...)``: one row times BLOCK_N weight rows, fp32, the reduction loop unrolled.
-- ``mma(a, b, acc, DOT_PRECISION, DOT_IN_FP32)``: acc + a @ b on the tensor cores (or exactly in
-  fp32 under the interpreter).
 """
 from __future__ import annotations
 
@@ -134,18 +132,6 @@ def swiglu(acc_gate, acc_up, h_ptr, EMULATE_BF16_RNE: tl.constexpr):
 
 
 @triton.jit
-def mma(a, b, acc, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
-    """acc + a @ b in fp32. DOT_IN_FP32 upcasts the operands first (exact for bf16/fp16 products):
-    Triton's interpreter multiplies bf16 operands as raw uint16 bits (triton 3.9), so interpreted
-    bf16 runs need it; compiled kernels leave it off and use the tensor cores."""
-    if DOT_IN_FP32:
-        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-    return acc
-
-
-@triton.jit
 def row_times_tile(xp, wp, stride_xk, stride_wk, n_ok, K: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr):
     """sum_k x[k] * w[n, k] in fp32 for the BLOCK_N weight rows at ``wp`` (pointers [BLOCK_N, 1]);
@@ -161,4 +147,4 @@ def row_times_tile(xp, wp, stride_xk, stride_wk, n_ok, K: tl.constexpr, BLOCK_N:
 
 
 __all__ = ["INTERPRETED", "check_runnable", "emulates_bf16_rne", "rne", "rounded", "swiglu", "row_times_tile",
-           "mma", "exp_f32", "div_f32", "fp32_rounded"]
+           "exp_f32", "div_f32", "fp32_rounded"]

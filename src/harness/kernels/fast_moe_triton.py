@@ -22,11 +22,23 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .common import INTERPRETED, check_runnable, emulates_bf16_rne, mma, rounded, row_times_tile, swiglu
+from .common import INTERPRETED, check_runnable, emulates_bf16_rne, rounded, row_times_tile, swiglu
 from .moe_align_triton import align_rows
 from .moe_blocks import (ALIGN_KERNEL_MAX_ROWS, ROWS_KERNEL_MAX, TritonMoEConfig, align_rows_to_blocks,  # noqa: F401
                          counts_in_alignment, default_triton_config)
 
+
+
+@triton.jit
+def _mma(a, b, acc, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """acc + a @ b in fp32. DOT_IN_FP32 upcasts the operands first (exact for bf16/fp16 products):
+    Triton's interpreter multiplies bf16 operands as raw uint16 bits (triton 3.9), so interpreted
+    bf16 runs need it; compiled kernels leave it off and use the tensor cores."""
+    if DOT_IN_FP32:
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    return acc
 
 
 @triton.jit
@@ -73,8 +85,8 @@ def _gate_up_silu_kernel(
         w_mask = k_ok[:, None] & n_ok[None, :]
         b_gate = tl.load(wg_ptrs, mask=w_mask, other=0.0)
         b_up = tl.load(wu_ptrs, mask=w_mask, other=0.0)
-        acc_gate = mma(a, b_gate, acc_gate, DOT_PRECISION, DOT_IN_FP32)
-        acc_up = mma(a, b_up, acc_up, DOT_PRECISION, DOT_IN_FP32)
+        acc_gate = _mma(a, b_gate, acc_gate, DOT_PRECISION, DOT_IN_FP32)
+        acc_up = _mma(a, b_up, acc_up, DOT_PRECISION, DOT_IN_FP32)
         x_ptrs += BLOCK_K * stride_xh
         wg_ptrs += BLOCK_K * stride_wh
         wu_ptrs += BLOCK_K * stride_wh
@@ -114,7 +126,7 @@ def _down_weighted_kernel(
         k_ok = offs_k < inter - kb * BLOCK_K
         a = tl.load(h_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        acc = mma(a, b, acc, DOT_PRECISION, DOT_IN_FP32)
+        acc = _mma(a, b, acc, DOT_PRECISION, DOT_IN_FP32)
         h_ptrs += BLOCK_K * stride_hi
         w_ptrs += BLOCK_K * stride_wi
     if routed:

@@ -11,8 +11,6 @@ converter. The operations they run:
   q/k/v become one GEMM and each SwiGLU's gate/up one GEMM.
 - ``linear(x, w)`` / ``swiglu(x, w_gate_up)``: at one row (a batch-1 decode step) with K <= GEMV_MAX_K
   the Triton GEMV kernels of ``gemv_triton`` (a cuBLAS GEMM tile grid leaves most SMs idle at M=1);
-  ``linear`` at 2 to SKINNY_MAX_ROWS rows (a batched decode step) with K <= GEMV_MAX_K the
-  tensor-core kernel of ``skinny_gemm_triton`` (narrow column tiles over more SMs than cuBLAS's);
   otherwise F.linear on the fused weight. ``python -m harness bench linear`` (H200, graph-replayed,
   µs per call): q/k/v/o 5.15 cuBLAS vs 3.48 GEMV; fused qkv 5.76 vs 4.88 (three separate GEMMs:
   15.5); shared gate/up/silu*mul 13.6 vs 5.04; router (fp32) 8.41 vs 2.13; dense down (K=6848) 10.0
@@ -39,20 +37,16 @@ GEMV_MAX_ROWS = 1
 #: kernel 2.9 + 2.5 (runs/examples/h200-b32-align/kernels_b32*.txt); the GEMV reads the 164 KB gate
 #: once per row, from L2 after the first
 ROUTER_MAX_ROWS = 128
-#: token rows up to which ``linear`` runs the skinny tensor-core kernel (from 2; with K <= GEMV_MAX_K)
-SKINNY_MAX_ROWS = 64
 #: reduction length up to which the GEMV kernels run (their loop over K is unrolled)
 GEMV_MAX_K = 2048
 #: tiles of the GEMV kernels (a ``gemv_triton.GemvConfig``); None: the kernels' default (the H200's
 #: fastest). A hook for the CPU tests: Triton's interpreter pays per program, so they set wider tiles.
 GEMV_TILES = None
-#: tiles of the skinny kernel (a ``skinny_gemm_triton.SkinnyConfig``); None: its default
-SKINNY_TILES = None
 
 
-def _tiles(tiles) -> dict:
-    """A kernel's ``config`` argument: empty for its default tiles (``tiles`` None), else ``tiles``."""
-    return {} if tiles is None else {"config": tiles}
+def _tiles() -> dict:
+    """The GEMV kernels' ``config`` argument: empty for their default tiles, else ``GEMV_TILES``."""
+    return {} if GEMV_TILES is None else {"config": GEMV_TILES}
 
 
 def fuse_rows(linears: list) -> torch.Tensor:
@@ -100,21 +94,13 @@ def gemv_fits(rows: int, k: int) -> bool:
     return rows <= GEMV_MAX_ROWS and k <= GEMV_MAX_K
 
 
-def skinny_fits(rows: int, k: int) -> bool:
-    """Whether ``linear`` on ``rows`` token rows against a reduction length ``k`` runs the skinny kernel."""
-    return 1 < rows <= SKINNY_MAX_ROWS and k <= GEMV_MAX_K
-
-
 def linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [..., K] @ w[N, K]^T -> [..., N] in ``out_dtype`` (x's by default). ``out_dtype=float32`` is
     the vendor gate's F.linear(x.float(), w.float()): exact products, fp32 sums."""
     x2 = x.reshape(-1, x.shape[-1])
     if gemv_fits(x2.shape[0], w.shape[1]):
         from ..kernels.gemv_triton import gemv
-        y = gemv(x2, w, out_dtype, **_tiles(GEMV_TILES))
-    elif skinny_fits(x2.shape[0], w.shape[1]) and out_dtype in (None, x.dtype) and w.dtype == x.dtype:
-        from ..kernels.skinny_gemm_triton import skinny_linear
-        y = skinny_linear(x2, w, **_tiles(SKINNY_TILES))
+        y = gemv(x2, w, out_dtype, **_tiles())
     elif out_dtype == torch.float32:
         y = F.linear(x2.float(), w.float())
     else:
@@ -128,7 +114,7 @@ def swiglu(x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor:
     inter = w_gate_up.shape[0] // 2
     if gemv_fits(x2.shape[0], w_gate_up.shape[1]):
         from ..kernels.gemv_triton import gemv_swiglu
-        h = gemv_swiglu(x2, w_gate_up, **_tiles(GEMV_TILES))
+        h = gemv_swiglu(x2, w_gate_up, **_tiles())
     else:
         gate, up = F.linear(x2, w_gate_up).split(inter, dim=-1)
         h = F.silu(gate) * up
@@ -151,7 +137,7 @@ class FusedAttention(Variant, Attention):
         cos, sin = cache.rope if cache.rope is not None else self.rotary_emb(x, position_ids)
         k_buf, v_buf = cache.k[self.layer_idx], cache.v[self.layer_idx]
         q = gemv_qkv_rope(x.reshape(1, -1), self.qkv_weight, cos, sin, cache.pos, k_buf, v_buf, self.num_heads,
-                          **_tiles(GEMV_TILES))
+                          **_tiles())
         out = self.attend_decode(q, k_buf, v_buf, cache)
         return self.output(out.transpose(1, 2).reshape(B, S, -1))
 
@@ -234,10 +220,9 @@ class FusedLinears(Converter):
                 swap(layer.mlp.gate, FusedGate)
         return {self.manifest_key: (
             f"fused: q/k/v and dense/shared gate/up as one weight each; at <= {GEMV_MAX_ROWS} token(s) Triton GEMV "
-            f"kernels for K <= {GEMV_MAX_K}, at 2-{SKINNY_MAX_ROWS} rows the linears with K <= {GEMV_MAX_K} a Triton "
-            "tensor-core kernel, the router's softmax, top-k, scale and routing count one Triton kernel "
-            f"after its GEMV (the router so up to {ROUTER_MAX_ROWS} decode rows); "
-            "with the static cache q/k/v, RoPE and the KV write one kernel; with moe_kernel=triton "
+            f"kernels for K <= {GEMV_MAX_K}, the router's softmax, top-k, scale and routing count one Triton kernel "
+            f"after its GEMV (the router so up to {ROUTER_MAX_ROWS} decode rows); with the static cache q/k/v, RoPE "
+            "and the KV write one kernel; with moe_kernel=triton "
             "the shared expert as extra rows of the routed-expert kernels; cuBLAS otherwise")}
 
 
