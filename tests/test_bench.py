@@ -62,10 +62,12 @@ def test_a_bench_target_without_a_name_or_unknown_is_one_line(capsys, tmp_path):
 
 @pytest.mark.parametrize("override, line", [
     ("bench.moe.reps=0", "error: bench.moe.reps=0 is below its minimum 1; fix: set bench.moe.reps to 1 or more"),
-    ("bench.moe.sweep=cols", "error: bench.moe.sweep='cols' is not one of rows, blocks; fix: set bench.moe.sweep to "
-                             "one of rows, blocks"),
-    ("bench.moe.shared=true", "error: bench.moe.shared=true folds the shared expert into the per-row kernels only; "
-                              "fix: add bench.moe.sweep=rows, or drop bench.moe.shared"),
+    ("bench.moe.sweep=cols", "error: bench.moe.sweep='cols' is not one of rows, blocks, down; fix: set "
+                             "bench.moe.sweep to one of rows, blocks, down"),
+    ("bench.moe.routing=skewed", "error: bench.moe.routing='skewed' is not one of gate, balanced; fix: set "
+                                 "bench.moe.routing to one of gate, balanced"),
+    ("bench.moe.shared=true", "error: bench.moe.shared=true folds the shared expert into a sweep's kernels only; "
+                              "fix: add bench.moe.sweep=rows, blocks or down, or drop bench.moe.shared"),
     ("bench.moe.tokens=[]", "error: bench.moe.tokens=[] is not a list of sizes >= 1; fix: write it like "
                             "bench.moe.tokens=[1,8]"),
 ])
@@ -321,3 +323,24 @@ def test_moe_block_candidates_follow_the_rows_per_expert():
     assert moe.block_candidates(33 * 64, 64) is moe.LARGE_BLOCK_CANDIDATES
     assert {c[0] for c in moe.block_candidates(128 * 286 * 6, 64)} == {64, 128}
     assert len(moe.LARGE_BLOCK_CANDIDATES) == 2 * 3 * 2 * 2 * 2
+
+
+def test_moe_bench_balanced_routing_draws_k_distinct_experts_per_token():
+    """``bench.moe.routing=balanced``: each token's k ids are distinct experts, drawn the same way for
+    the same T (seeded by it) and not the gate's choice; the bytes are those of the distinct experts
+    touched. The gate's routing is the layer's own top-k."""
+    from harness.bench.moe import routed
+    from harness.models.llm import LLMConfig, MoE
+    from harness.variants import fast_moe as fm
+
+    cfg = LLMConfig(hidden_size=32, moe_intermediate_size=16, n_routed_experts=16, num_experts_per_tok=4)
+    torch.manual_seed(0)
+    moe = MoE(cfg, layer_idx=1).to(torch.bfloat16)
+    weights = fm.stack_experts(moe)
+    _, ids, _, nbytes = routed(moe, weights, 24, "balanced")
+    assert ids.shape == (24, 4) and ids.dtype == torch.int64
+    assert all(len(set(r)) == 4 for r in ids.tolist()) and int(ids.min()) >= 0 and int(ids.max()) < 16
+    assert torch.equal(ids, routed(moe, weights, 24, "balanced")[1])
+    assert nbytes == len(set(ids.flatten().tolist())) * weights.bytes_per_expert()
+    x, gate_ids, _, _ = routed(moe, weights, 24)
+    assert torch.equal(gate_ids, moe.gate(x)[0]) and not torch.equal(gate_ids, ids)

@@ -131,6 +131,22 @@ def test_triton_crowded_and_empty_experts(block_m):
     assert rel_err(out, moe.moe_infer(x, ids, w)) <= 1e-5
 
 
+def test_triton_down_launch_takes_its_own_tiles():
+    """``TritonMoEConfig.down_*`` set the down launch's tiles apart from gate/up's (16-column tiles of a
+    K = 32 reduction under gate/up's 32 x 64): the same fp32 result as the vendor loop; a down tile
+    tl.dot cannot take is refused by name."""
+    triton_ready()
+    moe, weights = make_moe("tiny", device=TRITON_DEVICE)
+    x, ids, w = routed_inputs(moe, 40, torch.float32, TRITON_DEVICE)
+    cfg = fm.TritonMoEConfig(block_m=16, block_n=32, block_k=64, down_block_n=16, down_block_k=32, down_warps=2,
+                             down_stages=2)
+    assert cfg.down() == (16, 32, 2, 2) and fm.TritonMoEConfig(block_n=32).down() == (32, 128, 4, 3)
+    out = fm.routed_experts(x, ids, w, weights, "triton", triton_config=cfg)
+    assert rel_err(out, moe.moe_infer(x, ids, w)) <= 1e-5
+    with pytest.raises(HarnessError, match="down_block_k=8"):
+        fm.routed_experts(x, ids, w, weights, "triton", triton_config=fm.TritonMoEConfig(down_block_k=8))
+
+
 def test_parity_check_sees_wrong_routing():
     """The tolerance is tight enough to catch a routing mistake: shifted expert ids fail it."""
     moe, weights = make_moe("tiny")

@@ -7,9 +7,13 @@ of ``harness.variants.fast_moe``, at DeepSeek-OCR's sizes (H=1280, I=896, E=64, 
                                                                               # shared expert folded in
     python -m harness bench moe bench.moe.sweep=blocks bench.moe.tokens=[32]  # tiles of the sorted, blocked kernels
     python -m harness bench moe bench.moe.sweep=blocks bench.moe.tokens=[36608]  # ... at a prefill of 128 base pages
+    python -m harness bench moe bench.moe.sweep=down bench.moe.tokens=[32] bench.moe.shared=true \
+        bench.moe.routing=balanced        # the down launch's tiles apart, as batch 32 decodes under balanced routing
 
 Self-contained: one MoE layer of ``model.llm``'s shape with random weights (std 0.02, the harness's
-init_std), routing from its own fp32 softmax gate on random activations. For each T and
+init_std), routing from its own fp32 softmax gate on random activations (``routing=balanced``: each
+token's k experts drawn uniformly without repeats, seeded by T, as ``workload.routing=balanced``
+spreads a batch; the gate's weights kept). For each T and
 implementation the ``moe`` table gives:
 
 - per call / p90 (measured): CUDA events around one call, median and 90th percentile over ``reps``.
@@ -46,6 +50,8 @@ BLOCK_CANDIDATES = [(bm, bn, bk, w, st) for bm in (16,) for bn in (32, 64, 128) 
 #: ``default_triton_config``'s large-batch branch), where tiles of 64-128 rows fill the tensor cores
 LARGE_BLOCK_CANDIDATES = [(bm, bn, bk, w, st) for bm in (64, 128) for bn in (64, 128, 256) for bk in (32, 64)
                           for w in (4, 8) for st in (3, 4)]
+#: the down launch's own tiles (block_n, block_k, warps, stages) under the default gate/up (``sweep=down``)
+DOWN_CANDIDATES = [(bn, bk, w, st) for bn in (32, 64, 128) for bk in (64, 128, 256) for w in (4, 8) for st in (3, 4)]
 
 
 def block_candidates(routed_rows: int, experts: int) -> list:
@@ -103,13 +109,28 @@ def row(impl, T, spans, bytes_touched, err, no_sync, note="") -> dict:
             "ok": "" if err is None else ("ok" if err <= BF16_TOL else "FAIL"), "no_sync": no_sync, "note": note}
 
 
-def routed(moe, weights, T: int):
-    """(x, ids, w, bytes of the experts touched) of ``T`` random bf16 tokens through the layer's gate."""
+def routed(moe, weights, T: int, routing: str = "gate"):
+    """(x, ids, w, bytes of the experts touched) of ``T`` random bf16 tokens through the layer's gate;
+    ``routing="balanced"``: each token's ids k distinct experts drawn uniformly (seeded by T)."""
     dev = weights.gate_up.device
     gen = torch.Generator(device=dev).manual_seed(T)
     x = torch.randn(T, weights.hidden, device=dev, generator=gen).to(torch.bfloat16)
     ids, w = moe.gate(x)
+    if routing == "balanced":
+        draw = torch.Generator().manual_seed(T)
+        ids = torch.stack([torch.randperm(weights.num_experts, generator=draw)[:ids.shape[1]] for _ in range(T)])
+        ids = ids.to(device=dev, dtype=torch.int64)
     return x, ids, w, torch.unique(ids).numel() * weights.bytes_per_expert()   # host-side, outside any timing
+
+
+def shared_fold(moe, opts) -> tuple:
+    """(the shared expert's (gate_up [2S, H], down [H, S]) to fold into the kernels, its weight bytes), or
+    (None, 0) without ``opts.shared``."""
+    if not opts.shared:
+        return None, 0
+    sh = moe.shared_experts
+    fold = (torch.cat([sh.gate_proj.weight, sh.up_proj.weight]).detach(), sh.down_proj.weight.detach())
+    return fold, sum(t.numel() * t.element_size() for t in fold)
 
 
 def bench_bf16(moe, weights, opts, flush, table, report) -> None:
@@ -117,7 +138,7 @@ def bench_bf16(moe, weights, opts, flush, table, report) -> None:
 
     dev, skipped = weights.gate_up.device, set()
     for T in opts.tokens:
-        x, ids, w, bytes_touched = routed(moe, weights, T)
+        x, ids, w, bytes_touched = routed(moe, weights, T, opts.routing)
         ref = moe.moe_infer(x, ids, w)
         spans = event_ms(lambda: moe.moe_infer(x, ids, w), opts.reps, opts.warmup, flush)
         table.add(**row("vendor_loop", T, spans, bytes_touched, None, sync_free(lambda: moe.moe_infer(x, ids, w)),
@@ -160,16 +181,14 @@ def rows_sweep(moe, weights, opts, flush, table, report) -> None:
     from ..kernels import fast_moe_triton as fmt
 
     sh = moe.shared_experts
-    fold = (torch.cat([sh.gate_proj.weight, sh.up_proj.weight]).detach(), sh.down_proj.weight.detach()) \
-        if opts.shared else None
-    shared_bytes = sum(t.numel() * t.element_size() for t in fold) if opts.shared else 0
+    fold, shared_bytes = shared_fold(moe, opts)
     base = fmt.RowsConfig()
     configs = [("default", base)]
     configs += [(f"gate_up={c}", fmt.RowsConfig(gate_up=c, down=base.down)) for c in ROWS_CANDIDATES
                 if c != base.gate_up]
     configs += [(f"down={c}", fmt.RowsConfig(gate_up=base.gate_up, down=c)) for c in ROWS_CANDIDATES if c != base.down]
     for T in opts.tokens:
-        x, ids, w, bytes_touched = routed(moe, weights, T)
+        x, ids, w, bytes_touched = routed(moe, weights, T, opts.routing)
         if ids.numel() > fmt.ROWS_KERNEL_MAX:
             report.note(f"skipped: rows at T={T}: {ids.numel()} rows > {fmt.ROWS_KERNEL_MAX}")
             continue
@@ -190,30 +209,43 @@ def rows_sweep(moe, weights, opts, flush, table, report) -> None:
 
 def blocks_sweep(moe, weights, opts, flush, table, report) -> None:
     """The sorted, blocked kernels (``fast_moe_triton.routed_experts_triton`` with an explicit
-    ``TritonMoEConfig``: row alignment, gate_up, down and the sum over k) under each (block_m,
-    block_n, block_k, num_warps, num_stages) of ``block_candidates``, each call graph-captured; the
-    first row is ``default_triton_config``'s choice."""
+    ``TritonMoEConfig``: row alignment, gate_up, down and the sum over k; ``opts.shared``: the shared
+    expert folded in as pseudo-experts) under each (block_m, block_n, block_k, num_warps, num_stages) of
+    ``block_candidates`` for both launches (``sweep=blocks``), or each (block_n, block_k, warps,
+    stages) of ``DOWN_CANDIDATES`` for the down launch alone (``sweep=down``, gate/up at the default);
+    each call graph-captured; the first row is ``default_triton_config``'s choice."""
+    import dataclasses
+
     from ..kernels import fast_moe_triton as fmt
     from ..kernels.moe_blocks import TritonMoEConfig, default_triton_config
 
+    sh = moe.shared_experts
+    fold, shared_bytes = shared_fold(moe, opts)
     for T in opts.tokens:
-        x, ids, w, bytes_touched = routed(moe, weights, T)
+        x, ids, w, bytes_touched = routed(moe, weights, T, opts.routing)
         with torch.no_grad():
-            ref = moe.moe_infer(x, ids, w)
+            ref = moe.moe_infer(x, ids, w) + (sh(x) if opts.shared else 0)
         base = default_triton_config(ids.numel(), weights.num_experts)
-        configs = [("default " + str(tuple(vars(base).values())), base)]
-        configs += [(str(c), TritonMoEConfig(*c)) for c in block_candidates(ids.numel(), weights.num_experts)]
-        report.note(f"T={T}: {torch.unique(ids).numel()} experts touched")
+        configs = [("default " + str(tuple(vars(base).values())[:5]), base)]
+        if opts.sweep == "down":
+            configs += [(f"down={c}", dataclasses.replace(base, down_block_n=c[0], down_block_k=c[1], down_warps=c[2],
+                                                          down_stages=c[3]))
+                        for c in DOWN_CANDIDATES if c != base.down()]
+        else:
+            configs += [(str(c), TritonMoEConfig(*c)) for c in block_candidates(ids.numel(), weights.num_experts)]
+        report.note(f"T={T}: {torch.unique(ids).numel()} experts touched ({opts.routing} routing)"
+                    + (", the shared expert folded in" if opts.shared else ""))
+        impl = "blocks+shared+graph" if opts.shared else "blocks+graph"
         for label, cfg in configs:
             def call(cfg=cfg):
-                return fmt.routed_experts_triton(x, ids, w, weights, cfg)
+                return fmt.routed_experts_triton(x, ids, w, weights, cfg, shared=fold)
             try:
                 graph, out = capture(call)
                 spans = event_ms(graph.replay, opts.reps, opts.warmup, flush)
             except Exception as exc:  # noqa: BLE001 - a tile that does not compile or fit: noted, go on
                 report.note(f"skipped: blocks {label} at T={T}: {first_line(exc)}")
                 continue
-            table.add(**row("blocks+graph", T, spans, bytes_touched, rel_err(out, ref), "yes", label))
+            table.add(**row(impl, T, spans, bytes_touched + shared_bytes, rel_err(out, ref), "yes", label))
     table.rows.sort(key=lambda r: (r["moe_tokens"], r["ms_call"]))
 
 
@@ -255,11 +287,12 @@ def run(cfg, opts, device, report) -> None:
                 f"{tuple(weights.down.shape[1:])}) bf16, {weights.bytes_per_expert() / 1e6:.2f} MB per expert")
     flush = flush_buffer(device)
     title = {None: "routed experts, bf16", "rows": "per-row decode kernels under each tile candidate",
-             "blocks": "sorted, blocked kernels under each (block_m, block_n, block_k, warps, stages)"}[opts.sweep]
+             "blocks": "sorted, blocked kernels under each (block_m, block_n, block_k, warps, stages)",
+             "down": "sorted, blocked kernels, the down launch under each (block_n, block_k, warps, stages)"}[opts.sweep]
     table = report.table("moe", title + f" ({opts.reps} reps, L2 flushed)", COLUMNS)
     if opts.sweep == "rows":
         rows_sweep(moe, weights, opts, flush, table, report)
-    elif opts.sweep == "blocks":
+    elif opts.sweep in ("blocks", "down"):
         blocks_sweep(moe, weights, opts, flush, table, report)
     else:
         bench_bf16(moe, weights, opts, flush, table, report)
