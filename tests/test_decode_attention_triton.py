@@ -72,6 +72,12 @@ CASES = {  # name: (B, nh, nkv, L, d, pos, config, scale)
     # the software-pipelined loop: 7 blocks in 2 splits (4 + 3), and one split of all 7
     "pipelined": (1, 2, 2, 100, 16, 99, Cfg(block_n=16, num_splits=2, stages=3), None),
     "pipelined-one-split": (2, 4, 2, 100, 16, 60, Cfg(block_n=16, num_splits=1, stages=2), 0.2),
+    # balanced: the filled blocks shared out at run time. 1 filled block over 6 splits; 2 over 4 (one each,
+    # two splits empty); 4 over 3 (2 + 2 + none); 7 over 3 through the pipeline (3 + 3 + 1)
+    "balanced-pos0": (2, 4, 4, 96, 32, 0, Cfg(block_n=16, balanced=True), None),
+    "balanced-early": (1, 2, 2, 128, 16, 20, Cfg(block_n=16, num_splits=4, balanced=True), None),
+    "balanced-uneven": (2, 4, 2, 100, 16, 60, Cfg(block_n=16, num_splits=3, balanced=True), None),
+    "balanced-pipelined": (1, 2, 2, 100, 16, 99, Cfg(block_n=16, num_splits=3, stages=3, balanced=True), None),
 }
 
 
@@ -96,15 +102,16 @@ def test_kernel_matches_float64_reference(name, dtype, combine):
 
 def test_position_is_read_on_the_device():
     """The same buffers and the same pos tensor, advanced in place (as a CUDA graph replays): each
-    call attends over the positions up to the tensor's current value."""
+    call attends over the positions up to the tensor's current value, with the splits' fixed ranges
+    and with the filled positions shared out (``balanced``)."""
     q, k, v = draw(1, 2, 2, 64, 16, 63)
     q, k, v = (t.to(DEV) for t in (q, k, v))
     pos = torch.zeros(1, dtype=torch.int64, device=DEV)
-    cfg = Cfg(block_n=16)
-    for p in (0, 15, 16, 47, 63):
-        pos.fill_(p)
-        out = dat.decode_attention(q, k, v, pos, config=cfg).cpu()
-        assert rel_err(out, reference(q.cpu(), k.cpu(), v.cpu(), p)) <= 1e-5, p
+    for cfg in (Cfg(block_n=16), Cfg(block_n=16, num_splits=3, balanced=True)):   # fixed ranges; shared at run time
+        for p in (0, 15, 16, 47, 63):
+            pos.fill_(p)
+            out = dat.decode_attention(q, k, v, pos, config=cfg).cpu()
+            assert rel_err(out, reference(q.cpu(), k.cpu(), v.cpu(), p)) <= 1e-5, (cfg.balanced, p)
 
 
 def test_wide_launches_take_the_wide_tiles():

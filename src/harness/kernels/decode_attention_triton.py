@@ -40,8 +40,10 @@ class DecodeAttentionConfig:
     and from ``deep_from`` programs on ``deep_block_n`` keys with ``deep_warps``
     warps and ``deep_stages``. ``stages``: 0, each program loads a tile and reduces it before it loads
     the next; 2-6, its tiles stream through Triton's software pipeline with that many stages (stages - 1
-    tiles in flight while one is reduced). How the defaults were measured:
-    ``docs/kernels/decode_attention_triton.md``.
+    tiles in flight while one is reduced). ``balanced``: the splits share the filled positions 0..pos
+    (read on the device: each split about 1/NUM_SPLITS of them) instead of fixed ranges of the buffer
+    (early in a request the last splits of a fixed partition have nothing to read while the first
+    ones read whole ranges). How the defaults were measured: ``docs/kernels/decode_attention_triton.md``.
     """
 
     block_n: int = 32
@@ -57,6 +59,7 @@ class DecodeAttentionConfig:
     deep_block_n: int = 32
     deep_warps: int = 2
     deep_stages: int = 3
+    balanced: bool = False
 
     def for_programs(self, bh: int) -> "DecodeAttentionConfig":
         """The tiles a launch of ``bh`` = B*nh programs per split runs: from ``deep_from`` programs on
@@ -138,15 +141,22 @@ def _split_kernel(Q, K, V, POS, O, ACC, M, LS, SEM, heads, group, L,
                   s_qb, s_qh, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ob, s_oh,
                   SCALE_LOG2: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCKS_PER_SPLIT: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-                  LAST_COMBINES: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr, STAGES: tl.constexpr):
+                  LAST_COMBINES: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr, STAGES: tl.constexpr,
+                  BALANCED: tl.constexpr):
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = (bh // heads).to(tl.int64)
     h = bh % heads
     kvh = (h // group).to(tl.int64)
     n_keys = tl.minimum(tl.load(POS).to(tl.int32) + 1, L)        # keys 0..pos
-    start = split * (BLOCKS_PER_SPLIT * BLOCK_N)
-    n_blocks = tl.minimum(tl.maximum((n_keys - start + BLOCK_N - 1) // BLOCK_N, 0), BLOCKS_PER_SPLIT)
+    if BALANCED:                                                  # the filled blocks, shared out at run time
+        filled = (n_keys + BLOCK_N - 1) // BLOCK_N
+        per = (filled + NUM_SPLITS - 1) // NUM_SPLITS
+        start = split * per * BLOCK_N
+        n_blocks = tl.minimum(tl.maximum(filled - split * per, 0), per)
+    else:                                                         # fixed ranges of the buffer
+        start = split * (BLOCKS_PER_SPLIT * BLOCK_N)
+        n_blocks = tl.minimum(tl.maximum((n_keys - start + BLOCK_N - 1) // BLOCK_N, 0), BLOCKS_PER_SPLIT)
     offs_d = tl.arange(0, D)
     offs_n = tl.arange(0, BLOCK_N)
     # the scale is a compile-time constant: as a runtime float argument torch.compile passes it as fp64
@@ -247,7 +257,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
         out.stride(0), out.stride(1),
         SCALE_LOG2=scale_log2, D=D, BLOCK_N=config.block_n, BLOCKS_PER_SPLIT=per, NUM_SPLITS=splits,
         SPLITS_P2=splits_p2, LAST_COMBINES=last_combines, EMULATE_BF16_RNE=emulate_rne, STAGES=config.stages,
-        num_warps=config.num_warps)
+        BALANCED=config.balanced, num_warps=config.num_warps)
     if splits > 1 and not last_combines:
         _combine_kernel[(B * nh,)](
             acc, m, ls, out, nh, out.stride(0), out.stride(1),
