@@ -135,6 +135,44 @@ def test_gemv_qkv_rope_equals_linear_rope_and_cache_write(nh, nkv, d, dtype):
             assert bool((diff <= 2.0 ** -7 * terms[name]).all()), (name, float(diff.max()), int((diff > 0).sum()))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_kv_write_equals_rope_and_cache_write(dtype):
+    """The batched step's RoPE and KV write in one launch (after the q/k/v linear): each sequence's q
+    and its cache rows at ``pos`` equal the eager RoPE (each op rounded to the dtype) and index_copy_,
+    exactly in Triton's interpreter (fp32 too: the same operations in the same order); on the GPU
+    within one ulp of the RoPE terms, as ``gemv_qkv_rope`` (its test). Other positions untouched; 5
+    sequences, 4 query heads on 2 KV heads."""
+    from harness.kernels.gemv_triton import rope_kv_write
+    from harness.models.llm import RotaryEmbedding, rotate_half
+
+    g = torch.Generator().manual_seed(5)
+    B, nh, nkv, d, L, pos = 5, 4, 2, 16, 12, 7
+    qkv = torch.randn(B, (nh + 2 * nkv) * d, generator=g).to(dtype)
+    cos, sin = RotaryEmbedding(d, 10000.0)(qkv, torch.tensor([[pos]]))
+    k_cache, v_cache = (torch.randn(B, nkv, L, d, generator=g).to(dtype) for _ in range(2))
+    q, k, v = (t.view(B, 1, -1, d).transpose(1, 2) for t in qkv.split([nh * d, nkv * d, nkv * d], dim=-1))
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    want = {"q": q * c + rotate_half(q) * s, "k": (k * c + rotate_half(k) * s)[:, :, 0], "v": v[:, :, 0]}
+    terms = {n: (t.double().abs() + rotate_half(t).double().abs()).reshape(want[n].shape) for n, t in (("q", q), ("k", k))}
+    others = [p for p in range(L) if p != pos]
+    before = k_cache[:, :, others].clone(), v_cache[:, :, others].clone()
+    got_q = rope_kv_write(qkv.to(DEV), cos.to(DEV), sin.to(DEV), torch.tensor([pos], device=DEV),
+                          k_cache := k_cache.to(DEV), v_cache := v_cache.to(DEV), nh)
+    assert got_q.shape == (B, nh, 1, d) and got_q.dtype == dtype
+    got = {"q": got_q.cpu(), "k": k_cache[:, :, pos].cpu(), "v": v_cache[:, :, pos].cpu()}
+    assert torch.equal(k_cache[:, :, others].cpu(), before[0]) and torch.equal(v_cache[:, :, others].cpu(), before[1])
+    for name in ("q", "k", "v"):
+        diff = (got[name].double() - want[name].double()).abs()
+        if DEV == "cpu" or name == "v":
+            assert float(diff.max()) == 0.0, (name, float(diff.max()), int((diff > 0).sum()))
+        else:
+            ulp = 2.0 ** (-7 if dtype == torch.bfloat16 else -23)
+            assert bool((diff <= ulp * terms[name]).all()), (name, float(diff.max()), int((diff > 0).sum()))
+    with pytest.raises(HarnessError, match="rope_kv_write"):
+        rope_kv_write(qkv[:, :-2].to(DEV), cos.to(DEV), sin.to(DEV), torch.tensor([pos], device=DEV), k_cache,
+                      v_cache, nh)
+
+
 def test_gemv_qkv_rope_refuses_bad_shapes():
     from harness.kernels.gemv_triton import gemv_qkv_rope
 

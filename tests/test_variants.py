@@ -503,3 +503,49 @@ def test_gpu_fused_vision_full_size_fp32(mode, sam):
         variants.apply(model, ExecutionConfig(vision_impl="fused", vision_compile=True, sam_attention=sam))
         got = model.image_embeddings(req.global_views, req.tiles, req.grid).clone()
     assert _rel(got, ref) <= 1e-5, _rel(got, ref)
+
+
+@pytest.mark.skipif(not triton_runs(), reason="Triton cannot run here")
+@pytest.mark.parametrize("attention", ["vendor", "triton"])
+def test_batched_static_step_with_rope_and_kv_write_in_one_launch(tiny, wide_gemv_tiles, monkeypatch, attention):
+    """linear_impl=fused on a static cache, a decode step of 3 sequences at position 30: with
+    ``ROPE_KV_MAX_ROWS`` >= 3 the attention runs the q/k/v linear, then RoPE and the KV write as one
+    Triton launch (``rope_kv_write``, and nothing of the static cache's update); its output and both
+    caches equal the step without it (the static cache's RoPE and update) in fp32, to rounding order."""
+    from harness.kernels import gemv_triton
+    from harness.variants import fused_linears
+
+    model, _ = tiny
+    L = model.cfg.llm
+    ex = ExecutionConfig(kv_cache="static", linear_impl="fused", decode_attention=attention)
+    variants.apply(model, ex)
+    try:
+        attn = model.model.layers[0].self_attn
+        g = torch.Generator().manual_seed(3)
+        x = torch.randn(3, 1, L.hidden_size, generator=g)
+        prior = [torch.randn(3, L.num_kv_heads, 40, L.head_dim, generator=g) for _ in range(2)]
+        pos = torch.tensor([30])
+
+        def step(rows):
+            monkeypatch.setattr(fused_linears, "ROPE_KV_MAX_ROWS", rows)
+            cache = StaticKVCache(L.num_layers, 3, L.num_kv_heads, 40, L.head_dim, torch.float32, "cpu")
+            cache.k[0].copy_(prior[0])
+            cache.v[0].copy_(prior[1])
+            cache.length = 30
+            cache.begin_step(pos)
+            with torch.inference_mode():
+                out = attn(x, pos.expand(3, 1), cache)
+            return out, cache.k[0].clone(), cache.v[0].clone()
+
+        calls = []
+        real = gemv_triton.rope_kv_write
+        monkeypatch.setattr(gemv_triton, "rope_kv_write", lambda *a: calls.append(a[0].shape) or real(*a))
+        want = step(1)
+        assert calls == []
+        got = step(8)
+        assert calls == [(3, (L.num_heads + 2 * L.num_kv_heads) * L.head_dim)]
+        for a, b in zip(got, want):
+            assert _rel(a, b) <= 1e-6
+        assert torch.equal(got[1][:, :, :30], prior[0][:, :, :30])
+    finally:
+        variants.apply(model, ExecutionConfig())

@@ -112,22 +112,16 @@ def gemv_swiglu(x: torch.Tensor, w_gate_up: torch.Tensor, config: GemvConfig = G
 
 
 @triton.jit
-def _qkv_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, q_cols, kv_cols,
-                     stride_xk, stride_wn, stride_wk, stride_cd, stride_sd, stride_kh, stride_kn, stride_vh, stride_vn,
-                     K: tl.constexpr, HALF: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
-                     EMULATE_BF16_RNE: tl.constexpr):
-    offs_j = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)      # pair j: columns a, a + HALF
-    ok = offs_j < (q_cols + 2 * kv_cols) // 2
+def _rope_store(ya, yb, offs_j, ok, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, q_cols, kv_cols,
+                stride_cd, stride_sd, stride_kh, stride_kn, stride_vh, stride_vn,
+                HALF: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr):
+    """Column pairs ``offs_j`` (columns a, a + HALF) of one token's q/k/v, the linear's rounded output
+    ``ya``, ``yb`` (fp32 holding activation-dtype values): RoPE on q and k (the step's ``cos``/``sin``
+    [2 * HALF]), q stored at ``q_ptr``, k and v written into one sequence's caches [nkv, L, d] at ``pos``."""
+    act = q_ptr.dtype.element_ty
     dim = offs_j % HALF
     col_a = (offs_j // HALF) * (2 * HALF) + dim
     col_b = col_a + HALF
-    acc_a = row_times_tile(x_ptr, w_ptr + col_a[:, None].to(tl.int64) * stride_wn, stride_xk, stride_wk, ok, K,
-                            BLOCK_P, BLOCK_K)
-    acc_b = row_times_tile(x_ptr, w_ptr + col_b[:, None].to(tl.int64) * stride_wn, stride_xk, stride_wk, ok, K,
-                            BLOCK_P, BLOCK_K)
-    act = q_ptr.dtype.element_ty
-    ya = rounded(acc_a, act, EMULATE_BF16_RNE)                          # the linear's output
-    yb = rounded(acc_b, act, EMULATE_BF16_RNE)
     cos_a = tl.load(cos_ptr + dim * stride_cd).to(tl.float32)
     cos_b = tl.load(cos_ptr + (dim + HALF) * stride_cd).to(tl.float32)
     sin_a = tl.load(sin_ptr + dim * stride_sd).to(tl.float32)
@@ -151,6 +145,42 @@ def _qkv_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_pt
     v_at = v_ptr + (vc // (2 * HALF)) * stride_vh + pos * stride_vn + dim
     tl.store(v_at, ya.to(act), mask=ok & is_v)
     tl.store(v_at + HALF, yb.to(act), mask=ok & is_v)
+
+
+@triton.jit
+def _qkv_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, q_cols, kv_cols,
+                     stride_xk, stride_wn, stride_wk, stride_cd, stride_sd, stride_kh, stride_kn, stride_vh, stride_vn,
+                     K: tl.constexpr, HALF: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+                     EMULATE_BF16_RNE: tl.constexpr):
+    offs_j = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)      # pair j: columns a, a + HALF
+    ok = offs_j < (q_cols + 2 * kv_cols) // 2
+    col_a = (offs_j // HALF) * (2 * HALF) + offs_j % HALF
+    acc_a = row_times_tile(x_ptr, w_ptr + col_a[:, None].to(tl.int64) * stride_wn, stride_xk, stride_wk, ok, K,
+                            BLOCK_P, BLOCK_K)
+    acc_b = row_times_tile(x_ptr, w_ptr + (col_a + HALF)[:, None].to(tl.int64) * stride_wn, stride_xk, stride_wk, ok,
+                            K, BLOCK_P, BLOCK_K)
+    act = q_ptr.dtype.element_ty
+    ya = rounded(acc_a, act, EMULATE_BF16_RNE)                          # the linear's output
+    yb = rounded(acc_b, act, EMULATE_BF16_RNE)
+    _rope_store(ya, yb, offs_j, ok, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, q_cols, kv_cols,
+                stride_cd, stride_sd, stride_kh, stride_kn, stride_vh, stride_vn, HALF, EMULATE_BF16_RNE)
+
+
+@triton.jit
+def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, q_cols, kv_cols,
+                    stride_tb, stride_tn, stride_cd, stride_sd, stride_qb, stride_kb, stride_kh, stride_kn,
+                    stride_vb, stride_vh, stride_vn,
+                    HALF: tl.constexpr, BLOCK_P: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)                                   # the sequence
+    offs_j = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)         # pair j: columns a, a + HALF
+    ok = offs_j < (q_cols + 2 * kv_cols) // 2
+    col_a = (offs_j // HALF) * (2 * HALF) + offs_j % HALF
+    row = qkv_ptr + b * stride_tb
+    ya = tl.load(row + col_a * stride_tn, mask=ok, other=0.0).to(tl.float32)
+    yb = tl.load(row + (col_a + HALF) * stride_tn, mask=ok, other=0.0).to(tl.float32)
+    _rope_store(ya, yb, offs_j, ok, cos_ptr, sin_ptr, pos_ptr, q_ptr + b * stride_qb, k_ptr + b * stride_kb,
+                v_ptr + b * stride_vb, q_cols, kv_cols, stride_cd, stride_sd, stride_kh, stride_kn, stride_vh,
+                stride_vn, HALF, EMULATE_BF16_RNE)
 
 
 def gemv_qkv_rope(x: torch.Tensor, w_qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
@@ -179,4 +209,38 @@ def gemv_qkv_rope(x: torch.Tensor, w_qkv: torch.Tensor, cos: torch.Tensor, sin: 
         cos.stride(0), sin.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
         K=x.shape[1], HALF=d // 2, BLOCK_P=block_p, BLOCK_K=config.block_k,
         EMULATE_BF16_RNE=emulates_bf16_rne(x.dtype), num_warps=config.num_warps)
+    return q
+
+
+#: column pairs per program of ``rope_kv_write`` (a power of two)
+ROPE_BLOCK_P = 64
+
+
+def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """A batched decode step's attention input after its q/k/v linear: ``qkv`` [B, (nh + 2 nkv) d] (q
+    columns, k columns, v columns; each row a sequence's one token), RoPE (``cos``, ``sin`` [d]: the
+    step's, one position for every sequence) on q and k, k and v written into ``k_cache`` / ``v_cache``
+    [B, nkv, L, d] at position ``pos`` (int64 [1] on the device); returns q [B, nh, 1, d]. One launch
+    for what the static cache's RoPE and ``update`` do (``gemv_qkv_rope``'s epilogue, same roundings)."""
+    check_runnable(qkv)
+    B = qkv.shape[0] if qkv.dim() == 2 else 0
+    d = k_cache.shape[-1] if k_cache.dim() == 4 else 0
+    nkv = k_cache.shape[1] if k_cache.dim() == 4 else 0
+    q_cols, kv_cols = num_heads * d, nkv * d
+    if (B < 1 or d < 2 or d % 2 or qkv.shape[1] != q_cols + 2 * kv_cols or k_cache.shape[0] != B
+            or v_cache.shape != k_cache.shape or cos.numel() != d or sin.numel() != d or k_cache.stride(-1) != 1
+            or v_cache.stride(-1) != 1 or pos.dtype != torch.int64 or pos.numel() != 1
+            or k_cache.dtype != qkv.dtype or v_cache.dtype != qkv.dtype):
+        raise HarnessError(f"rope_kv_write: qkv [B, (nh + 2 nkv) d], cos/sin [d], pos int64 [1] and caches "
+                           f"[B, nkv, L, d] of qkv's dtype expected; got qkv {tuple(qkv.shape)} {qkv.dtype}, nh "
+                           f"{num_heads}, caches {tuple(k_cache.shape)} {k_cache.dtype}, cos {tuple(cos.shape)}, "
+                           f"pos {pos.dtype} {tuple(pos.shape)}")
+    q = torch.empty(B, num_heads, 1, d, dtype=qkv.dtype, device=qkv.device)
+    cos, sin = cos.reshape(d), sin.reshape(d)
+    _rope_kv_kernel[(B, triton.cdiv((q_cols + 2 * kv_cols) // 2, ROPE_BLOCK_P))](
+        qkv, cos, sin, pos, q, k_cache, v_cache, q_cols, kv_cols, qkv.stride(0), qkv.stride(1), cos.stride(0),
+        sin.stride(0), q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
+        v_cache.stride(1), v_cache.stride(2), HALF=d // 2, BLOCK_P=ROPE_BLOCK_P,
+        EMULATE_BF16_RNE=emulates_bf16_rne(qkv.dtype), num_warps=4)
     return q

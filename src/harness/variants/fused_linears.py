@@ -37,6 +37,12 @@ GEMV_MAX_ROWS = 1
 #: kernel 2.9 + 2.5 (runs/examples/h200-b32-align/kernels_b32*.txt); the GEMV reads the 164 KB gate
 #: once per row, from L2 after the first
 ROUTER_MAX_ROWS = 128
+#: decode rows (one token per sequence) up to which ``FusedAttention`` on a static cache runs RoPE and the
+#: KV write as one Triton launch after its q/k/v linear (``gemv_triton.rope_kv_write``) instead of the
+#: vendor's RoPE and ``update`` (a compiled batch-32 step: two inductor kernels per layer, 32.5 µs per step
+#: on an H200, ``runs/examples/h200-issue40-s8/call3/kernels_ladder.txt``). 1: never beyond the one-row
+#: GEMV path; not yet measured on a GPU (``scripts/device/b32_levers.sh`` sets it to 128)
+ROPE_KV_MAX_ROWS = 1
 #: reduction length up to which the GEMV kernels run (their loop over K is unrolled)
 GEMV_MAX_K = 2048
 #: tiles of the GEMV kernels (a ``gemv_triton.GemvConfig``); None: the kernels' default (the H200's
@@ -124,20 +130,27 @@ def swiglu(x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor:
 class FusedAttention(Variant, Attention):
     """``Attention`` with q/k/v as one weight (``qkv_weight``, [q rows; k rows; v rows]) and o_proj by
     ``linear``. Against a static cache at one token (a batch-1 decode step), q/k/v, RoPE and the KV
-    write run as one kernel (``gemv_triton.gemv_qkv_rope``) before the cache's decode attention."""
+    write run as one kernel (``gemv_triton.gemv_qkv_rope``) before the cache's decode attention; at
+    2 to ``ROPE_KV_MAX_ROWS`` sequences of one token each, the q/k/v linear, then RoPE and the KV write
+    as one kernel (``gemv_triton.rope_kv_write``)."""
 
     qkv_weight = None
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache) -> torch.Tensor:
         B, S, _ = x.shape
-        if not (isinstance(cache, StaticKVCache) and gemv_fits(B * S, x.shape[-1])):
+        one_row = gemv_fits(B * S, x.shape[-1])
+        if not (isinstance(cache, StaticKVCache) and (one_row or (S == 1 and B <= ROPE_KV_MAX_ROWS))):
             return super().forward(x, position_ids, cache)
-        from ..kernels.gemv_triton import gemv_qkv_rope
+        from ..kernels.gemv_triton import gemv_qkv_rope, rope_kv_write
 
         cos, sin = cache.rope if cache.rope is not None else self.rotary_emb(x, position_ids)
         k_buf, v_buf = cache.k[self.layer_idx], cache.v[self.layer_idx]
-        q = gemv_qkv_rope(x.reshape(1, -1), self.qkv_weight, cos, sin, cache.pos, k_buf, v_buf, self.num_heads,
-                          **_tiles())
+        if one_row:
+            q = gemv_qkv_rope(x.reshape(1, -1), self.qkv_weight, cos, sin, cache.pos, k_buf, v_buf, self.num_heads,
+                              **_tiles())
+        else:   # one position for every sequence: the first row's cos / sin are every row's
+            q = rope_kv_write(linear(x.reshape(B, -1), self.qkv_weight), cos.reshape(-1, cos.shape[-1])[0],
+                              sin.reshape(-1, sin.shape[-1])[0], cache.pos, k_buf, v_buf, self.num_heads)
         out = self.attend_decode(q, k_buf, v_buf, cache)
         return self.output(out.transpose(1, 2).reshape(B, S, -1))
 
