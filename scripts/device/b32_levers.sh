@@ -13,6 +13,11 @@ set -o pipefail
 source scripts/device_setup.sh >/dev/null 2>&1
 export OUT=${OUT:-device-out}; mkdir -p "$OUT"; R=/tmp/b32; rm -rf $R
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+# the levers' kernels on the GPU first (they ran in Triton's interpreter only): RoPE + KV write and the
+# refactored q/k/v + RoPE GEMV, the balanced splits, the down launch's own tiles
+timeout 90 python3 -m pytest -q tests/test_gemv.py tests/test_decode_attention_triton.py tests/test_fast_moe.py \
+    -k "rope or balanced or device or down_launch" -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
+tail -n1 "$OUT/gpu_tests.log"
 for pos in 300 413; do
     timeout 80 python3 -m harness bench attention 'bench.attention.batch=[32,64]' bench.attention.pos=$pos \
         "bench.attention.configs=['balanced=True']" bench.attention.reps=100 run.root=$R run.name=attn$pos \
