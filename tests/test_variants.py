@@ -549,3 +549,26 @@ def test_batched_static_step_with_rope_and_kv_write_in_one_launch(tiny, wide_gem
         assert torch.equal(got[1][:, :, :30], prior[0][:, :, :30])
     finally:
         variants.apply(model, ExecutionConfig())
+
+
+@pytest.mark.skipif(not triton_runs(), reason="Triton cannot run here")
+def test_manifest_names_the_attention_tiles_and_the_batched_rope_launch(tiny, monkeypatch):
+    """The manifest records what ran: decode_attention=triton names the kernel's tile config (a patched
+    default too), linear_impl=fused the batched RoPE + KV write launch when ``ROPE_KV_MAX_ROWS`` > 1."""
+    from harness.kernels import decode_attention_triton as dat
+    from harness.variants import fused_linears
+
+    model, _ = tiny
+    ex = ExecutionConfig(kv_cache="static", linear_impl="fused", decode_attention="triton")
+    try:
+        info = variants.apply(model, ex)
+        assert "wide_target_programs=1280" in info[knobs.DECODE_ATTENTION.manifest_key]
+        assert "balanced=False" in info[knobs.DECODE_ATTENTION.manifest_key]
+        assert "sequences RoPE" not in info[knobs.FUSED_LINEARS.manifest_key]
+        monkeypatch.setattr(dat.decode_attention, "__defaults__", (None, dat.DecodeAttentionConfig(balanced=True), None))
+        monkeypatch.setattr(fused_linears, "ROPE_KV_MAX_ROWS", 128)
+        info = variants.apply(model, ex)
+        assert "balanced=True" in info[knobs.DECODE_ATTENTION.manifest_key]
+        assert "at 2-128 sequences RoPE and the KV write one kernel" in info[knobs.FUSED_LINEARS.manifest_key]
+    finally:
+        variants.apply(model, ExecutionConfig())

@@ -51,8 +51,14 @@ class DecodeAttention(Converter):
                     else "growing cache: attn_implementation over the positions so far"}
         for layer in model.model.layers:
             swap(layer.self_attn, TritonDecodeAttention)
-        return {self.manifest_key: "triton: split-KV kernel (decode_attention_triton) over positions 0..pos only; "
-                + triton_available(device)[1]}
+        import inspect
+
+        from ..kernels.decode_attention_triton import decode_attention
+
+        # the tiles every call here takes: decode_attention's default config (a patched one too)
+        tiles = inspect.signature(decode_attention).parameters["config"].default
+        return {self.manifest_key: "triton: split-KV kernel (decode_attention_triton) over positions 0..pos only, "
+                f"{tiles}; " + triton_available(device)[1]}
 
 
 DECODE_ATTENTION = DecodeAttention()

@@ -235,7 +235,9 @@ class FusedLinears(Converter):
             f"fused: q/k/v and dense/shared gate/up as one weight each; at <= {GEMV_MAX_ROWS} token(s) Triton GEMV "
             f"kernels for K <= {GEMV_MAX_K}, the router's softmax, top-k, scale and routing count one Triton kernel "
             f"after its GEMV (the router so up to {ROUTER_MAX_ROWS} decode rows); with the static cache q/k/v, RoPE "
-            "and the KV write one kernel; with moe_kernel=triton "
+            "and the KV write one kernel"
+            + (f" (at 2-{ROPE_KV_MAX_ROWS} sequences RoPE and the KV write one kernel after the q/k/v GEMM)"
+               if ROPE_KV_MAX_ROWS > 1 else "") + "; with moe_kernel=triton "
             "the shared expert as extra rows of the routed-expert kernels; cuBLAS otherwise")}
 
 
