@@ -147,8 +147,18 @@ def table(header: list, align: list, rows: list) -> list:
     return markdown_table(header, rows, align)
 
 
+def shown(folder: Path) -> str:
+    """``folder`` as the pages name it: its path under the nearest ``examples`` folder above it
+    (``h200-issue40-s8/ladder`` for a run folder inside an evidence folder), else its name."""
+    parts = folder.parts
+    if "examples" in parts[:-1]:
+        at = len(parts) - 1 - parts[::-1].index("examples")
+        return "/".join(parts[at + 1:])
+    return folder.name
+
+
 def source(folder: Path, device: str, files: str) -> str:
-    return f"Evidence: `runs/examples/{folder.name}/` ({device}; {files})."
+    return f"Evidence: `runs/examples/{shown(folder)}/` ({device}; {files})."
 
 
 # ---------------------------------------------------------------------------------- blocks
@@ -218,7 +228,7 @@ def overhead(folder: Path, ev: dict, _cases: list) -> list:
     o = ev["overhead"]
     return [f"Measured on the best variant ({ev['device']}): NVTX ranges + CUDA events / bare request = {o['ratio']} "
             f"[{o['lo']}, {o['hi']}] (median of {o['rounds']} interleaved rounds, bootstrap 95% interval; "
-            f"`runs/examples/{folder.name}/bench_overhead.log`)."]
+            f"`runs/examples/{shown(folder)}/bench_overhead.log`)."]
 
 
 def throughput(folder: Path, _ev: dict, _cases: list) -> list:

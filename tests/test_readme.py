@@ -238,3 +238,12 @@ def test_a_link_to_a_missing_file_or_heading_is_named(tmp_path):
         "[web](https://example.invalid/x.md)\n```\n[in code](nowhere.md)\n```\n")
     assert _broken_links(tmp_path / "README.md") == [
         "docs/throughput.md: no such file", "#merging-split-runs: no such heading", "docs/faults.md#faults: no such heading"]
+
+
+def test_a_block_names_a_nested_run_folder_by_its_path(tables):
+    """The "Evidence:" line names FOLDER as the block does, a run folder inside an evidence folder by
+    both names (``h200-issue40-s8/tp620``), a top-level one by its own."""
+    assert tables.shown(EXAMPLES / "h200-issue40-s8" / "tp620") == "h200-issue40-s8/tp620"
+    assert tables.shown(EXAMPLES / "h200-optimize") == "h200-optimize"
+    assert tables.source(EXAMPLES / "h200-issue40-s8" / "tp620", "NVIDIA H200", "x").startswith(
+        "Evidence: `runs/examples/h200-issue40-s8/tp620/` (NVIDIA H200; x)")
