@@ -127,12 +127,26 @@ def _blocks(text: str) -> list:
     return out
 
 
+def codes_of(examples: Path, folder: str) -> list:
+    """The commits (7 characters, in order, once each) whose code made ``folder``'s figures: the
+    Provenance entries of its README.md, or for a run folder inside an evidence folder
+    (``h200-issue40-s8/tp620``) those of the evidence folder's README that name manifests under it."""
+    parts = folder.split("/")
+    for i in range(len(parts), 0, -1):
+        top = examples.joinpath(*parts[:i])
+        if (top / "README.md").is_file():
+            sub = "/".join(parts[i:])
+            entries = [e for e in provenance(top) if not sub or (e["path"] or "").startswith(sub + "/")]
+            return list(dict.fromkeys(e["code"][:7] for e in entries))
+    return []
+
+
 def expected_label(spec: str, examples: Path, repo: Path, cache: Optional[dict] = None) -> Optional[str]:
     """The label table ``spec`` ("KIND FOLDER ...") needs under it, None when it is not stale;
     ValueError when its folder names no code."""
     cache = {} if cache is None else cache
     folder = spec.split()[1]
-    revs = list(dict.fromkeys(e["code"][:7] for e in provenance(examples / folder)))
+    revs = codes_of(examples, folder)
     if not revs:
         raise ValueError(f"runs/examples/{folder}/README.md has no Provenance paragraph naming its code")
     changed = set()

@@ -103,3 +103,19 @@ def test_missing_history_is_named_not_checked(prov, tmp_path):
     assert prov.history_missing(plain) == (f"{plain} is not a git checkout (or git is missing): no history to "
                                            "date the evidence against")
     assert prov.main(["--repo", str(shallow), "--readme", str(shallow / "README.md")]) == 0
+
+
+def test_a_run_folder_inside_an_evidence_folder_takes_its_own_manifests_code(prov, tmp_path):
+    """A block over ``evidence/run`` is dated by the Provenance entries of ``evidence/README.md`` that
+    name manifests under ``run/`` (not the folder's other runs); a top-level folder by all of its
+    entries; a folder with no README above it names no code."""
+    ev = tmp_path / "examples" / "ev"
+    ev.mkdir(parents=True)
+    (ev / "README.md").write_text("# x\n\nProvenance: `a/manifest.json` records 1111111 (clean), code 1111111; "
+                                  "`b/manifest.json` records 2222222 (clean), code 2222222; `ab/manifest.json` "
+                                  "records 3333333 (clean), code 3333333.\n")
+    examples = tmp_path / "examples"
+    assert prov.codes_of(examples, "ev") == ["1111111", "2222222", "3333333"]
+    assert prov.codes_of(examples, "ev/a") == ["1111111"]
+    assert prov.codes_of(examples, "ev/b") == ["2222222"]
+    assert prov.codes_of(examples, "other/a") == []
