@@ -100,6 +100,32 @@ def test_kernel_matches_float64_reference(name, dtype, combine):
         assert int(sem.count_nonzero()) == 0
 
 
+@pytest.mark.parametrize("balanced,holding", [(False, [0]), (True, [0, 1])])
+def test_which_splits_hold_keys(monkeypatch, balanced, holding):
+    """21 filled keys (2 blocks of 16) of a 128-position buffer in 4 splits: fixed ranges of 2 blocks put
+    both in split 0; ``balanced`` shares them out, one block each to splits 0 and 1. The partials handed
+    to the combine launch say which splits read keys (their softmax sums > 0); the output is the same."""
+    seen = []
+    real = dat._combine_kernel
+
+    class Spy:                                      # records the partials the combine launch reads
+        def __getitem__(self, grid):
+            def launch(acc, m, ls, *args, **kw):
+                seen.append(ls.detach().cpu().clone())
+                return real[grid](acc, m, ls, *args, **kw)
+            return launch
+
+    monkeypatch.setattr(dat, "_combine_kernel", Spy())
+    q, k, v = draw(1, 2, 2, 128, 16, 20)
+    cfg = Cfg(block_n=16, num_splits=4, balanced=balanced)
+    out = dat.decode_attention(*(t.to(DEV) for t in (q, k, v)), torch.tensor([20], device=DEV), config=cfg).cpu()
+    assert rel_err(out, reference(q, k, v, 20)) <= 1e-5
+    (ls,) = seen
+    assert ls.shape == (2 * 4,)                     # [bh * splits]: two heads, four splits each
+    for bh in range(2):
+        assert [s for s in range(4) if ls[bh * 4 + s] > 0] == holding, (bh, ls)
+
+
 def test_position_is_read_on_the_device():
     """The same buffers and the same pos tensor, advanced in place (as a CUDA graph replays): each
     call attends over the positions up to the tensor's current value, with the splits' fixed ranges

@@ -141,12 +141,16 @@ def test_rope_kv_write_equals_rope_and_cache_write(dtype):
     and its cache rows at ``pos`` equal the eager RoPE (each op rounded to the dtype) and index_copy_,
     exactly in Triton's interpreter (fp32 too: the same operations in the same order); on the GPU
     within one ulp of the RoPE terms, as ``gemv_qkv_rope`` (its test). Other positions untouched; 5
-    sequences, 4 query heads on 2 KV heads."""
+    sequences, 3 query heads and 2 KV heads of 32: 112 column pairs a row, two programs, the second
+    partly masked."""
     from harness.kernels.gemv_triton import rope_kv_write
     from harness.models.llm import RotaryEmbedding, rotate_half
 
+    from harness.kernels.gemv_triton import ROPE_BLOCK_P
+
     g = torch.Generator().manual_seed(5)
-    B, nh, nkv, d, L, pos = 5, 4, 2, 16, 12, 7
+    B, nh, nkv, d, L, pos = 5, 3, 2, 32, 12, 7
+    assert ROPE_BLOCK_P < (nh + 2 * nkv) * d // 2 < 2 * ROPE_BLOCK_P    # two programs a row, the second partial
     qkv = torch.randn(B, (nh + 2 * nkv) * d, generator=g).to(dtype)
     cos, sin = RotaryEmbedding(d, 10000.0)(qkv, torch.tensor([[pos]]))
     k_cache, v_cache = (torch.randn(B, nkv, L, d, generator=g).to(dtype) for _ in range(2))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TINY_MODE, load_tiny_cfg, triton_runs
+from conftest import TINY_MODE, cpu_triton, load_tiny_cfg, triton_runs
 from harness import knobs, layout, variants
 from harness import workload as wl
 from harness.config import ExecutionConfig, ModelConfig, cost_config
@@ -330,11 +330,16 @@ def test_gpu_variant_matches_vendor_style(name, dtype, tol):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rope_kv", [False, True], ids=["rope-inductor", "rope-kv-launch"])
 @pytest.mark.parametrize("routing", ["weights", "balanced"])
-def test_gpu_batched_decode_matches_vendor_style_fp32(routing):
+def test_gpu_batched_decode_matches_vendor_style_fp32(routing, rope_kv, monkeypatch):
     """12 distinct pages (24 routed rows per MoE layer: the blocked Triton MoE with the one-program
     alignment, which counts the routing, and the Triton router at 12 rows), compiled and captured,
-    fp32 with TF32 off: vendor-style's tokens and per-step routing counts."""
+    fp32 with TF32 off: vendor-style's tokens and per-step routing counts. ``rope-kv-launch``: RoPE and
+    the KV write as one Triton launch after the q/k/v linear (``fused_linears.ROPE_KV_MAX_ROWS``)."""
+    from harness.variants import fused_linears
+
+    monkeypatch.setattr(fused_linears, "ROPE_KV_MAX_ROWS", 128 if rope_kv else 1)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     cfg = load_tiny_cfg()
@@ -505,8 +510,9 @@ def test_gpu_fused_vision_full_size_fp32(mode, sam):
     assert _rel(got, ref) <= 1e-5, _rel(got, ref)
 
 
+@cpu_triton
 @pytest.mark.skipif(not triton_runs(), reason="Triton cannot run here")
-@pytest.mark.parametrize("attention", ["vendor", "triton"])
+@pytest.mark.parametrize("attention", ["sdpa", "triton"])
 def test_batched_static_step_with_rope_and_kv_write_in_one_launch(tiny, wide_gemv_tiles, monkeypatch, attention):
     """linear_impl=fused on a static cache, a decode step of 3 sequences at position 30: with
     ``ROPE_KV_MAX_ROWS`` >= 3 the attention runs the q/k/v linear, then RoPE and the KV write as one
@@ -551,6 +557,7 @@ def test_batched_static_step_with_rope_and_kv_write_in_one_launch(tiny, wide_gem
         variants.apply(model, ExecutionConfig())
 
 
+@cpu_triton
 @pytest.mark.skipif(not triton_runs(), reason="Triton cannot run here")
 def test_manifest_names_the_attention_tiles_and_the_batched_rope_launch(tiny, monkeypatch):
     """The manifest records what ran: decode_attention=triton names the kernel's tile config (a patched

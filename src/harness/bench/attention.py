@@ -72,7 +72,7 @@ def bench(B: int, opts, configs, flush, table) -> None:
         splits, per = run_cfg.splits(B * nh, L)
         name = (f"triton bn={run_cfg.block_n} w={run_cfg.num_warps}"
                 + ("" if cfg.num_splits is None else f" s={cfg.num_splits}")
-                + (f" st={run_cfg.stages}" if run_cfg.stages else ""))
+                + (f" st={run_cfg.stages}" if run_cfg.stages else "") + (" balanced" if run_cfg.balanced else ""))
         add(name + (" (default)" if cfg == dat.DecodeAttentionConfig() else ""),
             lambda k, v, cfg=cfg: dat.decode_attention(q, k, v, pos, config=cfg), opts.pos + 1, splits, per)
         if splits > 1:                                    # the last split combines (one launch)

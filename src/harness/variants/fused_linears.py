@@ -139,7 +139,7 @@ class FusedAttention(Variant, Attention):
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache) -> torch.Tensor:
         B, S, _ = x.shape
         one_row = gemv_fits(B * S, x.shape[-1])
-        if not (isinstance(cache, StaticKVCache) and (one_row or (S == 1 and B <= ROPE_KV_MAX_ROWS))):
+        if not (isinstance(cache, StaticKVCache) and (one_row or (S == 1 and 2 <= B <= ROPE_KV_MAX_ROWS))):
             return super().forward(x, position_ids, cache)
         from ..kernels.gemv_triton import gemv_qkv_rope, rope_kv_write
 
