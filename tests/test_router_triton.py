@@ -1,5 +1,7 @@
 """The Triton MoE router (fp32 GEMV, then softmax/top-k/scale in one kernel; the interpreter on the CPU)
-against MoEGate's torch math."""
+against MoEGate's torch math, each test of ``route`` through both of its paths: the GEMV then the
+top-k launch, and one launch whose last GEMV program per token chooses (``sem``), whose counters are
+back at zero after every call."""
 from __future__ import annotations
 
 import types
@@ -14,6 +16,25 @@ from harness.models.llm import MoE, MoEGate
 from harness.models.routing import DeviceRouting
 
 pytestmark = needs_triton
+
+
+@pytest.fixture(autouse=True, params=["two launches", "one launch"])
+def path(request, monkeypatch):
+    """Every call of ``route`` in a test runs the parametrised path: ``sem`` None, or a fresh zeroed
+    counter buffer (checked back at zero after the call)."""
+    from harness.kernels import router_triton
+
+    if request.param == "one launch":
+        real = router_triton.route
+
+        def one_launch(x, *args, sem=None, **kw):          # a caller's sem (FusedGate's None) replaced
+            sem = torch.zeros(x.shape[0] + 2, dtype=torch.int32, device=x.device)
+            out = real(x, *args, sem=sem, **kw)
+            assert int(sem.count_nonzero()) == 0
+            return out
+
+        monkeypatch.setattr(router_triton, "route", one_launch)
+    return request.param
 
 # (E, k, H, norm, scale)
 CASES = [(64, 6, 1280, False, 1.0), (8, 2, 96, True, 2.5), (16, 1, 200, True, 1.0)]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 40, batch 32 at 68% of the datasheet: the three levers prepared without a GPU in the eighth session
+# Issue 40, batch 32 at 68% of the datasheet: the four levers prepared without a GPU in the eighth session
 # (not yet run on a GPU), in two device calls from a fresh copy (each phase's time limits add up to
 # at most 470 s):
 #
@@ -11,9 +11,10 @@
 #          sweep=down at 32 tokens, the shared expert folded in, balanced routing; pick.txt names the
 #          fastest tile whose output passed (or "default");
 #   bash scripts/device/b32_levers.sh ladder "down=(64, 128, 4, 3)"     # pick.txt of the bench phase
-#       best-b32-balanced through the ladder as it is, then with all three levers (3. RoPE and the KV
-#       write as one launch after the q/k/v linear, fused_linears.ROPE_KV_MAX_ROWS; the picked down tile
-#       on decode-size batches), each with its profiled step's kernel table (each lever's kernels apart).
+#       best-b32-balanced through the ladder as it is, then with all four levers (3. RoPE and the KV
+#       write as one launch after the q/k/v linear, fused_linears.ROPE_KV_MAX_ROWS; 4. the router's top-k
+#       in its GEMV's launch, fused_linears.ROUTER_ONE_LAUNCH; the picked down tile on decode-size
+#       batches), each with its profiled step's kernel table (each lever's kernels apart).
 #
 # Every run is written under $OUT/runs as it finishes (a call cut short keeps what it finished).
 set -o pipefail
@@ -24,7 +25,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu
 
 if [ "$phase" = bench ]; then
     timeout 200 python3 -m pytest -q tests/test_gemv.py tests/test_decode_attention_triton.py tests/test_fast_moe.py \
-        tests/test_variants.py -k "rope or balanced or which_splits or read_on_the_device or down_launch or gpu_batched" \
+        tests/test_variants.py tests/test_router_triton.py \
+        -k "rope or balanced or which_splits or read_on_the_device or down_launch or gpu_batched or route" \
         -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
     tail -n1 "$OUT/gpu_tests.log"
     for pos in 300 413; do
@@ -56,6 +58,7 @@ import harness.variants.fused_linears as fl
 
 d.decode_attention.__defaults__ = (None, d.DecodeAttentionConfig(balanced=True), None)   # in the manifest
 fl.ROPE_KV_MAX_ROWS = 128                                                                # in the manifest
+fl.ROUTER_ONE_LAUNCH = True                                                              # in the manifest
 pick = os.environ["PICK"]
 if pick.startswith("down="):                   # not in the manifest: this script and its README name it
     n, k, w, st = (int(v) for v in pick[len("down="):].strip("()").split(","))

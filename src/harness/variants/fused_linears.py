@@ -37,6 +37,11 @@ GEMV_MAX_ROWS = 1
 #: kernel 2.9 + 2.5 (runs/examples/h200-b32-align/kernels_b32*.txt); the GEMV reads the 164 KB gate
 #: once per row, from L2 after the first
 ROUTER_MAX_ROWS = 128
+#: whether ``FusedGate`` runs the router's top-k in its GEMV's launch (the token's last GEMV program to
+#: finish chooses, ``router_triton.route(sem=...)``) instead of a second launch (a batch-32 step on an
+#: H200: 11 top-k launches, 27.7 µs per step, ``runs/examples/h200-issue40-s8/call3/kernels_ladder.txt``).
+#: False until timed on a GPU (``scripts/device/b32_levers.sh`` sets it)
+ROUTER_ONE_LAUNCH = False
 #: decode rows (one token per sequence) up to which ``FusedAttention`` on a static cache runs RoPE and the
 #: KV write as one Triton launch after its q/k/v linear (``gemv_triton.rope_kv_write``) instead of the
 #: vendor's RoPE and ``update`` (a compiled batch-32 step: two inductor kernels per layer, 32.5 µs per step
@@ -178,7 +183,8 @@ class FusedGate(Variant, MoEGate):
     the routing (``count``: into the target's ``device_counts`` at its device step index, one token
     only). Its k experts come in descending order (ties: lowest index), which may differ from
     torch.topk(sorted=False)'s order: the set is the same, and the experts' outputs are summed over k
-    downstream (equal up to fp32 rounding order)."""
+    downstream (equal up to fp32 rounding order). With ``ROUTER_ONE_LAUNCH`` (and the counters
+    ``route_sem`` the converter gives each gate) the top-k runs in the GEMV's launch."""
 
     def routes_in_kernel(self, rows: int, per_sequence: int = 1) -> bool:
         """Whether ``forward`` on ``rows`` token rows, ``per_sequence`` of them per batch row, runs the
@@ -200,7 +206,8 @@ class FusedGate(Variant, MoEGate):
 
             return route(x.reshape(-1, x.shape[-1]), self.weight, self.top_k, self.norm_topk_prob, self.scale,
                          self.layer_idx, counts=routing.device_counts() if count else None,
-                         forced=routing.forced_inputs() if routing is not None else None)
+                         forced=routing.forced_inputs() if routing is not None else None,
+                         sem=self.__dict__.get("route_sem") if ROUTER_ONE_LAUNCH else None)
         return super().forward(x, routing)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -231,10 +238,13 @@ class FusedLinears(Converter):
                 swap(mlp, FusedSwiGLU)
             if moe:
                 swap(layer.mlp.gate, FusedGate)
+                gate = layer.mlp.gate                      # the one-launch router's counters, left at zero
+                gate.__dict__["route_sem"] = torch.zeros(ROUTER_MAX_ROWS, dtype=torch.int32, device=gate.weight.device)
+        router = "in its GEMV's launch" if ROUTER_ONE_LAUNCH else "after its GEMV"
         return {self.manifest_key: (
             f"fused: q/k/v and dense/shared gate/up as one weight each; at <= {GEMV_MAX_ROWS} token(s) Triton GEMV "
             f"kernels for K <= {GEMV_MAX_K}, the router's softmax, top-k, scale and routing count one Triton kernel "
-            f"after its GEMV (the router so up to {ROUTER_MAX_ROWS} decode rows); with the static cache q/k/v, RoPE "
+            f"{router} (the router so up to {ROUTER_MAX_ROWS} decode rows); with the static cache q/k/v, RoPE "
             "and the KV write one kernel"
             + (f" (at 2-{ROPE_KV_MAX_ROWS} sequences RoPE and the KV write one kernel after the q/k/v GEMM)"
                if ROPE_KV_MAX_ROWS > 1 else "") + "; with moe_kernel=triton "
