@@ -197,6 +197,12 @@ class FusedGate(Variant, MoEGate):
         """Whether ``forward`` can count the routing inside the Triton router (one token)."""
         return rows == 1 and self.routes_in_kernel(rows)
 
+    def one_launch_counters(self, x: torch.Tensor, rows: int):
+        """The counters of the one-launch router (``route_sem``) with ``ROUTER_ONE_LAUNCH``, where they
+        hold ``rows`` tokens on x's device; else None (two launches)."""
+        sem = self.__dict__.get("route_sem") if ROUTER_ONE_LAUNCH else None
+        return sem if sem is not None and sem.numel() >= rows and sem.device == x.device else None
+
     def forward(self, x: torch.Tensor, routing=None, count: bool = False):
         rows = x.numel() // x.shape[-1]
         if count and not self.counts_in_kernel(rows):
@@ -207,7 +213,7 @@ class FusedGate(Variant, MoEGate):
             return route(x.reshape(-1, x.shape[-1]), self.weight, self.top_k, self.norm_topk_prob, self.scale,
                          self.layer_idx, counts=routing.device_counts() if count else None,
                          forced=routing.forced_inputs() if routing is not None else None,
-                         sem=self.__dict__.get("route_sem") if ROUTER_ONE_LAUNCH else None)
+                         sem=self.one_launch_counters(x, rows))
         return super().forward(x, routing)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -240,11 +246,12 @@ class FusedLinears(Converter):
                 swap(layer.mlp.gate, FusedGate)
                 gate = layer.mlp.gate                      # the one-launch router's counters, left at zero
                 gate.__dict__["route_sem"] = torch.zeros(ROUTER_MAX_ROWS, dtype=torch.int32, device=gate.weight.device)
-        router = "in its GEMV's launch" if ROUTER_ONE_LAUNCH else "after its GEMV"
+        router = "in its GEMV's launch (the last GEMV program of a token)" if ROUTER_ONE_LAUNCH else \
+            "one Triton kernel after its GEMV"
         return {self.manifest_key: (
             f"fused: q/k/v and dense/shared gate/up as one weight each; at <= {GEMV_MAX_ROWS} token(s) Triton GEMV "
-            f"kernels for K <= {GEMV_MAX_K}, the router's softmax, top-k, scale and routing count one Triton kernel "
-            f"{router} (the router so up to {ROUTER_MAX_ROWS} decode rows); with the static cache q/k/v, RoPE "
+            f"kernels for K <= {GEMV_MAX_K}, the router's softmax, top-k, scale and routing count {router} (the "
+            f"router so up to {ROUTER_MAX_ROWS} decode rows); with the static cache q/k/v, RoPE "
             "and the KV write one kernel"
             + (f" (at 2-{ROPE_KV_MAX_ROWS} sequences RoPE and the KV write one kernel after the q/k/v GEMM)"
                if ROPE_KV_MAX_ROWS > 1 else "") + "; with moe_kernel=triton "
