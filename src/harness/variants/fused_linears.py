@@ -184,7 +184,8 @@ class FusedGate(Variant, MoEGate):
     only). Its k experts come in descending order (ties: lowest index), which may differ from
     torch.topk(sorted=False)'s order: the set is the same, and the experts' outputs are summed over k
     downstream (equal up to fp32 rounding order). With ``ROUTER_ONE_LAUNCH`` (and the counters
-    ``route_sem`` the converter gives each gate) the top-k runs in the GEMV's launch."""
+    ``route_sem``, a non-persistent buffer the converter gives each gate: not in the state_dict, moved
+    by ``.to()``) the top-k runs in the GEMV's launch."""
 
     def routes_in_kernel(self, rows: int, per_sequence: int = 1) -> bool:
         """Whether ``forward`` on ``rows`` token rows, ``per_sequence`` of them per batch row, runs the
@@ -200,7 +201,7 @@ class FusedGate(Variant, MoEGate):
     def one_launch_counters(self, x: torch.Tensor, rows: int):
         """The counters of the one-launch router (``route_sem``) with ``ROUTER_ONE_LAUNCH``, where they
         hold ``rows`` tokens on x's device; else None (two launches)."""
-        sem = self.__dict__.get("route_sem") if ROUTER_ONE_LAUNCH else None
+        sem = getattr(self, "route_sem", None) if ROUTER_ONE_LAUNCH else None
         return sem if sem is not None and sem.numel() >= rows and sem.device == x.device else None
 
     def forward(self, x: torch.Tensor, routing=None, count: bool = False):
@@ -245,7 +246,8 @@ class FusedLinears(Converter):
             if moe:
                 swap(layer.mlp.gate, FusedGate)
                 gate = layer.mlp.gate                      # the one-launch router's counters, left at zero
-                gate.__dict__["route_sem"] = torch.zeros(ROUTER_MAX_ROWS, dtype=torch.int32, device=gate.weight.device)
+                gate.register_buffer("route_sem", torch.zeros(ROUTER_MAX_ROWS, dtype=torch.int32,
+                                                              device=gate.weight.device), persistent=False)
         router = "in its GEMV's launch (the last GEMV program of a token)" if ROUTER_ONE_LAUNCH else \
             "one Triton kernel after its GEMV"
         return {self.manifest_key: (
