@@ -562,8 +562,8 @@ def test_batched_static_step_with_rope_and_kv_write_in_one_launch(tiny, wide_gem
 @cpu_triton
 @pytest.mark.skipif(not triton_runs(), reason="Triton cannot run here")
 def test_manifest_names_the_attention_tiles_and_the_batched_rope_launch(tiny, monkeypatch):
-    """The manifest records what ran: decode_attention=triton names the kernel's tile config (a patched
-    default too), linear_impl=fused the batched RoPE + KV write launch when ``ROPE_KV_MAX_ROWS`` > 1 and
+    """The manifest records what ran: decode_attention=triton names the kernel's tile config
+    (``DEFAULT_CONFIG``, a changed one too), linear_impl=fused the batched RoPE + KV write launch when ``ROPE_KV_MAX_ROWS`` > 1 and
     the router's one launch with ``ROUTER_ONE_LAUNCH``."""
     from harness.kernels import decode_attention_triton as dat
     from harness.variants import fused_linears
@@ -575,7 +575,7 @@ def test_manifest_names_the_attention_tiles_and_the_batched_rope_launch(tiny, mo
         assert "wide_target_programs=1280" in info[knobs.DECODE_ATTENTION.manifest_key]
         assert "balanced=False" in info[knobs.DECODE_ATTENTION.manifest_key]
         assert "sequences RoPE" not in info[knobs.FUSED_LINEARS.manifest_key]
-        monkeypatch.setattr(dat.decode_attention, "__defaults__", (None, dat.DecodeAttentionConfig(balanced=True), None))
+        monkeypatch.setattr(dat, "DEFAULT_CONFIG", dat.DecodeAttentionConfig(balanced=True))
         assert "top-k, scale and routing count one Triton kernel after its GEMV" in info[knobs.FUSED_LINEARS.manifest_key]
         monkeypatch.setattr(fused_linears, "ROPE_KV_MAX_ROWS", 128)
         monkeypatch.setattr(fused_linears, "ROUTER_ONE_LAUNCH", True)

@@ -56,7 +56,7 @@ import harness.kernels.decode_attention_triton as d
 import harness.kernels.fast_moe_triton as fmt
 import harness.variants.fused_linears as fl
 
-d.decode_attention.__defaults__ = (None, d.DecodeAttentionConfig(balanced=True), None)   # in the manifest
+d.DEFAULT_CONFIG = d.DecodeAttentionConfig(balanced=True)                                # in the manifest
 fl.ROPE_KV_MAX_ROWS = 128                                                                # in the manifest
 fl.ROUTER_ONE_LAUNCH = True                                                              # in the manifest
 pick = os.environ["PICK"]

@@ -73,7 +73,7 @@ def bench(B: int, opts, configs, flush, table) -> None:
         name = (f"triton bn={run_cfg.block_n} w={run_cfg.num_warps}"
                 + ("" if cfg.num_splits is None else f" s={cfg.num_splits}")
                 + (f" st={run_cfg.stages}" if run_cfg.stages else "") + (" balanced" if run_cfg.balanced else ""))
-        add(name + (" (default)" if cfg == dat.DecodeAttentionConfig() else ""),
+        add(name + (" (default)" if cfg == dat.DEFAULT_CONFIG else ""),
             lambda k, v, cfg=cfg: dat.decode_attention(q, k, v, pos, config=cfg), opts.pos + 1, splits, per)
         if splits > 1:                                    # the last split combines (one launch)
             add(name + " last-split",
@@ -96,8 +96,8 @@ def run(cfg, opts, device, report) -> None:
                 f"sm{''.join(map(str, torch.cuda.get_device_capability(device)))}, torch {torch.__version__}, triton "
                 f"{triton.__version__}; bf16, heads {opts.heads}, head dim {opts.head_dim}, L {opts.cache_len}, "
                 f"pos {opts.pos}, {opts.layers} calls per graph")
-    configs = (dat.bench_configs() if opts.sweep else [dat.DecodeAttentionConfig()]) + [
-        config_changes(text, dat.DecodeAttentionConfig()) for text in opts.configs]
+    configs = (dat.bench_configs() if opts.sweep else [dat.DEFAULT_CONFIG]) + [
+        config_changes(text, dat.DEFAULT_CONFIG) for text in opts.configs]
     flush = flush_buffer(device)
     table = report.table("attention", f"decode attention, {opts.reps} graph replays (L2 flushed) per row", COLUMNS)
     for B in opts.batch:

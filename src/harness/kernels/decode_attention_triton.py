@@ -105,6 +105,11 @@ class DecodeAttentionConfig:
             raise HarnessError(f"DecodeAttentionConfig.num_splits={self.num_splits}: must be >= 1 (or None)")
 
 
+#: the tiles every call without ``config`` takes (the model's decode attention, ``TritonDecodeAttention``);
+#: the decode attention variant's manifest records it, so an A/B that sets it names what ran
+DEFAULT_CONFIG = DecodeAttentionConfig()
+
+
 @triton.jit
 def _combine(ACC, M, LS, O, bh, b, h, s_ob, s_oh, D: tl.constexpr, NUM_SPLITS: tl.constexpr,
              SPLITS_P2: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr):
@@ -223,14 +228,15 @@ def _check_inputs(q, k, v, pos) -> None:
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
                      scale: Optional[float] = None,
-                     config: DecodeAttentionConfig = DecodeAttentionConfig(),
+                     config: Optional[DecodeAttentionConfig] = None,
                      sem: Optional[torch.Tensor] = None) -> torch.Tensor:
     """[B, nh, 1, d] in q's dtype: attention of q over positions 0..pos of k, v [B, nkv, L, d]
-    (module docstring). ``scale`` defaults to 1/sqrt(d), as SDPA. ``sem``: int32 zeros, at least B*nh
-    of them, left zero after each call: the last split combines (one launch); None: a combine launch.
-    Callable under torch.compile."""
+    (module docstring). ``scale`` defaults to 1/sqrt(d), as SDPA. ``config`` None: ``DEFAULT_CONFIG``.
+    ``sem``: int32 zeros, at least B*nh of them, left zero after each call: the last split combines (one
+    launch); None: a combine launch. Callable under torch.compile."""
     check_runnable(q)
     _check_inputs(q, k, v, pos)
+    config = DEFAULT_CONFIG if config is None else config
     config.check()
     B, nh, _, D = q.shape
     if sem is not None and (sem.dtype != torch.int32 or sem.numel() < B * nh or sem.device != q.device):

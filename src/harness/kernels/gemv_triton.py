@@ -112,15 +112,22 @@ def gemv_swiglu(x: torch.Tensor, w_gate_up: torch.Tensor, config: GemvConfig = G
 
 
 @triton.jit
-def _rope_store(ya, yb, offs_j, ok, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, q_cols, kv_cols,
+def _pair_columns(offs_j, HALF: tl.constexpr):
+    """(dim, column a) of column pairs ``offs_j``: pair j of the heads numbered one after the other is
+    columns a and a + HALF of its head (``dim`` = a's place in the head's first half)."""
+    dim = offs_j % HALF
+    return dim, (offs_j // HALF) * (2 * HALF) + dim
+
+
+@triton.jit
+def _rope_store(ya, yb, dim, col_a, ok, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, q_cols, kv_cols,
                 stride_cd, stride_sd, stride_kh, stride_kn, stride_vh, stride_vn,
                 HALF: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr):
-    """Column pairs ``offs_j`` (columns a, a + HALF) of one token's q/k/v, the linear's rounded output
-    ``ya``, ``yb`` (fp32 holding activation-dtype values): RoPE on q and k (the step's ``cos``/``sin``
-    [2 * HALF]), q stored at ``q_ptr``, k and v written into one sequence's caches [nkv, L, d] at ``pos``."""
+    """Column pairs (``dim``, ``col_a``: ``_pair_columns``) of one token's q/k/v, the linear's rounded
+    output ``ya``, ``yb`` (fp32 holding activation-dtype values): RoPE on q and k (the step's
+    ``cos``/``sin`` [2 * HALF]), q stored at ``q_ptr``, k and v written into one sequence's caches
+    [nkv, L, d] at ``pos``."""
     act = q_ptr.dtype.element_ty
-    dim = offs_j % HALF
-    col_a = (offs_j // HALF) * (2 * HALF) + dim
     col_b = col_a + HALF
     cos_a = tl.load(cos_ptr + dim * stride_cd).to(tl.float32)
     cos_b = tl.load(cos_ptr + (dim + HALF) * stride_cd).to(tl.float32)
@@ -154,7 +161,7 @@ def _qkv_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_pt
                      EMULATE_BF16_RNE: tl.constexpr):
     offs_j = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)      # pair j: columns a, a + HALF
     ok = offs_j < (q_cols + 2 * kv_cols) // 2
-    col_a = (offs_j // HALF) * (2 * HALF) + offs_j % HALF
+    dim, col_a = _pair_columns(offs_j, HALF)
     acc_a = row_times_tile(x_ptr, w_ptr + col_a[:, None].to(tl.int64) * stride_wn, stride_xk, stride_wk, ok, K,
                             BLOCK_P, BLOCK_K)
     acc_b = row_times_tile(x_ptr, w_ptr + (col_a + HALF)[:, None].to(tl.int64) * stride_wn, stride_xk, stride_wk, ok,
@@ -162,7 +169,7 @@ def _qkv_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_pt
     act = q_ptr.dtype.element_ty
     ya = rounded(acc_a, act, EMULATE_BF16_RNE)                          # the linear's output
     yb = rounded(acc_b, act, EMULATE_BF16_RNE)
-    _rope_store(ya, yb, offs_j, ok, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, q_cols, kv_cols,
+    _rope_store(ya, yb, dim, col_a, ok, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, q_cols, kv_cols,
                 stride_cd, stride_sd, stride_kh, stride_kn, stride_vh, stride_vn, HALF, EMULATE_BF16_RNE)
 
 
@@ -174,13 +181,27 @@ def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, q_c
     b = tl.program_id(0).to(tl.int64)                                   # the sequence
     offs_j = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)         # pair j: columns a, a + HALF
     ok = offs_j < (q_cols + 2 * kv_cols) // 2
-    col_a = (offs_j // HALF) * (2 * HALF) + offs_j % HALF
+    dim, col_a = _pair_columns(offs_j, HALF)
     row = qkv_ptr + b * stride_tb
     ya = tl.load(row + col_a * stride_tn, mask=ok, other=0.0).to(tl.float32)
     yb = tl.load(row + (col_a + HALF) * stride_tn, mask=ok, other=0.0).to(tl.float32)
-    _rope_store(ya, yb, offs_j, ok, cos_ptr, sin_ptr, pos_ptr, q_ptr + b * stride_qb, k_ptr + b * stride_kb,
+    _rope_store(ya, yb, dim, col_a, ok, cos_ptr, sin_ptr, pos_ptr, q_ptr + b * stride_qb, k_ptr + b * stride_kb,
                 v_ptr + b * stride_vb, q_cols, kv_cols, stride_cd, stride_sd, stride_kh, stride_kn, stride_vh,
                 stride_vn, HALF, EMULATE_BF16_RNE)
+
+
+def _rope_targets_fit(rows: int, cols: int, dtype: torch.dtype, cos: torch.Tensor, sin: torch.Tensor,
+                      pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> bool:
+    """Whether ``rows`` tokens' ``cols`` q/k/v columns (``num_heads`` query heads, then the caches' k and
+    v heads) can take RoPE (``cos``, ``sin`` [d]) and be written into ``k_cache`` / ``v_cache`` [rows,
+    nkv, L, d] of ``dtype`` (unit stride along d) at ``pos`` (int64 [1]): host metadata only."""
+    if k_cache.dim() != 4:
+        return False
+    d, nkv = k_cache.shape[-1], k_cache.shape[1]
+    return (rows >= 1 and d >= 2 and d % 2 == 0 and cols == (num_heads + 2 * nkv) * d and k_cache.shape[0] == rows
+            and v_cache.shape == k_cache.shape and cos.numel() == d and sin.numel() == d and k_cache.stride(-1) == 1
+            and v_cache.stride(-1) == 1 and pos.dtype == torch.int64 and pos.numel() == 1
+            and k_cache.dtype == dtype and v_cache.dtype == dtype)
 
 
 def gemv_qkv_rope(x: torch.Tensor, w_qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
@@ -191,16 +212,14 @@ def gemv_qkv_rope(x: torch.Tensor, w_qkv: torch.Tensor, cos: torch.Tensor, sin: 
     ``v_cache`` [1, nkv, L, d] at position ``pos`` (int64 [1] on the device); returns q [1, nh, 1, d]
     in x's dtype. Same function as the static cache's linear, RoPE and ``update`` (section comment)."""
     _check(x, w_qkv, config)
-    d, nkv = k_cache.shape[-1], k_cache.shape[1]
-    q_cols, kv_cols = num_heads * d, nkv * d
-    if (x.shape[0] != 1 or d % 2 or k_cache.dim() != 4 or k_cache.shape[0] != 1 or v_cache.shape != k_cache.shape
-            or w_qkv.shape[0] != q_cols + 2 * kv_cols or cos.numel() != d or sin.numel() != d
-            or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or pos.dtype != torch.int64 or pos.numel() != 1
-            or k_cache.dtype != x.dtype or v_cache.dtype != x.dtype):
+    if x.shape[0] != 1 or not _rope_targets_fit(1, w_qkv.shape[0], x.dtype, cos, sin, pos, k_cache, v_cache,
+                                                num_heads):
         raise HarnessError(f"gemv_qkv_rope: one token x [1, K], w [(nh + 2 nkv) d, K], cos/sin [d], pos int64 [1] "
                            f"and caches [1, nkv, L, d] of x's dtype expected; got x {tuple(x.shape)}, w "
                            f"{tuple(w_qkv.shape)}, nh {num_heads}, caches {tuple(k_cache.shape)} {k_cache.dtype}, "
                            f"cos {tuple(cos.shape)}, pos {pos.dtype} {tuple(pos.shape)}")
+    d, nkv = k_cache.shape[-1], k_cache.shape[1]
+    q_cols, kv_cols = num_heads * d, nkv * d
     block_p = config.block_n            # pairs per program: two [block_n, block_k] weight tiles, as the GEMV's one
     q = torch.empty(1, num_heads, 1, d, dtype=x.dtype, device=x.device)
     cos, sin = cos.reshape(d), sin.reshape(d)
@@ -224,18 +243,14 @@ def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: 
     [B, nkv, L, d] at position ``pos`` (int64 [1] on the device); returns q [B, nh, 1, d]. One launch
     for what the static cache's RoPE and ``update`` do (``gemv_qkv_rope``'s epilogue, same roundings)."""
     check_runnable(qkv)
-    B = qkv.shape[0] if qkv.dim() == 2 else 0
-    d = k_cache.shape[-1] if k_cache.dim() == 4 else 0
-    nkv = k_cache.shape[1] if k_cache.dim() == 4 else 0
-    q_cols, kv_cols = num_heads * d, nkv * d
-    if (B < 1 or d < 2 or d % 2 or qkv.shape[1] != q_cols + 2 * kv_cols or k_cache.shape[0] != B
-            or v_cache.shape != k_cache.shape or cos.numel() != d or sin.numel() != d or k_cache.stride(-1) != 1
-            or v_cache.stride(-1) != 1 or pos.dtype != torch.int64 or pos.numel() != 1
-            or k_cache.dtype != qkv.dtype or v_cache.dtype != qkv.dtype):
+    if qkv.dim() != 2 or not _rope_targets_fit(qkv.shape[0], qkv.shape[1], qkv.dtype, cos, sin, pos, k_cache,
+                                               v_cache, num_heads):
         raise HarnessError(f"rope_kv_write: qkv [B, (nh + 2 nkv) d], cos/sin [d], pos int64 [1] and caches "
                            f"[B, nkv, L, d] of qkv's dtype expected; got qkv {tuple(qkv.shape)} {qkv.dtype}, nh "
                            f"{num_heads}, caches {tuple(k_cache.shape)} {k_cache.dtype}, cos {tuple(cos.shape)}, "
                            f"pos {pos.dtype} {tuple(pos.shape)}")
+    B, d, nkv = qkv.shape[0], k_cache.shape[-1], k_cache.shape[1]
+    q_cols, kv_cols = num_heads * d, nkv * d
     q = torch.empty(B, num_heads, 1, d, dtype=qkv.dtype, device=qkv.device)
     cos, sin = cos.reshape(d), sin.reshape(d)
     _rope_kv_kernel[(B, triton.cdiv((q_cols + 2 * kv_cols) // 2, ROPE_BLOCK_P))](

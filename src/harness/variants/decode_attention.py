@@ -51,14 +51,10 @@ class DecodeAttention(Converter):
                     else "growing cache: attn_implementation over the positions so far"}
         for layer in model.model.layers:
             swap(layer.self_attn, TritonDecodeAttention)
-        import inspect
+        from ..kernels import decode_attention_triton as dat
 
-        from ..kernels.decode_attention_triton import decode_attention
-
-        # the tiles every call here takes: decode_attention's default config (a patched one too)
-        tiles = inspect.signature(decode_attention).parameters["config"].default
         return {self.manifest_key: "triton: split-KV kernel (decode_attention_triton) over positions 0..pos only, "
-                f"{tiles}; " + triton_available(device)[1]}
+                f"{dat.DEFAULT_CONFIG}; " + triton_available(device)[1]}
 
 
 DECODE_ATTENTION = DecodeAttention()
