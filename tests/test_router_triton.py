@@ -293,8 +293,9 @@ def test_batched_decode_routes_and_counts_in_the_kernels():
 def test_the_token_s_last_program_to_arrive_chooses(path):
     """The one-launch router chooses in the program that arrives last by the token's counter, not by
     its index: with token 0's counter started at N - 1 (N = 16 GEMV programs of 4 gate rows for 64
-    experts) its first arriving program chooses and resets it, and the other 15 leave it at 15; token
-    1's counter is back at 0. ``sem`` of the wrong dtype, or too few counters, is refused."""
+    experts) its first arriving program chooses and takes the N adds back off (an atomic, so the
+    other 15 programs' adds, before or after it, leave the counter at 15 exactly); token 1's counter
+    is back at 0. ``sem`` of the wrong dtype, or too few counters, is refused."""
     from harness.kernels import router_triton
 
     if path != "one launch":

@@ -116,7 +116,7 @@ def _gemv_topk_kernel(x_ptr, w_ptr, logits_ptr, sem_ptr, idx_ptr, wt_ptr, counts
         _choose_store(logits, offs_e, e_ok, tok, idx_ptr, wt_ptr, counts_ptr, step_ptr, steps, n_layers, layer,
                       table_ptr, pos_ptr, on_ptr, n_pos, stride_it, stride_ik, stride_ot, stride_ok, n_exp,
                       TOP_K, NORM, SCALE, BLOCK_E, BLOCK_TOPK, HAS_COUNTS, HAS_FORCED, FORCED_SWITCH)
-        tl.store(sem_ptr + tok, 0)                        # reset for the next call
+        tl.atomic_add(sem_ptr + tok, -N_BLOCKS)           # back to zero for the next call, by the N adds
 
 
 def _check_counts(counts: tuple, x: torch.Tensor, E: int, layer: int) -> None:
