@@ -62,12 +62,12 @@ def test_a_bench_target_without_a_name_or_unknown_is_one_line(capsys, tmp_path):
 
 @pytest.mark.parametrize("override, line", [
     ("bench.moe.reps=0", "error: bench.moe.reps=0 is below its minimum 1; fix: set bench.moe.reps to 1 or more"),
-    ("bench.moe.sweep=cols", "error: bench.moe.sweep='cols' is not one of rows, blocks, down; fix: set "
-                             "bench.moe.sweep to one of rows, blocks, down"),
+    ("bench.moe.sweep=cols", "error: bench.moe.sweep='cols' is not one of rows, blocks; fix: set "
+                             "bench.moe.sweep to one of rows, blocks"),
     ("bench.moe.routing=skewed", "error: bench.moe.routing='skewed' is not one of gate, balanced; fix: set "
                                  "bench.moe.routing to one of gate, balanced"),
     ("bench.moe.shared=true", "error: bench.moe.shared=true folds the shared expert into a sweep's kernels only; "
-                              "fix: add bench.moe.sweep=rows, blocks or down, or drop bench.moe.shared"),
+                              "fix: add bench.moe.sweep=rows or blocks, or drop bench.moe.shared"),
     ("bench.moe.tokens=[]", "error: bench.moe.tokens=[] is not a list of sizes >= 1; fix: write it like "
                             "bench.moe.tokens=[1,8]"),
 ])

@@ -9,6 +9,7 @@ float64 on the CPU. Positions past ``pos`` hold NaN: a kernel that read them wou
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -30,6 +31,7 @@ from harness.variants.decode_attention import TritonDecodeAttention
 from harness.variants.static_kv import StaticKVCache
 
 Cfg = dat.DecodeAttentionConfig
+Fixed = functools.partial(Cfg, balanced=False)       # the splits' fixed ranges of the buffer
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
@@ -56,22 +58,22 @@ def reference(q, k, v, pos, scale=None):
 
 
 CASES = {  # name: (B, nh, nkv, L, d, pos, config, scale)
-    "pos0": (2, 4, 4, 96, 32, 0, Cfg(block_n=16), None),                      # 6 splits, 5 of them empty
-    "last-partial-block": (2, 4, 4, 100, 32, 99, Cfg(block_n=16), None),      # L not a multiple of block_n
-    "mid-block-gqa": (2, 4, 2, 100, 16, 40, Cfg(block_n=16), None),           # block 2 holds 9 of 16 keys
-    "gqa-4to1": (1, 4, 1, 64, 16, 33, Cfg(block_n=16, num_splits=2), 0.3),     # 2 blocks per split, own scale
-    "splits>filled": (1, 2, 2, 128, 32, 20, Cfg(block_n=16, num_splits=8), None),  # 2 filled blocks, 8 splits
-    "one-split": (3, 2, 2, 100, 32, 77, Cfg(block_n=16, num_splits=1), None),  # direct write, no combine
-    "uneven-splits": (1, 2, 2, 100, 16, 60, Cfg(block_n=16, num_splits=3), None),  # 7 blocks in 3 splits
-    "model-shape": (1, 10, 10, 448, 128, 413, Cfg(), None),                   # default: 14 splits of 32 keys
+    "pos0": (2, 4, 4, 96, 32, 0, Fixed(block_n=16), None),                      # 6 splits, 5 of them empty
+    "last-partial-block": (2, 4, 4, 100, 32, 99, Fixed(block_n=16), None),      # L not a multiple of block_n
+    "mid-block-gqa": (2, 4, 2, 100, 16, 40, Fixed(block_n=16), None),           # block 2 holds 9 of 16 keys
+    "gqa-4to1": (1, 4, 1, 64, 16, 33, Fixed(block_n=16, num_splits=2), 0.3),     # 2 blocks per split, own scale
+    "splits>filled": (1, 2, 2, 128, 32, 20, Fixed(block_n=16, num_splits=8), None),  # 2 filled blocks, 8 splits
+    "one-split": (3, 2, 2, 100, 32, 77, Fixed(block_n=16, num_splits=1), None),  # direct write, no combine
+    "uneven-splits": (1, 2, 2, 100, 16, 60, Fixed(block_n=16, num_splits=3), None),  # 7 blocks in 3 splits
+    "model-shape": (1, 10, 10, 448, 128, 413, Cfg(), None),     # default: 14 splits of 32 keys, shared out
     # 8 programs from wide_from = 8: 32-key tiles
-    "wide": (2, 4, 4, 100, 32, 70, Cfg(block_n=16, wide_from=8, wide_block_n=32, wide_warps=2), None),
+    "wide": (2, 4, 4, 100, 32, 70, Fixed(block_n=16, wide_from=8, wide_block_n=32, wide_warps=2), None),
     # 8 programs from deep_from = 8: 16-key tiles through 2 stages, 7 blocks in one split
-    "deep": (2, 4, 4, 100, 32, 99, Cfg(block_n=64, deep_from=8, deep_block_n=16, deep_warps=2, deep_stages=2,
+    "deep": (2, 4, 4, 100, 32, 99, Fixed(block_n=64, deep_from=8, deep_block_n=16, deep_warps=2, deep_stages=2,
                                        num_splits=1), None),
     # the software-pipelined loop: 7 blocks in 2 splits (4 + 3), and one split of all 7
-    "pipelined": (1, 2, 2, 100, 16, 99, Cfg(block_n=16, num_splits=2, stages=3), None),
-    "pipelined-one-split": (2, 4, 2, 100, 16, 60, Cfg(block_n=16, num_splits=1, stages=2), 0.2),
+    "pipelined": (1, 2, 2, 100, 16, 99, Fixed(block_n=16, num_splits=2, stages=3), None),
+    "pipelined-one-split": (2, 4, 2, 100, 16, 60, Fixed(block_n=16, num_splits=1, stages=2), 0.2),
     # balanced: the filled blocks shared out at run time. 1 filled block over 6 splits; 2 over 4 (one each,
     # two splits empty); 4 over 3 (2 + 2 + none); 7 over 3 through the pipeline (3 + 3 + 1)
     "balanced-pos0": (2, 4, 4, 96, 32, 0, Cfg(block_n=16, balanced=True), None),
@@ -133,7 +135,7 @@ def test_position_is_read_on_the_device():
     q, k, v = draw(1, 2, 2, 64, 16, 63)
     q, k, v = (t.to(DEV) for t in (q, k, v))
     pos = torch.zeros(1, dtype=torch.int64, device=DEV)
-    for cfg in (Cfg(block_n=16), Cfg(block_n=16, num_splits=3, balanced=True)):   # fixed ranges; shared at run time
+    for cfg in (Fixed(block_n=16), Cfg(block_n=16, num_splits=3)):   # fixed ranges; shared (default)
         for p in (0, 15, 16, 47, 63):
             pos.fill_(p)
             out = dat.decode_attention(q, k, v, pos, config=cfg).cpu()

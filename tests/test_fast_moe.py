@@ -131,38 +131,6 @@ def test_triton_crowded_and_empty_experts(block_m):
     assert rel_err(out, moe.moe_infer(x, ids, w)) <= 1e-5
 
 
-def test_triton_down_launch_takes_its_own_tiles(monkeypatch):
-    """``TritonMoEConfig.down_*`` set the down launch's tiles apart from gate/up's (16-column tiles of a
-    K = 32 reduction, 2 warps, 2 stages under gate/up's 32 x 64): the down launch's grid covers the
-    hidden size in 16-column tiles and takes those tiles, and the result is the vendor loop's (fp32); a
-    down tile tl.dot cannot take is refused by name."""
-    triton_ready()
-    moe, weights = make_moe("tiny", device=TRITON_DEVICE)
-    x, ids, w = routed_inputs(moe, 40, torch.float32, TRITON_DEVICE)
-    from harness.kernels import fast_moe_triton as fmt
-
-    cfg = fm.TritonMoEConfig(block_m=16, block_n=32, block_k=64, down_block_n=16, down_block_k=32, down_warps=2,
-                             down_stages=2)
-    assert cfg.down() == (16, 32, 2, 2) and fm.TritonMoEConfig(block_n=32).down() == (32, 128, 4, 3)
-    launches, real = [], fmt._down_weighted_kernel
-
-    class Spy:                                      # records the down launch's grid and tiles, then runs it
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                launches.append((grid, {n: kw[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")}))
-                return real[grid](*args, **kw)
-            return launch
-
-    monkeypatch.setattr(fmt, "_down_weighted_kernel", Spy())
-    out = fm.routed_experts(x, ids, w, weights, "triton", triton_config=cfg)
-    assert rel_err(out, moe.moe_infer(x, ids, w)) <= 1e-5
-    ((grid, tiles),) = launches
-    hidden = weights.hidden
-    assert grid[1] == -(-hidden // 16) and tiles == dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, num_warps=2, num_stages=2)
-    with pytest.raises(HarnessError, match="down_block_k=8"):
-        fm.routed_experts(x, ids, w, weights, "triton", triton_config=fm.TritonMoEConfig(down_block_k=8))
-
-
 def test_parity_check_sees_wrong_routing():
     """The tolerance is tight enough to catch a routing mistake: shifted expert ids fail it."""
     moe, weights = make_moe("tiny")

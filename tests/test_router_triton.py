@@ -1,7 +1,5 @@
 """The Triton MoE router (fp32 GEMV, then softmax/top-k/scale in one kernel; the interpreter on the CPU)
-against MoEGate's torch math, each test of ``route`` through both of its paths: the GEMV then the
-top-k launch, and one launch whose last GEMV program per token chooses (``sem``), whose counters are
-back at zero after every call."""
+against MoEGate's torch math."""
 from __future__ import annotations
 
 import types
@@ -17,26 +15,6 @@ from harness.models.routing import DeviceRouting
 
 pytestmark = needs_triton
 
-
-@pytest.fixture(autouse=True, params=["two launches", "one launch"])
-def path(request, monkeypatch):
-    """Every call of ``route`` in a test runs the parametrised path: ``sem`` None, or a fresh zeroed
-    counter buffer (checked back at zero after the call, outside a compile or a graph capture)."""
-    from harness.kernels import router_triton
-
-    if request.param == "one launch":
-        real = router_triton.route
-
-        def one_launch(x, *args, sem=None, **kw):          # a caller's sem (FusedGate's None) replaced
-            sem = torch.zeros(x.shape[0] + 2, dtype=torch.int32, device=x.device)
-            out = real(x, *args, sem=sem, **kw)
-            if not (torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
-                assert int(sem.count_nonzero()) == 0       # read back only where a sync is allowed
-            return out
-
-        one_launch.real = real
-        monkeypatch.setattr(router_triton, "route", one_launch)
-    return request.param
 
 # (E, k, H, norm, scale)
 CASES = [(64, 6, 1280, False, 1.0), (8, 2, 96, True, 2.5), (16, 1, 200, True, 1.0)]
@@ -288,25 +266,3 @@ def test_batched_decode_routes_and_counts_in_the_kernels():
     assert torch.equal(idx.sort(-1)[0], forced.sort(-1)[0])
     probs = torch.softmax(F.linear(x.view(B, -1), moe.gate.weight), -1).gather(-1, idx)
     assert torch.allclose(w, probs / probs.sum(-1, keepdim=True) * 1.5, rtol=1e-5)
-
-
-def test_the_token_s_last_program_to_arrive_chooses(path):
-    """The one-launch router chooses in the program that arrives last by the token's counter, not by
-    its index: with token 0's counter started at N - 1 (N = 16 GEMV programs of 4 gate rows for 64
-    experts) its first arriving program chooses and takes the N adds back off (an atomic, so the
-    other 15 programs' adds, before or after it, leave the counter at 15 exactly); token 1's counter
-    is back at 0. ``sem`` of the wrong dtype, or too few counters, is refused."""
-    from harness.kernels import router_triton
-
-    if path != "one launch":
-        pytest.skip("the one-launch path's own check")
-    route = router_triton.route.real                  # the module's own, not the fixture's wrapper
-    x = torch.randn(2, 64, device=DEV)
-    w = torch.randn(64, 64, device=DEV) * 0.1
-    sem = torch.tensor([15, 0], dtype=torch.int32, device=DEV)
-    route(x, w, 2, True, 1.0, sem=sem)
-    assert sem.cpu().tolist() == [15, 0]
-    with pytest.raises(HarnessError, match="sem must be int32 with >= 2 counters"):
-        route(x, w, 2, True, 1.0, sem=torch.zeros(1, dtype=torch.int32, device=DEV))
-    with pytest.raises(HarnessError, match="sem must be int32"):
-        route(x, w, 2, True, 1.0, sem=torch.zeros(2, dtype=torch.int64, device=DEV))

@@ -330,18 +330,17 @@ def test_gpu_variant_matches_vendor_style(name, dtype, tol):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("levers", [False, True], ids=["as-is", "launch-levers"])
+@pytest.mark.parametrize("rope_kv", [True, False], ids=["rope-kv-launch", "vendor-rope"])
 @pytest.mark.parametrize("routing", ["weights", "balanced"])
-def test_gpu_batched_decode_matches_vendor_style_fp32(routing, levers, monkeypatch):
+def test_gpu_batched_decode_matches_vendor_style_fp32(routing, rope_kv, monkeypatch):
     """12 distinct pages (24 routed rows per MoE layer: the blocked Triton MoE with the one-program
     alignment, which counts the routing, and the Triton router at 12 rows), compiled and captured,
-    fp32 with TF32 off: vendor-style's tokens and per-step routing counts. ``launch-levers``: RoPE and
-    the KV write as one Triton launch after the q/k/v linear (``fused_linears.ROPE_KV_MAX_ROWS``) and
-    the router's top-k in its GEMV's launch (``fused_linears.ROUTER_ONE_LAUNCH``)."""
+    fp32 with TF32 off: vendor-style's tokens and per-step routing counts. ``rope-kv-launch`` (the
+    default): RoPE and the KV write as one Triton launch after the q/k/v linear
+    (``fused_linears.ROPE_KV_MAX_ROWS``); ``vendor-rope``: the vendor's RoPE and cache update."""
     from harness.variants import fused_linears
 
-    monkeypatch.setattr(fused_linears, "ROPE_KV_MAX_ROWS", 128 if levers else 1)
-    monkeypatch.setattr(fused_linears, "ROUTER_ONE_LAUNCH", levers)
+    monkeypatch.setattr(fused_linears, "ROPE_KV_MAX_ROWS", 128 if rope_kv else 1)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     cfg = load_tiny_cfg()
@@ -563,8 +562,8 @@ def test_batched_static_step_with_rope_and_kv_write_in_one_launch(tiny, wide_gem
 @pytest.mark.skipif(not triton_runs(), reason="Triton cannot run here")
 def test_manifest_names_the_attention_tiles_and_the_batched_rope_launch(tiny, monkeypatch):
     """The manifest records what ran: decode_attention=triton names the kernel's tile config
-    (``DEFAULT_CONFIG``, a changed one too), linear_impl=fused the batched RoPE + KV write launch when ``ROPE_KV_MAX_ROWS`` > 1 and
-    the router's one launch with ``ROUTER_ONE_LAUNCH``."""
+    (``DEFAULT_CONFIG``, a changed one too), linear_impl=fused the batched RoPE + KV write launch when
+    ``ROPE_KV_MAX_ROWS`` > 1 (the default) and not when it is 1."""
     from harness.kernels import decode_attention_triton as dat
     from harness.variants import fused_linears
 
@@ -573,45 +572,13 @@ def test_manifest_names_the_attention_tiles_and_the_batched_rope_launch(tiny, mo
     try:
         info = variants.apply(model, ex)
         assert "wide_target_programs=1280" in info[knobs.DECODE_ATTENTION.manifest_key]
-        assert "balanced=False" in info[knobs.DECODE_ATTENTION.manifest_key]
-        assert "sequences RoPE" not in info[knobs.FUSED_LINEARS.manifest_key]
-        monkeypatch.setattr(dat, "DEFAULT_CONFIG", dat.DecodeAttentionConfig(balanced=True))
-        assert "top-k, scale and routing count one Triton kernel after its GEMV" in info[knobs.FUSED_LINEARS.manifest_key]
-        monkeypatch.setattr(fused_linears, "ROPE_KV_MAX_ROWS", 128)
-        monkeypatch.setattr(fused_linears, "ROUTER_ONE_LAUNCH", True)
-        info = variants.apply(model, ex)
         assert "balanced=True" in info[knobs.DECODE_ATTENTION.manifest_key]
         assert "at 2-128 sequences RoPE and the KV write one kernel" in info[knobs.FUSED_LINEARS.manifest_key]
-        assert "routing count in its GEMV's launch" in info[knobs.FUSED_LINEARS.manifest_key]
-    finally:
-        variants.apply(model, ExecutionConfig())
-
-
-@cpu_triton
-@pytest.mark.skipif(not triton_runs(), reason="Triton cannot run here")
-def test_router_top_k_in_its_gemv_launch_matches_vendor_style_fp32(tiny, reference, wide_gemv_tiles, monkeypatch):
-    """``fused_linears.ROUTER_ONE_LAUNCH``: every decode step's router runs as one launch (the GEMV's last
-    program per token chooses; it counts the routing at one token): vendor-style's logits, tokens and
-    per-step routing counts, fp32, with the static cache, the grouped Triton MoE and Triton attention."""
-    from harness.kernels import router_triton
-    from harness.variants import fused_linears
-
-    model, req = tiny
-    ref, ref_logits = reference
-    monkeypatch.setattr(fused_linears, "ROUTER_ONE_LAUNCH", True)
-    sems = []
-    real = router_triton.route
-    monkeypatch.setattr(router_triton, "route", lambda *a, sem=None, **kw: sems.append(sem) or real(*a, sem=sem, **kw))
-    ex = ExecutionConfig(**CPU_VARIANTS["static+grouped-triton+fused-linears-triton+attention-triton"])
-    variants.apply(model, ex)
-    try:
-        cache = _cache(model, req, ex)
-        logits = _run(model, req, cache, ref.tokens)
-        for j, (a, b) in enumerate(zip(logits, ref_logits)):
-            assert _rel(a, b) <= 1e-5, (j, _rel(a, b))
-        res = generate(model, req)
-        assert torch.equal(res.tokens, ref.tokens)
-        assert (res.routing_steps == ref.routing_steps).all()
-        assert sems and all(s is not None and int(s.count_nonzero()) == 0 for s in sems)
+        assert "top-k, scale and routing count one Triton kernel after its GEMV" in info[knobs.FUSED_LINEARS.manifest_key]
+        monkeypatch.setattr(dat, "DEFAULT_CONFIG", dat.DecodeAttentionConfig(balanced=False))
+        monkeypatch.setattr(fused_linears, "ROPE_KV_MAX_ROWS", 1)
+        info = variants.apply(model, ex)
+        assert "balanced=False" in info[knobs.DECODE_ATTENTION.manifest_key]
+        assert "sequences RoPE" not in info[knobs.FUSED_LINEARS.manifest_key]
     finally:
         variants.apply(model, ExecutionConfig())

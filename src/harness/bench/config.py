@@ -21,7 +21,7 @@ Targets (``TARGETS``; which need a GPU: ``GPU_ONLY``):
   PDL load order).
 * ``attention``: decode attention, SDPA against the split-KV Triton kernel; ``sweep``: its tiles.
 * ``moe``: routed experts, the vendor loop against each sync-free implementation; ``sweep``: the
-  per-row (``rows``) or the sorted, blocked (``blocks``; ``down``: its down launch alone) kernels' tiles;
+  per-row (``rows``) or the sorted, blocked (``blocks``) kernels' tiles;
   ``shared``: the shared expert folded in; ``routing``: the gate's or balanced.
 * ``sam_attention``: one SAM attention call, dense rel-pos mask against the augmented head dim
   (``smoke``: tiny cases on the CPU, plumbing only).
@@ -125,7 +125,7 @@ class MoEBench:
     warmup: int = _opt(10, min=0)
     seed: int = 0
     fp32: bool = True                         # the fp32 parity section
-    sweep: Optional[str] = _opt(None, choices=("rows", "blocks", "down"))   # only those kernels' tile candidates
+    sweep: Optional[str] = _opt(None, choices=("rows", "blocks"))   # only those kernels' tile candidates
     shared: bool = False                      # with a sweep: the shared expert folded into the kernels
     routing: str = _opt("gate", choices=("gate", "balanced"))   # balanced: k distinct experts per token, uniform
 
@@ -270,7 +270,7 @@ def check_options(bench: BenchConfig) -> None:
                            "raise bench.decode_step_diag.cache_len or lower prompt / greedy")
     if t == "moe" and o.shared and o.sweep is None:
         raise HarnessError("bench.moe.shared=true folds the shared expert into a sweep's kernels only",
-                           "add bench.moe.sweep=rows, blocks or down, or drop bench.moe.shared")
+                           "add bench.moe.sweep=rows or blocks, or drop bench.moe.shared")
     if t == "sam_attention":
         unknown = [c for c in o.cases if c not in SAM_CASES]
         if unknown or not o.cases:

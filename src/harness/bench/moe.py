@@ -7,8 +7,8 @@ of ``harness.variants.fast_moe``, at DeepSeek-OCR's sizes (H=1280, I=896, E=64, 
                                                                               # shared expert folded in
     python -m harness bench moe bench.moe.sweep=blocks bench.moe.tokens=[32]  # tiles of the sorted, blocked kernels
     python -m harness bench moe bench.moe.sweep=blocks bench.moe.tokens=[36608]  # ... at a prefill of 128 base pages
-    python -m harness bench moe bench.moe.sweep=down bench.moe.tokens=[32] bench.moe.shared=true \
-        bench.moe.routing=balanced        # the down launch's tiles apart, as batch 32 decodes under balanced routing
+    python -m harness bench moe bench.moe.sweep=blocks bench.moe.tokens=[32] bench.moe.shared=true \
+        bench.moe.routing=balanced        # ... as batch 32 decodes under balanced routing
 
 Self-contained: one MoE layer of ``model.llm``'s shape with random weights (std 0.02, the harness's
 init_std), routing from its own fp32 softmax gate on random activations (``routing=balanced``: each
@@ -50,8 +50,6 @@ BLOCK_CANDIDATES = [(bm, bn, bk, w, st) for bm in (16,) for bn in (32, 64, 128) 
 #: ``default_triton_config``'s large-batch branch), where tiles of 64-128 rows fill the tensor cores
 LARGE_BLOCK_CANDIDATES = [(bm, bn, bk, w, st) for bm in (64, 128) for bn in (64, 128, 256) for bk in (32, 64)
                           for w in (4, 8) for st in (3, 4)]
-#: the down launch's own tiles (block_n, block_k, warps, stages) under the default gate/up (``sweep=down``)
-DOWN_CANDIDATES = [(bn, bk, w, st) for bn in (32, 64, 128) for bk in (64, 128, 256) for w in (4, 8) for st in (3, 4)]
 
 
 def block_candidates(routed_rows: int, experts: int) -> list:
@@ -211,11 +209,8 @@ def blocks_sweep(moe, weights, opts, flush, table, report) -> None:
     """The sorted, blocked kernels (``fast_moe_triton.routed_experts_triton`` with an explicit
     ``TritonMoEConfig``: row alignment, gate_up, down and the sum over k; ``opts.shared``: the shared
     expert folded in as pseudo-experts) under each (block_m, block_n, block_k, num_warps, num_stages) of
-    ``block_candidates`` for both launches (``sweep=blocks``), or each (block_n, block_k, warps,
-    stages) of ``DOWN_CANDIDATES`` for the down launch alone (``sweep=down``, gate/up at the default);
-    each call graph-captured; the first row is ``default_triton_config``'s choice."""
-    import dataclasses
-
+    ``block_candidates`` for both launches; each call graph-captured; the first row is
+    ``default_triton_config``'s choice."""
     from ..kernels import fast_moe_triton as fmt
     from ..kernels.moe_blocks import TritonMoEConfig, default_triton_config
 
@@ -226,13 +221,8 @@ def blocks_sweep(moe, weights, opts, flush, table, report) -> None:
         with torch.no_grad():
             ref = moe.moe_infer(x, ids, w) + (sh(x) if opts.shared else 0)
         base = default_triton_config(ids.numel(), weights.num_experts)
-        configs = [("default " + str(tuple(vars(base).values())[:5]), base)]
-        if opts.sweep == "down":
-            configs += [(f"down={c}", dataclasses.replace(base, down_block_n=c[0], down_block_k=c[1], down_warps=c[2],
-                                                          down_stages=c[3]))
-                        for c in DOWN_CANDIDATES if c != base.down()]
-        else:
-            configs += [(str(c), TritonMoEConfig(*c)) for c in block_candidates(ids.numel(), weights.num_experts)]
+        configs = [("default " + str(tuple(vars(base).values())), base)]
+        configs += [(str(c), TritonMoEConfig(*c)) for c in block_candidates(ids.numel(), weights.num_experts)]
         report.note(f"T={T}: {torch.unique(ids).numel()} experts touched ({opts.routing} routing)"
                     + (", the shared expert folded in" if opts.shared else ""))
         impl = "blocks+shared+graph" if opts.shared else "blocks+graph"
@@ -287,12 +277,11 @@ def run(cfg, opts, device, report) -> None:
                 f"{tuple(weights.down.shape[1:])}) bf16, {weights.bytes_per_expert() / 1e6:.2f} MB per expert")
     flush = flush_buffer(device)
     title = {None: "routed experts, bf16", "rows": "per-row decode kernels under each tile candidate",
-             "blocks": "sorted, blocked kernels under each (block_m, block_n, block_k, warps, stages)",
-             "down": "sorted, blocked kernels, the down launch under each (block_n, block_k, warps, stages)"}[opts.sweep]
+             "blocks": "sorted, blocked kernels under each (block_m, block_n, block_k, warps, stages)"}[opts.sweep]
     table = report.table("moe", title + f" ({opts.reps} reps, L2 flushed)", COLUMNS)
     if opts.sweep == "rows":
         rows_sweep(moe, weights, opts, flush, table, report)
-    elif opts.sweep in ("blocks", "down"):
+    elif opts.sweep == "blocks":
         blocks_sweep(moe, weights, opts, flush, table, report)
     else:
         bench_bf16(moe, weights, opts, flush, table, report)

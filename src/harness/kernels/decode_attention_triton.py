@@ -59,7 +59,7 @@ class DecodeAttentionConfig:
     deep_block_n: int = 32
     deep_warps: int = 2
     deep_stages: int = 3
-    balanced: bool = False
+    balanced: bool = True
 
     def for_programs(self, bh: int) -> "DecodeAttentionConfig":
         """The tiles a launch of ``bh`` = B*nh programs per split runs: from ``deep_from`` programs on

@@ -169,9 +169,8 @@ def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch
                            f"with its parts; got {T} tokens x ({k} + {parts}) = {T * slots}")
     sgu, sdn = shared if shared is not None else (gu, dn)
     cfg = config or default_triton_config(T * k, E)
-    down_n, down_k, down_warps, down_stages = cfg.down()
-    for name, size in (("block_m", cfg.block_m), ("block_n", cfg.block_n), ("block_k", cfg.block_k),
-                       ("down_block_n", down_n), ("down_block_k", down_k)):
+    for name in ("block_m", "block_n", "block_k"):
+        size = getattr(cfg, name)
         if size < 16 or size & (size - 1):
             raise HarnessError(f"TritonMoEConfig.{name}={size}: tl.dot needs a power of two >= 16")
     x = x.contiguous()
@@ -190,14 +189,14 @@ def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch
         x.stride(0), x.stride(1), gu.stride(0), gu.stride(1), gu.stride(2), h.stride(0), h.stride(1),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_PRECISION=precision,
         DOT_IN_FP32=dot_in_fp32, EMULATE_BF16_RNE=emulate_rne, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    grid_down = (al.max_blocks, triton.cdiv(H, down_n))
+    grid_down = (al.max_blocks, triton.cdiv(H, cfg.block_n))
     _down_weighted_kernel[grid_down](
         h, dn, sdn, out_rows, topk_w32, al.sorted_rows, al.block_expert, al.num_padded,
         al.num_rows, H, inter, E, k, slots,
         h.stride(0), h.stride(1), dn.stride(0), dn.stride(1), dn.stride(2), sdn.stride(0), out_rows.stride(0),
         out_rows.stride(1),
-        BLOCK_M=cfg.block_m, BLOCK_N=down_n, BLOCK_K=down_k, DOT_PRECISION=precision,
-        DOT_IN_FP32=dot_in_fp32, EMULATE_BF16_RNE=emulate_rne, num_warps=down_warps, num_stages=down_stages)
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_PRECISION=precision,
+        DOT_IN_FP32=dot_in_fp32, EMULATE_BF16_RNE=emulate_rne, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return _routed_plus_shared(out_rows.view(T, slots, H), k, x.dtype, shared is not None)
 
 

@@ -7,7 +7,6 @@ device memory on the host (no sync).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -83,25 +82,15 @@ def align_rows_to_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int)
 
 @dataclass(frozen=True)
 class TritonMoEConfig:
-    """Tile sizes of the Triton kernels (rows x output columns x reduction) and launch options. The
-    down launch takes ``down_block_n`` / ``down_block_k`` / ``down_warps`` / ``down_stages`` where
-    set (None: the gate/up launch's); both launches share ``block_m`` (the rows' alignment)."""
+    """Tile sizes of the Triton kernels (rows x output columns x reduction) and launch options, both
+    launches' (gate/up and down). Tiles of the down launch's own did not pay at batch 32 on an H200
+    (``docs/kernels/fast_moe_triton.md``)."""
 
     block_m: int = 16
     block_n: int = 64
     block_k: int = 128
     num_warps: int = 4
     num_stages: int = 3
-    down_block_n: Optional[int] = None
-    down_block_k: Optional[int] = None
-    down_warps: Optional[int] = None
-    down_stages: Optional[int] = None
-
-    def down(self) -> tuple:
-        """(block_n, block_k, num_warps, num_stages) of the down launch."""
-        pick = lambda own, shared: shared if own is None else own  # noqa: E731
-        return (pick(self.down_block_n, self.block_n), pick(self.down_block_k, self.block_k),
-                pick(self.down_warps, self.num_warps), pick(self.down_stages, self.num_stages))
 
 
 def default_triton_config(num_rows: int, num_experts: int) -> TritonMoEConfig:

@@ -1,4 +1,4 @@
-"""The MoE router of a decode step (a few tokens) in two Triton kernels, or in one.
+"""The MoE router of a decode step (a few tokens) in two Triton kernels.
 
 ``route`` runs the gate as the fp32-output GEMV of ``gemv_triton``, then one small kernel, one
 program per token: softmax of the fp32 logits, top-k (descending; ties go to the lowest expert
@@ -7,9 +7,7 @@ index: the set ``torch.topk`` picks, perhaps in another order), or with ``forced
 layers, k] (a runtime flag ``on`` [1] applies it only where it holds); with ``norm`` and k > 1 the
 weights renormalised, then times ``scale`` (as ``MoEGate``); idx (int64) and weights (fp32) stored;
 with ``counts`` (one token) the routing count of the step at row min(step_index, steps) of the
-counts buffer [steps + 1, layers, experts]. With ``sem`` (a counter per token) the GEMV and the rest are
-one launch: the token's last GEMV program to finish runs the rest (``_gemv_topk_kernel``). No host
-sync and outputs from ``torch.empty``: callable
+counts buffer [steps + 1, layers, experts]. No host sync and outputs from ``torch.empty``: callable
 inside torch.compile and CUDA-graph capture. Importing this module imports triton;
 ``TRITON_INTERPRET=1`` before the first import of ``common`` runs the kernels on CPU tensors (tests).
 
@@ -23,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HarnessError
-from .common import check_counts, check_runnable, counts_row, row_times_tile
+from .common import check_counts, check_runnable, counts_row
 
 
 @triton.jit
@@ -90,35 +88,6 @@ def _topk_kernel(logits_ptr, idx_ptr, wt_ptr, counts_ptr, step_ptr, steps, n_lay
                   TOP_K, NORM, SCALE, BLOCK_E, BLOCK_TOPK, HAS_COUNTS, HAS_FORCED, FORCED_SWITCH)
 
 
-@triton.jit
-def _gemv_topk_kernel(x_ptr, w_ptr, logits_ptr, sem_ptr, idx_ptr, wt_ptr, counts_ptr, step_ptr, steps, n_layers,
-                      layer, table_ptr, pos_ptr, on_ptr, n_pos, n_exp,
-                      stride_xt, stride_xh, stride_we, stride_wh, stride_lt, stride_it, stride_ik, stride_ot,
-                      stride_ok,
-                      K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, N_BLOCKS: tl.constexpr,
-                      TOP_K: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr, BLOCK_E: tl.constexpr,
-                      BLOCK_TOPK: tl.constexpr, HAS_COUNTS: tl.constexpr, HAS_FORCED: tl.constexpr,
-                      FORCED_SWITCH: tl.constexpr):
-    """The GEMV's programs (token, BLOCK_N experts) store their logits; the token's last program to
-    finish (``sem``: a counter per token, left at zero) runs ``_choose_store`` on the whole row."""
-    tok = tl.program_id(0).to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < n_exp
-    acc = row_times_tile(x_ptr + tok * stride_xt, w_ptr + offs_n[:, None] * stride_we, stride_xh, stride_wh, n_ok,
-                         K, BLOCK_N, BLOCK_K)
-    tl.store(logits_ptr + tok * stride_lt + offs_n, acc, mask=n_ok)
-    tl.debug_barrier()                                    # every thread's logits stored
-    arrived = tl.atomic_add(sem_ptr + tok, 1, sem="acq_rel", scope="gpu")
-    if arrived == N_BLOCKS - 1:                           # the token's other programs are done
-        offs_e = tl.arange(0, BLOCK_E)
-        e_ok = offs_e < n_exp
-        logits = tl.load(logits_ptr + tok * stride_lt + offs_e, mask=e_ok, other=float("-inf"), cache_modifier=".cg")
-        _choose_store(logits, offs_e, e_ok, tok, idx_ptr, wt_ptr, counts_ptr, step_ptr, steps, n_layers, layer,
-                      table_ptr, pos_ptr, on_ptr, n_pos, stride_it, stride_ik, stride_ot, stride_ok, n_exp,
-                      TOP_K, NORM, SCALE, BLOCK_E, BLOCK_TOPK, HAS_COUNTS, HAS_FORCED, FORCED_SWITCH)
-        tl.atomic_add(sem_ptr + tok, -N_BLOCKS)           # back to zero for the next call, by the N adds
-
-
 def _check_counts(counts: tuple, x: torch.Tensor, E: int, layer: int) -> None:
     if x.shape[0] != 1:
         raise HarnessError(f"route: the routing counts in the kernel at one token only; got T={x.shape[0]}")
@@ -138,16 +107,14 @@ def _check_forced(forced: tuple, x: torch.Tensor, top_k: int, layer: int) -> Non
 
 
 def route(x: torch.Tensor, w: torch.Tensor, top_k: int, norm: bool, scale: float, layer: int = 0,
-          counts: tuple | None = None, forced: tuple | None = None, sem: torch.Tensor | None = None):
+          counts: tuple | None = None, forced: tuple | None = None):
     """x [T, H], gate weight w [E, H] -> (idx int64 [T, k], weights fp32 [T, k]) of MoE ``layer``; see the
     module docstring. ``counts`` = (buffer int64 [steps + 1, layers, E] contiguous, step_index int64
     [1]), T = 1 only: the chosen experts' counters at row min(step_index, steps) + 1
     (``models.routing.DeviceRouting.device_counts``). ``forced`` = (table int64 [T, positions, layers,
     k], position int64 [1], on bool [1] or None): token t is row t of the table at that position
-    (decode: one token per batch row; ``DeviceRouting.forced_inputs``). ``sem``: int32 zeros, at least
-    T of them, left zero after each call: the logits and the rest in one launch (the token's last GEMV
-    program to finish chooses); None: the GEMV, then ``_topk_kernel``."""
-    from .gemv_triton import GemvConfig, gemv
+    (decode: one token per batch row; ``DeviceRouting.forced_inputs``). The GEMV, then ``_topk_kernel``."""
+    from .gemv_triton import gemv
 
     check_runnable(x)
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
@@ -173,21 +140,8 @@ def route(x: torch.Tensor, w: torch.Tensor, top_k: int, norm: bool, scale: float
     flags = dict(TOP_K=top_k, NORM=bool(norm and top_k > 1), SCALE=float(scale), BLOCK_E=triton.next_power_of_2(E),
                  BLOCK_TOPK=triton.next_power_of_2(top_k), HAS_COUNTS=counts is not None,
                  HAS_FORCED=forced is not None, FORCED_SWITCH=on is not None)
-    if sem is None:
-        logits = gemv(x, w, torch.float32)
-        _topk_kernel[(T,)](
-            logits, idx, weights, *routing_args, logits.stride(0), logits.stride(1), idx.stride(0), idx.stride(1),
-            weights.stride(0), weights.stride(1), **flags, num_warps=1)
-        return idx, weights
-    if sem.dtype != torch.int32 or sem.numel() < T or sem.device != x.device:
-        raise HarnessError(f"route: sem must be int32 with >= {T} counters on {x.device} (zeros, left zero), got "
-                           f"{sem.dtype} [{sem.numel()}] on {sem.device}")
-    tiles = GemvConfig()                                   # the GEMV's tiles (``gemv``'s default)
-    logits = torch.empty(T, E, dtype=torch.float32, device=x.device)
-    n_blocks = triton.cdiv(E, tiles.block_n)
-    _gemv_topk_kernel[(T, n_blocks)](
-        x, w, logits, sem, idx, weights, *routing_args, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
-        logits.stride(0), idx.stride(0), idx.stride(1), weights.stride(0), weights.stride(1),
-        K=x.shape[1], BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, N_BLOCKS=n_blocks, **flags,
-        num_warps=tiles.num_warps)
+    logits = gemv(x, w, torch.float32)
+    _topk_kernel[(T,)](
+        logits, idx, weights, *routing_args, logits.stride(0), logits.stride(1), idx.stride(0), idx.stride(1),
+        weights.stride(0), weights.stride(1), **flags, num_warps=1)
     return idx, weights

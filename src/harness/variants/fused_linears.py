@@ -37,17 +37,11 @@ GEMV_MAX_ROWS = 1
 #: kernel 2.9 + 2.5 (runs/examples/h200-b32-align/kernels_b32*.txt); the GEMV reads the 164 KB gate
 #: once per row, from L2 after the first
 ROUTER_MAX_ROWS = 128
-#: whether ``FusedGate`` runs the router's top-k in its GEMV's launch (the token's last GEMV program to
-#: finish chooses, ``router_triton.route(sem=...)``) instead of a second launch (a batch-32 step on an
-#: H200: 11 top-k launches, 27.7 µs per step, ``runs/examples/h200-issue40-s8/call3/kernels_ladder.txt``).
-#: False until timed on a GPU (``scripts/device/b32_levers.sh`` sets it)
-ROUTER_ONE_LAUNCH = False
 #: decode rows (one token per sequence) up to which ``FusedAttention`` on a static cache runs RoPE and the
 #: KV write as one Triton launch after its q/k/v linear (``gemv_triton.rope_kv_write``) instead of the
-#: vendor's RoPE and ``update`` (a compiled batch-32 step: two inductor kernels per layer, 32.5 µs per step
-#: on an H200, ``runs/examples/h200-issue40-s8/call3/kernels_ladder.txt``). 1: never beyond the one-row
-#: GEMV path; not yet measured on a GPU (``scripts/device/b32_levers.sh`` sets it to 128)
-ROPE_KV_MAX_ROWS = 1
+#: vendor's RoPE and ``update``. A compiled batch-32 step on an H200: 12 launches, 22.9 µs per step,
+#: against two inductor kernels per layer, 31.1 µs (``runs/examples/h200-issue40-s9/levers/``)
+ROPE_KV_MAX_ROWS = ROUTER_MAX_ROWS
 #: reduction length up to which the GEMV kernels run (their loop over K is unrolled)
 GEMV_MAX_K = 2048
 #: tiles of the GEMV kernels (a ``gemv_triton.GemvConfig``); None: the kernels' default (the H200's
@@ -183,9 +177,7 @@ class FusedGate(Variant, MoEGate):
     the routing (``count``: into the target's ``device_counts`` at its device step index, one token
     only). Its k experts come in descending order (ties: lowest index), which may differ from
     torch.topk(sorted=False)'s order: the set is the same, and the experts' outputs are summed over k
-    downstream (equal up to fp32 rounding order). With ``ROUTER_ONE_LAUNCH`` (and the counters
-    ``route_sem``, a non-persistent buffer the converter gives each gate: not in the state_dict, moved
-    by ``.to()``) the top-k runs in the GEMV's launch."""
+    downstream (equal up to fp32 rounding order)."""
 
     def routes_in_kernel(self, rows: int, per_sequence: int = 1) -> bool:
         """Whether ``forward`` on ``rows`` token rows, ``per_sequence`` of them per batch row, runs the
@@ -198,12 +190,6 @@ class FusedGate(Variant, MoEGate):
         """Whether ``forward`` can count the routing inside the Triton router (one token)."""
         return rows == 1 and self.routes_in_kernel(rows)
 
-    def one_launch_counters(self, x: torch.Tensor, rows: int):
-        """The counters of the one-launch router (``route_sem``) with ``ROUTER_ONE_LAUNCH``, where they
-        hold ``rows`` tokens on x's device; else None (two launches)."""
-        sem = getattr(self, "route_sem", None) if ROUTER_ONE_LAUNCH else None
-        return sem if sem is not None and sem.numel() >= rows and sem.device == x.device else None
-
     def forward(self, x: torch.Tensor, routing=None, count: bool = False):
         rows = x.numel() // x.shape[-1]
         if count and not self.counts_in_kernel(rows):
@@ -213,8 +199,7 @@ class FusedGate(Variant, MoEGate):
 
             return route(x.reshape(-1, x.shape[-1]), self.weight, self.top_k, self.norm_topk_prob, self.scale,
                          self.layer_idx, counts=routing.device_counts() if count else None,
-                         forced=routing.forced_inputs() if routing is not None else None,
-                         sem=self.one_launch_counters(x, rows))
+                         forced=routing.forced_inputs() if routing is not None else None)
         return super().forward(x, routing)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -245,14 +230,10 @@ class FusedLinears(Converter):
                 swap(mlp, FusedSwiGLU)
             if moe:
                 swap(layer.mlp.gate, FusedGate)
-                gate = layer.mlp.gate                      # the one-launch router's counters, left at zero
-                gate.register_buffer("route_sem", torch.zeros(ROUTER_MAX_ROWS, dtype=torch.int32,
-                                                              device=gate.weight.device), persistent=False)
-        router = "in its GEMV's launch (the last GEMV program of a token)" if ROUTER_ONE_LAUNCH else \
-            "one Triton kernel after its GEMV"
         return {self.manifest_key: (
             f"fused: q/k/v and dense/shared gate/up as one weight each; at <= {GEMV_MAX_ROWS} token(s) Triton GEMV "
-            f"kernels for K <= {GEMV_MAX_K}, the router's softmax, top-k, scale and routing count {router} (the "
+            f"kernels for K <= {GEMV_MAX_K}, the router's softmax, top-k, scale and routing count one Triton kernel "
+            f"after its GEMV (the "
             f"router so up to {ROUTER_MAX_ROWS} decode rows); with the static cache q/k/v, RoPE "
             "and the KV write one kernel"
             + (f" (at 2-{ROPE_KV_MAX_ROWS} sequences RoPE and the KV write one kernel after the q/k/v GEMM)"
