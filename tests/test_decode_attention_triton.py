@@ -31,7 +31,7 @@ from harness.variants.decode_attention import TritonDecodeAttention
 from harness.variants.static_kv import StaticKVCache
 
 Cfg = dat.DecodeAttentionConfig
-Fixed = functools.partial(Cfg, balanced=False)       # the splits' fixed ranges of the buffer
+Fixed = functools.partial(Cfg, balanced=False, wide_balanced=False)   # the splits' fixed ranges of the buffer
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
@@ -65,7 +65,7 @@ CASES = {  # name: (B, nh, nkv, L, d, pos, config, scale)
     "splits>filled": (1, 2, 2, 128, 32, 20, Fixed(block_n=16, num_splits=8), None),  # 2 filled blocks, 8 splits
     "one-split": (3, 2, 2, 100, 32, 77, Fixed(block_n=16, num_splits=1), None),  # direct write, no combine
     "uneven-splits": (1, 2, 2, 100, 16, 60, Fixed(block_n=16, num_splits=3), None),  # 7 blocks in 3 splits
-    "model-shape": (1, 10, 10, 448, 128, 413, Cfg(), None),     # default: 14 splits of 32 keys, shared out
+    "model-shape": (1, 10, 10, 448, 128, 413, Cfg(), None),     # default: 14 splits of 32 keys, fixed ranges
     # 8 programs from wide_from = 8: 32-key tiles
     "wide": (2, 4, 4, 100, 32, 70, Fixed(block_n=16, wide_from=8, wide_block_n=32, wide_warps=2), None),
     # 8 programs from deep_from = 8: 16-key tiles through 2 stages, 7 blocks in one split
@@ -135,7 +135,7 @@ def test_position_is_read_on_the_device():
     q, k, v = draw(1, 2, 2, 64, 16, 63)
     q, k, v = (t.to(DEV) for t in (q, k, v))
     pos = torch.zeros(1, dtype=torch.int64, device=DEV)
-    for cfg in (Fixed(block_n=16), Cfg(block_n=16, num_splits=3)):   # fixed ranges; shared (default)
+    for cfg in (Fixed(block_n=16), Cfg(block_n=16, num_splits=3, balanced=True)):   # fixed ranges; shared
         for p in (0, 15, 16, 47, 63):
             pos.fill_(p)
             out = dat.decode_attention(q, k, v, pos, config=cfg).cpu()
@@ -158,6 +158,17 @@ def test_wide_launches_take_the_wide_tiles():
     assert Cfg(wide_target_programs=None).for_programs(320).splits(320, 448) == (1, 14)          # 264 / 320 -> 1
     with pytest.raises(HarnessError, match="wide_target_programs=0"):
         Cfg(wide_target_programs=0).check()
+
+
+def test_only_the_wide_tier_shares_out_the_filled_positions_by_default():
+    """The default's splits share the filled positions in the wide tier (80 to 1,279 programs: B = 8 to
+    127 at 10 heads) and keep fixed ranges below it (B = 1: the H200 bench had them faster there) and in
+    the deep tier (one split); ``wide_balanced=False`` keeps fixed ranges in the wide tier too, and
+    ``balanced=True`` shares them out below it."""
+    assert [Cfg().for_programs(bh).balanced for bh in (10, 79, 80, 320, 1279, 1280)] == \
+        [False, False, True, True, True, False]
+    assert not Cfg(wide_balanced=False).for_programs(320).balanced
+    assert Cfg(balanced=True).for_programs(10).balanced
 
 
 def test_deep_launches_take_the_pipelined_tiles():

@@ -572,13 +572,13 @@ def test_manifest_names_the_attention_tiles_and_the_batched_rope_launch(tiny, mo
     try:
         info = variants.apply(model, ex)
         assert "wide_target_programs=1280" in info[knobs.DECODE_ATTENTION.manifest_key]
-        assert "balanced=True" in info[knobs.DECODE_ATTENTION.manifest_key]
+        assert ", balanced=False, wide_balanced=True)" in info[knobs.DECODE_ATTENTION.manifest_key]
         assert "at 2-128 sequences RoPE and the KV write one kernel" in info[knobs.FUSED_LINEARS.manifest_key]
         assert "top-k, scale and routing count one Triton kernel after its GEMV" in info[knobs.FUSED_LINEARS.manifest_key]
-        monkeypatch.setattr(dat, "DEFAULT_CONFIG", dat.DecodeAttentionConfig(balanced=False))
+        monkeypatch.setattr(dat, "DEFAULT_CONFIG", dat.DecodeAttentionConfig(wide_balanced=False))
         monkeypatch.setattr(fused_linears, "ROPE_KV_MAX_ROWS", 1)
         info = variants.apply(model, ex)
-        assert "balanced=False" in info[knobs.DECODE_ATTENTION.manifest_key]
+        assert ", balanced=False, wide_balanced=False)" in info[knobs.DECODE_ATTENTION.manifest_key]
         assert "sequences RoPE" not in info[knobs.FUSED_LINEARS.manifest_key]
     finally:
         variants.apply(model, ExecutionConfig())

@@ -43,7 +43,8 @@ class DecodeAttentionConfig:
     tiles in flight while one is reduced). ``balanced``: the splits share the filled positions 0..pos
     (read on the device: each split about 1/NUM_SPLITS of them) instead of fixed ranges of the buffer
     (early in a request the last splits of a fixed partition have nothing to read while the first
-    ones read whole ranges). How the defaults were measured: ``docs/kernels/decode_attention_triton.md``.
+    ones read whole ranges); ``wide_balanced`` the same for the wide tier. How the defaults were
+    measured (balanced in the wide tier only): ``docs/kernels/decode_attention_triton.md``.
     """
 
     block_n: int = 32
@@ -59,21 +60,23 @@ class DecodeAttentionConfig:
     deep_block_n: int = 32
     deep_warps: int = 2
     deep_stages: int = 3
-    balanced: bool = True
+    balanced: bool = False
+    wide_balanced: bool = True
 
     def for_programs(self, bh: int) -> "DecodeAttentionConfig":
         """The tiles a launch of ``bh`` = B*nh programs per split runs: from ``deep_from`` programs on
         (B >= 128 at 10 heads) ``deep_block_n`` keys per tile with ``deep_warps`` warps through
         ``deep_stages`` pipeline stages; from ``wide_from`` (B >= 8) ``wide_block_n`` keys with
-        ``wide_warps`` warps, split toward ``wide_target_programs``; else this config (either threshold
-        None: that tier never)."""
+        ``wide_warps`` warps, split toward ``wide_target_programs``, ``wide_balanced``; else this config
+        (either threshold None: that tier never)."""
         if self.deep_from is not None and bh >= self.deep_from:
             return dataclasses.replace(self, block_n=self.deep_block_n, num_warps=self.deep_warps,
                                        stages=self.deep_stages, wide_from=None, deep_from=None)
         if self.wide_from is None or bh < self.wide_from:
             return self
         return dataclasses.replace(self, block_n=self.wide_block_n, num_warps=self.wide_warps, wide_from=None,
-                                   deep_from=None, target_programs=self.wide_target_programs or self.target_programs)
+                                   deep_from=None, target_programs=self.wide_target_programs or self.target_programs,
+                                   balanced=self.wide_balanced)
 
     def splits(self, bh: int, L: int) -> tuple:
         """(NUM_SPLITS, BLOCKS_PER_SPLIT) for ``bh`` = B*nh programs per split and L cache positions:
