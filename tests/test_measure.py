@@ -340,3 +340,108 @@ def test_kineto_usdt_lines_are_dropped_from_stderr(capfd):
     with KernelCapture(cuda=False):
         torch.ones(3).sum()
     assert capfd.readouterr().err == "kept line\n"
+
+
+class _Event:
+    """A kineto event as ``kernel_sums`` reads it: name, [start, end) in ns, thread, device."""
+
+    def __init__(self, name, start, end, thread=1, device="cpu", annotation=False, asynchronous=False):
+        self._name, self._start, self._end, self._thread = name, start, end, thread
+        self._device = torch.autograd.DeviceType.CUDA if device == "cuda" else torch.autograd.DeviceType.CPU
+        self._annotation, self._async = annotation, asynchronous
+
+    def name(self):
+        return self._name
+
+    def start_ns(self):
+        return self._start
+
+    def end_ns(self):
+        return self._end
+
+    def duration_ns(self):
+        return self._end - self._start
+
+    def start_thread_id(self):
+        return self._thread
+
+    def end_thread_id(self):
+        return self._thread
+
+    def device_type(self):
+        return self._device
+
+    def is_user_annotation(self):
+        return self._annotation
+
+    def is_async(self):
+        return self._async
+
+
+def _capture(events):
+    return types.SimpleNamespace(kineto_results=types.SimpleNamespace(events=lambda: list(events)))
+
+
+def test_kernel_sums_cpu_operators_by_self_time():
+    """Without CUDA: per operator name, calls and self time (duration less the nested operators' on the
+    same thread), worked out by hand from the intervals (µs); an operator nested in itself as its only child
+    (a redispatch) is one call; annotations, async operators and names of zero self time are left out."""
+    from harness.measure.kernels import kernel_sums
+
+    us = 1000
+    events = [  # listed out of order: the capture does not promise start order
+        _Event("aten::linear", 200 * us, 260 * us),           # children: addmm (40) -> self 20
+        _Event("aten::addmm", 210 * us, 250 * us),            # leaf -> 40
+        _Event("harness::sam#0", 0, 400 * us, annotation=True),
+        _Event("aten::linear", 0, 100 * us),                   # children: t (10), addmm (70) -> self 20
+        _Event("aten::t", 5 * us, 15 * us),                    # leaf -> 10
+        _Event("aten::addmm", 20 * us, 90 * us),               # one child, itself: one call -> self 10
+        _Event("aten::addmm", 25 * us, 85 * us),               # child: copy_ (10) -> self 50
+        _Event("aten::copy_", 30 * us, 40 * us),               # leaf -> 10
+        _Event("aten::mm", 10 * us, 50 * us, thread=2),        # inside linear's time, another thread -> 40
+        _Event("aten::wrapper", 300 * us, 310 * us),           # its one child fills it -> self 0, left out
+        _Event("aten::zero_", 300 * us, 310 * us),             # -> 10
+        _Event("aten::async_op", 500 * us, 900 * us, asynchronous=True),
+    ]
+    got = kernel_sums(_capture(events), cuda=False)
+    want = {"aten::linear": [2, 0.040], "aten::t": [1, 0.010], "aten::addmm": [2, 0.100],
+            "aten::copy_": [1, 0.010], "aten::mm": [1, 0.040], "aten::zero_": [1, 0.010]}
+    assert got.keys() == want.keys()
+    for name, (n, ms) in want.items():
+        assert got[name][0] == n, name
+        assert got[name][1] == pytest.approx(ms, abs=1e-12), name
+
+
+def test_kernel_sums_cuda_kernels_by_duration():
+    """On CUDA: every GPU kernel / memcpy / memset summed by name (ms, durations); host events (the launch
+    calls) are not kernels."""
+    from harness.measure.kernels import kernel_sums
+
+    events = [_Event("k1", 0, 1000, device="cuda"), _Event("cudaLaunchKernel", 0, 200),
+              _Event("Memcpy HtoD (Pageable -> Device)", 1500, 2000, device="cuda"),
+              _Event("k1", 3000, 6000, device="cuda"), _Event("k2", 7000, 7250, device="cuda")]
+    got = kernel_sums(_capture(events), cuda=True)
+    assert got == {"k1": [2, pytest.approx(0.004)], "Memcpy HtoD (Pageable -> Device)": [1, pytest.approx(0.0005)],
+                   "k2": [1, pytest.approx(0.00025)]}
+
+
+def test_kernel_sums_agrees_with_torch_profiler_key_averages():
+    """On one real CPU capture, ``kernel_sums`` gives what torch.profiler's own event tree gives
+    (``key_averages``: count, self CPU time), including the redispatched antialiased resize."""
+    from torch.nn import functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    from harness.measure.kernels import kernel_sums
+
+    x, w, b = torch.randn(4, 16), torch.randn(8, 16), torch.randn(8)
+    img = torch.randn(1, 3, 32, 32)
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            F.linear(x, w, b).relu_()
+        F.interpolate(img, size=(12, 12), mode="bicubic", antialias=True)
+    want = {e.key: (e.count, e.self_cpu_time_total / 1e3) for e in prof.key_averages() if e.self_cpu_time_total > 0}
+    got = kernel_sums(prof.profiler, cuda=False)
+    assert got.keys() == want.keys() and got["aten::linear"][0] == 3
+    for name, (n, ms) in want.items():
+        assert got[name][0] == n, name
+        assert got[name][1] == pytest.approx(ms, abs=1e-6), name

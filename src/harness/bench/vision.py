@@ -17,7 +17,7 @@ sam on the pixels, clip on sam's output, the projector on both.
   max over ``reps`` passes; the host clock on the CPU); TFLOP/s useful (derived: the stage's analytic
   useful FLOPs for ``batch`` pages, ``harness.analytic``, / ms); MFU (derived: TFLOP/s / the device's
   dense datasheet peak in bf16, ``roofline.specs``; empty where there is none).
-* ``vision_kernels``: one more pass under ``torch.profiler``, the stage's kernels by category
+* ``vision_kernels``: one more pass under ``measure.kernels.KernelCapture``, the stage's kernels by category
   (``measure.kernels.categorize``): count (measured), total ms (measured, kernel durations) and the
   share of the stage's kernel time (derived). On the CPU the rows are CPU operators (self time).
 * ``vision_top_kernels``: the ``top`` longest kernels of each stage by total time, same columns.
@@ -62,26 +62,13 @@ def stage_calls(model, pixels: torch.Tensor) -> list:
 
 
 def kernel_times(call, cuda: bool) -> dict:
-    """{kernel name: [count, total ms]} of one ``call`` under torch.profiler (CUDA kernels; on the
-    CPU, CPU operators by self time)."""
-    from torch.profiler import ProfilerActivity, profile
+    """{kernel name: [count, total ms]} of one ``call`` under ``KernelCapture`` (``measure.kernels.kernel_sums``:
+    CUDA kernels; on the CPU, CPU operators by self time)."""
+    from ..measure.kernels import KernelCapture, kernel_sums
 
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=acts) as prof:
+    with KernelCapture(cuda) as prof:
         call()
-        if cuda:
-            torch.cuda.synchronize()
-    out = defaultdict(lambda: [0, 0.0])
-    if cuda:
-        for ev in prof.events():
-            if ev.device_type == torch.autograd.DeviceType.CUDA:
-                out[ev.name][0] += 1
-                out[ev.name][1] += ev.device_time / 1e3
-    else:
-        for ev in prof.key_averages():
-            if ev.self_cpu_time_total > 0:
-                out[ev.key] = [ev.count, ev.self_cpu_time_total / 1e3]
-    return dict(out)
+    return kernel_sums(prof, cuda)
 
 
 def vision_executions(cfg, opts) -> list:

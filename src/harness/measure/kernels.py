@@ -7,8 +7,8 @@ its analytic family and roofline op group) open at that moment (``attribution`` 
 ``ATTRIBUTIONS``). ``category`` is the kernel-name
 category (``CATEGORIES``), kept for reference beside the module's op group. On a machine without
 CUDA the same code records CPU operators instead (``device`` = cpu, top-level ops only).
-Durations are ns in the raw capture and ms in the table. ``KernelCapture.save_trace`` writes the
-capture as a gzipped Chrome/Perfetto trace.
+Durations are ns in the raw capture and ms in the table; ``kernel_sums`` sums a capture per name
+(count, ms). ``KernelCapture.save_trace`` writes the capture as a gzipped Chrome/Perfetto trace.
 """
 from __future__ import annotations
 
@@ -307,6 +307,64 @@ def kernel_table(prof, cuda: bool, ranges: pd.DataFrame, modules=None) -> pd.Dat
     if not cuda and len(df):
         df = _cpu_top_level_ops(df)
     return df
+
+
+def kernel_sums(prof, cuda: bool) -> dict:
+    """{name: [count, total ms]} of a capture (``KernelCapture``), one entry per name.
+
+    CUDA: each GPU kernel / memcpy / memset name, the number of its activities and the sum of their
+    durations (ms, device clock). No CUDA: each CPU operator name, the number of its calls and the sum
+    of their self times (ms, host clock: an operator's duration less that of the operators nested in it
+    on the same thread), names whose self time sums to 0 left out; as torch.profiler's
+    ``key_averages()`` counts (``count``, ``self_cpu_time_total``), an operator whose one nested
+    operator is itself again (a redispatch) is one call. The CPU totals add up to the time spent inside
+    operators, none counted twice (``kernel_table`` keeps the top-level operators, whole durations).
+    """
+    events = prof.kineto_results.events()
+    if not cuda:
+        return _cpu_self_times(events)
+    out = {}
+    for e in events:
+        if _kind(e, True) in ("kernel", "memcpy", "memset"):
+            s = out.setdefault(e.name(), [0, 0.0])
+            s[0] += 1
+            s[1] += e.duration_ns() / 1e6
+    return out
+
+
+def _cpu_self_times(events) -> dict:
+    """``kernel_sums`` without CUDA: each synchronous CPU operator's parent is the innermost one open
+    on its thread that holds it whole (torch.profiler's rule); self ns = duration - the children's."""
+    ops = sorted((e for e in events if _kind(e, False) == "cpu_op" and not e.is_async()
+                  and e.start_thread_id() == e.end_thread_id()),
+                 key=lambda e: (e.start_thread_id(), e.start_ns(), -e.end_ns()))
+    names, self_ns, parents, children = [], [], [], []
+    stack, ends, thread = [], [], None      # open operators (indices) of the current thread, their ends
+    for i, e in enumerate(ops):
+        start, end = e.start_ns(), e.end_ns()
+        if e.start_thread_id() != thread:
+            thread, stack, ends = e.start_thread_id(), [], []
+        while stack and (start >= ends[-1] or end > ends[-1]):
+            stack.pop()
+            ends.pop()
+        parent = stack[-1] if stack else None
+        names.append(e.name())
+        self_ns.append(end - start)
+        parents.append(parent)
+        children.append(0)
+        if parent is not None:
+            self_ns[parent] -= end - start
+            children[parent] += 1
+        stack.append(i)
+        ends.append(end)
+    sums = {}
+    for i, name in enumerate(names):
+        p = parents[i]
+        s = sums.setdefault(name, [0, 0])
+        if not (p is not None and names[p] == name and children[p] == 1):    # a redispatch is its parent's call
+            s[0] += 1
+        s[1] += self_ns[i]
+    return {name: [n, ns / 1e6] for name, (n, ns) in sums.items() if ns > 0}
 
 
 #: (family, op group) of a GEMM launched by an MoE container itself: grouped MoE runs the routed experts'
