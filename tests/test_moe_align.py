@@ -144,3 +144,55 @@ def test_gpu_align_under_torch_compile_and_graph_equals_torch():
     per_expert = torch.bincount(ids.view(-1), minlength=64)
     assert torch.equal(buf[1:, 1], torch.stack([per_expert, per_expert]))     # one replay at row 1, one at 2
     assert int(buf[0].sum()) == 0 and int(buf[:, 0].sum()) == 0
+
+
+@pytest.mark.parametrize("forced,parts,counted", [(None, 0, False), (None, 2, True), ("on", 0, True),
+                                                  ("off", 1, False), ("always", 0, False)])
+def test_route_and_align_equals_the_router_then_the_alignment(forced, parts, counted, monkeypatch):
+    """One launch (``route_and_align``) against the router's top-k launch then the alignment's, at a batch-32
+    step of the model's shape (64 experts, top-6): the same experts in the same order, the same weights
+    (rel <= 1e-6), the same alignment bit for bit and the same counts; forced experts from the table at
+    the device position and the router's layer (``on``/``off``: a runtime switch; ``always``: no switch),
+    the counts at their own layer."""
+    from harness.kernels import gemv_triton, router_triton
+    from harness.kernels.moe_align_triton import align_rows, route_and_align
+
+    T, E, k, block_m = 32, 64, 6, 16
+    g = torch.Generator().manual_seed(5 + parts)
+    logits = (torch.randn(T, E, generator=g) * 2).to(DEV)
+    table = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T * 3 * 2)]).view(T, 3, 2, k).to(DEV)
+    pos = torch.tensor([1], device=DEV)
+    fin = None
+    if forced is not None:
+        fin = (table, pos, None if forced == "always" else torch.tensor([forced == "on"], device=DEV))
+
+    def counts():
+        return (torch.zeros(4, 2, E, dtype=torch.int64, device=DEV), torch.tensor([2], device=DEV), 0)   # not the
+        # router's layer (1): each reads its own
+
+    # the reference: the router's top-k kernel on these logits (route() with its GEMV handing them over)
+    monkeypatch.setattr(gemv_triton, "gemv", lambda x, w, dtype: logits)
+    want_idx, want_w = router_triton.route(logits, torch.zeros(E, E, device=DEV), k, True, 2.5, 1, forced=fin)
+    monkeypatch.undo()
+    want_counts = counts() if counted else None
+    want_al = align_rows(want_idx, E, block_m, want_counts, parts)
+    got_counts = counts() if counted else None
+    idx, w, al = route_and_align(logits, k, True, 2.5, 1, block_m, fin, got_counts, parts)
+    assert torch.equal(idx.cpu(), want_idx.cpu())
+    assert ((w - want_w).norm() / want_w.norm()) <= 1e-6
+    _same(al, want_al)
+    if counted:
+        assert torch.equal(got_counts[0].cpu(), want_counts[0].cpu()) and int(got_counts[0].sum()) == T * k
+    if forced in ("on", "always"):
+        assert torch.equal(idx.sort(-1)[0].cpu(), table[:, 1, 1].sort(-1)[0].cpu())
+
+
+def test_route_and_align_refuses():
+    from harness.kernels.moe_align_triton import route_and_align
+
+    with pytest.raises(HarnessError, match="contiguous fp32 logits"):
+        route_and_align(torch.zeros(4, 8, dtype=torch.float64, device=DEV), 2, True, 1.0, 0, 16)
+    with pytest.raises(HarnessError, match="top_k=9 needs"):
+        route_and_align(torch.zeros(4, 8, device=DEV), 9, True, 1.0, 0, 16)
+    with pytest.raises(HarnessError, match="routed rows"):
+        route_and_align(torch.zeros(600, 8, device=DEV), 2, True, 1.0, 0, 16)

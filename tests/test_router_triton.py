@@ -228,17 +228,14 @@ def test_gpu_route_under_torch_compile_equals_eager(dtype):
     assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])
 
 
-def test_batched_decode_routes_and_counts_in_the_kernels():
-    """A decode step of 20 sequences (one token each, 40 routed rows): the Triton router (forced experts
-    at the device position under balanced routing) and the blocked Triton MoE, whose alignment kernel
-    counts the routing at the device step index: outputs as the reference MoE's within fp32 rounding,
-    the counts exactly the reference routing's experts, nothing in the scratch."""
+def _grouped_decode_moe(B, E, k):
+    """A decode step of B sequences through an MoE layer of E experts, top-k: (the layer as GroupedMoE with
+    the Triton kernel and FusedGate, x [B, 1, 64], the vendor loop's output and the torch gate's experts)."""
     from harness.variants import fast_moe
     from harness.variants.base import swap
     from harness.variants.fused_linears import FusedGate
     from harness.variants.grouped_moe import GroupedMoE
 
-    B, E, k = 20, 8, 2
     moe = _moe(E=E, k=k)
     x = torch.randn(B, 1, 64, device=DEV)
     ref_y = moe(x)                                     # the vendor loop, the torch gate
@@ -247,22 +244,95 @@ def test_batched_decode_routes_and_counts_in_the_kernels():
     moe.experts_stacked = fast_moe.stack_experts(moe)
     swap(moe, GroupedMoE)
     swap(moe.gate, FusedGate)
-    routing = DeviceRouting(3, E, 2, DEV, "device")
-    routing.phase = "decode"
-    routing.step_index.fill_(1)
-    moe.routing = routing
-    y = moe(x)
+    return moe, x, ref_y, ref_idx
+
+
+def _step_as_the_vendor_loop(y, ref_y, ref_idx, routing, E):
+    """The step's output within fp32 rounding of the vendor loop's and its counts exactly the vendor gate's
+    experts, at step 1 of layer 1, nothing in the scratch -> the counts buffer expected [steps + 1, layers, E]."""
     assert ((y - ref_y).norm() / ref_y.norm()) <= 1e-5
-    want = torch.zeros(3, 3, E, dtype=torch.int64)         # [steps + 1, layers, experts]
+    want = torch.zeros(3, 3, E, dtype=torch.int64)
     want[1, 1] = torch.bincount(ref_idx.view(-1).cpu(), minlength=E)
     assert torch.equal(routing.decode.cpu(), want)
     assert not routing.scratch_used and int(routing.scratch.sum()) == 0
-    forced = torch.stack([torch.randperm(E)[:k] for _ in range(B)]).to(DEV)   # balanced: the table's experts
+    return want
+
+
+def _decode_routing(E):
+    """A device-driven routing target of 3 layers and 2 decode steps, in the decode phase at step 1."""
+    routing = DeviceRouting(3, E, 2, DEV, "device")
+    routing.phase = "decode"
+    routing.step_index.fill_(1)
+    return routing
+
+
+def _force(routing, B, E, k):
+    """Balanced routing on: each of the B rows' k experts drawn at position 2 of layer 1 -> those [B, k]."""
+    forced = torch.stack([torch.randperm(E)[:k] for _ in range(B)]).to(DEV)
     routing.table = torch.zeros(B, 4, 3, k, dtype=torch.int64, device=DEV)
     routing.table[:, 2, 1] = forced
     routing.position.fill_(2)
     routing.active = True
+    return forced
+
+
+def test_batched_decode_routes_and_counts_in_the_kernels():
+    """A decode step of 20 sequences (one token each, 40 routed rows): the Triton router (forced experts
+    at the device position under balanced routing) and the blocked Triton MoE, whose alignment kernel
+    counts the routing at the device step index: outputs as the reference MoE's within fp32 rounding,
+    the counts exactly the reference routing's experts, nothing in the scratch."""
+    B, E, k = 20, 8, 2
+    moe, x, ref_y, ref_idx = _grouped_decode_moe(B, E, k)
+    routing = _decode_routing(E)
+    moe.routing = routing
+    y = moe(x)
+    _step_as_the_vendor_loop(y, ref_y, ref_idx, routing, E)
+    forced = _force(routing, B, E, k)
     idx, w = moe.gate(x, routing)
     assert torch.equal(idx.sort(-1)[0], forced.sort(-1)[0])
     probs = torch.softmax(F.linear(x.view(B, -1), moe.gate.weight), -1).gather(-1, idx)
     assert torch.allclose(w, probs / probs.sum(-1, keepdim=True) * 1.5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["shared-apart", "shared-folded"])
+def test_batched_decode_routes_in_the_alignment_launch(shared, monkeypatch):
+    """``grouped_moe.ROUTE_IN_ALIGNMENT``: a decode step of 20 sequences (40 routed rows) runs the router's
+    GEMV, then its choice and the alignment in one launch (``route_and_align``; ``route`` not called): the
+    vendor loop's output within fp32 rounding under the weights' routing, the counts exactly its experts;
+    under forced routing the table's experts, as with the lever off. ``shared-folded``: the shared expert
+    (fused gate/up, as linear_impl=fused gives it) as a pseudo-expert of the same kernels."""
+    from harness.kernels import moe_align_triton, router_triton
+    from harness.variants import grouped_moe
+    from harness.variants.base import swap
+    from harness.variants.fused_linears import FusedSwiGLU, fused_weight
+
+    B, E, k = 20, 8, 2
+    moe, x, ref_y, ref_idx = _grouped_decode_moe(B, E, k)
+    if shared:
+        sh = moe.shared_experts
+        fused_weight(sh, "gate_up_weight", [sh.gate_proj, sh.up_proj])
+        swap(sh, FusedSwiGLU)
+    assert moe.shares_kernels(B, k) == shared
+    calls = {"route": 0, "route_and_align": 0}
+    for mod, name in ((router_triton, "route"), (moe_align_triton, "route_and_align")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, real=real, name=name, **kw: calls.__setitem__(name, calls[name] + 1)
+                            or real(*a, **kw))
+
+    def step(lever, routing):
+        monkeypatch.setattr(grouped_moe, "ROUTE_IN_ALIGNMENT", lever)
+        moe.routing = routing
+        return moe(x)
+
+    routing = _decode_routing(E)
+    y = step(True, routing)
+    assert calls == {"route": 0, "route_and_align": 1}
+    want = _step_as_the_vendor_loop(y, ref_y, ref_idx, routing, E)
+    forced = _force(routing, B, E, k)
+    y_forced = step(True, routing)
+    assert calls == {"route": 0, "route_and_align": 2}
+    y_plain = step(False, routing)                     # the router's launch, then the alignment's
+    assert calls == {"route": 1, "route_and_align": 2}
+    assert ((y_forced - y_plain).norm() / y_plain.norm()) <= 1e-6
+    want[1, 1] += torch.bincount(forced.view(-1).cpu(), minlength=E) * 2   # counted by both steps
+    assert torch.equal(routing.decode.cpu(), want)

@@ -330,17 +330,19 @@ def test_gpu_variant_matches_vendor_style(name, dtype, tol):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rope_kv", [True, False], ids=["rope-kv-launch", "vendor-rope"])
+@pytest.mark.parametrize("lever", ["defaults", "vendor-rope", "route-in-alignment"])
 @pytest.mark.parametrize("routing", ["weights", "balanced"])
-def test_gpu_batched_decode_matches_vendor_style_fp32(routing, rope_kv, monkeypatch):
+def test_gpu_batched_decode_matches_vendor_style_fp32(routing, lever, monkeypatch):
     """12 distinct pages (24 routed rows per MoE layer: the blocked Triton MoE with the one-program
     alignment, which counts the routing, and the Triton router at 12 rows), compiled and captured,
-    fp32 with TF32 off: vendor-style's tokens and per-step routing counts. ``rope-kv-launch`` (the
-    default): RoPE and the KV write as one Triton launch after the q/k/v linear
-    (``fused_linears.ROPE_KV_MAX_ROWS``); ``vendor-rope``: the vendor's RoPE and cache update."""
-    from harness.variants import fused_linears
+    fp32 with TF32 off: vendor-style's tokens and per-step routing counts. ``defaults``: RoPE and the KV
+    write as one Triton launch after the q/k/v linear (``fused_linears.ROPE_KV_MAX_ROWS``);
+    ``vendor-rope``: the vendor's RoPE and cache update instead; ``route-in-alignment``: the router's choice
+    in the alignment's launch (``grouped_moe.ROUTE_IN_ALIGNMENT``)."""
+    from harness.variants import fused_linears, grouped_moe
 
-    monkeypatch.setattr(fused_linears, "ROPE_KV_MAX_ROWS", 128 if rope_kv else 1)
+    monkeypatch.setattr(fused_linears, "ROPE_KV_MAX_ROWS", 1 if lever == "vendor-rope" else 128)
+    monkeypatch.setattr(grouped_moe, "ROUTE_IN_ALIGNMENT", lever == "route-in-alignment")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     cfg = load_tiny_cfg()
@@ -580,5 +582,23 @@ def test_manifest_names_the_attention_tiles_and_the_batched_rope_launch(tiny, mo
         info = variants.apply(model, ex)
         assert ", balanced=False, wide_balanced=False)" in info[knobs.DECODE_ATTENTION.manifest_key]
         assert "sequences RoPE" not in info[knobs.FUSED_LINEARS.manifest_key]
+    finally:
+        variants.apply(model, ExecutionConfig())
+
+
+@cpu_triton
+@pytest.mark.skipif(not triton_runs(), reason="Triton cannot run here")
+def test_manifest_names_the_router_in_the_alignment_launch(tiny, monkeypatch):
+    """moe_impl=grouped with moe_kernel=triton: the manifest says when ``grouped_moe.ROUTE_IN_ALIGNMENT``
+    makes the router's choice in the alignment's launch, and says nothing of it when off."""
+    from harness.variants import grouped_moe
+
+    model, _ = tiny
+    ex = ExecutionConfig(kv_cache="static", moe_impl="grouped", moe_kernel="triton", linear_impl="fused")
+    try:
+        assert "ROUTE_IN_ALIGNMENT" not in variants.apply(model, ex)[knobs.GROUPED_MOE.manifest_key]
+        monkeypatch.setattr(grouped_moe, "ROUTE_IN_ALIGNMENT", True)
+        assert "router's choice in the alignment's launch (grouped_moe.ROUTE_IN_ALIGNMENT)" in \
+            variants.apply(model, ex)[knobs.GROUPED_MOE.manifest_key]
     finally:
         variants.apply(model, ExecutionConfig())

@@ -160,23 +160,60 @@ def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch
                            f"{ROWS_KERNEL_MAX + 1} to {ALIGN_KERNEL_MAX_ROWS} routed rows; got {T * k}")
     if config is None and T * k <= ROWS_KERNEL_MAX:
         return routed_experts_rows(x, topk_ids, topk_w, weights, shared=shared)
-    E, H, inter = weights.num_experts, weights.hidden, weights.inter
-    gu, dn = weights.gate_up, weights.down
+    cfg, parts, sgu, sdn = _blocked_plan(T, k, weights, config, shared)
+    al = align_rows(topk_ids, weights.num_experts, cfg.block_m, counts, parts) if T * (k + parts) <= \
+        ALIGN_KERNEL_MAX_ROWS else align_rows_to_blocks(topk_ids, weights.num_experts, cfg.block_m)
+    return _blocked_launches(x, topk_w, al, weights, cfg, k, parts, sgu, sdn, shared is not None)
+
+
+def routed_experts_routing(x: torch.Tensor, logits: torch.Tensor, gate: tuple, weights,
+                           forced: tuple | None = None, counts: tuple | None = None,
+                           shared: tuple | None = None) -> torch.Tensor:
+    """``routed_experts_triton``'s blocked path from the router's fp32 ``logits`` [T, E] instead of its
+    choice: ``gate`` = (top_k, norm, scale, layer) and ``forced`` as ``router_triton.route``'s; the
+    choice and the rows' alignment (``counts``, ``shared`` as there) are one launch
+    (``moe_align_triton.route_and_align``), before the gate/up and down launches. T*k above
+    ``ROWS_KERNEL_MAX`` and T*(k + shared parts) up to ``ALIGN_KERNEL_MAX_ROWS`` only."""
+    from .moe_align_triton import route_and_align
+
+    check_runnable(x)
+    top_k, norm, scale, layer = gate
+    T = x.shape[0]
+    if logits.shape != (T, weights.num_experts) or not ROWS_KERNEL_MAX < T * top_k:
+        raise HarnessError(f"routed_experts_routing: logits [{T}, {weights.num_experts}] and more than "
+                           f"{ROWS_KERNEL_MAX} routed rows expected; got {tuple(logits.shape)}, {T} x {top_k}")
+    cfg, parts, sgu, sdn = _blocked_plan(T, top_k, weights, None, shared)
+    _, w, al = route_and_align(logits, top_k, norm, scale, layer, cfg.block_m, forced, counts, parts)
+    return _blocked_launches(x, w, al, weights, cfg, top_k, parts, sgu, sdn, shared is not None)
+
+
+def _blocked_plan(T: int, k: int, weights, config: TritonMoEConfig | None, shared: tuple | None) -> tuple:
+    """(config, shared parts P, shared gate_up, shared down) of the blocked kernels for T tokens of k routed
+    rows: ``default_triton_config`` unless given, its tiles checked; the routed weights stand in for the
+    shared ones without ``shared``."""
+    E, gu, dn = weights.num_experts, weights.gate_up, weights.down
     parts = _shared_parts(shared, gu, dn) if shared is not None else 0
-    slots = k + parts
-    if shared is not None and T * slots > ALIGN_KERNEL_MAX_ROWS:
+    if shared is not None and T * (k + parts) > ALIGN_KERNEL_MAX_ROWS:
         raise HarnessError(f"the shared expert folds into impl=triton's kernels up to {ALIGN_KERNEL_MAX_ROWS} rows "
-                           f"with its parts; got {T} tokens x ({k} + {parts}) = {T * slots}")
+                           f"with its parts; got {T} tokens x ({k} + {parts}) = {T * (k + parts)}")
     sgu, sdn = shared if shared is not None else (gu, dn)
     cfg = config or default_triton_config(T * k, E)
     for name in ("block_m", "block_n", "block_k"):
         size = getattr(cfg, name)
         if size < 16 or size & (size - 1):
             raise HarnessError(f"TritonMoEConfig.{name}={size}: tl.dot needs a power of two >= 16")
+    return cfg, parts, sgu, sdn
+
+
+def _blocked_launches(x: torch.Tensor, topk_w: torch.Tensor, al, weights, cfg: TritonMoEConfig, k: int, parts: int,
+                      sgu: torch.Tensor, sdn: torch.Tensor, shared: bool) -> torch.Tensor:
+    """The gate/up and down launches over the aligned rows ``al``, then the sum over k (and the shared
+    expert's parts): steps 2-4 of the blocked path. -> [T, H] in x's dtype."""
+    E, H, inter = weights.num_experts, weights.hidden, weights.inter
+    gu, dn = weights.gate_up, weights.down
+    T, slots = x.shape[0], k + parts
     x = x.contiguous()
     topk_w32 = topk_w.contiguous()
-    al = align_rows(topk_ids, E, cfg.block_m, counts, parts) if T * slots <= ALIGN_KERNEL_MAX_ROWS else \
-        align_rows_to_blocks(topk_ids, E, cfg.block_m)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"   # fp32 inputs: no TF32 rounding
     dot_in_fp32 = INTERPRETED and x.dtype != torch.float32
     emulate_rne = emulates_bf16_rne(x.dtype)
@@ -197,7 +234,7 @@ def routed_experts_triton(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch
         out_rows.stride(1),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_PRECISION=precision,
         DOT_IN_FP32=dot_in_fp32, EMULATE_BF16_RNE=emulate_rne, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return _routed_plus_shared(out_rows.view(T, slots, H), k, x.dtype, shared is not None)
+    return _routed_plus_shared(out_rows.view(T, slots, H), k, x.dtype, shared)
 
 
 def _routed_plus_shared(out: torch.Tensor, k: int, dtype: torch.dtype, shared: bool) -> torch.Tensor:

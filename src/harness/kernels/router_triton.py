@@ -25,34 +25,45 @@ from .common import check_counts, check_runnable, counts_row
 
 
 @triton.jit
-def _choose_store(logits, offs_e, e_ok, tok, idx_ptr, wt_ptr, counts_ptr, step_ptr, steps, n_layers, layer,
+def _choose_store(logits_ptr, stride_lt, toks, t_ok, idx_ptr, wt_ptr, counts_ptr, step_ptr, steps, n_layers, layer,
                   table_ptr, pos_ptr, on_ptr, n_pos, stride_it, stride_ik, stride_ot, stride_ok, n_exp,
                   TOP_K: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr, BLOCK_E: tl.constexpr,
                   BLOCK_TOPK: tl.constexpr, HAS_COUNTS: tl.constexpr, HAS_FORCED: tl.constexpr,
                   FORCED_SWITCH: tl.constexpr):
-    """Token ``tok``'s routing from its fp32 ``logits`` [BLOCK_E] (padding lanes -inf): steps 1-5 of
-    the module docstring, idx and weights stored (and counted)."""
+    """The routing of the tokens ``toks`` [BT] (int64; ``t_ok`` masks padding) from their fp32 logits (row
+    t at ``logits_ptr + t * stride_lt``): steps 1-5 of the module docstring on a [BT, BLOCK_E] tile, one
+    row per token; idx and weights stored (and counted: one token only)."""
+    offs_e = tl.arange(0, BLOCK_E)
+    e_ok = offs_e < n_exp
+    row_ptrs = logits_ptr + toks[:, None] * stride_lt
+    logits = tl.load(row_ptrs + offs_e[None, :], mask=t_ok[:, None] & e_ok[None, :], other=float("-inf"))
+    logits = tl.where(t_ok[:, None], logits, 0.0)                    # padding tokens: finite, never stored
     # 1. softmax of the fp32 logits (padding lanes: -inf logits, probability 0)
-    ex = tl.exp(logits - tl.max(logits, axis=0))
-    probs = ex / tl.sum(ex, axis=0)
+    top = tl.max(logits, axis=1)
+    total = tl.sum(tl.exp(logits - top[:, None]), axis=1)
+    probs = tl.exp(logits - top[:, None]) / total[:, None]
     # 2. top-k: k rounds of (max, lowest index holding it, mask it out); probabilities are >= 0, so
     #    -1 marks padding and chosen lanes
-    cand = tl.where(e_ok, probs, -1.0)
+    cand = tl.where(e_ok[None, :], probs, -1.0)
     offs_k = tl.arange(0, BLOCK_TOPK)
     k_ok = offs_k < TOP_K
-    sel_w = tl.zeros((BLOCK_TOPK,), dtype=tl.float32)
-    sel_i = tl.zeros((BLOCK_TOPK,), dtype=tl.int64)
+    sel_w = tl.zeros((toks.shape[0], BLOCK_TOPK), dtype=tl.float32)
+    sel_i = tl.zeros((toks.shape[0], BLOCK_TOPK), dtype=tl.int64)
     for j in tl.static_range(TOP_K):
-        best = tl.max(cand, axis=0)
-        at = tl.min(tl.where(cand == best, offs_e, BLOCK_E), axis=0)
-        sel_w = tl.where(offs_k == j, best, sel_w)
-        sel_i = tl.where(offs_k == j, at.to(tl.int64), sel_i)
-        cand = tl.where(offs_e == at, -1.0, cand)
-    # 3. forced experts of this row at its (device) position, at their softmax probabilities
+        best = tl.max(cand, axis=1)
+        at = tl.min(tl.where(cand == best[:, None], offs_e[None, :], BLOCK_E), axis=1)
+        sel_w = tl.where(offs_k[None, :] == j, best[:, None], sel_w)
+        sel_i = tl.where(offs_k[None, :] == j, at[:, None].to(tl.int64), sel_i)
+        cand = tl.where(offs_e[None, :] == at[:, None], -1.0, cand)
+    # 3. forced experts of each row at its (device) position, at their softmax probabilities (the same
+    #    arithmetic on the logit read back at the forced expert)
     if HAS_FORCED:
         pos = tl.minimum(tl.load(pos_ptr), n_pos - 1)
-        f_i = tl.load(table_ptr + ((tok * n_pos + pos) * n_layers + layer) * TOP_K + offs_k, mask=k_ok, other=0)
-        f_w = tl.sum(tl.where(offs_e[None, :] == f_i[:, None], probs[None, :], 0.0), axis=1)
+        tk_ok = t_ok[:, None] & k_ok[None, :]
+        f_i = tl.load(table_ptr + ((toks[:, None] * n_pos + pos) * n_layers + layer) * TOP_K + offs_k[None, :],
+                      mask=tk_ok, other=0)
+        f_logit = tl.load(row_ptrs + f_i, mask=tk_ok, other=0.0)
+        f_w = tl.exp(f_logit - top[:, None]) / total[:, None]
         if FORCED_SWITCH:
             on = tl.load(on_ptr) != 0
             sel_i = tl.where(on, f_i, sel_i)
@@ -62,29 +73,27 @@ def _choose_store(logits, offs_e, e_ok, tok, idx_ptr, wt_ptr, counts_ptr, step_p
             sel_w = f_w
     # 4. renormalise (as MoEGate: w / (sum + 1e-20)), then scale
     if NORM:
-        sel_w = tl.where(k_ok, sel_w, 0.0)
-        sel_w = sel_w / (tl.sum(sel_w, axis=0) + 1e-20)
+        sel_w = tl.where(k_ok[None, :], sel_w, 0.0)
+        sel_w = sel_w / (tl.sum(sel_w, axis=1)[:, None] + 1e-20)
     sel_w = sel_w * SCALE
-    tl.store(idx_ptr + tok * stride_it + offs_k * stride_ik, sel_i, mask=k_ok)
-    tl.store(wt_ptr + tok * stride_ot + offs_k * stride_ok, sel_w, mask=k_ok)
-    if HAS_COUNTS:                              # 5. one program (one token), k distinct experts
+    out_ok = t_ok[:, None] & k_ok[None, :]
+    tl.store(idx_ptr + toks[:, None] * stride_it + offs_k[None, :] * stride_ik, sel_i, mask=out_ok)
+    tl.store(wt_ptr + toks[:, None] * stride_ot + offs_k[None, :] * stride_ok, sel_w, mask=out_ok)
+    if HAS_COUNTS:                              # 5. one token (BT = 1), k distinct experts
         at = counts_row(counts_ptr, step_ptr, steps, n_layers, layer, n_exp) + sel_i
-        tl.store(at, tl.load(at, mask=k_ok, other=0) + 1, mask=k_ok)
+        tl.store(at, tl.load(at, mask=out_ok, other=0) + 1, mask=out_ok)
 
 
 @triton.jit
 def _topk_kernel(logits_ptr, idx_ptr, wt_ptr, counts_ptr, step_ptr, steps, n_layers, layer,
                  table_ptr, pos_ptr, on_ptr, n_pos, n_exp,
-                 stride_lt, stride_le, stride_it, stride_ik, stride_ot, stride_ok,
+                 stride_lt, stride_it, stride_ik, stride_ot, stride_ok,
                  TOP_K: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr, BLOCK_E: tl.constexpr,
                  BLOCK_TOPK: tl.constexpr, HAS_COUNTS: tl.constexpr, HAS_FORCED: tl.constexpr,
                  FORCED_SWITCH: tl.constexpr):
-    tok = tl.program_id(0).to(tl.int64)
-    offs_e = tl.arange(0, BLOCK_E)
-    e_ok = offs_e < n_exp
-    logits = tl.load(logits_ptr + tok * stride_lt + offs_e * stride_le, mask=e_ok, other=float("-inf"))
-    _choose_store(logits, offs_e, e_ok, tok, idx_ptr, wt_ptr, counts_ptr, step_ptr, steps, n_layers, layer,
-                  table_ptr, pos_ptr, on_ptr, n_pos, stride_it, stride_ik, stride_ot, stride_ok, n_exp,
+    toks = tl.program_id(0).to(tl.int64) + tl.arange(0, 1)             # one token per program
+    _choose_store(logits_ptr, stride_lt, toks, toks >= 0, idx_ptr, wt_ptr, counts_ptr, step_ptr, steps, n_layers,
+                  layer, table_ptr, pos_ptr, on_ptr, n_pos, stride_it, stride_ik, stride_ot, stride_ok, n_exp,
                   TOP_K, NORM, SCALE, BLOCK_E, BLOCK_TOPK, HAS_COUNTS, HAS_FORCED, FORCED_SWITCH)
 
 
@@ -140,8 +149,8 @@ def route(x: torch.Tensor, w: torch.Tensor, top_k: int, norm: bool, scale: float
     flags = dict(TOP_K=top_k, NORM=bool(norm and top_k > 1), SCALE=float(scale), BLOCK_E=triton.next_power_of_2(E),
                  BLOCK_TOPK=triton.next_power_of_2(top_k), HAS_COUNTS=counts is not None,
                  HAS_FORCED=forced is not None, FORCED_SWITCH=on is not None)
-    logits = gemv(x, w, torch.float32)
+    logits = gemv(x, w, torch.float32)                     # contiguous [T, E]
     _topk_kernel[(T,)](
-        logits, idx, weights, *routing_args, logits.stride(0), logits.stride(1), idx.stride(0), idx.stride(1),
+        logits, idx, weights, *routing_args, logits.stride(0), idx.stride(0), idx.stride(1),
         weights.stride(0), weights.stride(1), **flags, num_warps=1)
     return idx, weights

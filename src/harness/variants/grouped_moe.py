@@ -18,8 +18,16 @@ from ..kernels.availability import triton_available
 from ..models.llm import MoE
 from .base import Converter, Variant, need, swap
 from .engine import attach
-from .fast_moe import counts_routing, folds_shared, grouped_mm_available, routed_experts, stacked
+from .fast_moe import (ALIGN_KERNEL_MAX_ROWS, ROWS_KERNEL_MAX, counts_routing, folds_shared, grouped_mm_available,
+                       routed_experts, stacked)
 from .fused_linears import FusedGate, FusedSwiGLU
+
+#: whether a batched decode step's MoE layer (FusedGate's Triton router, moe_kernel triton, the blocked
+#: kernels with the rows in the alignment kernel) makes the router's choice in the alignment's launch
+#: (``moe_align_triton.route_and_align``: the GEMV, then one launch instead of the top-k's and the
+#: alignment's; a batch-32 step on an H200 ran them as 2.5 + 4.5 µs per layer,
+#: ``runs/examples/h200-issue40-s9/call4/kernels_b32-default.txt``). False until timed on a GPU
+ROUTE_IN_ALIGNMENT = False
 
 
 class GroupedMoE(Variant, MoE):
@@ -30,6 +38,8 @@ class GroupedMoE(Variant, MoE):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
+        if self.routes_in_alignment(x):
+            return self.forward_routed_in_alignment(x)
         in_router = self.routing is not None and isinstance(self.gate, FusedGate) and \
             self.gate.counts_in_kernel(x.numel() // shape[-1])
         counts = None
@@ -49,6 +59,42 @@ class GroupedMoE(Variant, MoE):
                                   shared=(sh.gate_up_weight, sh.down_proj.weight)).view(*shape)
         y = routed_experts(x.reshape(-1, shape[-1]), idx, w, self.experts_stacked, self.kernel, counts=counts)
         return y.view(*shape) + self.shared_experts(x)
+
+    def routes_in_alignment(self, x: torch.Tensor) -> bool:
+        """Whether ``forward`` makes the router's choice in the alignment's launch (``ROUTE_IN_ALIGNMENT``):
+        a batched decode step (one token per sequence, 2 or more) that FusedGate routes in its Triton
+        router, moe_kernel triton, the blocked kernels (more than ``ROWS_KERNEL_MAX`` routed rows) with
+        every row, the shared expert's included, in the alignment kernel."""
+        gate = self.gate
+        rows = x.numel() // x.shape[-1]
+        if not (ROUTE_IN_ALIGNMENT and self.kernel == "triton" and isinstance(gate, FusedGate) and rows > 1
+                and gate.routes_in_kernel(rows, rows // x.shape[0] if x.dim() == 3 else rows)):
+            return False
+        k = gate.top_k
+        parts = self.shared_experts.down_proj.weight.shape[1] // self.experts_stacked.inter \
+            if self.shares_kernels(rows, k) else 0
+        return ROWS_KERNEL_MAX < rows * k and rows * (k + parts) <= ALIGN_KERNEL_MAX_ROWS
+
+    def forward_routed_in_alignment(self, x: torch.Tensor) -> torch.Tensor:
+        """``forward`` where ``routes_in_alignment``: the router's fp32 GEMV (``router_triton.route``'s),
+        then ``fast_moe_triton.routed_experts_routing`` (its choice, forced experts and routing count in the
+        alignment's launch; the shared expert folded in where ``shares_kernels``)."""
+        from ..kernels.fast_moe_triton import routed_experts_routing
+        from ..kernels.gemv_triton import gemv
+
+        shape, gate = x.shape, self.gate
+        flat = x.reshape(-1, shape[-1])
+        logits = gemv(flat, gate.weight, torch.float32)
+        counts = forced = None
+        if self.routing is not None:
+            where = self.routing.device_counts()
+            counts = (*where, self.layer_idx) if where is not None else None
+            forced = self.routing.forced_inputs()
+        sh = self.shared_experts
+        shared = (sh.gate_up_weight, sh.down_proj.weight) if self.shares_kernels(flat.shape[0], gate.top_k) else None
+        y = routed_experts_routing(flat, logits, (gate.top_k, gate.norm_topk_prob, gate.scale, gate.layer_idx),
+                                   self.experts_stacked, forced, counts, shared).view(*shape)
+        return y if shared is not None else y + sh(x)
 
     def shares_kernels(self, tokens: int, k: int) -> bool:
         """Whether the shared expert runs inside the routed kernels of ``tokens`` x ``k`` rows
@@ -98,6 +144,9 @@ class GroupedMoEConverter(Converter):
                 stacked(mod)                # once: views of the same weights
                 mod.kernel = kernel
                 swap(mod, GroupedMoE)
+        if ROUTE_IN_ALIGNMENT and kernel == "triton":
+            why += ("; at batched decode with fused linears the router's choice in the alignment's launch "
+                    "(grouped_moe.ROUTE_IN_ALIGNMENT)")
         return {self.manifest_key: why, "moe_kernel_resolved": kernel}
 
 
