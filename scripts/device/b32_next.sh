@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 40, batch 32 at 68% of the datasheet: the two levers prepared in the ninth session (not yet run
 # through the ladder), in one device call from a fresh copy (time limits add up to 540 s):
-#   1. the router's choice in the alignment's launch (grouped_moe.ROUTE_IN_ALIGNMENT; built and tested in
-#      Triton's interpreter only): -11 launches of a batch-32 step;
+#   1. the router's choice in the alignment's launch (grouped_moe.ROUTE_IN_ALIGNMENT; tested in Triton's
+#      interpreter, compiled for sm90 by scripts/sm90_compile.py, never run on a GPU): -11 launches of a
+#      batch-32 step (the router's top-k kernel, now on a tile of tokens, is in the same state);
 #   2. the decode attention's wide tier at 16 keys per tile toward 2,560 programs (the bench of
 #      runs/examples/h200-issue40-s9/call6: 2.4-3.7% faster per layer at batches 32 and 64).
 #
