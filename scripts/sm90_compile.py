@@ -1,13 +1,13 @@
 """Compile Triton kernels for an H100/H200 (sm90) on a machine without a GPU, to find compile errors
 before a lent GPU does (Triton's interpreter, which the CPU tests use, accepts code the compiler may not).
 
-    python scripts/sm90_compile.py            # every case of CASES; exit 1 naming each one that fails
+    python scripts/sm90_compile.py            # every case of ``cases()``; exit 1 naming each one that fails
 
 Each case is a kernel at the model's shapes (64 experts, top-6, batch 32 or 128; the shared expert's two
 parts) with one set of compile-time flags: its PTX and cubin are built through the Triton wheel's own
-``ptxas``; nothing runs. The local Triton may be newer than the GPU machine's: a case that compiles here
-can still fail there, never the other way round for the code checked. Run without TRITON_INTERPRET (it
-turns ``triton.jit`` functions into the interpreter's).
+``ptxas``; nothing runs. The local Triton may be another version than the GPU machine's (3.9 here, 3.6
+there when this was written): a case that compiles here is likely, not certain, to compile there. Run
+without TRITON_INTERPRET (it turns ``triton.jit`` functions into the interpreter's).
 """
 from __future__ import annotations
 

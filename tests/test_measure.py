@@ -53,6 +53,7 @@ from harness.measure.summary import summarize
     ("_rel_bias_fwd", "attention"),                   # SAM's attention with the rel-pos bias inside
     ("_attention_kernel", "attention"),               # the fused step's attention
     ("_align_kernel", "moe routing/indexing"),        # the MoE row alignment
+    ("_route_align_kernel", "moe routing/indexing"),  # the router's choice with the alignment
     ("_router_kernel", "moe routing/indexing"),       # the fused step's router
     ("_topk_kernel", "moe routing/indexing"),
     ("_pil_pass", "other"),                           # the device resize: none of these

@@ -313,6 +313,9 @@ def test_batched_decode_routes_in_the_alignment_launch(shared, monkeypatch):
         fused_weight(sh, "gate_up_weight", [sh.gate_proj, sh.up_proj])
         swap(sh, FusedSwiGLU)
     assert moe.shares_kernels(B, k) == shared
+    gate_calls = []                                   # the GEMV runs inside the gate module (profiles attribute it)
+    moe.gate.register_forward_hook(lambda mod, args, kwargs, out: gate_calls.append(kwargs.get("logits_only", False)),
+                                   with_kwargs=True)
     calls = {"route": 0, "route_and_align": 0}
     for mod, name in ((router_triton, "route"), (moe_align_triton, "route_and_align")):
         real = getattr(mod, name)
@@ -326,7 +329,7 @@ def test_batched_decode_routes_in_the_alignment_launch(shared, monkeypatch):
 
     routing = _decode_routing(E)
     y = step(True, routing)
-    assert calls == {"route": 0, "route_and_align": 1}
+    assert calls == {"route": 0, "route_and_align": 1} and gate_calls == [True]
     want = _step_as_the_vendor_loop(y, ref_y, ref_idx, routing, E)
     forced = _force(routing, B, E, k)
     y_forced = step(True, routing)
@@ -336,3 +339,32 @@ def test_batched_decode_routes_in_the_alignment_launch(shared, monkeypatch):
     assert ((y_forced - y_plain).norm() / y_plain.norm()) <= 1e-6
     want[1, 1] += torch.bincount(forced.view(-1).cpu(), minlength=E) * 2   # counted by both steps
     assert torch.equal(routing.decode.cpu(), want)
+
+
+@pytest.mark.parametrize("shape,kernel,taken", [
+    ((20, 1), "triton", True),        # 20 sequences, 40 routed rows: the blocked kernels
+    ((1, 1), "triton", False),        # one token: the router counts in its own kernel
+    ((4, 1), "triton", False),        # 8 routed rows: the per-row kernels, no alignment
+    ((1, 12), "triton", False),       # a prefill of 12 tokens: the torch router
+    ((20, 1), "torch", False),        # the torch MoE kernel
+])
+def test_the_route_in_alignment_path_only_where_the_alignment_kernel_runs(shape, kernel, taken, monkeypatch):
+    """``grouped_moe.ROUTE_IN_ALIGNMENT`` on: ``GroupedMoE`` takes the one-launch choice only at a batched
+    decode step of the blocked Triton kernels (k = 2, more than 16 routed rows); elsewhere its usual path,
+    with the vendor loop's output either way."""
+    from harness.kernels import moe_align_triton
+    from harness.variants import grouped_moe
+
+    B, S = shape
+    moe, _, _, _ = _grouped_decode_moe(20, 8, 2)
+    moe.kernel = kernel
+    x = torch.randn(B, S, 64, device=DEV)
+    monkeypatch.setattr(grouped_moe, "ROUTE_IN_ALIGNMENT", True)
+    calls = []
+    real = moe_align_triton.route_and_align
+    monkeypatch.setattr(moe_align_triton, "route_and_align", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    assert moe.routes_in_alignment(x) == taken
+    y = moe(x)
+    assert len(calls) == int(taken)
+    ref = grouped_moe.MoE.forward(moe, x)            # the reference MoE's forward: the vendor loop
+    assert ((y - ref).norm() / ref.norm()) <= 1e-5

@@ -39,22 +39,21 @@ def test_the_changed_kernels_compile_for_sm90(tmp_path):
 
 
 def test_a_kernel_the_compiler_rejects_is_reported(tmp_path):
-    """The same store over 4 lanes compiles and over 3 (not a power of two) is refused by the compiler:
-    ``compile_sm90`` raises its CompilationError (the script would print FAIL and exit 1)."""
+    """The script with its cases replaced by the same store over 4 lanes and over 3 (not a power of two,
+    which the compiler refuses): one "ok" line, one "FAIL" line naming the compiler's error, exit status 1."""
     code = (
         f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); sys.path.insert(0, {str(ROOT / 'src')!r})\n"
         "import triton, triton.language as tl\n"
-        "from sm90_compile import compile_sm90\n"
+        "import sm90_compile\n"
         "@triton.jit\n"
-        "def bad(x_ptr, N: tl.constexpr):\n"
+        "def store(x_ptr, N: tl.constexpr):\n"
         "    tl.store(x_ptr + tl.arange(0, N), 1.0)\n"
-        "for n in (4, 3):\n"
-        "    try:\n"
-        "        compile_sm90(bad, {'x_ptr': '*fp32'}, {'N': n}, 1)\n"
-        "        print(n, 'compiled')\n"
-        "    except Exception as exc:\n"
-        "        print(n, 'raised', type(exc).__name__, 'power of 2' in str(exc))\n")
-    script = tmp_path / "bad_kernel.py"                # Triton reads a kernel's source from its file
+        "sm90_compile.cases = lambda: [(f'store N={n}', store, {'x_ptr': '*fp32'}, {'N': n}, 1) for n in (4, 3)]\n"
+        "sys.exit(sm90_compile.main())\n")
+    script = tmp_path / "store_kernel.py"               # Triton reads a kernel's source from its file
     script.write_text(code)
     res = _run([str(script)], tmp_path)
-    assert res.stdout.splitlines() == ["4 compiled", "3 raised CompilationError True"], res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert len(lines) == 2 and lines[0].startswith("ok    store N=4"), lines
+    assert lines[1].startswith("FAIL  store N=3: CompilationError"), lines

@@ -80,6 +80,7 @@ def _choose_store(logits_ptr, stride_lt, toks, t_ok, idx_ptr, wt_ptr, counts_ptr
     tl.store(idx_ptr + toks[:, None] * stride_it + offs_k[None, :] * stride_ik, sel_i, mask=out_ok)
     tl.store(wt_ptr + toks[:, None] * stride_ot + offs_k[None, :] * stride_ok, sel_w, mask=out_ok)
     if HAS_COUNTS:                              # 5. one token (BT = 1), k distinct experts
+        tl.static_assert(toks.shape[0] == 1, "the routing count in the router: one token per program")
         at = counts_row(counts_ptr, step_ptr, steps, n_layers, layer, n_exp) + sel_i
         tl.store(at, tl.load(at, mask=out_ok, other=0) + 1, mask=out_ok)
 

@@ -59,9 +59,10 @@ CATEGORIES = [  # first match wins; patterns are case-insensitive regexes over t
     ("gemm", r"linear|gemm|gemv|sm90_xmma|cutlass|cublas|matmul|\bmm\b|addmm|bmm|nvjet|xmma|splitk|dot_product"
              r"|gate_up|down_weighted|_down_kernel|^_qkv_rope_kernel|^_lm_head_argmax_kernel"),
     ("norm", r"layer_norm|layernorm|rms|norm_kernel|welford|batch_norm"),
-    # _align_kernel / _router_kernel: the MoE row alignment (kernels/moe_align_triton.py) and the fused step's router
+    # _align_kernel / _route_align_kernel / _router_kernel: the MoE row alignment (kernels/moe_align_triton.py), the
+    # router's choice with it, and the fused step's router
     ("moe routing/indexing", r"index|scatter|gather|nonzero|masked|bincount|histc|where|sort|topk|radix|unique|cumsum|scan"
-                             r"|^_align_kernel|^_router_kernel"),
+                             r"|^_align_kernel|^_route_align_kernel|^_router_kernel"),
     ("softmax/reduce", r"softmax|reduce|sum_kernel|mean|argmax|max_kernel"),
     ("activation/elementwise", r"elementwise|vectorized|silu|gelu|sigmoid|mul|add|div|pow|rsqrt|exp|tanh|neg|cat|fill|triu|arange|sin|cos"),
 ]

@@ -40,8 +40,9 @@ ROUTER_MAX_ROWS = 128
 #: decode rows (one token per sequence) up to which ``FusedAttention`` on a static cache runs RoPE and the
 #: KV write as one Triton launch after its q/k/v linear (``gemv_triton.rope_kv_write``) instead of the
 #: vendor's RoPE and ``update``. A compiled batch-32 step on an H200: 12 launches, 22.9 µs per step,
-#: against two inductor kernels per layer, 31.1 µs (``runs/examples/h200-issue40-s9/levers/``)
-ROPE_KV_MAX_ROWS = ROUTER_MAX_ROWS
+#: against two inductor kernels per layer, 31.1 µs (``runs/examples/h200-issue40-s9/levers/``); A/B'd at
+#: batch 32 only (batch 128's pipeline ran it, without an A/B)
+ROPE_KV_MAX_ROWS = 128
 #: reduction length up to which the GEMV kernels run (their loop over K is unrolled)
 GEMV_MAX_K = 2048
 #: tiles of the GEMV kernels (a ``gemv_triton.GemvConfig``); None: the kernels' default (the H200's
@@ -190,7 +191,13 @@ class FusedGate(Variant, MoEGate):
         """Whether ``forward`` can count the routing inside the Triton router (one token)."""
         return rows == 1 and self.routes_in_kernel(rows)
 
-    def forward(self, x: torch.Tensor, routing=None, count: bool = False):
+    def forward(self, x: torch.Tensor, routing=None, count: bool = False, logits_only: bool = False):
+        """(idx, weights) as ``MoEGate``'s; ``logits_only``: the fp32 logits [T, experts] of the Triton
+        router's GEMV alone (``grouped_moe.GroupedMoE.forward_routed_in_alignment`` chooses elsewhere)."""
+        if logits_only:
+            from ..kernels.gemv_triton import gemv
+
+            return gemv(x.reshape(-1, x.shape[-1]), self.weight, torch.float32)
         rows = x.numel() // x.shape[-1]
         if count and not self.counts_in_kernel(rows):
             raise HarnessError("FusedGate: the routing count runs in the Triton router at one token only")
@@ -233,8 +240,7 @@ class FusedLinears(Converter):
         return {self.manifest_key: (
             f"fused: q/k/v and dense/shared gate/up as one weight each; at <= {GEMV_MAX_ROWS} token(s) Triton GEMV "
             f"kernels for K <= {GEMV_MAX_K}, the router's softmax, top-k, scale and routing count one Triton kernel "
-            f"after its GEMV (the "
-            f"router so up to {ROUTER_MAX_ROWS} decode rows); with the static cache q/k/v, RoPE "
+            f"after its GEMV (the router so up to {ROUTER_MAX_ROWS} decode rows); with the static cache q/k/v, RoPE "
             "and the KV write one kernel"
             + (f" (at 2-{ROPE_KV_MAX_ROWS} sequences RoPE and the KV write one kernel after the q/k/v GEMM)"
                if ROPE_KV_MAX_ROWS > 1 else "") + "; with moe_kernel=triton "

@@ -71,20 +71,19 @@ class GroupedMoE(Variant, MoE):
                 and gate.routes_in_kernel(rows, rows // x.shape[0] if x.dim() == 3 else rows)):
             return False
         k = gate.top_k
-        parts = self.shared_experts.down_proj.weight.shape[1] // self.experts_stacked.inter \
-            if self.shares_kernels(rows, k) else 0
+        parts = self.shared_parts() if self.shares_kernels(rows, k) else 0
         return ROWS_KERNEL_MAX < rows * k and rows * (k + parts) <= ALIGN_KERNEL_MAX_ROWS
 
     def forward_routed_in_alignment(self, x: torch.Tensor) -> torch.Tensor:
-        """``forward`` where ``routes_in_alignment``: the router's fp32 GEMV (``router_triton.route``'s),
-        then ``fast_moe_triton.routed_experts_routing`` (its choice, forced experts and routing count in the
+        """``forward`` where ``routes_in_alignment``: the gate's fp32 logits (``FusedGate``, ``logits_only``:
+        the router's GEMV, inside the gate module so a profile attributes it there), then
+        ``fast_moe_triton.routed_experts_routing`` (its choice, forced experts and routing count in the
         alignment's launch; the shared expert folded in where ``shares_kernels``)."""
         from ..kernels.fast_moe_triton import routed_experts_routing
-        from ..kernels.gemv_triton import gemv
 
         shape, gate = x.shape, self.gate
         flat = x.reshape(-1, shape[-1])
-        logits = gemv(flat, gate.weight, torch.float32)
+        logits = gate(flat, logits_only=True)
         counts = forced = None
         if self.routing is not None:
             where = self.routing.device_counts()
@@ -103,8 +102,11 @@ class GroupedMoE(Variant, MoE):
         gate/up weight those kernels read."""
         if not isinstance(self.shared_experts, FusedSwiGLU):
             return False
-        parts = self.shared_experts.down_proj.weight.shape[1] // self.experts_stacked.inter
-        return folds_shared(self.kernel, tokens, k, parts)
+        return folds_shared(self.kernel, tokens, k, self.shared_parts())
+
+    def shared_parts(self) -> int:
+        """P: the shared expert's width over the routed experts' (its parts as pseudo-experts)."""
+        return self.shared_experts.down_proj.weight.shape[1] // self.experts_stacked.inter
 
 
 def resolve_kernel(ex, device: torch.device, dtype: torch.dtype) -> tuple:
