@@ -202,7 +202,8 @@ def test_step_clock_keeps_each_requests_stamps_and_the_run_writes_the_median_one
     prefill gives the first, the decode steps write positions 28 and 29); a row written between two
     requests is not the next one's (the clock is emptied when a request begins). ``CaseTables._clock``
     keeps the median request's: with warm-up 1 and timed repeats whose request ranges took 5, 3 and
-    4 ms, the median is repeat 2, the fourth request."""
+    4 ms, the median is repeat 2, the fourth request (by its index in the case, so also with the oldest
+    requests' stamps dropped); without it, a warning and nothing."""
     from types import SimpleNamespace
 
     from harness.run import CaseTables
@@ -233,13 +234,37 @@ def test_step_clock_keeps_each_requests_stamps_and_the_run_writes_the_median_one
     measured = SimpleNamespace(warmup={"warmup_ms": [9.0]}, repeats_done=3, profiled=None, observations=obs)
     warned = []
     tables = CaseTables(SimpleNamespace(warn=warned.append), None)
-    frame = tables._clock("c", measured, per_request)
+    frame = tables._clock("c", measured, dict(enumerate(per_request)))
     assert warned == [] and set(frame["repeat"]) == {2} and len(frame) == 36
     assert frame[["row", "launch", "label", "layer", "entry", "release"]].values.tolist() == [
         list(s[:6]) for s in per_request[3]]
     assert set(frame.loc[frame["label"] == "router", "kind"]) == {"moe"} and frame["end"].isna().all()
     assert set(frame.loc[frame["layer"] == 0, "kind"]) == {"dense"}
-    assert tables._clock("c", measured, per_request[:3]) is None and "3 requests' in-kernel stamps" in warned[0]
+    dropped = {i: s for i, s in enumerate(per_request) if i >= 2}    # the oldest gone: found by its index
+    assert tables._clock("c", measured, dropped)["entry"].tolist() == frame["entry"].tolist() and warned == []
+    assert tables._clock("c", measured, dict(enumerate(per_request[:3]))) is None
+    assert "no in-kernel stamps of its median request (3 requests' stamps kept" in warned[0]
+
+
+@needs_triton
+@cpu_triton
+def test_a_clocked_core_keeps_the_last_requests_stamps_numbered(monkeypatch):
+    """Nobody takes the stamps (API use with the clock on): a core keeps the last ``STAMPS_KEPT`` requests'
+    (here 2 of 3), numbered in order from ``request_number`` before the first."""
+    from harness.variants import fused_step
+
+    monkeypatch.setattr(fused_step, "STAMPS_KEPT", 2)
+    model, req = tiny_model_and_request("cpu", torch.float32, 3)
+    variants.apply(model, ExecutionConfig(**FUSED, step_clock=True))
+    try:
+        first = fused_step.request_number()
+        for _ in range(3):
+            generate(model, req)
+        kept = fused_step.numbered_stamps(model)
+        assert [n - first for n, _ in kept] == [1, 2] and fused_step.request_number() == first + 3
+        assert [len(s) for _, s in kept] == [36, 36] and fused_step.numbered_stamps(model) == []
+    finally:
+        variants.apply(model, ExecutionConfig())
 
 
 def test_step_clock_needs_the_fused_step():

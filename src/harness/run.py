@@ -45,7 +45,7 @@ from .schema import CASE_TABLES
 from .schema.routing import routing_rows, routing_step_rows
 from .setup import check_cases, device_info, load_adapter, prepare_cases, resolve_device, resolve_dtype
 from .timeline import phase_of
-from .variants.fused_step import clock_stamps
+from .variants.fused_step import STAMPS_KEPT, numbered_stamps, request_number
 
 
 
@@ -125,14 +125,15 @@ class CaseTables:
     def __init__(self, rd: RunDir, data: LiveRunData):
         self.rd, self.data = rd, data
 
-    def add(self, inputs, measured: CaseMeasurement, analytic: tuple, execution: dict, clock: list = ()) -> None:
+    def add(self, inputs, measured: CaseMeasurement, analytic: tuple, execution: dict, clock: dict = None) -> None:
         """One case: stages.csv (its observations), kernels.csv, steps.csv, routing_steps.csv,
         routing.csv, then the manifest with the case's entry (a case a signal stopped early: its
         finished repeats, marked ``partial`` with ``repeats_done``, ``CaseMeasurement.entry``); when
         any of them fails, all are put back and the case is not kept. ``analytic`` =
         ``analytic_for_case``'s (frame, MBU bytes, notes); ``execution``: what the adapter ran
         (``variants.apply``) with its set-up seconds; ``clock``: the fused step's stamps of each request
-        (``variants.fused_step.clock_stamps``), of which step_clock.csv keeps the median request's."""
+        (``variants.fused_step.numbered_stamps``) by the request's index in the case (warm-ups, timed
+        repeats, then a profiled one), of which step_clock.csv keeps the median request's."""
         rd, data, case = self.rd, self.data, inputs.case
         kernels, counts, steps = measured.kernels, measured.routing, measured.steps
         warm, trace = measured.warmup, measured.trace
@@ -170,21 +171,22 @@ class CaseTables:
         data.mbu_bytes[case.name] = mbu
         data.notes += notes
 
-    def _clock(self, case: str, measured: CaseMeasurement, clock: list):
-        """step_clock.csv's rows of ``case``: the stamps of its median request (requests in order:
-        warm-ups, timed repeats, then a profiled one, which an interrupted case may or may not have
-        reached), None without stamps; fewer lists than warm-ups + timed repeats is warned about and
+    def _clock(self, case: str, measured: CaseMeasurement, clock: dict):
+        """step_clock.csv's rows of ``case``: the stamps of its median request (``clock``: {the request's
+        index in the case: its stamps}, the requests in order: warm-ups, timed repeats, then a profiled
+        one, which an interrupted case may or may not have reached), None without stamps; the median
+        request's missing (a core keeps the last ``fused_step.STAMPS_KEPT`` requests') is warned about and
         nothing written."""
         if not clock:
             return None
         warm = len(measured.warmup.get("warmup_ms", []))
-        needed = warm + measured.repeats_done
         repeat = Summary(measured.observations).median_repeat.get(case)
-        if len(clock) < needed or repeat is None:
-            self.rd.warn(f"case {case}: {len(clock)} requests' in-kernel stamps for {needed} warm-up and timed "
-                         "requests (or no median request): step_clock.csv not written for it")
+        stamps = clock.get(warm + int(repeat)) if repeat is not None else None
+        if stamps is None:
+            self.rd.warn(f"case {case}: no in-kernel stamps of its median request ({len(clock)} requests' stamps "
+                         f"kept, the last {STAMPS_KEPT} at most, for {warm} warm-up and "
+                         f"{measured.repeats_done} timed requests): step_clock.csv not written for it")
             return None
-        stamps = clock[warm + int(repeat)]
         kind = launch_kinds([s[2] for s in stamps], [s[3] for s in stamps])
         return CASE_TABLES["step_clock"].frame([
             {"case": case, "repeat": int(repeat), "row": row, "launch": launch, "label": label, "layer": layer,
@@ -298,8 +300,9 @@ def _measure(cfg: HarnessConfig, run: RunContext, progress) -> None:
             watch.label = f"{name}: {request}"
 
         trace = rd.path / trace_name(case.name) if (mcfg.kernels and mcfg.trace) else None
+        first = request_number()                 # execution.step_clock: the case's requests' in-kernel stamps,
         measured = measure_case(model, make, mcfg, ident, cuda, progress=progress, at=at, trace_path=trace)
-        clock = clock_stamps(model)              # execution.step_clock: each request's in-kernel stamps
+        clock = {n - first: stamps for n, stamps in numbered_stamps(model) if n >= first}   # by request index
         if measured.stopped is None:
             at("writing")
         else:   # the position stays where the signal came; the finished repeats are written first

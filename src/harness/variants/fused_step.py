@@ -22,8 +22,8 @@ larger batch when it is built).
 """
 from __future__ import annotations
 
+import collections
 import functools
-import itertools
 from typing import Optional
 
 import torch
@@ -38,8 +38,11 @@ from .engine import attach
 from .fast_moe import stacked
 from .fused_linears import fused_weight
 
-#: numbers the clocked requests of this process in order (``FusedCore.after_request``)
-_REQUESTS = itertools.count()
+#: the number the next clocked request of this process gets (``FusedCore.after_request``; ``request_number``)
+_NEXT_REQUEST = [0]
+#: requests whose stamps a clocked core keeps until they are taken (``take_stamps``): beyond it the oldest
+#: go (about 9,000 stamps, some 1 MB, per request of the reference model)
+STAMPS_KEPT = 64
 #: the knobs the fused step runs on (it reads their weights and cache; its attention reads positions
 #: 0..pos as decode_attention=triton's, which the analytic cost counts)
 PREREQUISITES = (("kv_cache", "static"), ("moe_impl", "grouped"), ("linear_impl", "fused"),
@@ -93,9 +96,10 @@ class FusedCore:
              "add execution.moe_impl=grouped")
         self.dec, self.pdl, self.clock = dec, pdl, clock
         #: with ``clock``: (request number, stamps) of each request: the stamps of the step that ran
-        #: (``FusedDecodeStep.clock_stamps``), taken after the request (``after_request``); the reader empties it
-        #: (``take_stamps``). The numbers order the requests of every decoder of a process.
-        self.stamps: list = []
+        #: (``FusedDecodeStep.clock_stamps``), taken after the request (``after_request``), the last
+        #: ``STAMPS_KEPT``; the reader empties it (``take_stamps``). The numbers order the requests of every
+        #: decoder of a process (``request_number``).
+        self.stamps = collections.deque(maxlen=STAMPS_KEPT)
         self.config = config or default_config(dec.cache.position.device)
         self.weights = weights_from_model(dec.model)
         self.history = torch.zeros(dec.cache.max_len, dtype=torch.int64, device=dec.cache.position.device)
@@ -129,7 +133,9 @@ class FusedCore:
         step (its routing's) are kept in ``stamps`` (one device read)."""
         active = bool(self.dec.routing.active) if self.dec.routing is not None else False
         if self.clock and active in self.steps:
-            self.stamps.append((next(_REQUESTS), self.steps[active].clock_stamps()))
+            number = _NEXT_REQUEST[0]
+            _NEXT_REQUEST[0] += 1
+            self.stamps.append((number, self.steps[active].clock_stamps()))
 
     def begin(self) -> None:
         """A request begins (``StaticDecoder.begin``, after any capture): every step's clock emptied, so
@@ -141,7 +147,8 @@ class FusedCore:
 
     def take_stamps(self) -> list:
         """The (request number, stamps) kept since the last call, and forget them."""
-        out, self.stamps = self.stamps, []
+        out = list(self.stamps)
+        self.stamps.clear()
         return out
 
     @property
@@ -234,15 +241,25 @@ class StepClock(Converter):
                 "its wait (step_clock.csv)" if self.active(ex) else "off"}
 
 
-def clock_stamps(model) -> list:
-    """Every fused step's stamps kept since the last call, one list per request in request order over
-    all the static decoders of ``model`` (``FusedCore.take_stamps`` of each clocked core), emptied."""
+def request_number() -> int:
+    """The number the next clocked request of this process will get (``numbered_stamps``)."""
+    return _NEXT_REQUEST[0]
+
+
+def numbered_stamps(model) -> list:
+    """Every fused step's stamps kept since the last call as (request number, stamps), in request order
+    over all the static decoders of ``model`` (``FusedCore.take_stamps`` of each clocked core), emptied."""
     out = []
     for dec in (getattr(model, "static_decoders", None) or {}).values():
         take = getattr(getattr(dec, "core", None), "take_stamps", None)
         if take is not None:
             out += take()
-    return [stamps for _, stamps in sorted(out, key=lambda x: x[0])]
+    return sorted(out, key=lambda x: x[0])
+
+
+def clock_stamps(model) -> list:
+    """``numbered_stamps`` without the numbers: one list of stamps per request, in request order."""
+    return [stamps for _, stamps in numbered_stamps(model)]
 
 
 FUSED_STEP = FusedStep()
