@@ -17,13 +17,13 @@ set -o pipefail
 source scripts/device_setup.sh >/dev/null 2>&1
 export OUT=${OUT:-device-out}; mkdir -p "$OUT/runs"; R="$OUT/runs"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-timeout 160 python3 -m pytest -q tests/test_moe_align.py tests/test_router_triton.py tests/test_variants.py \
+timeout 180 python3 -m pytest -q tests/test_moe_align.py tests/test_router_triton.py tests/test_variants.py \
     -k "route or align or gpu_batched" -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
 tail -n1 "$OUT/gpu_tests.log"
 L="measure.kernels=true measure.profile_steps=4 measure.trace=false run.root=$R"
-timeout 190 python3 -m harness run +experiment=optimize 'run.only=[best-b32-balanced]' $L run.name=b32-as-is \
+timeout 180 python3 -m harness run +experiment=optimize 'run.only=[best-b32-balanced]' $L run.name=b32-as-is \
     > "$OUT/b32-as-is.log" 2>&1
-timeout 190 python3 - > "$OUT/b32-next.log" 2>&1 <<'PY'
+timeout 180 python3 - > "$OUT/b32-next.log" 2>&1 <<'PY'
 import dataclasses, os, runpy, sys
 import harness.kernels.decode_attention_triton as d
 import harness.variants.grouped_moe as g
