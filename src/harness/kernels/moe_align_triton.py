@@ -26,7 +26,7 @@ import triton.language as tl
 
 from ..errors import HarnessError
 from .common import check_counts, check_runnable, counts_row
-from .router_triton import _check_forced, _choose_store
+from .router_triton import check_forced, choose_store
 from .moe_blocks import ALIGN_KERNEL_MAX_ROWS, BlockAlignment
 
 
@@ -94,11 +94,11 @@ def _route_align_kernel(logits_ptr, stride_lt, idx_ptr, wt_ptr, table_ptr, pos_p
                         FORCED_SWITCH: tl.constexpr, TOP_K: tl.constexpr,
                         BLOCK_M: tl.constexpr, ROWS: tl.constexpr, EXPERTS: tl.constexpr, BLOCKS: tl.constexpr,
                         PARTS: tl.constexpr, TOKENS: tl.constexpr, HAS_COUNTS: tl.constexpr):
-    """The router's choice of every token (``router_triton._choose_store`` on a [TOKENS, EXPERTS] tile;
+    """The router's choice of every token (``router_triton.choose_store`` on a [TOKENS, EXPERTS] tile;
     the forced table's layer ``f_layer`` of ``f_layers``), stored, then the alignment of those ids (its
     count at ``layer``), in one program."""
     offs_t = tl.arange(0, TOKENS)
-    _choose_store(logits_ptr, stride_lt, offs_t.to(tl.int64), offs_t < tokens, idx_ptr, wt_ptr, idx_ptr, step_ptr,
+    choose_store(logits_ptr, stride_lt, offs_t.to(tl.int64), offs_t < tokens, idx_ptr, wt_ptr, idx_ptr, step_ptr,
                   0, f_layers, f_layer, table_ptr, pos_ptr, on_ptr, n_pos, TOP_K, 1, TOP_K, 1, n_exp,
                   TOP_K, NORM, SCALE, EXPERTS, BLOCK_TOPK, False, HAS_FORCED, FORCED_SWITCH)
     tl.debug_barrier()                                                   # every token's ids stored
@@ -168,7 +168,7 @@ def route_and_align(logits: torch.Tensor, top_k: int, norm: bool, scale: float, 
     if not 1 <= top_k <= E:
         raise HarnessError(f"route_and_align: top_k={top_k} needs 1 <= top_k <= E={E}")
     if forced is not None:
-        _check_forced(forced, logits, top_k, layer)
+        check_forced(forced, logits, top_k, layer)
     al, args, consts = _buffers(T, top_k, E, block_m, shared_parts, logits.device, counts)
     idx = torch.empty(T, top_k, dtype=torch.int64, device=logits.device)
     weights = torch.empty(T, top_k, dtype=torch.float32, device=logits.device)

@@ -25,7 +25,7 @@ from .common import check_counts, check_runnable, counts_row
 
 
 @triton.jit
-def _choose_store(logits_ptr, stride_lt, toks, t_ok, idx_ptr, wt_ptr, counts_ptr, step_ptr, steps, n_layers, layer,
+def choose_store(logits_ptr, stride_lt, toks, t_ok, idx_ptr, wt_ptr, counts_ptr, step_ptr, steps, n_layers, layer,
                   table_ptr, pos_ptr, on_ptr, n_pos, stride_it, stride_ik, stride_ot, stride_ok, n_exp,
                   TOP_K: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr, BLOCK_E: tl.constexpr,
                   BLOCK_TOPK: tl.constexpr, HAS_COUNTS: tl.constexpr, HAS_FORCED: tl.constexpr,
@@ -93,7 +93,7 @@ def _topk_kernel(logits_ptr, idx_ptr, wt_ptr, counts_ptr, step_ptr, steps, n_lay
                  BLOCK_TOPK: tl.constexpr, HAS_COUNTS: tl.constexpr, HAS_FORCED: tl.constexpr,
                  FORCED_SWITCH: tl.constexpr):
     toks = tl.program_id(0).to(tl.int64) + tl.arange(0, 1)             # one token per program
-    _choose_store(logits_ptr, stride_lt, toks, toks >= 0, idx_ptr, wt_ptr, counts_ptr, step_ptr, steps, n_layers,
+    choose_store(logits_ptr, stride_lt, toks, toks >= 0, idx_ptr, wt_ptr, counts_ptr, step_ptr, steps, n_layers,
                   layer, table_ptr, pos_ptr, on_ptr, n_pos, stride_it, stride_ik, stride_ot, stride_ok, n_exp,
                   TOP_K, NORM, SCALE, BLOCK_E, BLOCK_TOPK, HAS_COUNTS, HAS_FORCED, FORCED_SWITCH)
 
@@ -104,7 +104,9 @@ def _check_counts(counts: tuple, x: torch.Tensor, E: int, layer: int) -> None:
     check_counts("route", *counts, layer, E, x.device)
 
 
-def _check_forced(forced: tuple, x: torch.Tensor, top_k: int, layer: int) -> None:
+def check_forced(forced: tuple, x: torch.Tensor, top_k: int, layer: int) -> None:
+    """Refuse ``forced`` = (table, position, on) that ``choose_store`` cannot read for the T = x.shape[0]
+    tokens of MoE ``layer`` on x's device (``route``'s docstring has the layout)."""
     table, pos, on = forced
     T = x.shape[0]
     if (table.dim() != 4 or table.shape[0] != T or table.shape[3] != top_k or not 0 <= layer < table.shape[2]
@@ -136,7 +138,7 @@ def route(x: torch.Tensor, w: torch.Tensor, top_k: int, norm: bool, scale: float
     if counts is not None:
         _check_counts(counts, x, E, layer)
     if forced is not None:
-        _check_forced(forced, x, top_k, layer)
+        check_forced(forced, x, top_k, layer)
         if counts is not None and counts[0].shape[1] != forced[0].shape[2]:
             raise HarnessError(f"route: the counts hold {counts[0].shape[1]} layers, the forced table "
                                f"{forced[0].shape[2]}")
