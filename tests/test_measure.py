@@ -343,40 +343,12 @@ def test_kineto_usdt_lines_are_dropped_from_stderr(capfd):
     assert capfd.readouterr().err == "kept line\n"
 
 
-class _Event:
-    """A kineto event as ``kernel_sums`` reads it: name, [start, end) in ns, thread, device."""
-
-    def __init__(self, name, start, end, thread=1, device="cpu", annotation=False, asynchronous=False):
-        self._name, self._start, self._end, self._thread = name, start, end, thread
-        self._device = torch.autograd.DeviceType.CUDA if device == "cuda" else torch.autograd.DeviceType.CPU
-        self._annotation, self._async = annotation, asynchronous
-
-    def name(self):
-        return self._name
-
-    def start_ns(self):
-        return self._start
-
-    def end_ns(self):
-        return self._end
-
-    def duration_ns(self):
-        return self._end - self._start
-
-    def start_thread_id(self):
-        return self._thread
-
-    def end_thread_id(self):
-        return self._thread
-
-    def device_type(self):
-        return self._device
-
-    def is_user_annotation(self):
-        return self._annotation
-
-    def is_async(self):
-        return self._async
+def _Event(name, start, end, thread=1, device="cpu", annotation=False, asynchronous=False):  # noqa: N802
+    """A kineto event as ``kernel_sums`` reads it: name, [start, end) in ns, thread, device (its accessors)."""
+    kind = torch.autograd.DeviceType.CUDA if device == "cuda" else torch.autograd.DeviceType.CPU
+    fields = dict(name=name, start_ns=start, end_ns=end, duration_ns=end - start, start_thread_id=thread,
+                  end_thread_id=thread, device_type=kind, is_user_annotation=annotation, is_async=asynchronous)
+    return types.SimpleNamespace(**{k: (lambda v=v: v) for k, v in fields.items()})
 
 
 def _capture(events):

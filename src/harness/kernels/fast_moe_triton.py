@@ -179,9 +179,9 @@ def routed_experts_routing(x: torch.Tensor, logits: torch.Tensor, gate: tuple, w
     check_runnable(x)
     top_k, norm, scale, layer = gate
     T = x.shape[0]
-    if logits.shape != (T, weights.num_experts) or not ROWS_KERNEL_MAX < T * top_k:
-        raise HarnessError(f"routed_experts_routing: logits [{T}, {weights.num_experts}] and more than "
-                           f"{ROWS_KERNEL_MAX} routed rows expected; got {tuple(logits.shape)}, {T} x {top_k}")
+    if logits.shape != (T, weights.num_experts) or not counts_in_alignment(T * top_k):
+        raise HarnessError(f"routed_experts_routing: logits [{T}, {weights.num_experts}] and {ROWS_KERNEL_MAX + 1} to "
+                           f"{ALIGN_KERNEL_MAX_ROWS} routed rows expected; got {tuple(logits.shape)}, {T} x {top_k}")
     cfg, parts, sgu, sdn = _blocked_plan(T, top_k, weights, None, shared)
     _, w, al = route_and_align(logits, top_k, norm, scale, layer, cfg.block_m, forced, counts, parts)
     return _blocked_launches(x, w, al, weights, cfg, top_k, parts, sgu, sdn, shared is not None)

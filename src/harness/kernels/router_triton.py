@@ -118,6 +118,14 @@ def check_forced(forced: tuple, x: torch.Tensor, top_k: int, layer: int) -> None
                            f"{table.dtype} {tuple(table.shape)}, position {pos.dtype} {tuple(pos.shape)}")
 
 
+def router_logits(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The router's fp32 logits, contiguous [T, E], of x [T, H] and the gate weight w [E, H]: the Triton GEMV
+    (``gemv_triton.gemv``, fp32 accumulation and output), step 0 of ``route``."""
+    from .gemv_triton import gemv
+
+    return gemv(x, w, torch.float32)
+
+
 def route(x: torch.Tensor, w: torch.Tensor, top_k: int, norm: bool, scale: float, layer: int = 0,
           counts: tuple | None = None, forced: tuple | None = None):
     """x [T, H], gate weight w [E, H] -> (idx int64 [T, k], weights fp32 [T, k]) of MoE ``layer``; see the
@@ -125,9 +133,8 @@ def route(x: torch.Tensor, w: torch.Tensor, top_k: int, norm: bool, scale: float
     [1]), T = 1 only: the chosen experts' counters at row min(step_index, steps) + 1
     (``models.routing.DeviceRouting.device_counts``). ``forced`` = (table int64 [T, positions, layers,
     k], position int64 [1], on bool [1] or None): token t is row t of the table at that position
-    (decode: one token per batch row; ``DeviceRouting.forced_inputs``). The GEMV, then ``_topk_kernel``."""
-    from .gemv_triton import gemv
-
+    (decode: one token per batch row; ``DeviceRouting.forced_inputs``). The GEMV (``router_logits``),
+    then ``_topk_kernel``."""
     check_runnable(x)
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise HarnessError(f"route: x [T, H] and w [E, H] expected, got {tuple(x.shape)} and {tuple(w.shape)}")
@@ -152,7 +159,7 @@ def route(x: torch.Tensor, w: torch.Tensor, top_k: int, norm: bool, scale: float
     flags = dict(TOP_K=top_k, NORM=bool(norm and top_k > 1), SCALE=float(scale), BLOCK_E=triton.next_power_of_2(E),
                  BLOCK_TOPK=triton.next_power_of_2(top_k), HAS_COUNTS=counts is not None,
                  HAS_FORCED=forced is not None, FORCED_SWITCH=on is not None)
-    logits = gemv(x, w, torch.float32)                     # contiguous [T, E]
+    logits = router_logits(x, w)
     _topk_kernel[(T,)](
         logits, idx, weights, *routing_args, logits.stride(0), idx.stride(0), idx.stride(1),
         weights.stride(0), weights.stride(1), **flags, num_warps=1)

@@ -195,9 +195,9 @@ class FusedGate(Variant, MoEGate):
         """(idx, weights) as ``MoEGate``'s; ``logits_only``: the fp32 logits [T, experts] of the Triton
         router's GEMV alone (``grouped_moe.GroupedMoE.forward_routed_in_alignment`` chooses elsewhere)."""
         if logits_only:
-            from ..kernels.gemv_triton import gemv
+            from ..kernels.router_triton import router_logits
 
-            return gemv(x.reshape(-1, x.shape[-1]), self.weight, torch.float32)
+            return router_logits(x.reshape(-1, x.shape[-1]), self.weight)
         rows = x.numel() // x.shape[-1]
         if count and not self.counts_in_kernel(rows):
             raise HarnessError("FusedGate: the routing count runs in the Triton router at one token only")

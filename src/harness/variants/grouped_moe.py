@@ -18,8 +18,7 @@ from ..kernels.availability import triton_available
 from ..models.llm import MoE
 from .base import Converter, Variant, need, swap
 from .engine import attach
-from .fast_moe import (ALIGN_KERNEL_MAX_ROWS, ROWS_KERNEL_MAX, counts_routing, folds_shared, grouped_mm_available,
-                       routed_experts, stacked)
+from .fast_moe import counts_routing, folds_shared, grouped_mm_available, routed_experts, stacked
 from .fused_linears import FusedGate, FusedSwiGLU
 
 #: whether a batched decode step's MoE layer (FusedGate's Triton router, moe_kernel triton, the blocked
@@ -48,31 +47,24 @@ class GroupedMoE(Variant, MoE):
         else:
             idx, w = self.gate(x, self.routing)
             if self.routing is not None:
-                counts = self.routing.device_counts() if counts_routing(self.kernel, idx.numel()) else None
+                counts = self.alignment_counts() if counts_routing(self.kernel, idx.numel()) else None
                 if counts is None:
                     self.routing.add_device(self.layer_idx, idx)
-                else:                       # in the Triton alignment kernel, at the device step index
-                    counts = (*counts, self.layer_idx)
-        sh = self.shared_experts
-        if self.shares_kernels(*idx.shape):
-            return routed_experts(x.reshape(-1, shape[-1]), idx, w, self.experts_stacked, self.kernel, counts=counts,
-                                  shared=(sh.gate_up_weight, sh.down_proj.weight)).view(*shape)
-        y = routed_experts(x.reshape(-1, shape[-1]), idx, w, self.experts_stacked, self.kernel, counts=counts)
-        return y.view(*shape) + self.shared_experts(x)
+        shared = self.shared_fold(*idx.shape)
+        y = routed_experts(x.reshape(-1, shape[-1]), idx, w, self.experts_stacked, self.kernel, counts=counts,
+                           shared=shared).view(*shape)
+        return y if shared is not None else y + self.shared_experts(x)
 
     def routes_in_alignment(self, x: torch.Tensor) -> bool:
         """Whether ``forward`` makes the router's choice in the alignment's launch (``ROUTE_IN_ALIGNMENT``):
         a batched decode step (one token per sequence, 2 or more) that FusedGate routes in its Triton
-        router, moe_kernel triton, the blocked kernels (more than ``ROWS_KERNEL_MAX`` routed rows) with
-        every row, the shared expert's included, in the alignment kernel."""
+        router, whose routed rows the Triton alignment kernel holds (``fast_moe.counts_routing``: moe_kernel
+        triton, the blocked kernels); the shared expert folds in where ``shares_kernels``."""
         gate = self.gate
         rows = x.numel() // x.shape[-1]
-        if not (ROUTE_IN_ALIGNMENT and self.kernel == "triton" and isinstance(gate, FusedGate) and rows > 1
-                and gate.routes_in_kernel(rows, rows // x.shape[0] if x.dim() == 3 else rows)):
-            return False
-        k = gate.top_k
-        parts = self.shared_parts() if self.shares_kernels(rows, k) else 0
-        return ROWS_KERNEL_MAX < rows * k and rows * (k + parts) <= ALIGN_KERNEL_MAX_ROWS
+        return (ROUTE_IN_ALIGNMENT and isinstance(gate, FusedGate) and rows > 1
+                and gate.routes_in_kernel(rows, rows // x.shape[0] if x.dim() == 3 else rows)
+                and counts_routing(self.kernel, rows * gate.top_k))   # the alignment kernel's rows, triton
 
     def forward_routed_in_alignment(self, x: torch.Tensor) -> torch.Tensor:
         """``forward`` where ``routes_in_alignment``: the gate's fp32 logits (``FusedGate``, ``logits_only``:
@@ -84,16 +76,23 @@ class GroupedMoE(Variant, MoE):
         shape, gate = x.shape, self.gate
         flat = x.reshape(-1, shape[-1])
         logits = gate(flat, logits_only=True)
-        counts = forced = None
-        if self.routing is not None:
-            where = self.routing.device_counts()
-            counts = (*where, self.layer_idx) if where is not None else None
-            forced = self.routing.forced_inputs()
-        sh = self.shared_experts
-        shared = (sh.gate_up_weight, sh.down_proj.weight) if self.shares_kernels(flat.shape[0], gate.top_k) else None
+        forced = self.routing.forced_inputs() if self.routing is not None else None
+        shared = self.shared_fold(flat.shape[0], gate.top_k)
         y = routed_experts_routing(flat, logits, (gate.top_k, gate.norm_topk_prob, gate.scale, gate.layer_idx),
-                                   self.experts_stacked, forced, counts, shared).view(*shape)
-        return y if shared is not None else y + sh(x)
+                                   self.experts_stacked, forced, self.alignment_counts(), shared).view(*shape)
+        return y if shared is not None else y + self.shared_experts(x)
+
+    def alignment_counts(self):
+        """(buffer, step index, this layer) where the Triton alignment kernel adds the routing count at the
+        device step index (``DeviceRouting.device_counts``); None while nothing counts."""
+        where = self.routing.device_counts() if self.routing is not None else None
+        return (*where, self.layer_idx) if where is not None else None
+
+    def shared_fold(self, tokens: int, k: int):
+        """The shared expert's (gate_up, down) weights for the routed kernels of ``tokens`` x ``k`` rows where
+        ``shares_kernels``, else None (it runs as its own module)."""
+        sh = self.shared_experts
+        return (sh.gate_up_weight, sh.down_proj.weight) if self.shares_kernels(tokens, k) else None
 
     def shares_kernels(self, tokens: int, k: int) -> bool:
         """Whether the shared expert runs inside the routed kernels of ``tokens`` x ``k`` rows
@@ -102,11 +101,8 @@ class GroupedMoE(Variant, MoE):
         gate/up weight those kernels read."""
         if not isinstance(self.shared_experts, FusedSwiGLU):
             return False
-        return folds_shared(self.kernel, tokens, k, self.shared_parts())
-
-    def shared_parts(self) -> int:
-        """P: the shared expert's width over the routed experts' (its parts as pseudo-experts)."""
-        return self.shared_experts.down_proj.weight.shape[1] // self.experts_stacked.inter
+        parts = self.shared_experts.down_proj.weight.shape[1] // self.experts_stacked.inter
+        return folds_shared(self.kernel, tokens, k, parts)
 
 
 def resolve_kernel(ex, device: torch.device, dtype: torch.dtype) -> tuple:
